@@ -1,0 +1,192 @@
+"""Aggregation state: histograms and counters per label set, fed a batch at a time.
+
+``Aggregator.ingest`` is the one entry point every receiver calls with a
+``RequestBatch``. Work is split so no lock is held across a batch: phases,
+bucketing and ``np.bincount`` run unlocked; the lock only guards adding the
+small per-series arrays into the running totals. Readers (the Prometheus
+collector, the JSON API) take ``snapshot()`` copies. Nothing here knows about
+Prometheus or protobuf.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter import buckets
+from exporter.labels import LabelSets
+from exporter.phases import Phases, split_phases
+from exporter.record import FINISH_REASONS, RequestBatch, finish_reason_codes
+from exporter.selfstats import SelfStats
+from exporter.window import RollingWindow
+
+PHASE_NAMES = ("queue", "prefill", "decode")
+TOKEN_KINDS = ("prompt", "cached_prompt", "output")
+PROMPT_CLASS_LABELS = (*(label for _, label in buckets.PROMPT_CLASSES),
+                       buckets.PROMPT_CLASS_UNKNOWN)
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    """One histogram: its buckets and an optional extra label (sub-dimension)."""
+
+    key: str
+    buckets: buckets.BucketSet
+    sub_label: str | None = None
+    sub_values: tuple[str, ...] = ("",)
+
+
+HISTOGRAMS = (
+    HistogramSpec("ttft", buckets.TTFT, "prompt_class", PROMPT_CLASS_LABELS),
+    HistogramSpec("tpot", buckets.TOKEN_LATENCY),
+    HistogramSpec("e2e", buckets.REQUEST_DURATION),
+    HistogramSpec("itl", buckets.TOKEN_LATENCY),
+    HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES),
+    HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
+    HistogramSpec("decode_tps", buckets.DECODE_TOKENS_PER_SECOND),
+)
+COUNTERS = {"tokens": ("kind", TOKEN_KINDS), "requests": ("finish_reason", FINISH_REASONS)}
+
+
+class _Histogram:
+    """Bucket counts [series, buckets+1] (last column = +Inf) and sums [series]."""
+
+    def __init__(self, spec: HistogramSpec):
+        self.spec = spec
+        self.edges = spec.buckets.array()
+        self.k = len(spec.sub_values)
+        self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
+        self.sums = np.zeros(0)
+
+    def partial(self, series: np.ndarray, values: np.ndarray, n_series: int):
+        """Counts and sums of one batch (unlocked). NaN values are skipped."""
+        ok = ~np.isnan(values)
+        series, values = series[ok], values[ok]
+        nb = len(self.edges) + 1
+        # side="left": a value equal to a bound falls in that bound's bucket (le).
+        flat = series * nb + np.searchsorted(self.edges, values, side="left")
+        counts = np.bincount(flat, minlength=n_series * nb).reshape(n_series, nb)
+        sums = np.bincount(series, weights=values, minlength=n_series)
+        return counts, sums
+
+    def add(self, counts: np.ndarray, sums: np.ndarray) -> None:
+        n = counts.shape[0]
+        if n > self.counts.shape[0]:
+            grown = np.zeros((n, self.counts.shape[1]), dtype=np.int64)
+            grown[: self.counts.shape[0]] = self.counts
+            self.counts = grown
+            self.sums = np.concatenate([self.sums, np.zeros(n - len(self.sums))])
+        self.counts[:n] += counts
+        self.sums[:n] += sums
+
+
+def prompt_class_codes(prompt_tokens: np.ndarray) -> np.ndarray:
+    bounds = np.array([b for b, _ in buckets.PROMPT_CLASSES], dtype=np.int64)
+    codes = np.searchsorted(bounds, prompt_tokens, side="left")
+    return np.where(prompt_tokens < 0, len(bounds), codes)
+
+
+@dataclass
+class IngestResult:
+    accepted: int
+    rejected: Counter
+
+
+@dataclass
+class Snapshot:
+    """A consistent copy of the aggregation state, for readers."""
+
+    label_sets: list[tuple[str, str]]
+    histograms: dict[str, tuple[HistogramSpec, np.ndarray, np.ndarray]]
+    counters: dict[str, np.ndarray]  # [series, k]
+
+
+class Aggregator:
+    def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
+                 window: RollingWindow | None = None, clock=time.time):
+        self.stats = stats or SelfStats()
+        self.labels = LabelSets(self.stats, max_series=max_series)
+        self.window = window or RollingWindow(clock=clock)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
+        self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
+
+    def ingest(self, batch: RequestBatch, protocol: str) -> IngestResult:
+        """Count one batch of finished requests. Thread-safe; never raises on bad rows."""
+        n = len(batch)
+        self.stats.inc("phasewatch_ingest_requests_total", n, protocol=protocol)
+        if n == 0:
+            return IngestResult(0, Counter())
+        ph = split_phases(batch)
+        for reason, c in ph.rejected.items():
+            self.stats.inc("phasewatch_ingest_rejected_total", c, protocol=protocol,
+                           reason=reason)
+        for (phase, reason), c in ph.unavailable.items():
+            self.stats.inc("phasewatch_phase_unavailable_total", c, phase=phase, reason=reason)
+        kept = ph.kept
+        accepted = int(kept.sum())
+        self.stats.inc("phasewatch_ingest_accepted_total", accepted, protocol=protocol)
+        if not accepted:
+            return IngestResult(0, ph.rejected)
+
+        ls = self.labels.rows(batch)
+        n_ls = len(self.labels)
+        partials = self._partials(batch, ph, ls, n_ls)
+        tokens = self._token_counts(batch, kept, ls, n_ls)
+        reasons = finish_reason_codes(batch)
+        requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
+                               minlength=n_ls * len(FINISH_REASONS)).reshape(n_ls, -1)
+        with self._lock:
+            for key, (counts, sums) in partials.items():
+                self._hists[key].add(counts, sums)
+            for key, delta in (("tokens", tokens), ("requests", requests)):
+                self._counters[key] = _grow_rows(self._counters[key], n_ls)
+                self._counters[key][:n_ls] += delta
+        self.window.add(batch, ph, ls, n_ls, reasons)
+        return IngestResult(accepted, ph.rejected)
+
+    def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int):
+        pc = prompt_class_codes(batch.prompt_tokens)
+        k_pc = len(PROMPT_CLASS_LABELS)
+        h = self._hists
+        out = {
+            "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
+            "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
+            "e2e": h["e2e"].partial(ls, ph.e2e, n_ls),
+            "itl": h["itl"].partial(ls[ph.itl_row], ph.itl, n_ls),
+            "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
+            "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
+        }
+        k = len(PHASE_NAMES)
+        series = np.concatenate([ls * k + i for i in range(k)])
+        values = np.concatenate([ph.queue, ph.prefill, ph.decode])
+        out["phase"] = h["phase"].partial(series, values, n_ls * k)
+        return out
+
+    @staticmethod
+    def _token_counts(batch: RequestBatch, kept: np.ndarray, ls: np.ndarray, n_ls: int):
+        cols = (batch.prompt_tokens, batch.cached_prompt_tokens, batch.output_tokens)
+        out = np.zeros((n_ls, len(cols)))
+        for j, col in enumerate(cols):
+            known = kept & (col >= 0)
+            out[:, j] = np.bincount(ls[known], weights=col[known], minlength=n_ls)
+        return out
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            hists = {k: (h.spec, h.counts.copy(), h.sums.copy()) for k, h in self._hists.items()}
+            counters = {k: v.copy() for k, v in self._counters.items()}
+        return Snapshot(self.labels.pairs(), hists, counters)
+
+
+def _grow_rows(a: np.ndarray, n: int) -> np.ndarray:
+    if a.shape[0] >= n:
+        return a
+    grown = np.zeros((n, a.shape[1]), dtype=a.dtype)
+    grown[: a.shape[0]] = a
+    return grown

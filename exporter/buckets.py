@@ -1,0 +1,108 @@
+"""Histogram bucket sets: every set used by phasewatch, in one place.
+
+Each set is a ``BucketSet`` with its unit, its range and who uses it, so a test
+can check that every ``*_seconds`` metric uses a time set and that all are sorted.
+Upper bounds are inclusive, as Prometheus ``le`` buckets are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BucketSet:
+    name: str
+    unit: str  # "seconds", "seconds_per_token", "tokens_per_second"
+    bounds: tuple[float, ...]
+    doc: str
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.bounds, dtype=np.float64)
+
+
+TTFT = BucketSet(
+    "ttft", "seconds",
+    # vLLM's TTFT buckets (references.md section 1), which extend the OTel GenAI
+    # semconv set (0.001 .. 10) up to 2560 s for very long prompts under overload;
+    # 0.15, 0.2 and 0.3-0.4 added because most interactive TTFT SLOs sit there.
+    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
+     1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "Time to first token, 1 ms .. 2560 s. Users: gen_ai_server_time_to_first_token_seconds.",
+)
+
+TOKEN_LATENCY = BucketSet(
+    "token_latency", "seconds",
+    # Fast decode is 5-10 ms per token (an 8B model on an H100 ~7 ms), where vLLM's
+    # ITL buckets (from 10 ms) cannot tell 6 ms from 9 ms. So: 1 ms steps up to
+    # 10 ms, 2.5 ms steps to 20 ms, then coarser up to multi-second stalls.
+    (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01,
+     0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+     0.75, 1.0, 2.5, 5.0, 10.0),
+    "Per-token latency, 0.5 ms .. 10 s. Users: phasewatch_inter_token_latency_seconds, "
+    "gen_ai_server_time_per_output_token_seconds.",
+)
+
+REQUEST_DURATION = BucketSet(
+    "request_duration", "seconds",
+    # vLLM's e2e request latency buckets, with 0.05 and 0.1 s for short requests.
+    (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+    "End-to-end request duration, 50 ms .. ~2 h. Users: gen_ai_server_request_duration_seconds.",
+)
+
+PHASE_DURATION = BucketSet(
+    "phase_duration", "seconds",
+    # One set for queue, prefill and decode so phases compare bucket for bucket:
+    # queue and prefill span ms (idle, short prompt) to minutes (overload, 100k
+    # prompts), decode up to long generations of tens of minutes.
+    (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+     0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "Duration of one phase of a request, 1 ms .. 2560 s. "
+    "Users: phasewatch_phase_duration_seconds{phase}.",
+)
+
+PREFILL_SECONDS_PER_TOKEN = BucketSet(
+    "prefill_seconds_per_token", "seconds_per_token",
+    # An H100 prefills an 8B model at ~10-20k tokens/s alone (50-100 us/token); a
+    # 70B on one GPU, or prefill squeezed between decodes, is 10-100x slower. 1-2-5
+    # steps from 1 us to 1 s per token cover a 405B on a small part as well.
+    (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 7.5e-4,
+     1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0),
+    "Prefill time per uncached prompt token (length-normalised TTFT), 1 us .. 1 s. "
+    "Users: phasewatch_prefill_seconds_per_token.",
+)
+
+DECODE_TOKENS_PER_SECOND = BucketSet(
+    "decode_tokens_per_second", "tokens_per_second",
+    # Per-request decode speed: ~5 tok/s (a 405B under heavy batching) to thousands
+    # (small models, speculative decoding).
+    (1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 125, 150, 200, 250, 300, 400, 500, 750,
+     1000, 2000, 5000),
+    "Per-request decode tokens per second. Users: phasewatch_decode_tokens_per_second.",
+)
+
+ALL = (TTFT, TOKEN_LATENCY, REQUEST_DURATION, PHASE_DURATION, PREFILL_SECONDS_PER_TOKEN,
+       DECODE_TOKENS_PER_SECOND)
+
+# Fine log-spaced bins for rolling-window quantiles in the JSON API (not exposed
+# to Prometheus): 50 per decade from 10 us to 1000 s, so a quantile read at the
+# bin's geometric midpoint is within ~2.3% of the true value.
+WINDOW_BINS_PER_DECADE = 50
+WINDOW_BIN_EDGES = np.logspace(-5, 3, 8 * WINDOW_BINS_PER_DECADE + 1)
+
+
+# TTFT grows with prompt length; a label per class keeps TTFT comparable within a
+# class, so a shift to longer prompts shows as a shift between classes, not as a
+# regression. Powers of 4 from 256: chat turns, RAG contexts, long documents.
+PROMPT_CLASSES: tuple[tuple[int, str], ...] = (
+    (256, "0-256"),
+    (1024, "257-1k"),
+    (4096, "1k-4k"),
+    (16384, "4k-16k"),
+    (65536, "16k-64k"),
+    (2**62, "64k+"),
+)
+PROMPT_CLASS_UNKNOWN = "unknown"

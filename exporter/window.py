@@ -1,0 +1,197 @@
+"""Rolling window over recently ingested requests, for the JSON API (and the dashboard).
+
+Two bounded structures, both indexed by label set (model, engine):
+
+* a ring of the most recent ``capacity`` accepted requests with their phases, for
+  window quantiles of TTFT/TPOT/e2e, phase time shares and the request waterfall;
+* one-second slices of exact counts (requests, prompt and output tokens) and of a
+  fine log-spaced histogram of pooled ITL gaps, so rates are exact whatever the
+  load and ITL quantiles need no per-gap storage.
+
+Membership is by ingest time (the exporter's clock), like Prometheus's rate():
+senders' clocks may be skewed or simulated. Memory is fixed by ``capacity``,
+``seconds`` and the label-set cap, never by load.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+
+from exporter.buckets import WINDOW_BIN_EDGES
+from exporter.record import FINISH_REASONS, NS
+
+_RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e")
+_RING_INT = ("ls", "prompt", "cached", "output", "finish_reason")
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+class RollingWindow:
+    def __init__(self, seconds: float = 30.0, capacity: int = 65536, clock=time.time):
+        if seconds <= 0 or seconds > 3600:
+            raise ValueError(f"window seconds must be in (0, 3600], got {seconds}")
+        if capacity < 1:
+            raise ValueError(f"window capacity must be positive, got {capacity}")
+        self.seconds = float(seconds)
+        self.capacity = capacity
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._ring = {c: np.full(capacity, np.nan) for c in _RING_FLOAT}
+        self._ring.update({c: np.zeros(capacity, dtype=np.int64) for c in _RING_INT})
+        self._ids = np.empty(capacity, dtype=object)
+        self._head = 0  # next write position
+        self._size = 0
+        self._slots = math.ceil(self.seconds) + 2
+        self._slot_second = np.full(self._slots, -1, dtype=np.int64)
+        self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
+        self._slice_itl = np.zeros((self._slots, 0, len(WINDOW_BIN_EDGES) + 1), dtype=np.int32)
+
+    # ---- writing -------------------------------------------------------------
+    def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray) -> None:
+        now = self._clock()
+        kept = ph.kept
+        rows = {
+            "t": np.full(int(kept.sum()), now),
+            "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
+            "queue": ph.queue[kept], "prefill": ph.prefill[kept], "ttft": ph.ttft[kept],
+            "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
+            "ls": ls[kept], "prompt": batch.prompt_tokens[kept],
+            "cached": batch.cached_prompt_tokens[kept], "output": batch.output_tokens[kept],
+            "finish_reason": reasons[kept],
+        }
+        ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
+        counts = np.zeros((n_ls, 3))
+        k_ls = ls[kept]
+        counts[:, 0] = np.bincount(k_ls, minlength=n_ls)
+        for j, col in ((1, batch.prompt_tokens), (2, batch.output_tokens)):
+            c = col[kept]
+            counts[:, j] = np.bincount(k_ls[c >= 0], weights=c[c >= 0], minlength=n_ls)
+        nb = len(WINDOW_BIN_EDGES) + 1
+        bins = np.searchsorted(WINDOW_BIN_EDGES, ph.itl, side="left")
+        itl = np.bincount(ls[ph.itl_row] * nb + bins, minlength=n_ls * nb).reshape(n_ls, nb)
+        with self._lock:
+            self._write_ring(rows, ids)
+            slot = self._slot_for(int(now), n_ls)
+            self._slice_counts[slot, :n_ls] += counts
+            self._slice_itl[slot, :n_ls] += itl.astype(np.int32)
+
+    def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
+        n = len(ids)
+        if n > self.capacity:  # keep only the newest rows of an oversized batch
+            rows = {k: v[-self.capacity:] for k, v in rows.items()}
+            ids, n = ids[-self.capacity:], self.capacity
+        pos = (self._head + np.arange(n)) % self.capacity
+        for k, v in rows.items():
+            self._ring[k][pos] = v
+        self._ids[pos] = ids
+        self._head = (self._head + n) % self.capacity
+        self._size = min(self.capacity, self._size + n)
+
+    def _slot_for(self, second: int, n_ls: int) -> int:
+        if n_ls > self._slice_counts.shape[1]:
+            extra = n_ls - self._slice_counts.shape[1]
+            self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
+            self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
+        slot = second % self._slots
+        if self._slot_second[slot] != second:
+            self._slot_second[slot] = second
+            self._slice_counts[slot] = 0
+            self._slice_itl[slot] = 0
+        return slot
+
+    # ---- reading -------------------------------------------------------------
+    def summary(self, label_sets: list[tuple[str, str]], seconds: float | None = None) -> dict:
+        """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares."""
+        now = self._clock()
+        span = min(seconds or self.seconds, self.seconds)
+        with self._lock:
+            live = self._slot_second > int(now) - math.ceil(span)
+            counts = self._slice_counts[live].sum(axis=0)
+            itl = self._slice_itl[live].sum(axis=0, dtype=np.int64)
+            in_window = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
+            ring = {k: v[in_window] for k, v in self._ring.items()}
+        elapsed = max(min(span, now - self._started), 1e-9)
+        models = []
+        for i, (model, engine) in enumerate(label_sets):
+            sel = ring["ls"] == i
+            if i >= counts.shape[0] or (counts[i, 0] == 0 and not sel.any()):
+                continue
+            models.append({
+                "model": model, "engine": engine,
+                "requests_in_window": int(counts[i, 0]),
+                "request_rate": counts[i, 0] / elapsed,
+                "prompt_tokens_per_second": counts[i, 1] / elapsed,
+                "output_tokens_per_second": counts[i, 2] / elapsed,
+                "ttft_seconds": _quantiles(ring["ttft"][sel]),
+                "tpot_seconds": _quantiles(ring["tpot"][sel]),
+                "e2e_seconds": _quantiles(ring["e2e"][sel]),
+                "itl_seconds": _binned_quantiles(itl[i]),
+                "phase_time_share": _shares(ring, sel),
+                "sampled_requests": int(sel.sum()),
+            })
+        return {"window_seconds": span, "covered_seconds": elapsed, "generated_at": now,
+                "ring_capacity": self.capacity, "models": models}
+
+    def recent(self, label_sets: list[tuple[str, str]], limit: int = 200,
+               model: str | None = None) -> list[dict]:
+        """The newest accepted requests with their phases, newest first."""
+        with self._lock:
+            order = (self._head - 1 - np.arange(self._size)) % self.capacity
+            if model is not None:
+                wanted = [i for i, (m, _) in enumerate(label_sets) if m == model]
+                order = order[np.isin(self._ring["ls"][order], wanted)]
+            order = order[:limit]
+            ring = {k: v[order] for k, v in self._ring.items()}
+            ids = self._ids[order]
+        out = []
+        for j in range(len(ids)):
+            m, e = label_sets[ring["ls"][j]]
+            row = {"request_id": ids[j], "model": m, "engine": e,
+                   "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
+            for k in ("arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e"):
+                v = float(ring[k][j])
+                row[k] = None if math.isnan(v) else v
+            for k, name in (("prompt", "prompt_tokens"), ("cached", "cached_prompt_tokens"),
+                            ("output", "output_tokens")):
+                v = int(ring[k][j])
+                row[name] = None if v < 0 else v
+            out.append(row)
+        return out
+
+
+def _quantiles(values: np.ndarray) -> dict:
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+    qs = np.quantile(v, QUANTILES)
+    return {f"p{round(q * 100)}": float(x) for q, x in zip(QUANTILES, qs, strict=True)} | {
+        "count": int(v.size)}
+
+
+def _binned_quantiles(counts: np.ndarray) -> dict:
+    total = int(counts.sum())
+    if total == 0:
+        return {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+    cum = np.cumsum(counts)
+    edges = WINDOW_BIN_EDGES
+    out = {}
+    for q in QUANTILES:
+        b = int(np.searchsorted(cum, q * total, side="left"))
+        lo = edges[b - 1] if b > 0 else edges[0]
+        hi = edges[b] if b < len(edges) else edges[-1]
+        out[f"p{round(q * 100)}"] = float(math.sqrt(lo * hi))  # geometric midpoint
+    return out | {"count": total}
+
+
+def _shares(ring: dict, sel: np.ndarray) -> dict:
+    q, p, d = ring["queue"][sel], ring["prefill"][sel], ring["decode"][sel]
+    full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
+    total = q[full].sum() + p[full].sum() + d[full].sum()
+    if not full.any() or total <= 0:
+        return {"queue": None, "prefill": None, "decode": None}
+    return {"queue": float(q[full].sum() / total), "prefill": float(p[full].sum() / total),
+            "decode": float(d[full].sum() / total)}
