@@ -25,7 +25,10 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "Requests lost before reaching the exporter or evicted unfinished, by reason.",
         ("reason",)),
     "phasewatch_ingest_lifecycle_events_total": (
-        "counter", "Lifecycle stream events, by outcome (joined, duplicate, late, rejected).",
+        "counter",
+        "Lifecycle stream events by outcome: joined, duplicate, conflict (first value kept), "
+        "late_duplicate, rejected_*; completed_incomplete counts requests completed after the "
+        "grace period with parts missing.",
         ("outcome",)),
     "phasewatch_ingest_label_overflow_total": (
         "counter", "Requests whose label value was replaced by __overflow__, by label and reason.",

@@ -1,0 +1,110 @@
+"""The exporter process: aggregation state plus its receivers and sinks, wired together."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from exporter.aggregate import Aggregator
+from exporter.config import ServeConfig
+from exporter.grpc_server import PhasewatchService, start_grpc_server
+from exporter.http_server import ApiError, HttpServer, make_handler, query_number
+from exporter.lifecycle import LifecycleJoiner
+from exporter.metrics import PhasewatchCollector
+from exporter.selfstats import SelfStats
+from exporter.window import RollingWindow
+
+log = logging.getLogger("phasewatch")
+
+
+class Exporter:
+    """Start with ``start()``; ports are read back from ``grpc_port`` / ``http_port``."""
+
+    def __init__(self, config: ServeConfig, clock=time.time):
+        self.config = config
+        self.stats = SelfStats()
+        window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
+        self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
+                                     clock=clock)
+        self.joiner = LifecycleJoiner(
+            lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
+            ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
+            max_pending=config.lifecycle_max_pending)
+        self.registry = CollectorRegistry()
+        self.registry.register(PhasewatchCollector(self.aggregator, gauges={
+            "phasewatch_ingest_lifecycle_pending": (
+                "Streamed requests being joined (not yet finished).",
+                self.joiner.pending_count),
+        }))
+        ProcessCollector(registry=self.registry)
+        self._grpc = None
+        self._http: HttpServer | None = None
+        self._stop = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
+        self.grpc_port = self.http_port = 0
+
+    # ---- JSON API ------------------------------------------------------------
+    def _summary(self, qs: dict) -> dict:
+        window = self.aggregator.window
+        seconds = query_number(qs, "window", window.seconds, 1, window.seconds)
+        return window.summary(self.aggregator.labels.pairs(), seconds)
+
+    def _requests(self, qs: dict) -> dict:
+        limit = int(query_number(qs, "limit", 200, 1, 5000))
+        model = qs.get("model", [None])[0]
+        rows = self.aggregator.window.recent(self.aggregator.labels.pairs(), limit, model)
+        return {"requests": rows}
+
+    def _status(self, qs: dict) -> dict:
+        if qs:
+            raise ApiError("/api/v1/status takes no parameters")
+        return {"grpc_port": self.grpc_port, "http_port": self.http_port,
+                "label_sets": len(self.aggregator.labels),
+                "lifecycle_pending": self.joiner.pending_count(),
+                "ingest": {f"{n}{{{','.join(lv)}}}": v
+                           for (n, lv), v in sorted(self.stats.snapshot().items())}}
+
+    # ---- lifecycle -------------------------------------------------------------
+    def start(self) -> Exporter:
+        c = self.config
+        service = PhasewatchService(self.aggregator, self.joiner)
+        self._grpc, self.grpc_port = start_grpc_server(service, c.grpc_host, c.grpc_port,
+                                                       c.grpc_workers)
+        api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
+               "/api/v1/status": self._status}
+        handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None)
+        self._http = HttpServer(c.http_host, c.http_port, handler)
+        self.http_port = self._http.port
+        self._http.start()
+        self._sweeper.start()
+        log.info("phasewatch gRPC receiver on %s:%d", c.grpc_host, self.grpc_port)
+        log.info("metrics on http://%s:%d/metrics, JSON API under /api/v1/",
+                 c.http_host, self.http_port)
+        return self
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.joiner.sweep()
+            except Exception:  # a bug here must not kill the sweeper silently
+                log.exception("lifecycle sweep failed")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close."""
+        self._stop.set()
+        if self._grpc is not None:
+            self._grpc.stop(grace).wait(grace)
+            self._grpc = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+
+    def __enter__(self) -> Exporter:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

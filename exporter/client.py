@@ -1,0 +1,200 @@
+"""Client library: what an inference server (or a test) uses to send finished requests.
+
+``record()`` only appends a tuple to a list under a lock, so it never blocks the
+serving thread on the network; when the buffer is full the request is dropped
+and counted, and the count travels to the exporter (``sender_dropped``) so the
+loss shows on ``/metrics``. A background thread flushes about every 250 ms in
+columnar ``Export`` batches, retrying retryable failures with exponential
+backoff and full jitter, each batch keeping its id so the exporter counts a
+retried batch once. ``close()`` flushes what is left within a deadline.
+
+    client = PhasewatchClient("localhost:50051", engine="vllm")
+    client.record("Llama-3.1-8B", arrival=t0, scheduled=t1, first_token=t2,
+                  last_token=t3, finish=t4, prompt_tokens=812, output_tokens=128,
+                  token_times=emission_times, finish_reason="stop")
+    client.close()
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from exporter import wire
+from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
+from exporter.record import RequestBatch, RequestRecord
+
+log = logging.getLogger(__name__)
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
+# Order of the tuple record() stores.
+_FIELDS = ("model", "request_id", "finish_reason", "arrival", "scheduled", "first_token",
+           "last_token", "finish", "prompt_tokens", "cached_prompt_tokens", "output_tokens",
+           "token_times")
+
+
+def rows_to_batch(rows: Sequence[tuple]) -> RequestBatch:
+    """Columns from record() tuples; token times become gaps without a loop per token."""
+    n = len(rows)
+    table: dict[str, int] = {"": 0}
+    refs = [np.fromiter((table.setdefault(r[i] or "", len(table)) for r in rows),
+                        dtype=np.int32, count=n) for i in range(3)]
+
+    def times(i: int) -> np.ndarray:
+        s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float, count=n)
+        return np.where(np.isnan(s), 0, np.round(s * 1e9)).astype(np.int64)
+
+    def counts(i: int) -> np.ndarray:
+        return np.fromiter((-1 if r[i] is None else r[i] for r in rows), dtype=np.int64,
+                           count=n)
+
+    tt = [r[11] if r[11] is not None else () for r in rows]
+    lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
+    flat = np.fromiter(itertools.chain.from_iterable(tt), dtype=float, count=int(lens.sum()))
+    owner = np.repeat(np.arange(n), lens)
+    gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
+    return RequestBatch(
+        strings=list(table), model=refs[0], request_id=refs[1], finish_reason=refs[2],
+        engine=np.zeros(n, dtype=np.int32),
+        arrival=times(3), scheduled=times(4), first_token=times(5), last_token=times(6),
+        finish=times(7), prompt_tokens=counts(8), cached_prompt_tokens=counts(9),
+        output_tokens=counts(10), token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
+    )
+
+
+class PhasewatchClient:
+    def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
+                 max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
+                 initial_backoff: float = 0.1, max_backoff: float = 5.0,
+                 channel: grpc.Channel | None = None):
+        if flush_interval <= 0 or max_buffer < 1 or max_batch < 1:
+            raise ValueError("flush_interval, max_buffer and max_batch must be positive")
+        self.target, self.engine = target, engine
+        self._flush_interval, self._max_buffer, self._max_batch = (
+            flush_interval, max_buffer, max_batch)
+        self._timeout, self._backoff0, self._backoff_max = timeout, initial_backoff, max_backoff
+        self._channel = channel or grpc.insecure_channel(target, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
+        self._lock = threading.Lock()
+        self._buffer: list[tuple] = []
+        self._dropped_unreported = 0
+        self._in_flight = 0
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._deadline = float("inf")
+        self.stats: Counter = Counter()  # sent, accepted, rejected, retries, dropped_<reason>
+        self._thread = threading.Thread(target=self._run, name="phasewatch-client",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- serving thread ------------------------------------------------------
+    def record(self, model: str, *, arrival: float | None = None,
+               scheduled: float | None = None, first_token: float | None = None,
+               last_token: float | None = None, finish: float | None = None,
+               prompt_tokens: int | None = None, cached_prompt_tokens: int | None = None,
+               output_tokens: int | None = None, finish_reason: str = "",
+               request_id: str = "", token_times: Sequence[float] | None = None) -> bool:
+        """Queue one finished request (times in Unix seconds). False if it was dropped."""
+        row = (model, request_id, finish_reason, arrival, scheduled, first_token, last_token,
+               finish, prompt_tokens, cached_prompt_tokens, output_tokens, token_times)
+        with self._lock:
+            if len(self._buffer) >= self._max_buffer or self._closing.is_set():
+                self._dropped_unreported += 1
+                self.stats["dropped_buffer_full" if not self._closing.is_set()
+                           else "dropped_closed"] += 1
+                return False
+            self._buffer.append(row)
+        return True
+
+    def record_request(self, r: RequestRecord) -> bool:
+        return self.record(r.model, **{f: getattr(r, f) for f in _FIELDS[1:]})
+
+    # ---- background ----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            closing = self._closing.is_set()
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            with self._lock:
+                rows, self._buffer = self._buffer, []
+                self._in_flight = len(rows)
+            for start in range(0, len(rows), self._max_batch):
+                chunk = rows[start:start + self._max_batch]
+                self._send(chunk)
+                with self._lock:
+                    self._in_flight -= len(chunk)
+            if closing and not rows:
+                return
+
+    def _send(self, rows: list[tuple]) -> None:
+        with self._lock:
+            dropped, self._dropped_unreported = self._dropped_unreported, 0
+        batch_id = wire.new_batch_id()
+        payload = wire.encode_export(rows_to_batch(rows), self.engine, batch_id, dropped)
+        attempt = 0
+        while True:
+            try:
+                reply = wire.decode_export_response(
+                    self._export(payload, timeout=self._timeout))
+                self.stats["sent"] += len(rows)
+                self.stats["accepted"] += reply.accepted
+                self.stats["rejected"] += reply.rejected
+                return
+            except grpc.RpcError as e:
+                code = e.code()
+                if code not in RETRYABLE:
+                    log.warning("exporter refused a batch of %d requests: %s %s",
+                                len(rows), code, e.details())
+                    self.stats["dropped_refused"] += len(rows)
+                    return
+            delay = random.uniform(0, min(self._backoff_max, self._backoff0 * 2 ** attempt))
+            attempt += 1
+            self.stats["retries"] += 1
+            if time.monotonic() + delay > self._deadline:
+                self.stats["dropped_shutdown"] += len(rows)
+                with self._lock:  # still unreported: the exporter never saw these
+                    self._dropped_unreported += dropped
+                return
+            time.sleep(delay)
+
+    # ---- control ---------------------------------------------------------------
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._buffer) + self._in_flight
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything buffered now; True once all of it has been answered."""
+        end = time.monotonic() + timeout
+        self._wake.set()
+        while self.pending():
+            if time.monotonic() > end:
+                return False
+            self._wake.set()
+            time.sleep(0.005)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is buffered (retrying until ``timeout``), then stop. Idempotent."""
+        if not self._thread.is_alive():
+            return
+        self._deadline = time.monotonic() + timeout
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout + 1.0)
+        self._channel.close()
+
+    def __enter__(self) -> PhasewatchClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,105 @@
+"""HTTP on one port: ``/metrics`` (gzip when asked), ``/healthz``, ``/readyz`` and the JSON API.
+
+JSON API (for the dashboard):
+* ``GET /api/v1/summary?window=SECONDS``: rolling-window summary per (model, engine);
+* ``GET /api/v1/requests?limit=N&model=NAME``: the newest requests with their phases;
+* ``GET /api/v1/status``: ingest totals and the bound ports.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
+MAX_RECENT = 5000
+
+
+class ApiError(ValueError):
+    pass
+
+
+def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> float:
+    raw = qs.get(name, [None])[0]
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ApiError(f"{name} must be a number, got {raw!r}") from None
+    if not (lo <= v <= hi) or math.isnan(v):
+        raise ApiError(f"{name} must be between {lo:g} and {hi:g}, got {raw!r}")
+    return v
+
+
+def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], object]],
+                 ready: Callable[[], bool]):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "phasewatch"
+
+        def log_message(self, fmt, *args):  # route access logs to logging, at debug
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:
+                body = gzip.compress(body, compresslevel=1)
+                self.send_response(code)
+                self.send_header("Content-Encoding", "gzip")
+            else:
+                self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, code: int, obj) -> None:
+            self._send(code, json.dumps(obj, allow_nan=False).encode(), "application/json")
+
+        def do_GET(self):
+            url = urlparse(self.path)
+            if url.path == "/metrics":
+                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+                return self._send(200, encoder(registry), ctype)
+            if url.path == "/healthz":
+                return self._send(200, b"ok\n", "text/plain")
+            if url.path == "/readyz":
+                ok = ready()
+                return self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n",
+                                  "text/plain")
+            route = api.get(url.path)
+            if route is None:
+                endpoints = [*sorted(api), "/metrics", "/healthz", "/readyz"]
+                return self._json(404, {"error": f"no such endpoint {url.path}",
+                                        "endpoints": endpoints})
+            try:
+                return self._json(200, route(parse_qs(url.query)))
+            except ApiError as e:
+                return self._json(400, {"error": str(e)})
+
+    return Handler
+
+
+class HttpServer:
+    def __init__(self, host: str, port: int, handler):
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="pw-http",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,227 @@
+"""Join streamed lifecycle events into finished request records, with bounded state.
+
+Servers that report as they go send ARRIVED, SCHEDULED, FIRST_TOKEN, TOKENS and
+FINISHED events keyed by request id, possibly out of order, duplicated (a resent
+stream) or never finished (a crashed request). The joiner:
+
+* keeps at most ``max_pending`` requests; past it the oldest is evicted (counted);
+* completes a request once FINISHED and ARRIVED are in and, when the FINISHED
+  event says how many emissions there were, all of them are in;
+* completes a finished-but-incomplete request after ``grace`` seconds with what it
+  has (missing phases are then counted unavailable by the phase split, not invented);
+* evicts a request never finished after ``ttl`` seconds (counted);
+* remembers ``max_completed`` recently completed ids so late duplicates are counted,
+  not turned into phantom pending requests.
+
+Each event field is taken once: a repeat with the same value is a duplicate, a
+different value a conflict (the first value is kept). Token emissions carry their
+index, so repeats and reordering of TOKENS events are harmless.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.record import NS, RequestBatch, RequestRecord
+from exporter.selfstats import SelfStats
+
+
+class EventKind(enum.Enum):
+    ARRIVED = 1
+    SCHEDULED = 2
+    FIRST_TOKEN = 3
+    TOKENS = 4
+    FINISHED = 5
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    request_id: str
+    kind: EventKind
+    time_unix_nano: int = 0
+    model: str = ""
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    first_emission_index: int = 0
+    token_times_unix_nano: tuple[int, ...] = ()
+    output_tokens: int | None = None
+    finish_reason: str = ""
+    emission_count: int = 0
+    last_token_unix_nano: int = 0
+
+
+_TIME_FIELD = {EventKind.ARRIVED: "arrival", EventKind.SCHEDULED: "scheduled",
+               EventKind.FINISHED: "finish"}
+
+
+@dataclass
+class _Pending:
+    engine: str
+    created: float
+    model: str = ""
+    arrival: int = 0
+    scheduled: int = 0
+    finish: int = 0
+    last_token: int = 0
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str = ""
+    emission_count: int = 0
+    finished_at: float | None = None
+    emissions: dict[int, int] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        if self.finished_at is None or not self.arrival:
+            return False
+        return self.emission_count == 0 or len(self.emissions) >= self.emission_count
+
+    def record(self, request_id: str) -> RequestRecord:
+        times = None
+        if self.emissions:
+            idx = sorted(self.emissions)
+            contiguous = idx[-1] == len(idx) - 1
+            all_in = self.emission_count == 0 or len(idx) >= self.emission_count
+            if contiguous and all_in:
+                times = np.array([self.emissions[i] for i in idx], dtype=np.int64)
+        first = self.emissions.get(0, 0)
+        last = self.last_token
+        if not last and times is not None and self.emission_count:
+            last = int(times[-1])
+        if times is not None and last and int(times[-1]) != last:
+            times = None  # the tail of the emissions never arrived
+        def s(ns: int) -> float | None:
+            return ns / NS if ns else None
+        return RequestRecord(
+            model=self.model, arrival=s(self.arrival), scheduled=s(self.scheduled),
+            first_token=s(first), last_token=s(last), finish=s(self.finish),
+            prompt_tokens=self.prompt_tokens, cached_prompt_tokens=self.cached_prompt_tokens,
+            output_tokens=self.output_tokens, finish_reason=self.finish_reason,
+            request_id=request_id, engine=self.engine,
+            token_times=None if times is None else times / NS,
+        )
+
+
+class LifecycleJoiner:
+    def __init__(self, sink: Callable[[RequestBatch], object], stats: SelfStats, *,
+                 ttl: float = 600.0, grace: float = 5.0, max_pending: int = 100_000,
+                 max_completed: int = 100_000, clock=time.monotonic):
+        if ttl <= 0 or grace < 0 or grace > ttl:
+            raise ValueError(f"need 0 <= grace <= ttl and ttl > 0 (got grace={grace}, ttl={ttl})")
+        self._sink = sink
+        self._stats = stats
+        self.ttl, self.grace = ttl, grace
+        self._max_pending, self._max_completed = max_pending, max_completed
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._completed: OrderedDict[str, None] = OrderedDict()
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _outcome(self, outcome: str, n: int = 1) -> None:
+        self._stats.inc("phasewatch_ingest_lifecycle_events_total", n, outcome=outcome)
+
+    def add(self, engine: str, events: list[LifecycleEvent]) -> int:
+        """Apply events; completed requests go to the sink as one batch. Returns completed."""
+        done: list[RequestRecord] = []
+        now = self._clock()
+        with self._lock:
+            for e in events:
+                outcome = self._apply(engine, e, now)
+                self._outcome(outcome)
+                p = self._pending.get(e.request_id)
+                if p is not None and p.complete():
+                    done.append(self._pop(e.request_id))
+        if done:
+            self._sink(RequestBatch.from_records(done))
+        return len(done)
+
+    def _apply(self, engine: str, e: LifecycleEvent, now: float) -> str:
+        if not e.request_id:
+            return "rejected_no_request_id"
+        if e.request_id in self._completed:
+            return "late_duplicate"
+        p = self._pending.get(e.request_id)
+        if p is None:
+            if len(self._pending) >= self._max_pending:
+                self._pending.popitem(last=False)
+                self._stats.inc("phasewatch_ingest_dropped_total", reason="lifecycle_capacity")
+            p = self._pending[e.request_id] = _Pending(engine=engine, created=now)
+        outcomes = [self._take(p, "model", e.model or "")]
+        for name in ("prompt_tokens", "cached_prompt_tokens"):
+            outcomes.append(self._take(p, name, getattr(e, name)))
+        if e.kind in _TIME_FIELD:
+            outcomes.append(self._take(p, _TIME_FIELD[e.kind], e.time_unix_nano))
+        if e.kind is EventKind.FIRST_TOKEN:
+            outcomes.append(self._emission(p, 0, e.time_unix_nano))
+        elif e.kind is EventKind.TOKENS:
+            outcomes += [self._emission(p, e.first_emission_index + j, t)
+                         for j, t in enumerate(e.token_times_unix_nano)]
+        elif e.kind is EventKind.FINISHED:
+            for name in ("output_tokens", "finish_reason", "emission_count",
+                         "last_token"):
+                value = e.last_token_unix_nano if name == "last_token" else getattr(e, name)
+                outcomes.append(self._take(p, name, value))
+            if p.finished_at is None:
+                p.finished_at = now
+        for o in ("conflict", "joined", "duplicate"):
+            if o in outcomes:
+                return o
+        return "rejected_empty"
+
+    @staticmethod
+    def _take(p: _Pending, name: str, value) -> str:
+        if value is None or value == "" or value == 0:
+            return "empty"
+        current = getattr(p, name)
+        if current is None or current == "" or current == 0:
+            setattr(p, name, value)
+            return "joined"
+        return "duplicate" if current == value else "conflict"
+
+    @staticmethod
+    def _emission(p: _Pending, index: int, t: int) -> str:
+        if not t:
+            return "empty"
+        if index in p.emissions:
+            return "duplicate" if p.emissions[index] == t else "conflict"
+        p.emissions[index] = t
+        return "joined"
+
+    def _pop(self, request_id: str) -> RequestRecord:
+        p = self._pending.pop(request_id)
+        self._completed[request_id] = None
+        if len(self._completed) > self._max_completed:
+            self._completed.popitem(last=False)
+        return p.record(request_id)
+
+    def sweep(self) -> int:
+        """Complete finished requests past the grace period, evict unfinished past the TTL."""
+        now = self._clock()
+        done: list[RequestRecord] = []
+        evicted = 0
+        with self._lock:
+            for rid in list(self._pending):
+                p = self._pending[rid]
+                if p.finished_at is not None and now - p.finished_at >= self.grace:
+                    done.append(self._pop(rid))
+                    self._outcome("completed_incomplete")
+                elif p.finished_at is None and now - p.created >= self.ttl:
+                    del self._pending[rid]
+                    evicted += 1
+        if evicted:
+            self._stats.inc("phasewatch_ingest_dropped_total", evicted,
+                            reason="lifecycle_unfinished_ttl")
+        if done:
+            self._sink(RequestBatch.from_records(done))
+        return evicted

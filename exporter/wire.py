@@ -1,0 +1,218 @@
+"""phasewatch protocol <-> internal records. The only module that touches its protobuf types.
+
+Decoding: ``np.asarray`` over a upb repeated scalar field uses its ``__array__``
+hook, a single copy of the packed column (measured: 0.08 ms for 200k floats, vs
+7.5 ms iterating), so a batch becomes numpy columns with no Python loop per
+request or per token. Encoding writes the packed fixed-width columns directly
+from numpy bytes (tag, length, little-endian payload, exactly what protobuf
+emits for packed fields) after the small header serialised by protobuf itself.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from exporter.lifecycle import EventKind, LifecycleEvent
+from exporter.protocol import phasewatch_pb2 as pb
+from exporter.record import RequestBatch
+
+PROTOCOL_VERSION = 1
+
+# (proto field, RequestBatch column, wire dtype, value when the column is absent)
+_COLUMNS = (
+    ("model_ref", "model", "<u4", 0),
+    ("request_id_ref", "request_id", "<u4", 0),
+    ("finish_reason_ref", "finish_reason", "<u4", 0),
+    ("arrival_unix_nano", "arrival", "<i8", 0),
+    ("scheduled_unix_nano", "scheduled", "<i8", 0),
+    ("first_token_unix_nano", "first_token", "<i8", 0),
+    ("last_token_unix_nano", "last_token", "<i8", 0),
+    ("finish_unix_nano", "finish", "<i8", 0),
+    ("prompt_tokens", "prompt_tokens", "<i4", -1),
+    ("cached_prompt_tokens", "cached_prompt_tokens", "<i4", -1),
+    ("output_tokens", "output_tokens", "<i4", -1),
+    ("token_gap_count", "gap_counts", "<u4", 0),
+)
+_FIELD_NUMBERS = {f.name: f.number for f in pb.ExportRequest.DESCRIPTOR.fields}
+_MAX_REQUESTS = 10_000_000  # per batch; far above any sane flush, well below memory trouble
+
+
+class MalformedBatch(ValueError):
+    """A batch that cannot be read at all; ``reason`` is the counted label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ExportMeta:
+    engine: str
+    batch_id: int
+    request_count: int
+    sender_dropped: int
+
+
+def new_batch_id() -> int:
+    return random.getrandbits(64) or 1
+
+
+def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
+    """Parse an ``ExportRequest`` into columns. Raises ``MalformedBatch``."""
+    try:
+        msg = pb.ExportRequest.FromString(data)
+    except DecodeError as e:
+        raise MalformedBatch("undecodable", f"not a phasewatch ExportRequest: {e}") from None
+    meta = ExportMeta(msg.engine, msg.batch_id, msg.request_count, msg.sender_dropped)
+    if msg.version != PROTOCOL_VERSION:
+        raise MalformedBatch("unsupported_version",
+                             f"protocol version {msg.version} is not supported; send version "
+                             f"{PROTOCOL_VERSION}")
+    n = msg.request_count
+    if n > _MAX_REQUESTS:
+        raise MalformedBatch("too_many_requests", f"request_count {n} exceeds {_MAX_REQUESTS}")
+    strings = list(msg.strings) or [""]
+    if strings[0] != "":
+        raise MalformedBatch("bad_string_table", "strings[0] must be the empty string")
+    cols = {}
+    for field, column, dtype, absent in _COLUMNS:
+        a = np.asarray(getattr(msg, field), dtype=dtype)
+        if a.size == 0:
+            a = np.full(n, absent, dtype=dtype)
+        elif a.size != n:
+            raise MalformedBatch("column_length",
+                                 f"column {field} has {a.size} entries for {n} requests")
+        cols[column] = a
+    for column in ("model", "request_id", "finish_reason"):
+        if n and int(cols[column].max()) >= len(strings):
+            raise MalformedBatch("bad_string_ref",
+                                 f"{column} refers past the string table ({len(strings)})")
+    gaps = np.asarray(msg.token_gap_seconds, dtype=np.float32)
+    counts = cols["gap_counts"].astype(np.int64)
+    if int(counts.sum()) != gaps.size:
+        raise MalformedBatch("gap_count_mismatch",
+                             f"token_gap_count sums to {int(counts.sum())} but "
+                             f"{gaps.size} gaps were sent")
+    engine_ref = len(strings)
+    strings.append(msg.engine)
+    batch = RequestBatch(
+        strings=strings,
+        model=cols["model"].astype(np.int32),
+        engine=np.full(n, engine_ref, dtype=np.int32),
+        finish_reason=cols["finish_reason"].astype(np.int32),
+        request_id=cols["request_id"].astype(np.int32),
+        arrival=cols["arrival"].astype(np.int64), scheduled=cols["scheduled"].astype(np.int64),
+        first_token=cols["first_token"].astype(np.int64),
+        last_token=cols["last_token"].astype(np.int64), finish=cols["finish"].astype(np.int64),
+        prompt_tokens=cols["prompt_tokens"].astype(np.int64),
+        cached_prompt_tokens=cols["cached_prompt_tokens"].astype(np.int64),
+        output_tokens=cols["output_tokens"].astype(np.int64),
+        token_gaps=gaps.astype(np.float64), gap_counts=counts,
+    )
+    return batch, meta
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _packed(field: str, values: np.ndarray, dtype: str) -> bytes:
+    if values.size == 0:
+        return b""
+    payload = np.ascontiguousarray(values, dtype=dtype).tobytes()
+    tag = (_FIELD_NUMBERS[field] << 3) | 2  # wire type 2: length-delimited (packed)
+    return _varint(tag) + _varint(len(payload)) + payload
+
+
+def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
+                  sender_dropped: int = 0) -> bytes:
+    """Serialise a batch as an ``ExportRequest`` (per-batch engine; row engines ignored)."""
+    head = pb.ExportRequest(version=PROTOCOL_VERSION, engine=engine, batch_id=batch_id,
+                            request_count=len(batch), sender_dropped=sender_dropped)
+    head.strings.extend(batch.strings)
+    parts = [head.SerializeToString()]
+    for field, column, dtype, _ in _COLUMNS:
+        parts.append(_packed(field, getattr(batch, column), dtype))
+    parts.append(_packed("token_gap_seconds", batch.token_gaps, "<f4"))
+    return b"".join(parts)
+
+
+_KINDS = {pb.LifecycleEvent.ARRIVED: EventKind.ARRIVED,
+          pb.LifecycleEvent.SCHEDULED: EventKind.SCHEDULED,
+          pb.LifecycleEvent.FIRST_TOKEN: EventKind.FIRST_TOKEN,
+          pb.LifecycleEvent.TOKENS: EventKind.TOKENS,
+          pb.LifecycleEvent.FINISHED: EventKind.FINISHED}
+
+
+def decode_lifecycle(data: bytes) -> tuple[str, list[LifecycleEvent], int]:
+    """Parse a ``LifecycleBatch``: (engine, events, events with an unknown kind)."""
+    try:
+        msg = pb.LifecycleBatch.FromString(data)
+    except DecodeError as e:
+        raise MalformedBatch("undecodable", f"not a phasewatch LifecycleBatch: {e}") from None
+    if msg.version != PROTOCOL_VERSION:
+        raise MalformedBatch("unsupported_version",
+                             f"protocol version {msg.version} is not supported")
+    events, unknown = [], 0
+    for e in msg.events:
+        kind = _KINDS.get(e.kind)
+        if kind is None:
+            unknown += 1
+            continue
+        events.append(LifecycleEvent(
+            request_id=e.request_id, kind=kind, time_unix_nano=e.time_unix_nano, model=e.model,
+            prompt_tokens=e.prompt_tokens if e.has_prompt_tokens else None,
+            cached_prompt_tokens=e.cached_prompt_tokens if e.has_cached_prompt_tokens else None,
+            first_emission_index=e.first_emission_index,
+            token_times_unix_nano=tuple(e.token_times_unix_nano),
+            output_tokens=e.output_tokens if kind is EventKind.FINISHED else None,
+            finish_reason=e.finish_reason, emission_count=e.emission_count,
+            last_token_unix_nano=e.last_token_unix_nano,
+        ))
+    return msg.engine, events, unknown
+
+
+def encode_lifecycle(engine: str, events: list[LifecycleEvent]) -> bytes:
+    kinds = {v: k for k, v in _KINDS.items()}
+    msg = pb.LifecycleBatch(version=PROTOCOL_VERSION, engine=engine)
+    for e in events:
+        msg.events.add(
+            request_id=e.request_id, kind=kinds[e.kind], time_unix_nano=e.time_unix_nano,
+            model=e.model, prompt_tokens=e.prompt_tokens or 0,
+            has_prompt_tokens=e.prompt_tokens is not None,
+            cached_prompt_tokens=e.cached_prompt_tokens or 0,
+            has_cached_prompt_tokens=e.cached_prompt_tokens is not None,
+            first_emission_index=e.first_emission_index,
+            token_times_unix_nano=e.token_times_unix_nano, output_tokens=e.output_tokens or 0,
+            finish_reason=e.finish_reason, emission_count=e.emission_count,
+            last_token_unix_nano=e.last_token_unix_nano)
+    return msg.SerializeToString()
+
+
+def export_response(accepted: int, rejected: dict[str, int], duplicate: bool = False) -> bytes:
+    msg = pb.ExportResponse(accepted=accepted, rejected=sum(rejected.values()),
+                            duplicate=duplicate)
+    for reason, count in sorted(rejected.items()):
+        msg.rejections.add(reason=reason, count=count)
+    return msg.SerializeToString()
+
+
+def decode_export_response(data: bytes) -> pb.ExportResponse:
+    return pb.ExportResponse.FromString(data)
+
+
+def lifecycle_response(received: int, rejected: int, completed: int) -> bytes:
+    return pb.StreamLifecycleResponse(events_received=received, events_rejected=rejected,
+                                      requests_completed=completed).SerializeToString()
