@@ -1,0 +1,41 @@
+# phasewatch: every target installs what it needs itself (virtualenv, pip packages,
+# Debian packages), so `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench proto system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Debian packages the tests need: a real Prometheus server (and promtool).
+system-deps:
+	@if ! command -v prometheus >/dev/null 2>&1; then \
+	  echo "installing Debian package prometheus"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(VENV)/bin/phasewatch demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) system-deps lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+proto: $(STAMP)
+	$(PY) exporter/protocol/codegen.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,194 @@
+"""The ``phasewatch`` command: serve, simulate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+
+from exporter.config import ConfigError, ServeConfig, add_serve_flags, load_serve_config
+from exporter.sim.scenarios import SCENARIOS, scenario
+
+log = logging.getLogger("phasewatch")
+
+DESCRIPTION = """\
+phasewatch splits every LLM request into queue, prefill and decode, and exports
+TTFT, ITL, TPOT, tokens/s per phase to Prometheus.
+
+  phasewatch serve                     run the exporter (gRPC :50051, /metrics :9464)
+  phasewatch simulate --scenario chat  send simulated engine traffic to an exporter
+  phasewatch demo                      both at once, on this machine, with a live summary
+"""
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def _add_sim_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", default="chat", choices=sorted(SCENARIOS),
+                   help="workload to simulate (default chat): " + "; ".join(
+                       f"{s.name}: {s.description}" for s in SCENARIOS.values()))
+    p.add_argument("--model", help="served model (catalog name or Hugging Face id); "
+                   "default: the scenario's")
+    p.add_argument("--hardware", help="accelerator (catalog name); default: the scenario's")
+    p.add_argument("--gpus", type=int, help="number of GPUs serving the model")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="multiply the scenario's arrival rate or users (default 1)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="engine seconds per wall second (default 1 = real time)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from exporter.app import Exporter
+
+    config = load_serve_config(args)
+    _setup_logging(config.log_level)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    exporter = Exporter(config).start()
+    stop.wait()
+    log.info("shutting down")
+    exporter.stop()
+    return 0
+
+
+def _simulate(args, target: str, stop: threading.Event, duration: float):
+    from exporter.client import PhasewatchClient
+
+    sc = scenario(args.scenario)
+    engine = sc.build(seed=args.seed, model=args.model, hardware=args.hardware,
+                      gpus=args.gpus, rate_scale=args.rate_scale)
+    client = PhasewatchClient(target, engine="sim")
+    try:
+        engine.run(duration, on_finish=client.record_request, time_scale=args.time_scale,
+                   should_stop=stop.is_set)
+    finally:
+        client.close()
+    return engine, client
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    _setup_logging("info")
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    engine, client = _simulate(args, args.target, stop, args.duration)
+    truth = engine.truth.arrays()
+    print(f"scenario {args.scenario}: {len(engine.finished)} requests finished, "
+          f"{client.stats['accepted']} accepted by {args.target}, "
+          f"{client.stats['dropped_buffer_full']} dropped; mean decode batch "
+          f"{truth['decode_seqs'].mean() if len(truth['start']) else 0:.1f}")
+    return 0 if client.stats["sent"] == len(engine.finished) else 1
+
+
+def _summary_line(summary: dict) -> str:
+    parts = []
+    for m in summary["models"]:
+        def ms(d: dict, q: str) -> str:
+            return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
+        sh = m["phase_time_share"]
+        share = "-" if sh["queue"] is None else (
+            f"queue {sh['queue']:.0%} prefill {sh['prefill']:.0%} decode {sh['decode']:.0%}")
+        parts.append(
+            f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"
+            f" p99 {ms(m['ttft_seconds'], 'p99')} | ITL p50 {ms(m['itl_seconds'], 'p50')} | "
+            f"TPOT p50 {ms(m['tpot_seconds'], 'p50')} | out {m['output_tokens_per_second']:.0f}"
+            f" tok/s | {share}")
+    return " || ".join(parts) or "no requests finished yet"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.app import Exporter
+
+    config = load_serve_config(args)
+    _setup_logging(config.log_level)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    exporter = Exporter(config).start()
+    host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
+    base = f"http://{host}:{exporter.http_port}"
+    print(f"phasewatch demo: scenario {args.scenario}", flush=True)
+    print(f"  metrics:  {base}/metrics", flush=True)
+    print(f"  summary:  {base}/api/v1/summary", flush=True)
+    print(f"  requests: {base}/api/v1/requests", flush=True)
+    print(f"  gRPC:     {config.grpc_host}:{exporter.grpc_port}", flush=True)
+    duration = args.duration if args.duration else float("inf")
+    sim = threading.Thread(target=_simulate, name="demo-sim", daemon=True,
+                           args=(args, f"127.0.0.1:{exporter.grpc_port}", stop,
+                                 duration * args.time_scale))
+    sim.start()
+    end = time.monotonic() + duration
+    try:
+        while not stop.wait(min(args.summary_every, max(0.0, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                break
+            print(_summary_line(exporter.aggregator.window.summary(
+                exporter.aggregator.labels.pairs())), flush=True)
+    finally:
+        stop.set()
+        sim.join(10)
+        print(_summary_line(exporter.aggregator.window.summary(
+            exporter.aggregator.labels.pairs())), flush=True)
+        exporter.stop()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phasewatch", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the exporter",
+                           description="Run the exporter: the phasewatch gRPC receiver and "
+                           "HTTP /metrics, /healthz, /readyz and /api/v1. Settings come from "
+                           "flags, PHASEWATCH_* variables, then --config FILE (TOML), in "
+                           "that order of precedence.")
+    add_serve_flags(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    simulate = sub.add_parser("simulate", help="drive an exporter with simulated traffic",
+                              description="Simulate a continuous-batching engine and send "
+                              "every finished request to an exporter over gRPC.")
+    simulate.add_argument("--target", default="127.0.0.1:50051",
+                          help="exporter gRPC address (default 127.0.0.1:50051)")
+    simulate.add_argument("--duration", type=float, default=60.0,
+                          help="engine seconds to simulate (default 60)")
+    _add_sim_flags(simulate)
+    simulate.set_defaults(func=cmd_simulate)
+
+    demo = sub.add_parser("demo", help="exporter + simulated load, with a live summary",
+                          description="Start an exporter and a simulated engine feeding it, "
+                          "print the URLs and a one-line summary every few seconds.")
+    demo.add_argument("--duration", type=float, default=0,
+                      help="stop after this many seconds (default: run until Ctrl-C)")
+    demo.add_argument("--summary-every", type=float, default=5.0,
+                      help="seconds between summary lines (default 5)")
+    _add_sim_flags(demo)
+    add_serve_flags(demo)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"phasewatch: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["ServeConfig", "main"]

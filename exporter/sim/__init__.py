@@ -1,0 +1,1 @@
+"""A simulated continuous-batching inference engine, for the demo, tests and benchmarks."""

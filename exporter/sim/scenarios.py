@@ -1,0 +1,65 @@
+"""Named simulator scenarios: each a model x hardware x engine configuration x workload.
+
+Each states which phase it is built to stress; tests check the simulator agrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from exporter import catalog
+from exporter.sim.engine import EngineConfig, SimEngine
+from exporter.sim.workload import Lengths, Workload
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    workload: Workload
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: str = "Llama-3.1-8B"
+    hardware: str = "H100-SXM"
+    gpus: int = 1
+
+    def build(self, seed: int = 0, model: str | None = None, hardware: str | None = None,
+              gpus: int | None = None, rate_scale: float = 1.0) -> SimEngine:
+        """An engine for this scenario; model/hardware/gpus override the defaults."""
+        wl = self.workload
+        if rate_scale != 1.0:
+            wl = (replace(wl, rate=wl.rate * rate_scale) if wl.rate else
+                  replace(wl, concurrency=max(1, round(wl.concurrency * rate_scale))))
+        return SimEngine(catalog.model(model or self.model),
+                         catalog.hardware(hardware or self.hardware, gpus or self.gpus),
+                         self.engine, wl, seed=seed, name="sim")
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("chat", "Interactive chat: ~1k-token prompts with 30% prefix-cache hits, ~250 "
+             "output tokens, Poisson arrivals at a comfortable load. Mostly decode time.",
+             Workload(Lengths(1000, 0.8, 16, 16384), Lengths(250, 0.6, 2, 2048), rate=6.0,
+                      prefix_hit_probability=0.3)),
+    Scenario("rag", "Long-prompt RAG: ~24k-token retrieved contexts, short answers. Most "
+             "request time is prefill (compute-bound).",
+             Workload(Lengths(24000, 0.2, 8000, 65536), Lengths(12, 0.3, 4, 64), rate=0.25)),
+    Scenario("long_generation", "Long generation: short prompts, ~2k output tokens, 32 users "
+             "in a closed loop. Decode (memory-bandwidth-bound) dominates.",
+             Workload(Lengths(200, 0.5, 16, 2048), Lengths(2000, 0.3, 256, 8192),
+                      concurrency=32)),
+    Scenario("overload", "Overload: arrivals well above capacity with at most 64 running "
+             "sequences; requests pile up and queue time dominates.",
+             Workload(Lengths(1500, 0.5, 64, 8192), Lengths(300, 0.5, 8, 2048), rate=40.0),
+             EngineConfig(max_num_seqs=64)),
+    Scenario("tiny_batch", "Tiny batches: two users, short prompts and answers, eager mode "
+             "(no CUDA graphs, ~8 ms of launch overhead per step). Far below both ceilings.",
+             Workload(Lengths(64, 0.3, 8, 512), Lengths(32, 0.3, 2, 128), concurrency=2),
+             EngineConfig(step_overhead=0.008)),
+)}
+
+
+def scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose one of "
+                         f"{', '.join(SCENARIOS)}") from None
