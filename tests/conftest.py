@@ -1,0 +1,56 @@
+"""Shared fixtures: a real exporter on port 0, /metrics parsing, real component lookup."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.app import Exporter
+from exporter.config import ServeConfig
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str, why: str) -> str:
+    """Path of a real component; in CI its absence fails the test, elsewhere it skips."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} is not installed ({why}); `make test` installs it"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def exporter():
+    ex = Exporter(ServeConfig(grpc_port=0, http_port=0, http_host="127.0.0.1")).start()
+    yield ex
+    ex.stop(grace=1)
+
+
+class Scrape:
+    """One /metrics scrape, queried like client_python's get_sample_value."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+    def value(self, name: str, **labels) -> float | None:
+        for s in self.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+
+    def total(self, name: str, **labels) -> float:
+        return sum(s.value for s in self.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def scrape(port: int) -> Scrape:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return Scrape(r.read().decode())
