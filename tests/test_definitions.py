@@ -1,5 +1,7 @@
 """TTFT, pooled ITL and TPOT match the benchmark tools' definitions (references.md s.3)."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ T = 1_700_000_000.0
 def vllm_bench_metrics(start: float, token_times: list[float], output_len: int):
     """What vLLM's benchmark computes from one streamed request (its `itl` list, its TPOT)."""
     ttft = token_times[0] - start
-    itl = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
+    itl = [b - a for a, b in itertools.pairwise(token_times)]
     latency = token_times[-1] - start
     tpot = (latency - ttft) / (output_len - 1)
     return ttft, itl, tpot
