@@ -5,8 +5,10 @@ FINISHED events keyed by request id, possibly out of order, duplicated (a resent
 stream) or never finished (a crashed request). The joiner:
 
 * keeps at most ``max_pending`` requests; past it the oldest is evicted (counted);
-* completes a request once FINISHED and ARRIVED are in and, when the FINISHED
-  event says how many emissions there were, all of them are in;
+* completes a request once FINISHED, ARRIVED, SCHEDULED and the first token are
+  in and, when FINISHED says how many emissions there were, all of them are in;
+  a server that never sends some of these has its requests completed after the
+  grace period instead;
 * completes a finished-but-incomplete request after ``grace`` seconds with what it
   has (missing phases are then counted unavailable by the phase split, not invented);
 * evicts a request never finished after ``ttl`` seconds (counted);
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.record import NS, RequestBatch, RequestRecord
+from exporter.record import NS, RequestBatch
 from exporter.selfstats import SelfStats
 
 
@@ -79,34 +81,47 @@ class _Pending:
     emissions: dict[int, int] = field(default_factory=dict)
 
     def complete(self) -> bool:
-        if self.finished_at is None or not self.arrival:
+        """Every event a full report has is in: no need to wait for the grace period."""
+        if self.finished_at is None or not self.arrival or not self.scheduled:
             return False
-        return self.emission_count == 0 or len(self.emissions) >= self.emission_count
+        if self.emission_count:
+            return len(self.emissions) >= self.emission_count
+        return 0 in self.emissions
 
-    def record(self, request_id: str) -> RequestRecord:
-        times = None
+    def row(self, request_id: str) -> tuple:
+        """(request_id, engine, model, finish_reason, 5 times in ns, 3 counts, emission ns)."""
+        times: list[int] = []
         if self.emissions:
             idx = sorted(self.emissions)
             contiguous = idx[-1] == len(idx) - 1
             all_in = self.emission_count == 0 or len(idx) >= self.emission_count
             if contiguous and all_in:
-                times = np.array([self.emissions[i] for i in idx], dtype=np.int64)
-        first = self.emissions.get(0, 0)
-        last = self.last_token
-        if not last and times is not None and self.emission_count:
-            last = int(times[-1])
-        if times is not None and last and int(times[-1]) != last:
-            times = None  # the tail of the emissions never arrived
-        def s(ns: int) -> float | None:
-            return ns / NS if ns else None
-        return RequestRecord(
-            model=self.model, arrival=s(self.arrival), scheduled=s(self.scheduled),
-            first_token=s(first), last_token=s(last), finish=s(self.finish),
-            prompt_tokens=self.prompt_tokens, cached_prompt_tokens=self.cached_prompt_tokens,
-            output_tokens=self.output_tokens, finish_reason=self.finish_reason,
-            request_id=request_id, engine=self.engine,
-            token_times=None if times is None else times / NS,
-        )
+                times = [self.emissions[i] for i in idx]
+        last = self.last_token or (times[-1] if times and self.emission_count else 0)
+        if times and last and times[-1] != last:
+            times = []  # the tail of the emissions never arrived: no gaps, rather than wrong ones
+        def count(v: int | None) -> int:
+            return -1 if v is None else v
+        return (request_id, self.engine, self.model, self.finish_reason, self.arrival,
+                self.scheduled, self.emissions.get(0, 0), last, self.finish,
+                count(self.prompt_tokens), count(self.cached_prompt_tokens),
+                count(self.output_tokens), times)
+
+
+def batch_from_rows(rows: list[tuple]) -> RequestBatch:
+    """Columns from ``_Pending.row`` tuples; gaps from integer ns differences (exact)."""
+    table: dict[str, int] = {"": 0}
+    refs = [np.array([table.setdefault(r[i] or "", len(table)) for r in rows], dtype=np.int32)
+            for i in range(4)]
+    ints = np.array([r[4:12] for r in rows], dtype=np.int64).reshape(len(rows), 8).T
+    gaps = [np.diff(np.asarray(r[12], dtype=np.int64)) / NS for r in rows]
+    return RequestBatch(
+        strings=list(table), request_id=refs[0], engine=refs[1], model=refs[2],
+        finish_reason=refs[3], arrival=ints[0], scheduled=ints[1], first_token=ints[2],
+        last_token=ints[3], finish=ints[4], prompt_tokens=ints[5],
+        cached_prompt_tokens=ints[6], output_tokens=ints[7],
+        token_gaps=np.concatenate(gaps) if gaps else np.empty(0),
+        gap_counts=np.array([g.size for g in gaps], dtype=np.int64))
 
 
 class LifecycleJoiner:
@@ -133,7 +148,7 @@ class LifecycleJoiner:
 
     def add(self, engine: str, events: list[LifecycleEvent]) -> int:
         """Apply events; completed requests go to the sink as one batch. Returns completed."""
-        done: list[RequestRecord] = []
+        done: list[tuple] = []
         now = self._clock()
         with self._lock:
             for e in events:
@@ -143,7 +158,7 @@ class LifecycleJoiner:
                 if p is not None and p.complete():
                     done.append(self._pop(e.request_id))
         if done:
-            self._sink(RequestBatch.from_records(done))
+            self._sink(batch_from_rows(done))
         return len(done)
 
     def _apply(self, engine: str, e: LifecycleEvent, now: float) -> str:
@@ -198,17 +213,17 @@ class LifecycleJoiner:
         p.emissions[index] = t
         return "joined"
 
-    def _pop(self, request_id: str) -> RequestRecord:
+    def _pop(self, request_id: str) -> tuple:
         p = self._pending.pop(request_id)
         self._completed[request_id] = None
         if len(self._completed) > self._max_completed:
             self._completed.popitem(last=False)
-        return p.record(request_id)
+        return p.row(request_id)
 
     def sweep(self) -> int:
         """Complete finished requests past the grace period, evict unfinished past the TTL."""
         now = self._clock()
-        done: list[RequestRecord] = []
+        done: list[tuple] = []
         evicted = 0
         with self._lock:
             for rid in list(self._pending):
@@ -223,5 +238,5 @@ class LifecycleJoiner:
             self._stats.inc("phasewatch_ingest_dropped_total", evicted,
                             reason="lifecycle_unfinished_ttl")
         if done:
-            self._sink(RequestBatch.from_records(done))
+            self._sink(batch_from_rows(done))
         return evicted
