@@ -1,4 +1,4 @@
-"""Lifecycle stream: shuffled, duplicated and unfinished events give the finished batch's metrics."""
+"""Lifecycle stream: shuffled, duplicated, unfinished events equal the finished batch."""
 
 import random
 import time
