@@ -1,0 +1,66 @@
+"""The phasewatch command as a user runs it: a real subprocess."""
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import Scrape
+
+PHASEWATCH = [sys.executable, "-m", "exporter.cli"]
+
+
+def test_demo_serves_live_metrics_then_exits_zero():
+    proc = subprocess.Popen([*PHASEWATCH, "demo", "--duration", "5", "--http-port", "0",
+                             "--grpc-port", "0", "--summary-every", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.search(r"metrics:\s+(http://\S+/metrics)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "demo did not print its metrics URL"
+        seen = 0.0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not seen:
+            time.sleep(0.5)
+            with urllib.request.urlopen(url, timeout=5) as r:
+                seen = Scrape(r.read().decode()).total(
+                    "gen_ai_server_request_duration_seconds_count")
+        assert seen > 0, "no request reached /metrics while the demo ran"
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0, err
+    assert "req/s" in out and "TTFT p50" in out
+
+
+def test_serve_help_names_every_flag_and_its_variable():
+    out = subprocess.run([*PHASEWATCH, "serve", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for flag in ("--grpc-port", "--http-port", "--config", "PHASEWATCH_GRPC_PORT"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--grpc-port", "70000"], "grpc_port must be between 0 and 65535"),
+    (["--window-seconds", "abc"], "window_seconds must be float"),
+])
+def test_bad_flags_fail_fast_with_the_fix(args, message):
+    r = subprocess.run([*PHASEWATCH, "serve", *args], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and message in r.stderr
+
+
+def test_bad_config_file_names_the_known_keys(tmp_path):
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text("grpc_prot = 1\n")
+    r = subprocess.run([*PHASEWATCH, "serve", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert "unknown keys ['grpc_prot']" in r.stderr and "grpc_port" in r.stderr

@@ -1,0 +1,72 @@
+"""HTTP: /metrics gzip, health, readiness and the JSON API."""
+
+import gzip
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from exporter.client import PhasewatchClient
+from exporter.sim.scenarios import scenario
+
+
+def get(port, path, headers=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    return urllib.request.urlopen(req, timeout=10)
+
+
+@pytest.fixture
+def loaded(exporter):
+    records = scenario("chat").build(seed=4).run(15.0)
+    with PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="vllm") as c:
+        for r in records:
+            c.record_request(r)
+        assert c.flush(20)
+    return exporter, records
+
+
+def test_metrics_gzip_when_asked(loaded):
+    exporter, _ = loaded
+    with get(exporter.http_port, "/metrics", {"Accept-Encoding": "gzip"}) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        text = gzip.decompress(r.read()).decode()
+    assert "gen_ai_server_time_to_first_token_seconds_bucket" in text
+    with get(exporter.http_port, "/metrics") as r:
+        assert r.headers.get("Content-Encoding") is None
+
+
+def test_health_and_readiness(exporter):
+    assert get(exporter.http_port, "/healthz").status == 200
+    assert get(exporter.http_port, "/readyz").status == 200
+
+
+def test_summary_and_requests(loaded):
+    exporter, records = loaded
+    with get(exporter.http_port, "/api/v1/summary") as r:
+        s = json.load(r)
+    (m,) = s["models"]
+    assert m["model"] == "Llama-3.1-8B" and m["engine"] == "vllm"
+    assert m["requests_in_window"] == len(records)
+    assert m["output_tokens_per_second"] > 0
+    assert m["ttft_seconds"]["p50"] <= m["ttft_seconds"]["p99"]
+    assert 0.004 < m["itl_seconds"]["p50"] < 0.02  # an 8B model on an H100 decodes in ~8 ms
+    shares = m["phase_time_share"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["decode"] > 0.5
+    with get(exporter.http_port, "/api/v1/requests?limit=5") as r:
+        rows = json.load(r)["requests"]
+    assert len(rows) == 5
+    assert {"queue", "prefill", "decode", "ttft", "prompt_tokens"} <= set(rows[0])
+    with get(exporter.http_port, "/api/v1/requests?model=nope") as r:
+        assert json.load(r)["requests"] == []
+
+
+@pytest.mark.parametrize("path,code", [("/api/v1/summary?window=abc", 400),
+                                       ("/api/v1/requests?limit=0", 400),
+                                       ("/api/v1/nothing", 404)])
+def test_bad_api_calls_get_a_clear_error(exporter, path, code):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(exporter.http_port, path)
+    assert e.value.code == code
+    assert "error" in json.load(e.value)
