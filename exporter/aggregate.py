@@ -58,6 +58,7 @@ class _Histogram:
     def __init__(self, spec: HistogramSpec):
         self.spec = spec
         self.edges = spec.buckets.array()
+        self.bucket_of = buckets.Bucketer(self.edges)
         self.k = len(spec.sub_values)
         self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
         self.sums = np.zeros(0)
@@ -67,8 +68,8 @@ class _Histogram:
         ok = ~np.isnan(values)
         series, values = series[ok], values[ok]
         nb = len(self.edges) + 1
-        # side="left": a value equal to a bound falls in that bound's bucket (le).
-        flat = series * nb + np.searchsorted(self.edges, values, side="left")
+        # A value equal to a bound falls in that bound's bucket (Prometheus "le").
+        flat = series * nb + self.bucket_of(values)
         counts = np.bincount(flat, minlength=n_series * nb).reshape(n_series, nb)
         sums = np.bincount(series, weights=values, minlength=n_series)
         return counts, sums

@@ -87,11 +87,6 @@ DECODE_TOKENS_PER_SECOND = BucketSet(
 ALL = (TTFT, TOKEN_LATENCY, REQUEST_DURATION, PHASE_DURATION, PREFILL_SECONDS_PER_TOKEN,
        DECODE_TOKENS_PER_SECOND)
 
-# Fine log-spaced bins for rolling-window quantiles in the JSON API (not exposed
-# to Prometheus): 50 per decade from 10 us to 1000 s, so a quantile read at the
-# bin's geometric midpoint is within ~2.3% of the true value.
-WINDOW_BINS_PER_DECADE = 50
-WINDOW_BIN_EDGES = np.logspace(-5, 3, 8 * WINDOW_BINS_PER_DECADE + 1)
 
 
 # TTFT grows with prompt length; a label per class keeps TTFT comparable within a
@@ -106,3 +101,65 @@ PROMPT_CLASSES: tuple[tuple[int, str], ...] = (
     (2**62, "64k+"),
 )
 PROMPT_CLASS_UNKNOWN = "unknown"
+
+
+class LogLinearIndex:
+    """Bin non-negative float64 values by exponent and top mantissa bits, with no search.
+
+    For positive IEEE-754 doubles the integer order of the bit patterns is the
+    numeric order, so ``bits >> (52 - m)`` is a monotonic log-linear bin with
+    2**m bins per octave (HDR Histogram's and DDSketch's fast mapping). Bin 0 holds
+    values below ``lo`` (zero included), the last bin values above ``hi``.
+    """
+
+    def __init__(self, mantissa_bits: int, lo: float, hi: float):
+        if not 0 < lo < hi:
+            raise ValueError(f"need 0 < lo < hi, got {lo}, {hi}")
+        self.shift = 52 - mantissa_bits
+        self.base = int(np.float64(lo).view(np.int64)) >> self.shift
+        self.top = int(np.float64(hi).view(np.int64)) >> self.shift
+        self.size = self.top - self.base + 3  # + underflow and overflow bins
+
+    def index(self, values: np.ndarray) -> np.ndarray:
+        bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64) >> self.shift
+        return np.clip(bits - (self.base - 1), 0, self.size - 1)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Smallest and largest float64 of every in-range bin (bins 1 .. size-2)."""
+        k = np.arange(self.base, self.top + 1, dtype=np.int64)
+        lo = (k << self.shift).view(np.float64)
+        hi = (((k + 1) << self.shift) - 1).view(np.float64)
+        return lo, hi
+
+
+class Bucketer:
+    """Exact Prometheus bucket index (first bound >= value) for many values at once.
+
+    A lookup table over a fine ``LogLinearIndex`` (1024 bins per octave) gives the
+    bucket of every fine bin lying inside one bucket; values in the few fine bins
+    that straddle a bound are placed by ``searchsorted``. Same result as
+    ``np.searchsorted(bounds, values, side="left")``, several times faster on the
+    ~200k token gaps of a batch.
+    """
+
+    def __init__(self, bounds: np.ndarray):
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.fine = LogLinearIndex(10, self.bounds[0] / 2, self.bounds[-1] * 2)
+        lo, hi = self.fine.bounds()
+        first = np.searchsorted(self.bounds, lo, side="left")
+        last = np.searchsorted(self.bounds, hi, side="left")
+        lut = np.where(first == last, first, -1)
+        self.lut = np.concatenate([[0], lut, [len(self.bounds)]]).astype(np.int16)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        b = self.lut[self.fine.index(values)].astype(np.int64)
+        straddle = b < 0
+        if straddle.any():
+            b[straddle] = np.searchsorted(self.bounds, values[straddle], side="left")
+        return b
+
+
+# Rolling-window ITL quantiles (JSON API, not Prometheus): 16 log-linear bins per
+# octave from 10 us to 1000 s (~430 bins, each 3.1-6.25% wide), so a quantile read
+# at a bin's geometric middle is within ~3% of the true value.
+WINDOW_INDEX = LogLinearIndex(4, 1e-5, 1e3)

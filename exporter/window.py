@@ -5,7 +5,7 @@ Two bounded structures, both indexed by label set (model, engine):
 * a ring of the most recent ``capacity`` accepted requests with their phases, for
   window quantiles of TTFT/TPOT/e2e, phase time shares and the request waterfall;
 * one-second slices of exact counts (requests, prompt and output tokens) and of a
-  fine log-spaced histogram of pooled ITL gaps, so rates are exact whatever the
+  fine log-linear histogram of pooled ITL gaps, so rates are exact whatever the
   load and ITL quantiles need no per-gap storage.
 
 Membership is by ingest time (the exporter's clock), like Prometheus's rate():
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from exporter.buckets import WINDOW_BIN_EDGES
+from exporter.buckets import WINDOW_INDEX
 from exporter.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e")
@@ -48,7 +48,7 @@ class RollingWindow:
         self._slots = math.ceil(self.seconds) + 2
         self._slot_second = np.full(self._slots, -1, dtype=np.int64)
         self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
-        self._slice_itl = np.zeros((self._slots, 0, len(WINDOW_BIN_EDGES) + 1), dtype=np.int32)
+        self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
 
     # ---- writing -------------------------------------------------------------
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray) -> None:
@@ -70,8 +70,8 @@ class RollingWindow:
         for j, col in ((1, batch.prompt_tokens), (2, batch.output_tokens)):
             c = col[kept]
             counts[:, j] = np.bincount(k_ls[c >= 0], weights=c[c >= 0], minlength=n_ls)
-        nb = len(WINDOW_BIN_EDGES) + 1
-        bins = np.searchsorted(WINDOW_BIN_EDGES, ph.itl, side="left")
+        nb = WINDOW_INDEX.size
+        bins = WINDOW_INDEX.index(ph.itl)
         itl = np.bincount(ls[ph.itl_row] * nb + bins, minlength=n_ls * nb).reshape(n_ls, nb)
         with self._lock:
             self._write_ring(rows, ids)
@@ -177,13 +177,12 @@ def _binned_quantiles(counts: np.ndarray) -> dict:
     if total == 0:
         return {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
     cum = np.cumsum(counts)
-    edges = WINDOW_BIN_EDGES
+    lo, hi = WINDOW_INDEX.bounds()
     out = {}
     for q in QUANTILES:
         b = int(np.searchsorted(cum, q * total, side="left"))
-        lo = edges[b - 1] if b > 0 else edges[0]
-        hi = edges[b] if b < len(edges) else edges[-1]
-        out[f"p{round(q * 100)}"] = float(math.sqrt(lo * hi))  # geometric midpoint
+        b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends
+        out[f"p{round(q * 100)}"] = float(math.sqrt(lo[b] * hi[b]))  # geometric middle
     return out | {"count": total}
 
 

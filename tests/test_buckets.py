@@ -37,3 +37,23 @@ def test_ttft_reaches_2560_seconds():
 def test_prompt_classes_cover_every_length():
     bounds = [b for b, _ in buckets.PROMPT_CLASSES]
     assert bounds == sorted(bounds) and bounds[-1] > 10**9
+
+
+def test_bucketer_equals_searchsorted_everywhere():
+    rng = np.random.default_rng(0)
+    for s in buckets.ALL:
+        b = s.array()
+        values = np.concatenate([
+            b, np.nextafter(b, 0), np.nextafter(b, np.inf), [0.0, 1e-300, 1e300],
+            np.exp(rng.uniform(np.log(b[0] / 100), np.log(b[-1] * 100), 200_000))])
+        np.testing.assert_array_equal(buckets.Bucketer(b)(values),
+                                      np.searchsorted(b, values, side="left"), err_msg=s.name)
+
+
+def test_window_index_is_monotonic_and_fine():
+    idx = buckets.WINDOW_INDEX
+    v = np.logspace(-6, 4, 10_000)
+    i = idx.index(v)
+    assert (np.diff(i) >= 0).all() and i[0] == 0 and i[-1] == idx.size - 1
+    lo, hi = idx.bounds()
+    assert (hi / lo).max() < 1.07  # 16 linear bins per octave: 3.1% to 6.25% wide
