@@ -1,0 +1,1 @@
+"""The phasewatch dashboard: reads an exporter's JSON API (or Prometheus) for the Dash app."""
