@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from exporter.config import ConfigError, ServeConfig, add_serve_flags, load_serve_config
+from exporter.config import ConfigError, add_serve_flags, load_serve_config
 from exporter.sim.scenarios import SCENARIOS, scenario
 
 log = logging.getLogger("phasewatch")
@@ -49,14 +49,19 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="engine seconds per wall second (default 1 = real time)")
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def _start_exporter(args: argparse.Namespace):
+    """Config from flags/env/file, logging, signal handling, a started exporter."""
     from exporter.app import Exporter
 
     config = load_serve_config(args)
     _setup_logging(config.log_level)
     stop = threading.Event()
     _stop_on_signals(stop)
-    exporter = Exporter(config).start()
+    return config, stop, Exporter(config).start()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _, stop, exporter = _start_exporter(args)
     stop.wait()
     log.info("shutting down")
     exporter.stop()
@@ -108,13 +113,7 @@ def _summary_line(summary: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from exporter.app import Exporter
-
-    config = load_serve_config(args)
-    _setup_logging(config.log_level)
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    exporter = Exporter(config).start()
+    config, stop, exporter = _start_exporter(args)
     host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
     base = f"http://{host}:{exporter.http_port}"
     print(f"phasewatch demo: scenario {args.scenario}", flush=True)
@@ -190,5 +189,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["ServeConfig", "main"]

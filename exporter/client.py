@@ -17,7 +17,6 @@ retried batch once. ``close()`` flushes what is left within a deadline.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import threading
@@ -26,7 +25,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import grpc
-import numpy as np
 
 from exporter import wire
 from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
@@ -35,41 +33,6 @@ from exporter.record import RequestBatch, RequestRecord
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
-# Order of the tuple record() stores.
-_FIELDS = ("model", "request_id", "finish_reason", "arrival", "scheduled", "first_token",
-           "last_token", "finish", "prompt_tokens", "cached_prompt_tokens", "output_tokens",
-           "token_times")
-
-
-def rows_to_batch(rows: Sequence[tuple]) -> RequestBatch:
-    """Columns from record() tuples; token times become gaps without a loop per token."""
-    n = len(rows)
-    table: dict[str, int] = {"": 0}
-    refs = [np.fromiter((table.setdefault(r[i] or "", len(table)) for r in rows),
-                        dtype=np.int32, count=n) for i in range(3)]
-
-    def times(i: int) -> np.ndarray:
-        s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float, count=n)
-        return np.where(np.isnan(s), 0, np.round(s * 1e9)).astype(np.int64)
-
-    def counts(i: int) -> np.ndarray:
-        return np.fromiter((-1 if r[i] is None else r[i] for r in rows), dtype=np.int64,
-                           count=n)
-
-    tt = [r[11] if r[11] is not None else () for r in rows]
-    lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
-    flat = np.fromiter(itertools.chain.from_iterable(tt), dtype=float, count=int(lens.sum()))
-    owner = np.repeat(np.arange(n), lens)
-    gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
-    return RequestBatch(
-        strings=list(table), model=refs[0], request_id=refs[1], finish_reason=refs[2],
-        engine=np.zeros(n, dtype=np.int32),
-        arrival=times(3), scheduled=times(4), first_token=times(5), last_token=times(6),
-        finish=times(7), prompt_tokens=counts(8), cached_prompt_tokens=counts(9),
-        output_tokens=counts(10), token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
-    )
-
-
 class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
@@ -105,8 +68,9 @@ class PhasewatchClient:
                output_tokens: int | None = None, finish_reason: str = "",
                request_id: str = "", token_times: Sequence[float] | None = None) -> bool:
         """Queue one finished request (times in Unix seconds). False if it was dropped."""
-        row = (model, request_id, finish_reason, arrival, scheduled, first_token, last_token,
-               finish, prompt_tokens, cached_prompt_tokens, output_tokens, token_times)
+        row = (model, "", finish_reason, request_id, arrival, scheduled, first_token,
+               last_token, finish, prompt_tokens, cached_prompt_tokens, output_tokens,
+               token_times)  # record.ROW_FIELDS order
         with self._lock:
             if len(self._buffer) >= self._max_buffer or self._closing.is_set():
                 self._dropped_unreported += 1
@@ -117,7 +81,13 @@ class PhasewatchClient:
         return True
 
     def record_request(self, r: RequestRecord) -> bool:
-        return self.record(r.model, **{f: getattr(r, f) for f in _FIELDS[1:]})
+        """Queue a ``RequestRecord`` (its engine is ignored: the client's engine applies)."""
+        return self.record(r.model, arrival=r.arrival, scheduled=r.scheduled,
+                           first_token=r.first_token, last_token=r.last_token,
+                           finish=r.finish, prompt_tokens=r.prompt_tokens,
+                           cached_prompt_tokens=r.cached_prompt_tokens,
+                           output_tokens=r.output_tokens, finish_reason=r.finish_reason,
+                           request_id=r.request_id, token_times=r.token_times)
 
     # ---- background ----------------------------------------------------------
     def _run(self) -> None:
@@ -140,7 +110,7 @@ class PhasewatchClient:
         with self._lock:
             dropped, self._dropped_unreported = self._dropped_unreported, 0
         batch_id = wire.new_batch_id()
-        payload = wire.encode_export(rows_to_batch(rows), self.engine, batch_id, dropped)
+        payload = wire.encode_export(RequestBatch.from_rows(rows), self.engine, batch_id, dropped)
         attempt = 0
         while True:
             try:

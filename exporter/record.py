@@ -2,9 +2,9 @@
 
 Every receiver converts what it gets into a ``RequestBatch``: one row per finished
 request, one numpy column per field, strings interned in a per-batch table. The
-single-request ``RequestRecord`` is a convenience for code that builds records one
-at a time (the client library, adapters, tests); ``RequestBatch.from_records``
-turns a list of them into columns.
+single-request ``RequestRecord`` (or its row tuple) is for code that builds records
+one at a time (the client library, adapters, tests); ``RequestBatch.from_rows`` /
+``from_records`` turn them into columns.
 
 Conventions (the same as the wire protocol's):
 * times are int64 Unix nanoseconds, 0 = absent;
@@ -16,8 +16,9 @@ Conventions (the same as the wire protocol's):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,6 +59,19 @@ class RequestRecord:
     engine: str = ""
     token_times: Sequence[float] | None = None  # emission times, first token first
 
+    def row(self, engine: str = "") -> tuple:
+        """This record as a ``ROW_FIELDS`` tuple."""
+        return (self.model, self.engine or engine, self.finish_reason, self.request_id,
+                self.arrival, self.scheduled, self.first_token, self.last_token, self.finish,
+                self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens,
+                self.token_times)
+
+
+# Order of the fields in a row tuple (the client buffers rows, not objects).
+ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "scheduled",
+              "first_token", "last_token", "finish", "prompt_tokens", "cached_prompt_tokens",
+              "output_tokens", "token_times")
+
 
 @dataclass
 class RequestBatch:
@@ -78,7 +92,6 @@ class RequestBatch:
     output_tokens: np.ndarray
     token_gaps: np.ndarray  # float64 seconds, flattened
     gap_counts: np.ndarray  # int64 per request
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -88,76 +101,49 @@ class RequestBatch:
         return cls.from_records([])
 
     @classmethod
-    def from_records(cls, records: Sequence[RequestRecord], engine: str = "") -> RequestBatch:
-        """Build columns from single records (a Python loop: not for hot paths)."""
+    def from_rows(cls, rows: Sequence[tuple]) -> RequestBatch:
+        """Columns from ``ROW_FIELDS`` tuples (times in Unix seconds, None = absent).
+
+        The client's buffer holds such tuples; token emission times become gaps with
+        one ``np.diff`` over all of them, not a loop per token.
+        """
+        n = len(rows)
         table: dict[str, int] = {"": 0}
+        refs = [np.fromiter((table.setdefault(r[i] or "", len(table)) for r in rows),
+                            dtype=np.int32, count=n) for i in range(4)]
 
-        def ref(s: str | None) -> int:
-            return table.setdefault(s or "", len(table))
+        def times(i: int) -> np.ndarray:
+            s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float,
+                            count=n)
+            return np.where(np.isnan(s), 0, np.round(s * NS)).astype(np.int64)
 
-        def count(v: int | None) -> int:
-            return UNKNOWN_COUNT if v is None else int(v)
+        def counts(i: int) -> np.ndarray:
+            return np.fromiter((UNKNOWN_COUNT if r[i] is None else r[i] for r in rows),
+                               dtype=np.int64, count=n)
 
-        gaps: list[np.ndarray] = []
-        counts = []
-        rows = []
-        for r in records:
-            rows.append((
-                ref(r.model), ref(r.engine or engine), ref(r.finish_reason), ref(r.request_id),
-                to_unix_nano(r.arrival), to_unix_nano(r.scheduled), to_unix_nano(r.first_token),
-                to_unix_nano(r.last_token), to_unix_nano(r.finish),
-                count(r.prompt_tokens), count(r.cached_prompt_tokens), count(r.output_tokens),
-            ))
-            times = np.asarray(r.token_times if r.token_times is not None else (), dtype=float)
-            g = np.diff(times) if times.size > 1 else np.empty(0)
-            gaps.append(g)
-            counts.append(g.size)
-        cols = np.array(rows, dtype=np.int64).reshape(len(rows), 12).T
+        tt = [r[12] if r[12] is not None else () for r in rows]
+        lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
+        flat = np.fromiter(itertools.chain.from_iterable(tt), dtype=float,
+                           count=int(lens.sum()))
+        owner = np.repeat(np.arange(n), lens)
+        gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
         return cls(
-            strings=list(table),
-            model=cols[0].astype(np.int32),
-            engine=cols[1].astype(np.int32),
-            finish_reason=cols[2].astype(np.int32),
-            request_id=cols[3].astype(np.int32),
-            arrival=cols[4].copy(),
-            scheduled=cols[5].copy(),
-            first_token=cols[6].copy(),
-            last_token=cols[7].copy(),
-            finish=cols[8].copy(),
-            prompt_tokens=cols[9].copy(),
-            cached_prompt_tokens=cols[10].copy(),
-            output_tokens=cols[11].copy(),
-            token_gaps=np.concatenate(gaps) if gaps else np.empty(0),
-            gap_counts=np.asarray(counts, dtype=np.int64),
+            strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
+            request_id=refs[3], arrival=times(4), scheduled=times(5), first_token=times(6),
+            last_token=times(7), finish=times(8), prompt_tokens=counts(9),
+            cached_prompt_tokens=counts(10), output_tokens=counts(11), token_gaps=gaps,
+            gap_counts=np.maximum(lens - 1, 0),
         )
 
-    @staticmethod
-    def concat(batches: Sequence[RequestBatch]) -> RequestBatch:
-        """Concatenate batches, merging their string tables."""
-        batches = [b for b in batches if len(b)]
-        if not batches:
-            return RequestBatch.empty()
-        table: dict[str, int] = {"": 0}
-        remapped: dict[str, list[np.ndarray]] = {k: [] for k in _REF_COLUMNS}
-        for b in batches:
-            lut = np.fromiter((table.setdefault(s, len(table)) for s in b.strings),
-                              dtype=np.int32, count=len(b.strings))
-            for k in _REF_COLUMNS:
-                remapped[k].append(lut[getattr(b, k)])
-        cols = {k: np.concatenate([getattr(b, k) for b in batches]) for k in _VALUE_COLUMNS}
-        cols.update({k: np.concatenate(v) for k, v in remapped.items()})
-        return RequestBatch(strings=list(table), **cols)
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord], engine: str = "") -> RequestBatch:
+        """Columns from single records (``engine`` fills records that name none)."""
+        return cls.from_rows([r.row(engine) for r in records])
 
     def strings_of(self, refs: np.ndarray) -> list[str]:
         lut = np.asarray(self.strings, dtype=object)
         return list(lut[refs])
 
-
-_REF_COLUMNS = ("model", "engine", "finish_reason", "request_id")
-_VALUE_COLUMNS = (
-    "arrival", "scheduled", "first_token", "last_token", "finish",
-    "prompt_tokens", "cached_prompt_tokens", "output_tokens", "token_gaps", "gap_counts",
-)
 
 
 def finish_reason_codes(batch: RequestBatch) -> np.ndarray:

@@ -84,12 +84,10 @@ def test_a_resent_batch_is_counted_once(exporter, records):
     import grpc
 
     from exporter import wire
-    from exporter.client import rows_to_batch
+    from exporter.record import RequestBatch
 
-    rows = [(r.model, r.request_id, r.finish_reason, r.arrival, r.scheduled, r.first_token,
-             r.last_token, r.finish, r.prompt_tokens, r.cached_prompt_tokens, r.output_tokens,
-             r.token_times) for r in records[:10]]
-    payload = wire.encode_export(rows_to_batch(rows), "vllm", batch_id=1234)
+    payload = wire.encode_export(RequestBatch.from_records(records[:10]), "vllm",
+                                 batch_id=1234)
     with grpc.insecure_channel(f"127.0.0.1:{exporter.grpc_port}") as ch:
         export = ch.unary_unary("/phasewatch.v1.Phasewatch/Export")
         first = wire.decode_export_response(export(payload, timeout=5))
