@@ -64,3 +64,37 @@ def test_bad_config_file_names_the_known_keys(tmp_path):
                        text=True, timeout=30)
     assert r.returncode == 2
     assert "unknown keys ['grpc_prot']" in r.stderr and "grpc_port" in r.stderr
+
+
+def test_simulate_drives_a_running_exporter(exporter):
+    r = subprocess.run([*PHASEWATCH, "simulate", "--target", f"127.0.0.1:{exporter.grpc_port}",
+                        "--scenario", "long_generation", "--duration", "20",
+                        "--time-scale", "100"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    n = int(re.search(r"(\d+) accepted", r.stdout).group(1))
+    assert n > 0
+    from tests.conftest import scrape
+
+    assert scrape(exporter.http_port).total("gen_ai_server_request_duration_seconds_count") == n
+
+
+def test_serve_logs_its_ports_and_stops_on_sigterm():
+    import signal
+
+    proc = subprocess.Popen([*PHASEWATCH, "serve", "--grpc-port", "0", "--http-port", "0",
+                             "--http-host", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    try:
+        http = None
+        for line in proc.stderr:
+            m = re.search(r"metrics on http://[\d.]+:(\d+)/metrics", line)
+            if m:
+                http = int(m.group(1))
+                break
+        assert http
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/readyz", timeout=5) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
