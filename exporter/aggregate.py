@@ -112,7 +112,6 @@ class Aggregator:
         self.stats = stats or SelfStats()
         self.labels = LabelSets(self.stats, max_series=max_series)
         self.window = window or RollingWindow(clock=clock)
-        self._clock = clock
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}

@@ -12,7 +12,7 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter.aggregate import Aggregator
 from exporter.config import ServeConfig
 from exporter.grpc_server import PhasewatchService, start_grpc_server
-from exporter.http_server import ApiError, HttpServer, make_handler, query_number
+from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
 from exporter.lifecycle import LifecycleJoiner
 from exporter.metrics import PhasewatchCollector
 from exporter.selfstats import SelfStats
@@ -28,8 +28,7 @@ class Exporter:
         self.config = config
         self.stats = SelfStats()
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
-        self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
-                                     clock=clock)
+        self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window)
         self.joiner = LifecycleJoiner(
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
@@ -54,7 +53,7 @@ class Exporter:
         return window.summary(self.aggregator.labels.pairs(), seconds)
 
     def _requests(self, qs: dict) -> dict:
-        limit = int(query_number(qs, "limit", 200, 1, 5000))
+        limit = int(query_number(qs, "limit", 200, 1, MAX_RECENT))
         model = qs.get("model", [None])[0]
         rows = self.aggregator.window.recent(self.aggregator.labels.pairs(), limit, model)
         return {"requests": rows}

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 log = logging.getLogger(__name__)
-MAX_RECENT = 5000
+MAX_RECENT = 5000  # most requests one /api/v1/requests call returns
 
 
 class ApiError(ValueError):

@@ -29,9 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from exporter.record import NS, RequestBatch
+from exporter.record import RequestBatch
 from exporter.selfstats import SelfStats
 
 
@@ -89,7 +87,7 @@ class _Pending:
         return 0 in self.emissions
 
     def row(self, request_id: str) -> tuple:
-        """(request_id, engine, model, finish_reason, 5 times in ns, 3 counts, emission ns)."""
+        """This request as a ``record.ROW_FIELDS`` tuple with times in integer ns."""
         times: list[int] = []
         if self.emissions:
             idx = sorted(self.emissions)
@@ -100,28 +98,9 @@ class _Pending:
         last = self.last_token or (times[-1] if times and self.emission_count else 0)
         if times and last and times[-1] != last:
             times = []  # the tail of the emissions never arrived: no gaps, rather than wrong ones
-        def count(v: int | None) -> int:
-            return -1 if v is None else v
-        return (request_id, self.engine, self.model, self.finish_reason, self.arrival,
+        return (self.model, self.engine, self.finish_reason, request_id, self.arrival,
                 self.scheduled, self.emissions.get(0, 0), last, self.finish,
-                count(self.prompt_tokens), count(self.cached_prompt_tokens),
-                count(self.output_tokens), times)
-
-
-def batch_from_rows(rows: list[tuple]) -> RequestBatch:
-    """Columns from ``_Pending.row`` tuples; gaps from integer ns differences (exact)."""
-    table: dict[str, int] = {"": 0}
-    refs = [np.array([table.setdefault(r[i] or "", len(table)) for r in rows], dtype=np.int32)
-            for i in range(4)]
-    ints = np.array([r[4:12] for r in rows], dtype=np.int64).reshape(len(rows), 8).T
-    gaps = [np.diff(np.asarray(r[12], dtype=np.int64)) / NS for r in rows]
-    return RequestBatch(
-        strings=list(table), request_id=refs[0], engine=refs[1], model=refs[2],
-        finish_reason=refs[3], arrival=ints[0], scheduled=ints[1], first_token=ints[2],
-        last_token=ints[3], finish=ints[4], prompt_tokens=ints[5],
-        cached_prompt_tokens=ints[6], output_tokens=ints[7],
-        token_gaps=np.concatenate(gaps) if gaps else np.empty(0),
-        gap_counts=np.array([g.size for g in gaps], dtype=np.int64))
+                self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens, times)
 
 
 class LifecycleJoiner:
@@ -158,7 +137,7 @@ class LifecycleJoiner:
                 if p is not None and p.complete():
                     done.append(self._pop(e.request_id))
         if done:
-            self._sink(batch_from_rows(done))
+            self._sink(RequestBatch.from_rows(done, times_in_ns=True))
         return len(done)
 
     def _apply(self, engine: str, e: LifecycleEvent, now: float) -> str:
@@ -238,5 +217,5 @@ class LifecycleJoiner:
             self._stats.inc("phasewatch_ingest_dropped_total", evicted,
                             reason="lifecycle_unfinished_ttl")
         if done:
-            self._sink(batch_from_rows(done))
+            self._sink(RequestBatch.from_rows(done, times_in_ns=True))
         return evicted

@@ -31,14 +31,8 @@ _FINISH_ALIASES = {
     "canceled": "abort", "error": "error", "": "unknown",
 }
 
-ABSENT_TIME = 0
 UNKNOWN_COUNT = -1
 NS = 1_000_000_000
-
-
-def to_unix_nano(seconds: float | None) -> int:
-    """Unix seconds (float, as ``time.time()`` gives) to ns; None -> absent (0)."""
-    return ABSENT_TIME if seconds is None else round(seconds * NS)
 
 
 @dataclass
@@ -97,15 +91,12 @@ class RequestBatch:
         return len(self.arrival)
 
     @classmethod
-    def empty(cls) -> RequestBatch:
-        return cls.from_records([])
+    def from_rows(cls, rows: Sequence[tuple], times_in_ns: bool = False) -> RequestBatch:
+        """Columns from ``ROW_FIELDS`` tuples; None or 0 = absent.
 
-    @classmethod
-    def from_rows(cls, rows: Sequence[tuple]) -> RequestBatch:
-        """Columns from ``ROW_FIELDS`` tuples (times in Unix seconds, None = absent).
-
-        The client's buffer holds such tuples; token emission times become gaps with
-        one ``np.diff`` over all of them, not a loop per token.
+        Times (and token times) are Unix seconds as floats, or with ``times_in_ns``
+        integer Unix ns, kept exact (the lifecycle join has them so). Token emission
+        times become gaps with one ``np.diff`` over all of them, not a loop per token.
         """
         n = len(rows)
         table: dict[str, int] = {"": 0}
@@ -113,6 +104,8 @@ class RequestBatch:
                             dtype=np.int32, count=n) for i in range(4)]
 
         def times(i: int) -> np.ndarray:
+            if times_in_ns:
+                return np.fromiter((r[i] or 0 for r in rows), dtype=np.int64, count=n)
             s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float,
                             count=n)
             return np.where(np.isnan(s), 0, np.round(s * NS)).astype(np.int64)
@@ -123,10 +116,12 @@ class RequestBatch:
 
         tt = [r[12] if r[12] is not None else () for r in rows]
         lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
-        flat = np.fromiter(itertools.chain.from_iterable(tt), dtype=float,
-                           count=int(lens.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(tt),
+                           dtype=np.int64 if times_in_ns else float, count=int(lens.sum()))
         owner = np.repeat(np.arange(n), lens)
         gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
+        if times_in_ns:
+            gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
         return cls(
             strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
             request_id=refs[3], arrival=times(4), scheduled=times(5), first_token=times(6),
@@ -145,10 +140,10 @@ class RequestBatch:
         return list(lut[refs])
 
 
-
 def finish_reason_codes(batch: RequestBatch) -> np.ndarray:
-    """Index into FINISH_REASONS for every row (a dict lookup per distinct string)."""
-    lut = np.fromiter(
-        (FINISH_REASONS.index(_FINISH_ALIASES.get(s.lower(), "other")) for s in batch.strings),
-        dtype=np.int64, count=len(batch.strings))
-    return lut[batch.finish_reason]
+    """Index into FINISH_REASONS for every row: one lookup per distinct reason used
+    (the string table also holds every request id, which must not be walked)."""
+    used, inverse = np.unique(batch.finish_reason, return_inverse=True)
+    codes = np.array([FINISH_REASONS.index(_FINISH_ALIASES.get(
+        batch.strings[i].lower(), "other")) for i in used.tolist()], dtype=np.int64)
+    return codes[inverse].reshape(-1) if len(used) else np.zeros(0, dtype=np.int64)

@@ -60,10 +60,6 @@ class SelfStats:
         with self._lock:
             return self._values[(name, tuple(labels.values()))]
 
-    def total(self, name: str) -> float:
-        with self._lock:
-            return sum(v for (n, _), v in self._values.items() if n == name)
-
     def snapshot(self) -> dict[tuple[str, tuple[str, ...]], float]:
         with self._lock:
             return dict(self._values)

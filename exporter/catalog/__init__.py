@@ -61,17 +61,6 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.experts > 0
 
-    def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None):
-        if weight_dtype:
-            dtype_bytes(weight_dtype)
-        if kv_dtype:
-            dtype_bytes(kv_dtype)
-        return replace(
-            self,
-            weight_dtype=weight_dtype or self.weight_dtype,
-            kv_dtype=kv_dtype or self.kv_dtype,
-        )
-
 
 @dataclass(frozen=True)
 class HardwareSpec:
@@ -141,14 +130,6 @@ def _models() -> dict[str, dict]:
 @cache
 def _hardware() -> dict[str, dict]:
     return _load("hardware.json")["parts"]
-
-
-def model_names() -> list[str]:
-    return sorted(_models())
-
-
-def hardware_names() -> list[str]:
-    return sorted(_hardware())
 
 
 def model(name: str) -> ModelSpec:
