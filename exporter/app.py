@@ -10,15 +10,43 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter.aggregate import Aggregator
+from exporter.bottleneck import BottleneckMonitor
 from exporter.config import ServeConfig
+from exporter.deployments import Deployments, resolve
+from exporter.engine_metrics import EngineMetricsSource
 from exporter.grpc_server import PhasewatchService, start_grpc_server
 from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
 from exporter.lifecycle import LifecycleJoiner
 from exporter.metrics import PhasewatchCollector
+from exporter.roofline_metrics import RooflineCollector
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
 
 log = logging.getLogger("phasewatch")
+
+
+def roofline_json(r) -> dict:
+    """One ``bottleneck.Result`` for the JSON API: deployment, estimate, verdict, trail."""
+    d = r.deployment
+    deployment = None if d is None else {
+        "served_name": d.served_name, "model": d.model.name, "model_source": d.model_source,
+        "hardware": d.hardware.name, "hardware_source": d.hardware_source,
+        "gpus": d.hardware.gpus, "tensor_parallel": d.tensor_parallel,
+        "weight_dtype": d.model.weight_dtype, "kv_dtype": d.model.kv_dtype,
+        "compute_dtype": d.compute_dtype,
+        "peak_bandwidth_bytes_per_second": d.peak_bandwidth,
+        "peak_flops_per_second": d.peak_flops,
+        "achievable_bandwidth_bytes_per_second": d.hardware.achievable_bandwidth,
+        "achievable_flops_per_second": d.hardware.achievable_flops(d.compute_dtype),
+        "ridge_flops_per_byte": d.ridge}
+    v = r.verdict
+    verdict = None if v is None else {
+        "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
+        "confidence_level": v.confidence_level, "text": v.text, "levers": list(v.levers),
+        "evidence": v.evidence}
+    return {"model": r.model, "engine": r.engine, "configured": d is not None,
+            "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
+            "trail": r.trail}
 
 
 class Exporter:
@@ -27,8 +55,15 @@ class Exporter:
     def __init__(self, config: ServeConfig, clock=time.time):
         self.config = config
         self.stats = SelfStats()
+        options = config.model_options()
+        resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
+        deployments = Deployments([d for _, d in resolved if d is not None])
+        engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, None, self.stats)
+                   for o, d in resolved if d is not None and o.engine_metrics_url}
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window)
+        self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
+                                         span=config.window_seconds, clock=clock)
         self.joiner = LifecycleJoiner(
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
@@ -39,11 +74,14 @@ class Exporter:
                 "Streamed requests being joined (not yet finished).",
                 self.joiner.pending_count),
         }))
+        self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         ProcessCollector(registry=self.registry)
         self._grpc = None
         self._http: HttpServer | None = None
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
+        self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
+                                          daemon=True)
         self.grpc_port = self.http_port = 0
 
     # ---- JSON API ------------------------------------------------------------
@@ -57,6 +95,16 @@ class Exporter:
         model = qs.get("model", [None])[0]
         rows = self.aggregator.window.recent(self.aggregator.labels.pairs(), limit, model)
         return {"requests": rows}
+
+    def _roofline_api(self, qs: dict) -> dict:
+        model = qs.get("model", [None])[0]
+        out = []
+        for r in self.monitor.results():
+            if model is not None and r.model != model:
+                continue
+            out.append(roofline_json(r))
+        return {"window_seconds": self.monitor.span, "updated_at": self.monitor.updated_at,
+                "models": out}
 
     def _status(self, qs: dict) -> dict:
         if qs:
@@ -74,12 +122,13 @@ class Exporter:
         self._grpc, self.grpc_port = start_grpc_server(service, c.grpc_host, c.grpc_port,
                                                        c.grpc_workers)
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
-               "/api/v1/status": self._status}
+               "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api}
         handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None)
         self._http = HttpServer(c.http_host, c.http_port, handler)
         self.http_port = self._http.port
         self._http.start()
         self._sweeper.start()
+        self._roofline.start()
         log.info("phasewatch gRPC receiver on %s:%d", c.grpc_host, self.grpc_port)
         log.info("metrics on http://%s:%d/metrics, JSON API under /api/v1/",
                  c.http_host, self.http_port)
@@ -91,6 +140,14 @@ class Exporter:
                 self.joiner.sweep()
             except Exception:  # a bug here must not kill the sweeper silently
                 log.exception("lifecycle sweep failed")
+
+    def _roofline_loop(self) -> None:
+        while not self._stop.wait(self.config.roofline_interval):
+            try:
+                self.monitor.poll_engines()
+                self.monitor.update()
+            except Exception:  # keep estimating on the next tick; never kill the loop
+                log.exception("roofline update failed")
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close."""

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from exporter.config import ConfigError, add_serve_flags, load_serve_config
 from exporter.sim.scenarios import SCENARIOS, scenario
@@ -34,14 +35,16 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-def _add_sim_flags(p: argparse.ArgumentParser) -> None:
+def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
     p.add_argument("--scenario", default="chat", choices=sorted(SCENARIOS),
                    help="workload to simulate (default chat): " + "; ".join(
                        f"{s.name}: {s.description}" for s in SCENARIOS.values()))
-    p.add_argument("--model", help="served model (catalog name or Hugging Face id); "
-                   "default: the scenario's")
-    p.add_argument("--hardware", help="accelerator (catalog name); default: the scenario's")
-    p.add_argument("--gpus", type=int, help="number of GPUs serving the model")
+    if deployment:  # demo takes these from the exporter's flags instead
+        p.add_argument("--model", help="served model (catalog name or Hugging Face id); "
+                       "default: the scenario's")
+        p.add_argument("--hardware", help="accelerator (catalog name); default: the "
+                       "scenario's")
+        p.add_argument("--gpus", type=int, help="number of GPUs serving the model")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--rate-scale", type=float, default=1.0,
                    help="multiply the scenario's arrival rate or users (default 1)")
@@ -49,12 +52,22 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="engine seconds per wall second (default 1 = real time)")
 
 
-def _start_exporter(args: argparse.Namespace):
-    """Config from flags/env/file, logging, signal handling, a started exporter."""
+def _start_exporter(args: argparse.Namespace, demo: bool = False):
+    """Config from flags/env/file, logging, signal handling, a started exporter.
+
+    For the demo, the simulated model and hardware (the scenario's unless given)
+    are what the exporter is configured with, so the roofline has a deployment.
+    """
     from exporter.app import Exporter
 
     config = load_serve_config(args)
     _setup_logging(config.log_level)
+    if demo:
+        sc = scenario(args.scenario)
+        hardware = config.hardware if config.hardware.lower() != "auto" else sc.hardware
+        config = replace(config, model=config.model or sc.model, hardware=hardware,
+                         gpus=config.gpus or sc.gpus)
+        args.model, args.hardware, args.gpus = config.model, config.hardware, config.gpus
     stop = threading.Event()
     _stop_on_signals(stop)
     return config, stop, Exporter(config).start()
@@ -113,7 +126,7 @@ def _summary_line(summary: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    config, stop, exporter = _start_exporter(args)
+    config, stop, exporter = _start_exporter(args, demo=True)
     host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
     base = f"http://{host}:{exporter.http_port}"
     print(f"phasewatch demo: scenario {args.scenario}", flush=True)
@@ -171,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stop after this many seconds (default: run until Ctrl-C)")
     demo.add_argument("--summary-every", type=float, default=5.0,
                       help="seconds between summary lines (default 5)")
-    _add_sim_flags(demo)
+    _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)
     demo.set_defaults(func=cmd_demo)
     return parser

@@ -13,6 +13,8 @@ import tomllib
 from dataclasses import dataclass, fields
 from typing import Any
 
+from exporter.deployments import ModelOptions
+
 
 @dataclass(frozen=True)
 class Option:
@@ -43,7 +45,36 @@ SERVE_OPTIONS = (
     Option("lifecycle_max_pending", int, 100_000, "cap on requests being joined", 1, 10_000_000),
     Option("grpc_workers", int, 8, "gRPC worker threads", 1, 256),
     Option("log_level", str, "info", "debug, info, warning or error"),
+    # The served model and its hardware, for the roofline and the verdict. Several
+    # models: [[models]] tables in the config file with these keys.
+    Option("model", str, "", "served model for the roofline: catalog name or Hugging Face "
+           "id (e.g. meta-llama/Llama-3.1-8B-Instruct)"),
+    Option("hf_config", str, "", "path to the model's Hugging Face config.json (instead of "
+           "a catalog name)"),
+    Option("served_model_name", str, "", "model name requests carry, when it differs from "
+           "--model"),
+    Option("hardware", str, "auto", "accelerator: catalog name (e.g. H100-SXM) or auto "
+           "(detect through NVML)"),
+    Option("hardware_profile", str, "", "hardware profile written by `phasewatch calibrate`"),
+    Option("gpus", int, 0, "GPUs serving one replica (0 = tensor parallel degree, else "
+           "the GPUs NVML sees)", 0, 4096),
+    Option("tensor_parallel", int, 0, "tensor-parallel degree (0 = --gpus)", 0, 4096),
+    Option("weight_dtype", str, "", "stored weight dtype (bf16, fp16, fp8, int8, int4, "
+           "mxfp4); default: the model's"),
+    Option("kv_dtype", str, "", "KV-cache dtype (as vLLM's --kv-cache-dtype); default: the "
+           "model's"),
+    Option("compute_dtype", str, "", "tensor-core dtype whose peak FLOP/s applies (default "
+           "fp8 for fp8 weights, else bf16)"),
+    Option("max_batched_tokens", int, 8192, "the engine's prefill chunk (vLLM "
+           "--max-num-batched-tokens)", 1, 10_000_000),
+    Option("engine_metrics_url", str, "", "the engine's /metrics URL, to use its "
+           "estimated_flops/read_bytes counters (vLLM/SGLang --enable-mfu-metrics)"),
+    Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates",
+           0.1, 600),
 )
+MODEL_KEYS = ("model", "hf_config", "served_model_name", "hardware", "hardware_profile",
+              "gpus", "tensor_parallel", "weight_dtype", "kv_dtype", "compute_dtype",
+              "max_batched_tokens", "engine_metrics_url")
 
 
 @dataclass(frozen=True)
@@ -60,9 +91,29 @@ class ServeConfig:
     lifecycle_max_pending: int = 100_000
     grpc_workers: int = 8
     log_level: str = "info"
+    model: str = ""
+    hf_config: str = ""
+    served_model_name: str = ""
+    hardware: str = "auto"
+    hardware_profile: str = ""
+    gpus: int = 0
+    tensor_parallel: int = 0
+    weight_dtype: str = ""
+    kv_dtype: str = ""
+    compute_dtype: str = ""
+    max_batched_tokens: int = 8192
+    engine_metrics_url: str = ""
+    roofline_interval: float = 2.0
+    models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
+
+    def model_options(self) -> list[ModelOptions]:
+        """Every configured model: the file's [[models]] and the --model flags."""
+        single = ([ModelOptions(**{k: getattr(self, k) for k in MODEL_KEYS})]
+                  if self.model or self.hf_config else [])
+        return [*self.models, *single]
 
 
-assert [f.name for f in fields(ServeConfig)] == [o.name for o in SERVE_OPTIONS]
+assert [f.name for f in fields(ServeConfig)][:-1] == [o.name for o in SERVE_OPTIONS]
 _BY_NAME = {o.name: o for o in SERVE_OPTIONS}
 
 
@@ -104,6 +155,7 @@ def load_serve_config(args: argparse.Namespace | None = None,
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {o.name: o.default for o in SERVE_OPTIONS}
     path = getattr(args, "config", None) or environ.get("PHASEWATCH_CONFIG")
+    models: tuple[ModelOptions, ...] = ()
     if path:
         try:
             with open(path, "rb") as f:
@@ -112,7 +164,8 @@ def load_serve_config(args: argparse.Namespace | None = None,
             raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-        data = data.get("serve", data)
+        data = dict(data.get("serve", data))
+        models = _model_tables(data.pop("models", []), path)
         unknown = sorted(set(data) - set(_BY_NAME))
         if unknown:
             raise ConfigError(f"config file {path}: unknown keys {unknown}; known keys: "
@@ -128,4 +181,20 @@ def load_serve_config(args: argparse.Namespace | None = None,
             values[o.name] = _coerce(o, flag, "--" + o.name.replace("_", "-"))
     if values["lifecycle_grace"] > values["lifecycle_ttl"]:
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
-    return ServeConfig(**values)
+    return ServeConfig(**values, models=models)
+
+
+def _model_tables(tables: Any, path: str) -> tuple[ModelOptions, ...]:
+    """The config file's [[models]] array of tables, each with MODEL_KEYS."""
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"config file {path}: `models` must be an array of tables "
+                          "([[models]])")
+    out = []
+    for i, table in enumerate(tables):
+        unknown = sorted(set(table) - set(MODEL_KEYS))
+        if unknown:
+            raise ConfigError(f"config file {path}: [[models]] #{i + 1}: unknown keys "
+                              f"{unknown}; known keys: {', '.join(MODEL_KEYS)}")
+        out.append(ModelOptions(**{k: _coerce(_BY_NAME[k], v, f"{path} [[models]] #{i + 1}")
+                                   for k, v in table.items()}))
+    return tuple(out)

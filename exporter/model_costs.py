@@ -48,14 +48,15 @@ def weight_bytes_read(m: ModelSpec, tokens_in_step: np.ndarray | float) -> np.nd
     return (shared + hit * per_expert) * b
 
 
-def _attn_flops_per_context_token(m: ModelSpec) -> float:
+def attention_flops_per_context_token(m: ModelSpec) -> float:
+    """Attention FLOPs of one query token per context token it attends to."""
     d_v = m.v_head_dim or m.head_dim
     return 2.0 * m.layers * m.heads * (m.head_dim + d_v)
 
 
 def decode_flops(m: ModelSpec, context: np.ndarray | float) -> np.ndarray | float:
     """FLOPs of one decode token attending to ``context`` earlier tokens (itself included)."""
-    return 2.0 * m.active_params + _attn_flops_per_context_token(m) * np.asarray(context)
+    return 2.0 * m.active_params + attention_flops_per_context_token(m) * np.asarray(context)
 
 
 def prefill_flops(m: ModelSpec, tokens: np.ndarray | float, start: np.ndarray | float = 0):
@@ -67,4 +68,4 @@ def prefill_flops(m: ModelSpec, tokens: np.ndarray | float, start: np.ndarray | 
     n = np.asarray(tokens, dtype=float)
     s = np.asarray(start, dtype=float)
     pairs = n * s + n * (n + 1) / 2.0
-    return 2.0 * m.active_params * n + _attn_flops_per_context_token(m) * pairs
+    return 2.0 * m.active_params * n + attention_flops_per_context_token(m) * pairs

@@ -33,6 +33,9 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "phasewatch_ingest_label_overflow_total": (
         "counter", "Requests whose label value was replaced by __overflow__, by label and reason.",
         ("label", "reason")),
+    "phasewatch_engine_scrapes_total": (
+        "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
+        "(ok, unreachable, unparsable).", ("url", "result")),
     "phasewatch_phase_unavailable_total": (
         "counter", "Accepted requests for which a phase could not be derived, by reason.",
         ("phase", "reason")),

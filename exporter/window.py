@@ -24,8 +24,11 @@ import numpy as np
 from exporter.buckets import WINDOW_INDEX
 from exporter.record import FINISH_REASONS, NS
 
-_RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e")
-_RING_INT = ("ls", "prompt", "cached", "output", "finish_reason")
+_RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
+               "scheduled_at", "first_token_at", "last_token_at", "end_at")
+# steps: decode steps a request took (token-gap count when emission times were sent,
+# else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
+_RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -54,14 +57,28 @@ class RollingWindow:
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray) -> None:
         now = self._clock()
         kept = ph.kept
+
+        def at(col: np.ndarray) -> np.ndarray:
+            c = col[kept]
+            return np.where(c != 0, c / NS, np.nan)
+
+        out = batch.output_tokens[kept]
+        gaps = batch.gap_counts[kept]
+        end = at(batch.finish)
         rows = {
             "t": np.full(int(kept.sum()), now),
             "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
             "queue": ph.queue[kept], "prefill": ph.prefill[kept], "ttft": ph.ttft[kept],
             "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
+            "scheduled_at": at(batch.scheduled), "first_token_at": at(batch.first_token),
+            "last_token_at": at(batch.last_token),
+            "end_at": np.where(np.isnan(end), at(batch.last_token), end),
             "ls": ls[kept], "prompt": batch.prompt_tokens[kept],
-            "cached": batch.cached_prompt_tokens[kept], "output": batch.output_tokens[kept],
+            "cached": batch.cached_prompt_tokens[kept],
+            "uncached": ph.uncached_prompt_tokens[kept], "output": out,
             "finish_reason": reasons[kept],
+            "steps": np.where(gaps > 0, gaps, np.where(out > 1, out - 1, -1)),
+            "timed": (gaps > 0).astype(np.int64),
         }
         ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
         counts = np.zeros((n_ls, 3))
@@ -135,6 +152,16 @@ class RollingWindow:
             })
         return {"window_seconds": span, "covered_seconds": elapsed, "generated_at": now,
                 "ring_capacity": self.capacity, "models": models}
+
+    def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+        """Copies of the ring's columns for requests ingested in the last ``seconds``
+        (default: the window; may reach further back, as far as the ring holds), all
+        label sets; for the roofline estimator."""
+        now = self._clock()
+        span = seconds or self.seconds
+        with self._lock:
+            sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
+            return {k: v[sel] for k, v in self._ring.items()}
 
     def recent(self, label_sets: list[tuple[str, str]], limit: int = 200,
                model: str | None = None) -> list[dict]:

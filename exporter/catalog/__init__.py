@@ -62,6 +62,15 @@ class ModelSpec:
         return self.experts > 0
 
 
+# Fractions of the datasheet peaks real kernels reach when the part has no measured
+# ceiling: a large streaming copy reaches ~90% of HBM bandwidth on H100/H200
+# (references.md section 5: 3.0 of 3.35 TB/s, 4.3 of 4.8 TB/s), tuned decode kernels
+# ~70-75% (gpt-fast 68.5%, llama.cpp 71.7%); large bf16 GEMMs ~80% of dense peak
+# (800 of 989 TFLOP/s), a serving mix less.
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+DEFAULT_FLOPS_EFFICIENCY = 0.7
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """Peak ceilings of one accelerator (or of ``gpus`` of them together)."""
@@ -80,6 +89,15 @@ class HardwareSpec:
             if key in self.flops:
                 return self.flops[key]
         return 0.0
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """Measured ceiling if known, else the datasheet x a typical efficiency."""
+        return self.measured_bandwidth or self.bandwidth * DEFAULT_BANDWIDTH_EFFICIENCY
+
+    def achievable_flops(self, dtype: str = "bf16") -> float:
+        measured = self.measured_flops.get(dtype)
+        return measured or self.peak_flops(dtype) * DEFAULT_FLOPS_EFFICIENCY
 
     def times(self, gpus: int) -> HardwareSpec:
         """The same part, ``gpus`` of them: every ceiling scales linearly."""

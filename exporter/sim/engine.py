@@ -39,8 +39,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
     step_overhead: float = 0.0015  # s per step: scheduler + launches with CUDA graphs
-    # Fractions of the datasheet peaks a real kernel mix reaches. None: use the
-    # hardware's measured ceilings when the catalog has them, else 0.8 / 0.7.
+    # Fractions of the datasheet peaks a real kernel mix reaches. None: the
+    # hardware's achievable ceilings (measured when the catalog has them).
     bandwidth_efficiency: float | None = None
     flops_efficiency: float | None = None
     compute_dtype: str = "bf16"
@@ -93,17 +93,15 @@ class SimEngine:
         self.name = name
         self._rng = np.random.default_rng(seed)
         self._kvpt = model_costs.kv_bytes_per_token(model)
-        bw_eff = config.bandwidth_efficiency or (
-            hardware.measured_bandwidth / hardware.bandwidth if hardware.measured_bandwidth
-            else 0.8)
         peak = hardware.peak_flops(config.compute_dtype)
         if peak <= 0:
             raise ValueError(f"{hardware.name} has no {config.compute_dtype} FLOP/s figure; "
                              "the simulator needs one")
-        measured = hardware.measured_flops.get(config.compute_dtype)
-        fl_eff = config.flops_efficiency or (measured / peak if measured else 0.7)
-        self.achievable_bandwidth = hardware.bandwidth * bw_eff
-        self.achievable_flops = peak * fl_eff
+        self.achievable_bandwidth = (hardware.bandwidth * config.bandwidth_efficiency
+                                     if config.bandwidth_efficiency
+                                     else hardware.achievable_bandwidth)
+        self.achievable_flops = (peak * config.flops_efficiency if config.flops_efficiency
+                                 else hardware.achievable_flops(config.compute_dtype))
         self.truth = GroundTruth()
         self.finished: list[RequestRecord] = []
 

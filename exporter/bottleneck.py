@@ -1,0 +1,144 @@
+"""Roofline estimates and verdicts per (model, engine), refreshed on a timer.
+
+``BottleneckMonitor.update()`` reads the rolling window's columns (a copy), runs
+the estimator for every label set whose model has a deployment, folds in the
+engine's own counters where configured, and decides the verdict with hysteresis
+against the previous one. Readers (the Prometheus collector, the JSON API) take
+``results()``; nothing here runs on the ingest path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from exporter.deployments import Deployments
+from exporter.engine_metrics import EngineMetricsSource, EngineRates
+from exporter.labels import LabelSets
+from exporter.roofline import (
+    LOOKBACK_SPANS,
+    Deployment,
+    PhaseEstimate,
+    RooflineEstimate,
+    estimate,
+    phase_estimate,
+)
+from exporter.verdict import Verdict, decide
+from exporter.window import RollingWindow
+
+log = logging.getLogger("phasewatch")
+TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
+
+
+@dataclass
+class Result:
+    model: str
+    engine: str
+    deployment: Deployment | None
+    estimate: RooflineEstimate
+    verdict: Verdict | None
+    trail: list[dict] = field(default_factory=list)
+
+
+def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRates
+                         ) -> RooflineEstimate:
+    """Replace inferred FLOPs/bytes by the engine's counters, split by inferred proportions.
+
+    The counters are per GPU and cover both phases: the replica moved
+    ``rate x tensor_parallel`` per second; over the range that is the total, shared
+    between prefill and decode as the inference shares it.
+    """
+    phases = {"prefill": est.prefill, "decode": est.decode}
+    present = {k: v for k, v in phases.items() if v is not None}
+    if not present:
+        return est
+    span = est.range_end - est.range_start
+    inputs = dict(est.inputs)
+    changes: dict = {}
+    for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
+        if rate is None:
+            continue
+        total = rate * dep.tensor_parallel * span
+        inferred = sum(getattr(p, what) for p in present.values())
+        for name, p in present.items():
+            share = getattr(p, what) / inferred if inferred else 1.0 / len(present)
+            current = changes.get(name, p)
+            changes[name] = replace(current, **{what: total * share})
+        inputs[what] = "engine_counters"
+    for name, p in changes.items():
+        changes[name] = phase_estimate(dep, p.busy_seconds, p.flops, p.bytes, p.requests,
+                                       source="engine_counters")
+    batch = est.decode_batch_size
+    if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
+        batch = rates.mean_running * span / est.decode.busy_seconds
+        inputs["decode_batch"] = "engine_num_requests_running"
+    return replace(est, inputs=inputs, decode_batch_size=batch, **changes)
+
+
+class BottleneckMonitor:
+    def __init__(self, window: RollingWindow, labels: LabelSets, deployments: Deployments,
+                 engines: dict[str, EngineMetricsSource] | None = None, span: float = 30.0,
+                 clock=time.time):
+        self._window, self._labels, self.deployments = window, labels, deployments
+        self._engines = engines or {}
+        self.span = span
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._results: list[Result] = []
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._trails: dict[tuple[str, str], deque] = {}
+        self.updated_at: float | None = None
+
+    def poll_engines(self) -> None:
+        for source in self._engines.values():
+            source.poll()
+
+    def update(self) -> list[Result]:
+        cols = self._window.columns(LOOKBACK_SPANS * self.span)
+        pairs = self._labels.pairs()
+        results = []
+        ls = cols["ls"]
+        for i in np.unique(ls).tolist():
+            model, engine = pairs[i]
+            sel = ls == i
+            mine = {k: v[sel] for k, v in cols.items()}
+            dep = self.deployments.for_model(model)
+            est = estimate(mine, dep, self.span, model, engine)
+            if est is None:
+                continue
+            source = self._engines.get(dep.served_name) if dep else None
+            rates = source.rates(self.span) if source else None
+            if dep is not None and rates is not None:
+                est = with_engine_counters(est, dep, rates)
+            key = (model, engine)
+            verdict = decide(est, dep, self._verdicts.get(key))
+            if verdict is not None:
+                self._verdicts[key] = verdict
+            trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
+            point = _operating_point(est, self._clock())
+            if point:
+                trail.append(point)
+            results.append(Result(model, engine, dep, est, verdict, list(trail)))
+        with self._lock:
+            self._results = results
+            self.updated_at = self._clock()
+        return results
+
+    def results(self) -> list[Result]:
+        with self._lock:
+            return list(self._results)
+
+
+def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
+    point = {"at": at}
+    for name in ("prefill", "decode"):
+        p: PhaseEstimate | None = getattr(est, name)
+        if p is not None:
+            point[name] = {"arithmetic_intensity": p.arithmetic_intensity,
+                           "achieved_flops_per_second": p.achieved_flops_per_second}
+    return point if len(point) > 1 else None

@@ -1,0 +1,166 @@
+"""The bottleneck verdict: which phase dominates request time and what limits it.
+
+The rules and the levers are data, here and nowhere else (product.md, "The
+roofline and the verdict"):
+
+1. The **phase** is the one with the largest share of request time (queue,
+   prefill, decode). To move away from the current verdict's phase, another
+   phase's share must exceed it by ``HYSTERESIS``.
+2. The **resource**: a dominant queue means ``capacity`` (requests wait for a
+   slot). For prefill or decode, the phase's operating point is compared with
+   both ceilings of the roofline, each taken as *achievable* (measured, or the
+   datasheet x a typical efficiency): whichever ceiling it is nearer is the
+   candidate (``compute`` or ``memory_bandwidth``); when even that one is used
+   less than ``BOUND_FRACTION``, the time goes neither to arithmetic nor to
+   memory traffic but to ``overhead`` (scheduling, launches, small batches).
+   The threshold moves by ``HYSTERESIS`` in favour of the current verdict.
+3. **Confidence** grows with the sample size, the margins over the thresholds,
+   and the quality of the inputs (emission times beat TPOT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.roofline import Deployment, RooflineEstimate
+
+BOUND_FRACTION = 0.6  # of the achievable ceiling
+HYSTERESIS = 0.05
+MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
+RESOURCES = ("compute", "memory_bandwidth", "capacity", "overhead", "unknown")
+
+# Levers by (phase, resource); the first four rows are product.md's.
+LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("prefill", "compute"): (
+        "prompt (prefix) caching", "chunked prefill", "tensor parallelism", "FP8",
+        "shorter prompts", "faster GPUs"),
+    ("decode", "memory_bandwidth"): (
+        "weight quantization", "KV-cache quantization", "speculative decoding",
+        "larger batches", "GQA/MQA models", "higher-bandwidth GPUs"),
+    ("queue", "capacity"): (
+        "more replicas", "admission control", "disaggregated prefill/decode"),
+    ("prefill", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
+    ("decode", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
+    ("prefill", "memory_bandwidth"): (
+        "batch more prompts per step (raise max_num_batched_tokens)", "weight quantization",
+        "prompt (prefix) caching"),
+    ("decode", "compute"): (
+        "FP8", "tensor parallelism", "disaggregated prefill/decode", "faster GPUs"),
+}
+
+_RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
+                   "capacity": "capacity-bound", "overhead": "overhead-bound",
+                   "unknown": "of unknown limit"}
+
+
+@dataclass
+class Verdict:
+    phase: str
+    resource: str
+    confidence: float
+    confidence_level: str
+    evidence: dict = field(default_factory=dict)
+    levers: tuple[str, ...] = ()
+    text: str = ""
+
+
+def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
+    """(candidate resource, its use of the achievable ceiling, evidence) for a phase.
+
+    The nearer ceiling is the roofline's own test: an intensity above the ridge
+    reaches the FLOP/s ceiling first.
+    """
+    ph = getattr(est, phase)
+    if ph is None or ph.flops_utilization is None or ph.bandwidth_utilization is None:
+        return "unknown", None, {}
+    hw = dep.hardware
+    of_flops = ph.achieved_flops_per_second / hw.achievable_flops(dep.compute_dtype)
+    of_bw = ph.achieved_bytes_per_second / hw.achievable_bandwidth
+    evidence = {"mfu": ph.flops_utilization, "mbu": ph.bandwidth_utilization,
+                "of_achievable_flops": of_flops, "of_achievable_bandwidth": of_bw,
+                "arithmetic_intensity": ph.arithmetic_intensity, "ridge": dep.ridge}
+    if of_flops >= of_bw:
+        return "compute", of_flops, evidence
+    return "memory_bandwidth", of_bw, evidence
+
+
+def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None
+           ) -> Verdict | None:
+    """The verdict for one estimate, with hysteresis against ``previous``.
+
+    Without a deployment (a model with no roofline configured) the phase is still
+    decided; the resource is then ``capacity`` for a dominant queue, else ``unknown``.
+    """
+    shares = est.phase_time_share
+    if not shares:
+        return None
+    phase = max(shares, key=shares.get)
+    if previous is not None and previous.phase in shares and phase != previous.phase and (
+            shares[phase] < shares[previous.phase] + HYSTERESIS):
+        phase = previous.phase
+    runner_up = max(v for k, v in shares.items() if k != phase)
+    evidence: dict = {"phase_time_share": shares, "requests": est.requests}
+    if est.decode_batch_size is not None:
+        evidence["decode_batch_size"] = est.decode_batch_size
+    if phase == "queue":
+        resource, used, util_margin = "capacity", None, 1.0
+    elif dep is None:
+        resource, util_margin = "unknown", 0.0
+    else:
+        resource, used, detail = _utilization(est, dep, phase)
+        evidence.update(detail)
+        util_margin = 0.0
+        if used is not None:
+            bound = BOUND_FRACTION
+            if previous is not None and previous.phase == phase:
+                if previous.resource == resource:
+                    bound -= HYSTERESIS
+                elif previous.resource == "overhead":
+                    bound += HYSTERESIS
+            if used < bound:
+                resource = "overhead"
+            util_margin = min(1.0, abs(used - BOUND_FRACTION) / 0.2)
+    share_margin = min(1.0, (shares[phase] - runner_up) / 0.2)
+    inputs = 1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else 0.85
+    sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
+    confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
+                       (0.5 + 0.5 * util_margin), 3)
+    if resource == "unknown":
+        confidence = round(confidence * 0.5, 3)
+    level = "high" if confidence >= 0.7 else "medium" if confidence >= 0.4 else "low"
+    verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
+                      confidence_level=level, evidence=evidence,
+                      levers=LEVERS.get((phase, resource), ()))
+    verdict.text = describe(verdict, dep)
+    return verdict
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def describe(v: Verdict, dep: Deployment | None) -> str:
+    """One or two plain sentences: the verdict and its evidence."""
+    e = v.evidence
+    share = e["phase_time_share"][v.phase]
+    head = f"{v.phase.capitalize()} takes {_pct(share)} of request time"
+    if v.resource == "capacity":
+        return (f"{head}: requests wait for a free slot, so the service lacks capacity "
+                f"(prefill {_pct(e['phase_time_share']['prefill'])}, decode "
+                f"{_pct(e['phase_time_share']['decode'])}).")
+    if v.resource == "unknown":
+        if dep is None:
+            return (f"{head}. No roofline is configured for this model: set --model and "
+                    "--hardware to see what limits it.")
+        return f"{head}; its hardware use cannot be estimated from the data received."
+    hw = dep.hardware
+    tail = (f"MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of {hw.name} x{hw.gpus}, at "
+            f"{e['arithmetic_intensity']:.0f} FLOPs/byte against a ridge of {e['ridge']:.0f}.")
+    if v.resource == "overhead":
+        return (f"{head} and is {_RESOURCE_WORDS['overhead']}: it is far below both "
+                f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
+    used = e["of_achievable_flops"] if v.resource == "compute" else e[
+        "of_achievable_bandwidth"]
+    what = "FLOP/s" if v.resource == "compute" else "memory bandwidth"
+    return (f"{head} and is {_RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
+            f"achievable {what}. {tail}")
