@@ -164,8 +164,12 @@ def load_serve_config(args: argparse.Namespace | None = None,
             raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-        data = dict(data.get("serve", data))
-        models = _model_tables(data.pop("models", []), path)
+        top = data
+        data = dict(top.get("serve", top))
+        tables = data.pop("models", None)
+        if tables is None and "serve" in top:
+            tables = top.get("models")  # [[models]] beside a [serve] table
+        models = _model_tables(tables or [], path)
         unknown = sorted(set(data) - set(_BY_NAME))
         if unknown:
             raise ConfigError(f"config file {path}: unknown keys {unknown}; known keys: "

@@ -146,6 +146,25 @@ def _hardware(o: ModelOptions, served: str) -> tuple[HardwareSpec | None, str]:
     return spec, "nvml"
 
 
+def _compute_dtype(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str:
+    """The dtype whose peak applies: as configured, else fp8 for fp8 weights on parts
+    with fp8 tensor cores (W8A8), else the part's 16-bit figure (weight-only schemes
+    such as fp8 on A100, AWQ/GPTQ int4 or MXFP4 compute in 16 bits)."""
+    known = {**hw.measured_flops, **hw.flops}
+    if o.compute_dtype:
+        compute = o.compute_dtype.lower()
+        catalog.dtype_bytes(compute)
+        if compute not in known:
+            raise ValueError(f"{hw.name} has no {compute} FLOP/s figure; set compute_dtype to "
+                             f"one of {', '.join(sorted(known)) or 'none'}")
+        return compute
+    for compute in (("fp8",) if spec.weight_dtype == "fp8" else ()) + ("bf16", "fp16"):
+        if compute in known:
+            return compute
+    raise ValueError(f"{hw.name} has no FLOP/s figure in the catalog; measure one with "
+                     "`phasewatch calibrate` and pass --hardware-profile")
+
+
 def resolve(o: ModelOptions) -> Deployment | None:
     """A deployment, or None when the hardware could not be detected (logged)."""
     spec, model_source = _model(o)
@@ -153,11 +172,7 @@ def resolve(o: ModelOptions) -> Deployment | None:
     hw, hw_source = _hardware(o, served)
     if hw is None:
         return None
-    compute = (o.compute_dtype or ("fp8" if spec.weight_dtype == "fp8" else "bf16")).lower()
-    catalog.dtype_bytes(compute)
-    if not (hw.peak_flops(compute) or hw.measured_flops.get(compute)):
-        raise ValueError(f"{hw.name} has no {compute} FLOP/s figure; set compute_dtype to one "
-                         f"of {', '.join(sorted(hw.flops or hw.measured_flops)) or 'none'}")
+    compute = _compute_dtype(o, spec, hw)
     if o.max_batched_tokens < 1:
         raise ValueError(f"max_batched_tokens must be positive, got {o.max_batched_tokens}")
     return Deployment(served_name=served, model=spec, hardware=hw, compute_dtype=compute,

@@ -4,7 +4,8 @@ vLLM and SGLang started with ``--enable-mfu-metrics`` count, per GPU, the FLOPs 
 bytes their analytic per-step model says each forward pass needed
 (references.md section 1): ``vllm:estimated_flops_per_gpu_total``,
 ``vllm:estimated_read_bytes_per_gpu_total``, ``vllm:estimated_write_bytes_per_gpu_total``
-(``sglang:`` likewise), plus the ``num_requests_running`` gauge. They carry no
+(``sglang:`` likewise), plus the running-requests gauge (vLLM
+``num_requests_running``, SGLang ``num_running_reqs``). They carry no
 peak and no phase split; the monitor divides by the peaks and splits by the
 phases' inferred proportions. Rates come from consecutive scrapes, a counter
 reset (engine restart) restarting the difference from zero, like PromQL's rate().
@@ -33,7 +34,8 @@ PREFIXES = ("vllm:", "sglang:")
 COUNTERS = {"estimated_flops_per_gpu_total": "flops",
             "estimated_read_bytes_per_gpu_total": "read_bytes",
             "estimated_write_bytes_per_gpu_total": "write_bytes"}
-RUNNING = "num_requests_running"
+RUNNING = ("num_requests_running", "num_running_reqs")  # vLLM, SGLang
+RANK_LABELS = ("tp_rank", "pp_rank")
 MAX_PAGE_BYTES = 16 << 20
 
 
@@ -59,22 +61,28 @@ class EngineRates:
 def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSample:
     """Sum the MFU counters and running requests over the page's series.
 
-    With ``model``, only series whose ``model_name`` label equals it count (an
-    engine serving several models); series without the label always count.
+    Series of different data-parallel engines add up; the same per-GPU counter
+    reported by several tensor/pipeline ranks (SGLang's ``tp_rank``) is averaged,
+    not added. With ``model``, only series whose ``model_name`` equals it count
+    (an engine serving several models); series without the label always count.
     """
-    sums: dict[str, float] = {}
+    groups: dict[tuple[str, tuple], list[float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             prefix = next((p for p in PREFIXES if s.name.startswith(p)), None)
             if prefix is None:
                 continue
             key = s.name[len(prefix):]
-            field = COUNTERS.get(key) or ("running" if key == RUNNING else None)
+            field = COUNTERS.get(key) or ("running" if key in RUNNING else None)
             if field is None:
                 continue
             if model is not None and s.labels.get("model_name", model) != model:
                 continue
-            sums[field] = sums.get(field, 0.0) + float(s.value)
+            series = tuple(sorted((k, v) for k, v in s.labels.items() if k not in RANK_LABELS))
+            groups.setdefault((field, series), []).append(float(s.value))
+    sums: dict[str, float] = {}
+    for (field, _), values in groups.items():
+        sums[field] = sums.get(field, 0.0) + sum(values) / len(values)
     return EngineSample(at=at, flops=sums.get("flops"), read_bytes=sums.get("read_bytes"),
                         write_bytes=sums.get("write_bytes"), running=sums.get("running"))
 
@@ -111,7 +119,8 @@ class EngineMetricsSource:
                 raise ValueError(f"page larger than {MAX_PAGE_BYTES} bytes")
             sample = parse_page(body.decode("utf-8", "replace"), self.model, self._clock())
         except (OSError, urllib.error.URLError, ValueError, UnicodeError) as e:
-            reason = "unreachable" if isinstance(e, OSError) else "unparsable"
+            reason = ("http_error" if isinstance(e, urllib.error.HTTPError) else
+                      "unreachable" if isinstance(e, OSError) else "unparsable")
             self._stats.inc("phasewatch_engine_scrapes_total", url=self.url, result=reason)
             if str(e) != self.last_error:
                 log.warning("engine metrics %s: %s", self.url, e)

@@ -35,7 +35,7 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("label", "reason")),
     "phasewatch_engine_scrapes_total": (
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
-        "(ok, unreachable, unparsable).", ("url", "result")),
+        "(ok, http_error, unreachable, unparsable).", ("url", "result")),
     "phasewatch_phase_unavailable_total": (
         "counter", "Accepted requests for which a phase could not be derived, by reason.",
         ("phase", "reason")),

@@ -1,0 +1,111 @@
+"""Model x hardware resolution: catalog, config.json, profiles, NVML, and their errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from exporter import catalog
+from exporter.deployments import (
+    PROFILE_FORMAT,
+    Deployments,
+    ModelOptions,
+    load_profile,
+    resolve,
+)
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+def test_hugging_face_id_and_overrides_resolve():
+    d = resolve(ModelOptions(model="meta-llama/Llama-3.1-8B-Instruct", hardware="h100",
+                             tensor_parallel=2, weight_dtype="FP8", kv_dtype="fp8"))
+    assert d.model.name == "Llama-3.1-8B" and d.served_name == "meta-llama/Llama-3.1-8B-Instruct"
+    assert (d.hardware.name, d.hardware.gpus, d.tensor_parallel) == ("H100-SXM", 2, 2)
+    assert (d.model.weight_dtype, d.model.kv_dtype, d.compute_dtype) == ("fp8", "fp8", "fp8")
+    assert d.peak_flops == 2 * 1979e12 and d.peak_bandwidth == 2 * 3350e9
+
+
+def test_config_json_resolves():
+    d = resolve(ModelOptions(hf_config=str(HF / "mixtral-8x7b-instruct.json"),
+                             served_model_name="mixtral", hardware="H200", gpus=2))
+    assert d.model_source == "hf_config" and d.model.experts == 8
+    assert d.served_name == "mixtral" and d.hardware.gpus == 2
+
+
+@pytest.mark.parametrize("options,message", [
+    (ModelOptions(model="Llama-3.1-8", hardware="H100-SXM"),
+     "unknown model 'Llama-3.1-8'; close matches: Llama-3.1-8B"),
+    (ModelOptions(model="Llama-3.1-8B", hardware="H10"),
+     "unknown hardware 'H10'; close matches: H100-SXM"),
+    (ModelOptions(model="Llama-3.1-8B", hardware="H100", weight_dtype="int3"),
+     "unknown dtype 'int3'; use one of"),
+    (ModelOptions(model="Llama-3.1-8B", hardware="A100", compute_dtype="fp8"),
+     "A100-80GB-SXM has no fp8 FLOP/s figure"),
+    (ModelOptions(hardware="H100"), "needs `model`"),
+    (ModelOptions(model="Llama-3.1-8B", hardware_profile="/nonexistent/profile.json"),
+     "cannot read hardware profile"),
+])
+def test_bad_configuration_fails_with_the_fix(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        resolve(options)
+
+
+@pytest.mark.parametrize("nvml_name,part", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA A100-SXM4-80GB", "A100-80GB-SXM"),
+    ("NVIDIA H200", "H200"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"),
+    ("NVIDIA A10G", "A10G"), ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+])
+def test_nvml_device_names_are_catalog_aliases(nvml_name, part):
+    assert catalog.hardware(nvml_name).name == part
+
+
+def test_no_nvml_means_no_roofline_and_a_log_line(caplog):
+    # On this GPU-less machine the real nvidia-ml-py cannot find libnvidia-ml.
+    with caplog.at_level(logging.WARNING, logger="phasewatch"):
+        assert resolve(ModelOptions(model="Llama-3.1-8B")) is None
+    assert "no roofline for Llama-3.1-8B: hardware not given and not detected" in caplog.text
+    assert "--hardware NAME" in caplog.text
+
+
+def _profile(tmp_path, **changes):
+    data = {"format": PROFILE_FORMAT, "part": "H100-SXM", "device": "NVIDIA H100 80GB HBM3",
+            "devices": 1, "measured": {"bandwidth_gbps": 2900.0, "flops_tflops": {"bf16": 750.0}}}
+    data.update(changes)
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_profiles_of_known_and_unknown_parts(tmp_path):
+    hw = load_profile(_profile(tmp_path), gpus=2)
+    assert hw.bandwidth == 2 * 3350e9 and hw.measured_bandwidth == 2 * 2900e9
+    assert hw.achievable_flops("bf16") == 2 * 750e12
+    cpu = load_profile(_profile(tmp_path, part=None, device="AMD EPYC 7B13 (2 cores)",
+                                measured={"bandwidth_gbps": 12.0,
+                                          "flops_tflops": {"fp32": 0.1}}), gpus=1)
+    assert cpu.name == "AMD EPYC 7B13 (2 cores)" and cpu.bandwidth == 12e9
+    d = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(_profile(tmp_path)),
+                             gpus=1))
+    assert d.hardware_source == "profile" and d.hardware.measured_bandwidth == 2900e9
+    with pytest.raises(ValueError, match="not a phasewatch hardware profile"):
+        load_profile(_profile(tmp_path, format="x"), 1)
+    with pytest.raises(ValueError, match="lacks measured figures"):
+        load_profile(_profile(tmp_path, measured={}), 1)
+
+
+def test_requests_find_their_deployment_by_name_or_alias():
+    d8 = resolve(ModelOptions(model="Llama-3.1-8B", hardware="H100"))
+    d70 = resolve(ModelOptions(model="Llama-3.1-70B", served_model_name="big", hardware="H200",
+                               gpus=4))
+    ds = Deployments([d8, d70])
+    assert ds.for_model("Llama-3.1-8B") is d8
+    assert ds.for_model("meta-llama/Llama-3.1-8B-Instruct") is d8  # same catalog model
+    assert ds.for_model("big") is d70
+    assert ds.for_model("Llama-3.1-70B") is d70
+    assert ds.for_model("mistralai/Mistral-7B-v0.1") is None  # not configured
+    assert ds.for_model("some-unknown-model") is None

@@ -1,0 +1,109 @@
+"""The estimator on hand-computed cases: interval algebra, one-at-a-time requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporter import catalog, model_costs
+from exporter.aggregate import Aggregator
+from exporter.record import RequestBatch, RequestRecord
+from exporter.roofline import Deployment, estimate, inside_fraction, union_length
+from exporter.window import RollingWindow
+
+M = catalog.model("Llama-3.1-8B")
+DEP = Deployment("Llama-3.1-8B", M, catalog.hardware("H100-SXM"))
+
+
+def test_union_length_equals_brute_force():
+    rng = np.random.default_rng(3)
+    starts = rng.uniform(0, 100, 300)
+    ends = starts + rng.exponential(2.0, 300)
+    grid = np.linspace(10, 90, 800_001)
+    covered = np.zeros(grid.size, dtype=bool)
+    for s, e in zip(starts, ends, strict=True):
+        covered[(grid >= s) & (grid <= e)] = True
+    assert union_length(starts, ends, 10, 90) == pytest.approx(covered.mean() * 80, abs=1e-3)
+    assert union_length(np.array([5.0]), np.array([4.0]), 0, 10) == 0.0
+
+
+def test_inside_fraction():
+    f = inside_fraction(np.array([0.0, 5.0, 8.0, 3.0]), np.array([10.0, 6.0, 12.0, 3.0]), 4, 9)
+    assert f.tolist() == pytest.approx([0.5, 1.0, 0.25, 0.0])
+
+
+def _cols(records):
+    window = RollingWindow(30.0, capacity=10_000)
+    Aggregator(window=window).ingest(RequestBatch.from_records(records, engine="e"), "test")
+    return window.columns()
+
+
+def _sequential(n=20, prompt=100, output=11, step=0.01, token_times=True):
+    """n requests one after another: prefill 50 ms, then output-1 decode steps of ``step``."""
+    out = []
+    for k in range(n):
+        t = 1000.0 + k
+        first = t + 0.05
+        times = [first + i * step for i in range(output)]
+        out.append(RequestRecord(model="Llama-3.1-8B", arrival=t, scheduled=t, first_token=first,
+                                 last_token=times[-1], finish=times[-1] + 0.001,
+                                 prompt_tokens=prompt, cached_prompt_tokens=0,
+                                 output_tokens=output,
+                                 token_times=times if token_times else None))
+    return out
+
+
+@pytest.mark.parametrize("token_times", [True, False])
+def test_batch_of_one_decode_matches_the_formula(token_times):
+    est = estimate(_cols(_sequential(token_times=token_times)), DEP, 30.0)
+    d = est.decode
+    # Each decode step reads the weights once plus the KV cache at its context
+    # (prompt + j for the j-th step): mean context 100 + 11/2.
+    per_step = M.params * 2 + model_costs.kv_bytes_per_token(M) * (100 + 5.5)
+    assert d.achieved_bytes_per_second == pytest.approx(per_step / 0.01, rel=1e-6)
+    assert d.bandwidth_utilization == pytest.approx(per_step / 0.01 / 3.35e12, rel=1e-6)
+    flops = 2 * M.active_params + model_costs.attention_flops_per_context_token(M) * 105.5
+    assert d.achieved_flops_per_second == pytest.approx(flops / 0.01, rel=1e-6)
+    assert est.decode_batch_size == pytest.approx(1.0)
+    assert est.decode_step_seconds == pytest.approx(0.01)
+    assert est.inputs["decode_steps"] == ("token_gaps" if token_times else "tpot")
+    p = est.prefill
+    assert p.achieved_flops_per_second == pytest.approx(
+        float(model_costs.prefill_flops(M, 100)) / 0.05, rel=1e-6)
+    assert p.arithmetic_intensity == pytest.approx(
+        float(model_costs.prefill_flops(M, 100)) / (M.params * 2 +
+                                                   model_costs.kv_bytes_per_token(M) * 100))
+
+
+def test_overlapping_requests_give_the_batch_size():
+    # Four streams, each a copy of the sequential run shifted by 0.25 s: 4 decode
+    # intervals overlap at any time... except the gaps between requests.
+    records = [r for shift in (0.0, 0.25, 0.5, 0.75) for r in _sequential()]
+    for i, r in enumerate(records):
+        s = (i // 20) * 0.25
+        r.arrival += s
+        r.scheduled += s
+        r.first_token += s
+        r.last_token += s
+        r.finish += s
+        r.token_times = [t + s for t in r.token_times]
+    est = estimate(_cols(records), DEP, 30.0)
+    # decode occupies 0.1 s of every second per stream, offsets keep them apart
+    assert est.decode_batch_size == pytest.approx(1.0, rel=0.01)
+    records = [r for _ in range(4) for r in _sequential()]  # 4 identical streams
+    est = estimate(_cols(records), DEP, 30.0)
+    assert est.decode_batch_size == pytest.approx(4.0, rel=1e-6)
+    # 4 sequences share one weight read per step: bytes per step grow by KV only
+    per_step = M.params * 2 + 4 * model_costs.kv_bytes_per_token(M) * 105.5
+    assert est.decode.achieved_bytes_per_second == pytest.approx(per_step / 0.01, rel=1e-6)
+
+
+def test_without_a_deployment_only_shares():
+    est = estimate(_cols(_sequential()), None, 30.0)
+    assert est.decode is None and est.prefill is None
+    assert est.phase_time_share["decode"] == pytest.approx(0.1 / 0.15)
+    assert "no deployment" in est.inputs["roofline"]
+
+
+def test_nothing_to_estimate():
+    assert estimate(_cols(_sequential(n=1)), DEP, 30.0) is None

@@ -1,0 +1,89 @@
+"""The scenario matrix: the estimator against the simulator's ground truth.
+
+For every scenario on three model x hardware pairs (dense, large dense on 4 GPUs,
+MoE on 2 GPUs), requests go through the real ingest path (phases, window) and the
+monitor; the estimate must land within 15% of the truth (25% with token times
+stripped, TPOT only) and the verdict must equal the one the same rules give on
+the true figures, which in turn must be what the scenario was built to show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from exporter.aggregate import Aggregator
+from exporter.bottleneck import BottleneckMonitor
+from exporter.deployments import Deployments
+from exporter.record import RequestBatch
+from exporter.roofline import Deployment, RooflineEstimate, phase_estimate
+from exporter.sim.scenarios import SCENARIOS
+from exporter.sim.truth import truth_between
+from exporter.verdict import decide
+from exporter.window import RollingWindow
+
+EPOCH = 1.7e9
+PAIRS = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H200", 4),
+         ("Mixtral-8x7B", "H200", 2)]
+EXPECTED = {"chat": ("decode", "memory_bandwidth"), "rag": ("prefill", "compute"),
+            "long_generation": ("decode", "memory_bandwidth"), "overload": ("queue", "capacity"),
+            "tiny_batch": ("decode", "overhead")}
+# Long requests need a longer run: the range ends a 90th-percentile request time
+# before the newest request, and the run must reach a steady state first.
+DURATION = {"long_generation": 150.0, "rag": 150.0}
+
+
+def _estimate(records, dep: Deployment, strip: bool):
+    if strip:
+        records = [dataclasses.replace(r, token_times=None) for r in records]
+    window = RollingWindow(30.0, capacity=200_000)
+    agg = Aggregator(window=window)
+    for i in range(0, len(records), 1000):
+        agg.ingest(RequestBatch.from_records(records[i:i + 1000], engine="sim"), "test")
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0)
+    [result] = monitor.update()
+    return result
+
+
+def _truth_estimate(truth, est: RooflineEstimate, dep: Deployment) -> RooflineEstimate:
+    """The true figures in the estimator's shape, so one rule set judges both."""
+    return dataclasses.replace(
+        est, inputs={"decode_steps": "token_gaps"},
+        decode=phase_estimate(dep, truth.decode.busy_seconds, truth.decode.flops,
+                              truth.decode.bytes, est.requests),
+        prefill=phase_estimate(dep, truth.prefill.busy_seconds, truth.prefill.flops,
+                               truth.prefill.bytes, est.requests),
+        decode_batch_size=truth.decode_batch_size)
+
+
+def _close(est: float, true: float, tol: float, what: str) -> None:
+    assert est == pytest.approx(true, rel=tol), f"{what}: estimated {est:.4g}, true {true:.4g}"
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=lambda p: f"{p[0]}@{p[1]}x{p[2]}")
+def pair(request):
+    return request.param
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_estimate_and_verdict_match_ground_truth(pair, name):
+    model, hardware, gpus = pair
+    engine = SCENARIOS[name].build(seed=1, model=model, hardware=hardware, gpus=gpus)
+    records = engine.run(DURATION.get(name, 90.0), epoch=EPOCH)
+    dep = Deployment(model, engine.model, engine.hw)
+    steps = engine.truth.arrays()
+    for strip, tol in ((False, 0.15), (True, 0.25)):
+        result = _estimate(records, dep, strip)
+        est = result.estimate
+        assert est.inputs["decode_steps"] == ("tpot" if strip else "token_gaps")
+        truth = truth_between(steps, est.range_start, est.range_end, EPOCH)
+        _, mbu_true = truth.decode.utilization(dep.peak_flops, dep.peak_bandwidth)
+        _close(est.decode.bandwidth_utilization, mbu_true, tol, "decode MBU")
+        _close(est.decode_batch_size, truth.decode_batch_size, tol, "decode batch")
+        pf_true, _ = truth.prefill.utilization(dep.peak_flops, dep.peak_bandwidth)
+        _close(est.prefill.flops_utilization, pf_true, tol, "prefill MFU")
+        true_verdict = decide(_truth_estimate(truth, est, dep), dep)
+        assert (true_verdict.phase, true_verdict.resource) == EXPECTED[name]
+        assert (result.verdict.phase, result.verdict.resource) == EXPECTED[name], \
+            result.verdict.text
