@@ -98,3 +98,16 @@ def test_serve_logs_its_ports_and_stops_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--model", "Llama-3.1-8", "--hardware", "H100"], "close matches: Llama-3.1-8B"),
+    (["--model", "Llama-3.1-8B", "--hardware", "H1OO"], "unknown hardware 'H1OO'"),
+    (["--hf-config", "/nonexistent/config.json", "--hardware", "H100"],
+     "cannot read Hugging Face config"),
+])
+def test_serve_fails_fast_on_bad_model_or_hardware(flags, message):
+    proc = subprocess.run([*PHASEWATCH, "serve", "--http-port", "0", "--grpc-port", "0", *flags],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert message in proc.stderr

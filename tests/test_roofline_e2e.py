@@ -1,0 +1,105 @@
+"""The roofline through the running exporter: gRPC in, real Prometheus and the JSON API out."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+from exporter.app import Exporter
+from exporter.client import PhasewatchClient
+from exporter.config import ServeConfig
+from exporter.sim.scenarios import scenario
+from tests.conftest import scrape
+from tests.prom import PrometheusServer
+from tests.test_engine_metrics import FIX, Pages
+
+BASE = ServeConfig(grpc_port=0, http_port=0, http_host="127.0.0.1", roofline_interval=0.2)
+
+
+def _send_simulated(ex: Exporter, name: str, seconds: float, model: str | None = None) -> list:
+    """Run a scenario as fast as possible, ending now, and send every request."""
+    engine = scenario(name).build(seed=5)
+    records = engine.run(seconds, epoch=time.time() - seconds)
+    if model:
+        records = [replace(r, model=model) for r in records]
+    with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm") as client:
+        for r in records:
+            client.record_request(r)
+        assert client.flush(10)
+    return records
+
+
+def _wait(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def _api(ex: Exporter, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ex.http_port}{path}", timeout=10) as r:
+        return json.load(r)
+
+
+def test_prometheus_sees_the_roofline_and_the_verdict(tmp_path):
+    config = replace(BASE, model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM")
+    with Exporter(config) as ex, PrometheusServer(tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+        _send_simulated(ex, "chat", 90.0, model="meta-llama/Llama-3.1-8B-Instruct")
+        other = _send_simulated(ex, "tiny_batch", 30.0, model="mistralai/Mistral-7B-v0.1")
+
+        info = _wait(lambda: prom.query("phasewatch_bottleneck_info == 1"), 30)
+        verdicts = {r["metric"]["model"]: (r["metric"]["phase"], r["metric"]["resource"])
+                    for r in info}
+        assert verdicts["meta-llama/Llama-3.1-8B-Instruct"] == ("decode", "memory_bandwidth")
+        # a model with no roofline still gets its phase, and its requests are counted
+        assert verdicts["mistralai/Mistral-7B-v0.1"] == ("decode", "unknown")
+        assert prom.scalar('phasewatch_no_roofline_requests_total'
+                           '{model="mistralai/Mistral-7B-v0.1"}') == len(other)
+        mbu = prom.scalar('phasewatch_bandwidth_utilization_ratio{phase="decode"}')
+        assert 0.4 < mbu < 0.9
+        assert prom.scalar('phasewatch_peak_bandwidth_bytes_per_second{ceiling="datasheet"}'
+                           ) == 3.35e12
+        assert prom.scalar('phasewatch_peak_flops_per_second{ceiling="datasheet"}') == 989e12
+        for name in ("phasewatch_achieved_bandwidth_bytes_per_second",
+                     "phasewatch_achieved_flops_per_second", "phasewatch_flops_utilization_ratio",
+                     "phasewatch_arithmetic_intensity_flops_per_byte"):
+            assert {r["metric"]["phase"] for r in prom.query(name)} == {"prefill", "decode"}
+        assert prom.scalar('phasewatch_decode_batch_size') > 1
+        shares = prom.query('phasewatch_phase_time_share_ratio'
+                            '{model="meta-llama/Llama-3.1-8B-Instruct"}')
+        assert sum(float(r["value"][1]) for r in shares) == pytest.approx(1.0)
+
+        body = _api(ex, "/api/v1/roofline?model=meta-llama/Llama-3.1-8B-Instruct")
+        [m] = body["models"]
+        assert m["configured"] and m["deployment"]["hardware"] == "H100-SXM"
+        assert m["verdict"]["text"].startswith("Decode takes")
+        assert "speculative decoding" in m["verdict"]["levers"]
+        assert m["estimate"]["inputs"]["decode_steps"] == "token_gaps"
+        assert m["trail"] and "decode" in m["trail"][-1]
+
+
+def test_engine_counters_are_used_and_named_as_the_source():
+    pages = Pages([(FIX / f"vllm_metrics_t{i % 2}.txt").read_text() for i in range(200)])
+    config = replace(BASE, model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM",
+                     engine_metrics_url=pages.url)
+    try:
+        with Exporter(config) as ex:
+            _send_simulated(ex, "chat", 60.0, model="meta-llama/Llama-3.1-8B-Instruct")
+            s = _wait(lambda: (lambda sc: sc if sc.value(
+                "phasewatch_roofline_inputs_info", input="flops") else None)(scrape(ex.http_port)))
+            assert s.value("phasewatch_roofline_inputs_info", input="flops",
+                           source="engine_counters") == 1
+            assert s.value("phasewatch_roofline_inputs_info", input="decode_batch",
+                           source="engine_num_requests_running") == 1
+            assert s.value("phasewatch_engine_scrapes_total", result="ok") >= 2
+            body = _api(ex, "/api/v1/roofline")
+            assert body["models"][0]["estimate"]["decode"]["source"] == "engine_counters"
+    finally:
+        pages.close()
