@@ -155,6 +155,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_roofline(args: argparse.Namespace) -> int:
+    from exporter import calculator, catalog
+    from exporter.deployments import ModelOptions, compute_dtype_for, load_profile
+    from exporter.hf_config import load_model_config
+
+    sources = [bool(args.model), bool(args.hf_config), bool(args.params)]
+    if sum(sources) != 1:
+        raise ValueError("give exactly one of --model, --hf-config or --params")
+    if args.params:
+        m = calculator.generic_model(calculator.parse_params(args.params),
+                                     args.weight_dtype or "bf16")
+    else:
+        m = load_model_config(args.hf_config) if args.hf_config else catalog.model(args.model)
+        m = replace(m, weight_dtype=args.weight_dtype or m.weight_dtype,
+                    kv_dtype=args.kv_dtype or m.kv_dtype)
+        for dtype in (m.weight_dtype, m.kv_dtype):
+            catalog.dtype_bytes(dtype)  # raises, listing the known dtypes
+    if args.bandwidth:
+        hw = catalog.HardwareSpec(name="custom", bandwidth=args.bandwidth * 1e9,
+                                  flops={"bf16": args.flops * 1e12} if args.flops else {})
+        hw = hw.times(args.gpus)
+    elif args.hardware_profile:
+        hw = load_profile(args.hardware_profile, args.gpus)
+    elif args.hardware:
+        hw = catalog.hardware(args.hardware, args.gpus)
+    else:
+        raise ValueError("give --hardware NAME, --hardware-profile FILE or --bandwidth GBPS")
+    compute = args.compute_dtype or (compute_dtype_for(ModelOptions(), m, hw) if hw.flops
+                                     else "bf16")
+    tpot = args.tpot if args.tpot else (1.0 / args.tokens_per_second
+                                        if args.tokens_per_second else None)
+    rows = calculator.table(m, hw, batch=args.batch, context=args.context, prompt=args.prompt,
+                            compute_dtype=compute, tpot=tpot, ttft=args.ttft)
+    print(calculator.as_json(rows) if args.json else calculator.render(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasewatch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,6 +224,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)
     demo.set_defaults(func=cmd_demo)
+    roofline = sub.add_parser(
+        "roofline", help="offline calculator: model x hardware -> ceilings",
+        description="Weights and KV bytes, decode and prefill ceilings, the ridge point and "
+        "which ceiling binds, for one operating point; with a measured TPOT/tokens per "
+        "second and TTFT, the achieved bandwidth, FLOP/s, MBU and MFU.")
+    what = roofline.add_argument_group("model (one of)")
+    what.add_argument("--model", help="catalog name or Hugging Face id")
+    what.add_argument("--hf-config", help="path to a Hugging Face config.json")
+    what.add_argument("--params", help="parameter count only, e.g. 7B (no KV cache)")
+    roofline.add_argument("--weight-dtype", help="bf16, fp16, fp8, int8, int4 (with "
+                          "scales), mxfp4, 4bit (flat)")
+    roofline.add_argument("--kv-dtype", help="KV-cache dtype (default: the model's)")
+    where = roofline.add_argument_group("hardware (one of)")
+    where.add_argument("--hardware", help="catalog name, e.g. H100-SXM")
+    where.add_argument("--hardware-profile", help="profile written by phasewatch calibrate")
+    where.add_argument("--bandwidth", type=float, help="custom part: memory GB/s")
+    roofline.add_argument("--flops", type=float, help="custom part: dense TFLOP/s")
+    roofline.add_argument("--gpus", type=int, default=1, help="GPUs (default 1)")
+    roofline.add_argument("--compute-dtype", help="dtype whose peak FLOP/s applies")
+    roofline.add_argument("--batch", type=int, default=1, help="decode batch (default 1)")
+    roofline.add_argument("--context", type=int, default=1024,
+                          help="context tokens per sequence (default 1024)")
+    roofline.add_argument("--prompt", type=int, default=512,
+                          help="prompt tokens for the prefill rows (default 512)")
+    roofline.add_argument("--tpot", type=float, help="measured seconds per output token")
+    roofline.add_argument("--tokens-per-second", type=float,
+                          help="measured decode tokens/s per sequence (instead of --tpot)")
+    roofline.add_argument("--ttft", type=float, help="measured time to first token (s)")
+    roofline.add_argument("--json", action="store_true", help="print the rows as JSON")
+    roofline.set_defaults(func=cmd_roofline)
     return parser
 
 

@@ -146,7 +146,7 @@ def _hardware(o: ModelOptions, served: str) -> tuple[HardwareSpec | None, str]:
     return spec, "nvml"
 
 
-def _compute_dtype(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str:
+def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str:
     """The dtype whose peak applies: as configured, else fp8 for fp8 weights on parts
     with fp8 tensor cores (W8A8), else the part's 16-bit figure (weight-only schemes
     such as fp8 on A100, AWQ/GPTQ int4 or MXFP4 compute in 16 bits)."""
@@ -172,7 +172,7 @@ def resolve(o: ModelOptions) -> Deployment | None:
     hw, hw_source = _hardware(o, served)
     if hw is None:
         return None
-    compute = _compute_dtype(o, spec, hw)
+    compute = compute_dtype_for(o, spec, hw)
     if o.max_batched_tokens < 1:
         raise ValueError(f"max_batched_tokens must be positive, got {o.max_batched_tokens}")
     return Deployment(served_name=served, model=spec, hardware=hw, compute_dtype=compute,

@@ -15,8 +15,10 @@ from functools import cache
 from importlib import resources
 
 # Bytes per stored element. int4/mxfp4 include their block scales:
-# int4 with one fp16 scale per 32 weights = 4.5 bits; MXFP4 = 4 bits + one 8-bit
-# scale per 32-element block = 4.25 bits (OCP Microscaling spec v1.0).
+# int4 with one fp16 scale per 32 weights = 4.5 bits (llama.cpp Q4_0: Llama-2-7B is
+# 3.56 GiB); MXFP4 = 4 bits + one 8-bit scale per 32-element block = 4.25 bits (OCP
+# Microscaling spec v1.0). "4bit" is the back-of-envelope 4 bits flat, scales
+# ignored (references.md section 4: "70B at Q4 (35 GB)").
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -25,6 +27,7 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1.0,
     "int4": 4.5 / 8,
     "mxfp4": 4.25 / 8,
+    "4bit": 0.5,
 }
 
 
