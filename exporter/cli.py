@@ -22,6 +22,8 @@ TTFT, ITL, TPOT, tokens/s per phase to Prometheus.
   phasewatch serve                     run the exporter (gRPC :50051, /metrics :9464)
   phasewatch simulate --scenario chat  send simulated engine traffic to an exporter
   phasewatch demo                      both at once, on this machine, with a live summary
+  phasewatch roofline --model M --hardware H   offline ceilings for a model on a part
+  phasewatch calibrate                 measure this machine's bandwidth and FLOP/s
 """
 
 
@@ -192,6 +194,17 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from exporter import calibrate
+
+    profile = calibrate.calibrate(args.device, args.size_mib, args.matmul_n, args.repeats,
+                                  progress=calibrate.stderr_progress)
+    calibrate.write(profile, args.output)
+    print(calibrate.report(profile))
+    print(f"profile written to {args.output}; use it with --hardware-profile {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasewatch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -254,6 +267,22 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--ttft", type=float, help="measured time to first token (s)")
     roofline.add_argument("--json", action="store_true", help="print the rows as JSON")
     roofline.set_defaults(func=cmd_roofline)
+
+    cal = sub.add_parser(
+        "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
+        description="Measure achievable memory bandwidth (a large streaming copy) and matmul "
+        "FLOP/s, with torch on a CUDA GPU when one is present, else numpy on the CPU, and "
+        "write a hardware profile for --hardware-profile.")
+    cal.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where to measure (default auto: the GPU if torch sees one)")
+    cal.add_argument("--output", default="phasewatch-hardware.json",
+                     help="profile file to write (default phasewatch-hardware.json)")
+    cal.add_argument("--size-mib", type=int, default=512,
+                     help="copy buffer size in MiB (default 512; larger than any cache)")
+    cal.add_argument("--matmul-n", type=int, default=2048,
+                     help="matrix size of the matmul (default 2048; 8192 on a GPU)")
+    cal.add_argument("--repeats", type=int, default=5, help="best of this many runs")
+    cal.set_defaults(func=cmd_calibrate)
     return parser
 
 

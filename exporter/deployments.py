@@ -158,7 +158,7 @@ def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str
             raise ValueError(f"{hw.name} has no {compute} FLOP/s figure; set compute_dtype to "
                              f"one of {', '.join(sorted(known)) or 'none'}")
         return compute
-    for compute in (("fp8",) if spec.weight_dtype == "fp8" else ()) + ("bf16", "fp16"):
+    for compute in (("fp8",) if spec.weight_dtype == "fp8" else ()) + ("bf16", "fp16", "fp32"):
         if compute in known:
             return compute
     raise ValueError(f"{hw.name} has no FLOP/s figure in the catalog; measure one with "
