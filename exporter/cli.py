@@ -135,6 +135,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  metrics:  {base}/metrics", flush=True)
     print(f"  summary:  {base}/api/v1/summary", flush=True)
     print(f"  requests: {base}/api/v1/requests", flush=True)
+    print(f"  roofline: {base}/api/v1/roofline", flush=True)
     print(f"  gRPC:     {config.grpc_host}:{exporter.grpc_port}", flush=True)
     duration = args.duration if args.duration else float("inf")
     sim = threading.Thread(target=_simulate, name="demo-sim", daemon=True,
@@ -146,15 +147,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         while not stop.wait(min(args.summary_every, max(0.0, end - time.monotonic()))):
             if time.monotonic() >= end:
                 break
-            print(_summary_line(exporter.aggregator.window.summary(
-                exporter.aggregator.labels.pairs())), flush=True)
+            _print_summary(exporter)
     finally:
         stop.set()
         sim.join(10)
-        print(_summary_line(exporter.aggregator.window.summary(
-            exporter.aggregator.labels.pairs())), flush=True)
+        _print_summary(exporter)
         exporter.stop()
     return 0
+
+
+def _print_summary(exporter) -> None:
+    print(_summary_line(exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())),
+          flush=True)
+    for r in exporter.monitor.results():
+        if r.verdict is not None:
+            print(f"  verdict {r.model}: {r.verdict.text} Levers: "
+                  f"{', '.join(r.verdict.levers) or '-'}.", flush=True)
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:

@@ -119,6 +119,8 @@ class RooflineEstimate:
     decode_step_seconds: float | None
     phase_time_share: dict[str, float] | None
     inputs: dict[str, str] = field(default_factory=dict)
+    # FLOPs of the other phase performed inside this phase's busy time (mixed steps)
+    shared_step_flops: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -242,6 +244,43 @@ def analysis_range(cols: dict[str, np.ndarray], span: float) -> tuple[float, flo
     return max(hi - span, oldest), hi
 
 
+def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
+             decode: PhaseEstimate | None) -> float:
+    """Seconds in which both phases ran (steps carrying decode tokens and a prefill
+    chunk, under chunked prefill): |P| + |D| - |P or D|."""
+    if prefill is None or decode is None:
+        return 0.0
+    both = union_length(np.concatenate([c["scheduled_at"], c["first_token_at"]]),
+                        np.concatenate([c["first_token_at"], c["last_token_at"]]), lo, hi)
+    return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
+
+
+def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model: str,
+                 engine: str) -> RooflineEstimate:
+    end = cols["end_at"]
+    inputs: dict[str, str] = {}
+    decode = batch = step = prefill = None
+    shared: dict[str, float] = {}
+    if dep is None:
+        inputs["roofline"] = "no deployment configured for this model"
+    else:
+        decode, batch, step = _decode(dep, cols, lo, hi, inputs)
+        prefill = _prefill(dep, cols, lo, hi, inputs)
+        overlap = _overlap(cols, lo, hi, prefill, decode)
+        if overlap > 0:
+            # the other phase's FLOPs done inside this phase's steps, its work taken
+            # as spread evenly over its own busy time
+            shared = {"decode": prefill.flops * overlap / prefill.busy_seconds,
+                      "prefill": decode.flops * overlap / decode.busy_seconds}
+    in_range = (end >= lo) & (end <= hi)
+    return RooflineEstimate(
+        model=model, engine=engine, range_start=lo, range_end=hi,
+        range_end_lag_seconds=float(np.nanmax(end)) - hi, requests=int(in_range.sum()),
+        prefill=prefill, decode=decode, decode_batch_size=batch, decode_step_seconds=step,
+        phase_time_share=_shares({k: v[in_range] for k, v in cols.items()}), inputs=inputs,
+        shared_step_flops=shared)
+
+
 def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
              model: str = "", engine: str = "") -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
@@ -250,22 +289,20 @@ def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
     read ``LOOKBACK_SPANS`` ranges back. Without a deployment only the range and
     the phase time shares are filled in. Returns None when there is nothing to
     estimate from (no request end times, or a range of zero length).
+
+    While the data is still younger than the lag (just after start, or with sparse
+    traffic), the lagged range can miss a phase entirely; the range then runs to
+    the newest request end instead, and ``inputs["range"]`` says so.
     """
     bounds = analysis_range(cols, span)
     if bounds is None or bounds[1] <= bounds[0]:
         return None
-    lo, hi = bounds
-    end = cols["end_at"]
-    inputs: dict[str, str] = {}
-    decode = batch = step = prefill = None
-    if dep is None:
-        inputs["roofline"] = "no deployment configured for this model"
-    else:
-        decode, batch, step = _decode(dep, cols, lo, hi, inputs)
-        prefill = _prefill(dep, cols, lo, hi, inputs)
-    in_range = (end >= lo) & (end <= hi)
-    return RooflineEstimate(
-        model=model, engine=engine, range_start=lo, range_end=hi,
-        range_end_lag_seconds=float(np.nanmax(end)) - hi, requests=int(in_range.sum()),
-        prefill=prefill, decode=decode, decode_batch_size=batch, decode_step_seconds=step,
-        phase_time_share=_shares({k: v[in_range] for k, v in cols.items()}), inputs=inputs)
+    est = _estimate_in(cols, dep, *bounds, model, engine)
+    newest = float(np.nanmax(cols["end_at"]))
+    if dep is not None and (est.decode is None or est.prefill is None) and newest > bounds[1]:
+        wider = _estimate_in(cols, dep, max(newest - span, bounds[0]), newest, model, engine)
+        if (wider.decode is not None) + (wider.prefill is not None) > (
+                est.decode is not None) + (est.prefill is not None):
+            wider.inputs["range"] = "to_newest_request"
+            return wider
+    return est

@@ -12,7 +12,9 @@ roofline and the verdict"):
    datasheet x a typical efficiency): whichever ceiling it is nearer is the
    candidate (``compute`` or ``memory_bandwidth``); when even that one is used
    less than ``BOUND_FRACTION``, the time goes neither to arithmetic nor to
-   memory traffic but to ``overhead`` (scheduling, launches, small batches).
+   memory traffic but to ``overhead`` (scheduling, launches, small batches). With
+   chunked prefill a decode step may also carry a prefill chunk: its FLOPs count
+   toward the decode steps' compute (see ``_utilization``).
    The threshold moves by ``HYSTERESIS`` in favour of the current verdict.
 3. **Confidence** grows with the sample size, the margins over the thresholds,
    and the quality of the inputs (emission times beat TPOT).
@@ -65,23 +67,28 @@ class Verdict:
 
 
 def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
-    """(candidate resource, its use of the achievable ceiling, evidence) for a phase.
+    """(candidate resource, share of busy time the two resources explain, evidence).
 
-    The nearer ceiling is the roofline's own test: an intensity above the ridge
-    reaches the FLOP/s ceiling first.
+    The candidate is the ceiling the phase is nearer (an intensity above the ridge
+    reaches the FLOP/s ceiling first). Compute counts every FLOP done in the phase's
+    steps, including the other phase's work in mixed steps (a prefill chunk in a
+    decode step). A step lasts at least max(FLOPs / achievable FLOP/s, bytes /
+    achievable bandwidth); over a mix of steps, the time the two explain is at most
+    the sum of the two shares, so a phase is called overhead-bound only when even
+    that sum is under the bound.
     """
     ph = getattr(est, phase)
     if ph is None or ph.flops_utilization is None or ph.bandwidth_utilization is None:
         return "unknown", None, {}
     hw = dep.hardware
-    of_flops = ph.achieved_flops_per_second / hw.achievable_flops(dep.compute_dtype)
+    shared = est.shared_step_flops.get(phase, 0.0)
+    of_flops = (ph.flops + shared) / ph.busy_seconds / hw.achievable_flops(dep.compute_dtype)
     of_bw = ph.achieved_bytes_per_second / hw.achievable_bandwidth
     evidence = {"mfu": ph.flops_utilization, "mbu": ph.bandwidth_utilization,
                 "of_achievable_flops": of_flops, "of_achievable_bandwidth": of_bw,
+                "shared_step_flops_share": shared / (ph.flops + shared) if shared else 0.0,
                 "arithmetic_intensity": ph.arithmetic_intensity, "ridge": dep.ridge}
-    if of_flops >= of_bw:
-        return "compute", of_flops, evidence
-    return "memory_bandwidth", of_bw, evidence
+    return ("compute" if of_flops >= of_bw else "memory_bandwidth"), of_flops + of_bw, evidence
 
 
 def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None
@@ -159,8 +166,16 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     if v.resource == "overhead":
         return (f"{head} and is {_RESOURCE_WORDS['overhead']}: it is far below both "
                 f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
-    used = e["of_achievable_flops"] if v.resource == "compute" else e[
-        "of_achievable_bandwidth"]
-    what = "FLOP/s" if v.resource == "compute" else "memory bandwidth"
-    return (f"{head} and is {_RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
-            f"achievable {what}. {tail}")
+    compute = v.resource == "compute"
+    used = e["of_achievable_flops"] if compute else e["of_achievable_bandwidth"]
+    other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
+    what = "FLOP/s" if compute else "memory bandwidth"
+    text = f"{head} and is {_RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
+    text += f"achievable {what}"
+    if other >= 0.25:
+        text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"
+    if e.get("shared_step_flops_share", 0) >= 0.25:
+        mixed = "prefill chunks" if v.phase == "decode" else "decode tokens"
+        text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
+                 f"{mixed} sharing them)")
+    return f"{text}. {tail}"

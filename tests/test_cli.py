@@ -38,6 +38,8 @@ def test_demo_serves_live_metrics_then_exits_zero():
         proc.kill() if proc.poll() is None else None
     assert proc.returncode == 0, err
     assert "req/s" in out and "TTFT p50" in out
+    # the demo configures the exporter with the simulated model and hardware
+    assert "verdict Llama-3.1-8B: Decode takes" in out
 
 
 def test_serve_help_names_every_flag_and_its_variable():

@@ -54,7 +54,7 @@ def _truth_estimate(truth, est: RooflineEstimate, dep: Deployment) -> RooflineEs
                               truth.decode.bytes, est.requests),
         prefill=phase_estimate(dep, truth.prefill.busy_seconds, truth.prefill.flops,
                                truth.prefill.bytes, est.requests),
-        decode_batch_size=truth.decode_batch_size)
+        decode_batch_size=truth.decode_batch_size, shared_step_flops=truth.shared_step_flops)
 
 
 def _close(est: float, true: float, tol: float, what: str) -> None:
@@ -83,6 +83,9 @@ def test_estimate_and_verdict_match_ground_truth(pair, name):
         _close(est.decode_batch_size, truth.decode_batch_size, tol, "decode batch")
         pf_true, _ = truth.prefill.utilization(dep.peak_flops, dep.peak_bandwidth)
         _close(est.prefill.flops_utilization, pf_true, tol, "prefill MFU")
+        for phase, flops in truth.shared_step_flops.items():
+            if flops > 0.05 * getattr(truth, phase).flops:  # only where it matters
+                _close(est.shared_step_flops[phase], flops, 0.25, f"{phase} mixed-step FLOPs")
         true_verdict = decide(_truth_estimate(truth, est, dep), dep)
         assert (true_verdict.phase, true_verdict.resource) == EXPECTED[name]
         assert (result.verdict.phase, result.verdict.resource) == EXPECTED[name], \
