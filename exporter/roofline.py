@@ -39,7 +39,15 @@ How each figure is inferred (cost formulas in ``model_costs``):
   ``max_batched_tokens``.
 * A step that carries both decode tokens and a prefill chunk counts toward both
   phases' busy time and reads the weights for both: each phase's intensity is
-  what that phase needs from the hardware.
+  what that phase needs from the hardware. The time both phases ran together
+  (``|P| + |D| - |P or D|``) gives ``shared_step_flops``: the other phase's
+  FLOPs done inside a phase's steps, which the verdict needs.
+* MoE weight reads use the mean batch; with a batch that varies step to step this
+  overstates the distinct experts a little (the expected count is concave in the
+  batch), a few percent in the simulator's small-batch scenarios.
+* **Range fallback**: while the data is younger than the lag (just after start,
+  sparse traffic), a phase can be missing from the lagged range; the range then
+  runs to the newest request end (``inputs["range"] = "to_newest_request"``).
 
 Utilizations are against the datasheet's dense peaks x GPUs (references.md
 section 5); the measured ceilings (``phasewatch calibrate`` or the catalog) are
