@@ -51,7 +51,8 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
 
     The counters are per GPU and cover both phases: the replica moved
     ``rate x tensor_parallel`` per second; over the range that is the total, shared
-    between prefill and decode as the inference shares it.
+    between prefill and decode as the inference shares it. The rate is the engine's
+    over the last window of wall time, standing for the (slightly lagged) range's.
     """
     phases = {"prefill": est.prefill, "decode": est.decode}
     present = {k: v for k, v in phases.items() if v is not None}

@@ -66,10 +66,11 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
     _setup_logging(config.log_level)
     if demo:
         sc = scenario(args.scenario)
-        hardware = config.hardware if config.hardware.lower() != "auto" else sc.hardware
-        config = replace(config, model=config.model or sc.model, hardware=hardware,
-                         gpus=config.gpus or sc.gpus)
-        args.model, args.hardware, args.gpus = config.model, config.hardware, config.gpus
+        m = config.model_flags
+        m = replace(m, model=m.model or sc.model, gpus=m.gpus or sc.gpus,
+                    hardware=m.hardware if m.hardware.lower() != "auto" else sc.hardware)
+        config = replace(config, model_flags=m)
+        args.model, args.hardware, args.gpus = m.model, m.hardware, m.gpus
     stop = threading.Event()
     _stop_on_signals(stop)
     return config, stop, Exporter(config).start()

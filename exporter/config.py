@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from exporter.deployments import ModelOptions
@@ -72,9 +72,7 @@ SERVE_OPTIONS = (
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates",
            0.1, 600),
 )
-MODEL_KEYS = ("model", "hf_config", "served_model_name", "hardware", "hardware_profile",
-              "gpus", "tensor_parallel", "weight_dtype", "kv_dtype", "compute_dtype",
-              "max_batched_tokens", "engine_metrics_url")
+MODEL_KEYS = tuple(f.name for f in fields(ModelOptions))
 
 
 @dataclass(frozen=True)
@@ -91,29 +89,22 @@ class ServeConfig:
     lifecycle_max_pending: int = 100_000
     grpc_workers: int = 8
     log_level: str = "info"
-    model: str = ""
-    hf_config: str = ""
-    served_model_name: str = ""
-    hardware: str = "auto"
-    hardware_profile: str = ""
-    gpus: int = 0
-    tensor_parallel: int = 0
-    weight_dtype: str = ""
-    kv_dtype: str = ""
-    compute_dtype: str = ""
-    max_batched_tokens: int = 8192
-    engine_metrics_url: str = ""
     roofline_interval: float = 2.0
+    model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
 
     def model_options(self) -> list[ModelOptions]:
         """Every configured model: the file's [[models]] and the --model flags."""
-        single = ([ModelOptions(**{k: getattr(self, k) for k in MODEL_KEYS})]
-                  if self.model or self.hf_config else [])
-        return [*self.models, *single]
+        flags = self.model_flags
+        return [*self.models, *([flags] if flags.model or flags.hf_config else [])]
 
 
-assert [f.name for f in fields(ServeConfig)][:-1] == [o.name for o in SERVE_OPTIONS]
+# Every option is a ServeConfig field, except the model keys, which fill model_flags;
+# their defaults are ModelOptions' own.
+assert [f.name for f in fields(ServeConfig)][:-2] == [
+    o.name for o in SERVE_OPTIONS if o.name not in MODEL_KEYS]
+assert all(o.default == getattr(ModelOptions(), o.name) for o in SERVE_OPTIONS
+           if o.name in MODEL_KEYS)
 _BY_NAME = {o.name: o for o in SERVE_OPTIONS}
 
 
@@ -185,7 +176,8 @@ def load_serve_config(args: argparse.Namespace | None = None,
             values[o.name] = _coerce(o, flag, "--" + o.name.replace("_", "-"))
     if values["lifecycle_grace"] > values["lifecycle_ttl"]:
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
-    return ServeConfig(**values, models=models)
+    flags = ModelOptions(**{k: values.pop(k) for k in MODEL_KEYS})
+    return ServeConfig(**values, model_flags=flags, models=models)
 
 
 def _model_tables(tables: Any, path: str) -> tuple[ModelOptions, ...]:

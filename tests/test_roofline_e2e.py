@@ -12,6 +12,7 @@ import pytest
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
+from exporter.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 from tests.conftest import scrape
 from tests.prom import PrometheusServer
@@ -49,7 +50,8 @@ def _api(ex: Exporter, path: str) -> dict:
 
 
 def test_prometheus_sees_the_roofline_and_the_verdict(tmp_path):
-    config = replace(BASE, model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM")
+    config = replace(BASE, model_flags=ModelOptions(model="meta-llama/Llama-3.1-8B-Instruct",
+                                                    hardware="H100-SXM"))
     with Exporter(config) as ex, PrometheusServer(tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
         _send_simulated(ex, "chat", 90.0, model="meta-llama/Llama-3.1-8B-Instruct")
         other = _send_simulated(ex, "tiny_batch", 30.0, model="mistralai/Mistral-7B-v0.1")
@@ -87,8 +89,9 @@ def test_prometheus_sees_the_roofline_and_the_verdict(tmp_path):
 
 def test_engine_counters_are_used_and_named_as_the_source():
     pages = Pages([(FIX / f"vllm_metrics_t{i % 2}.txt").read_text() for i in range(200)])
-    config = replace(BASE, model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM",
-                     engine_metrics_url=pages.url)
+    config = replace(BASE, model_flags=ModelOptions(
+        model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM",
+        engine_metrics_url=pages.url))
     try:
         with Exporter(config) as ex:
             _send_simulated(ex, "chat", 60.0, model="meta-llama/Llama-3.1-8B-Instruct")
