@@ -174,7 +174,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     text += f"achievable {what}"
     if other >= 0.25:
         text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"
-    if e.get("shared_step_flops_share", 0) >= 0.25:
+    if e["of_achievable_flops"] >= 0.25 and e.get("shared_step_flops_share", 0) >= 0.25:
         mixed = "prefill chunks" if v.phase == "decode" else "decode tokens"
         text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
                  f"{mixed} sharing them)")
