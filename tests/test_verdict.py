@@ -105,3 +105,16 @@ def test_few_requests_and_tpot_only_lower_confidence():
     tpot = decide(e, DEP)
     assert few.confidence < tpot.confidence < full.confidence
     assert few.confidence_level == "low"
+
+
+def test_prefill_chunks_in_decode_steps_count_toward_compute():
+    # Decode alone uses 45% of the bandwidth and almost no compute: overhead. With
+    # prefill chunks doing 40% of the achievable FLOP/s inside the same steps, the two
+    # resources explain the time, and the text says why compute is busy.
+    e = est((0.0, 0.1, 0.9), decode_of_achievable_bw=0.45)
+    assert decide(e, DEP).resource == "overhead"
+    e.shared_step_flops = {"decode": 0.4 * DEP.hardware.achievable_flops() * 10.0}
+    v = decide(e, DEP)
+    assert v.resource == "memory_bandwidth"
+    assert "40% of the achievable FLOP/s" in v.text
+    assert "of the FLOPs in its steps are prefill chunks sharing them" in v.text
