@@ -81,12 +81,13 @@ def counted(http_port: int) -> float:
 
 def start_exporter(core: int) -> tuple[subprocess.Popen, int, int]:
     cmd = [sys.executable, "-m", "exporter.cli", "serve", "--grpc-port", "0", "--http-port",
-           "0", "--http-host", "127.0.0.1", "--log-level", "info"]
+           "0", "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--http-host", "127.0.0.1",
+           "--log-level", "info"]
     proc = subprocess.Popen(["taskset", "-c", str(core), *cmd], stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
     ports = {}
     for line in proc.stderr:
-        if "gRPC receiver on" in line:
+        if "phasewatch gRPC receiver on" in line:
             ports["grpc"] = int(line.rsplit(":", 1)[1])
         if "metrics on" in line:
             ports["http"] = int(line.split(":")[-1].split("/")[0])

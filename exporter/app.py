@@ -9,6 +9,7 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from exporter.adapters import AdapterContext
 from exporter.aggregate import Aggregator
 from exporter.bottleneck import BottleneckMonitor
 from exporter.config import ServeConfig
@@ -18,6 +19,9 @@ from exporter.grpc_server import PhasewatchService, start_grpc_server
 from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
 from exporter.lifecycle import LifecycleJoiner
 from exporter.metrics import PhasewatchCollector
+from exporter.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
+from exporter.otlp.http_receiver import make_otlp_handler
+from exporter.otlp.ingest import OtlpIngest
 from exporter.roofline_metrics import RooflineCollector
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
@@ -64,6 +68,10 @@ class Exporter:
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
+        single = deployments.all[0].served_name if len(deployments) == 1 else ""
+        self.otlp = OtlpIngest(self.aggregator, AdapterContext(
+            default_model=config.default_model or single,
+            service_models=config.service_models()))
         self.joiner = LifecycleJoiner(
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
@@ -76,13 +84,14 @@ class Exporter:
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         ProcessCollector(registry=self.registry)
-        self._grpc = None
+        self._grpc = self._otlp_grpc = None
         self._http: HttpServer | None = None
+        self._otlp_http: HttpServer | None = None
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
         self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
                                           daemon=True)
-        self.grpc_port = self.http_port = 0
+        self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
 
     # ---- JSON API ------------------------------------------------------------
     def _summary(self, qs: dict) -> dict:
@@ -110,6 +119,7 @@ class Exporter:
         if qs:
             raise ApiError("/api/v1/status takes no parameters")
         return {"grpc_port": self.grpc_port, "http_port": self.http_port,
+                "otlp_grpc_port": self.otlp_grpc_port, "otlp_http_port": self.otlp_http_port,
                 "label_sets": len(self.aggregator.labels),
                 "lifecycle_pending": self.joiner.pending_count(),
                 "ingest": {f"{n}{{{','.join(lv)}}}": v
@@ -127,11 +137,20 @@ class Exporter:
         self._http = HttpServer(c.http_host, c.http_port, handler)
         self.http_port = self._http.port
         self._http.start()
+        self._otlp_grpc, self.otlp_grpc_port = start_otlp_grpc_server(
+            OtlpGrpcService(self.otlp, c.otlp_max_in_flight), c.otlp_grpc_host,
+            c.otlp_grpc_port, c.grpc_workers)
+        self._otlp_http = HttpServer(c.otlp_http_host, c.otlp_http_port,
+                                     make_otlp_handler(self.otlp, c.otlp_max_in_flight))
+        self.otlp_http_port = self._otlp_http.port
+        self._otlp_http.start()
         self._sweeper.start()
         self._roofline.start()
         log.info("phasewatch gRPC receiver on %s:%d", c.grpc_host, self.grpc_port)
         log.info("metrics on http://%s:%d/metrics, JSON API under /api/v1/",
                  c.http_host, self.http_port)
+        log.info("OTLP/gRPC receiver on %s:%d, OTLP/HTTP on http://%s:%d/v1/traces",
+                 c.otlp_grpc_host, self.otlp_grpc_port, c.otlp_http_host, self.otlp_http_port)
         return self
 
     def _sweep_loop(self) -> None:
@@ -152,12 +171,16 @@ class Exporter:
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close."""
         self._stop.set()
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait(grace)
-            self._grpc = None
-        if self._http is not None:
-            self._http.stop()
-            self._http = None
+        for name in ("_grpc", "_otlp_grpc"):
+            server = getattr(self, name)
+            if server is not None:
+                server.stop(grace).wait(grace)
+                setattr(self, name, None)
+        for name in ("_otlp_http", "_http"):
+            server = getattr(self, name)
+            if server is not None:
+                server.stop()
+                setattr(self, name, None)
 
     def __enter__(self) -> Exporter:
         return self.start()

@@ -33,6 +33,17 @@ SERVE_OPTIONS = (
     Option("http_host", str, "0.0.0.0", "address for /metrics, health and the JSON API"),
     Option("http_port", int, 9464, "HTTP port for /metrics, /healthz, /readyz, /api/v1 "
            "(0 = pick a free one)", 0, 65535),
+    Option("otlp_grpc_host", str, "127.0.0.1", "address for the OTLP/gRPC receiver"),
+    Option("otlp_grpc_port", int, 4317, "OTLP/gRPC port (0 = pick a free one)", 0, 65535),
+    Option("otlp_http_host", str, "127.0.0.1", "address for the OTLP/HTTP receiver"),
+    Option("otlp_http_port", int, 4318, "OTLP/HTTP port, POST /v1/traces (0 = pick a free "
+           "one)", 0, 65535),
+    Option("otlp_max_in_flight", int, 16, "concurrent OTLP exports before clients are told "
+           "to retry (UNAVAILABLE / 503)", 1, 1024),
+    Option("default_model", str, "", "model name for spans that carry none (vLLM V1); "
+           "default: the one configured --model"),
+    Option("otlp_model_map", str, "", "service.name=model pairs, comma-separated, naming "
+           "the model of spans by their resource"),
     Option("window_seconds", float, 30.0, "rolling window of the JSON API summary", 1, 3600),
     Option("window_capacity", int, 65536,
            "most recent requests kept for window quantiles and the waterfall", 1, 10_000_000),
@@ -81,6 +92,13 @@ class ServeConfig:
     grpc_port: int = 50051
     http_host: str = "0.0.0.0"
     http_port: int = 9464
+    otlp_grpc_host: str = "127.0.0.1"
+    otlp_grpc_port: int = 4317
+    otlp_http_host: str = "127.0.0.1"
+    otlp_http_port: int = 4318
+    otlp_max_in_flight: int = 16
+    default_model: str = ""
+    otlp_model_map: str = ""
     window_seconds: float = 30.0
     window_capacity: int = 65536
     max_series: int = 256
@@ -92,6 +110,16 @@ class ServeConfig:
     roofline_interval: float = 2.0
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
+
+    def service_models(self) -> dict[str, str]:
+        """--otlp-model-map parsed: service.name -> model."""
+        out = {}
+        for pair in filter(None, (p.strip() for p in self.otlp_model_map.split(","))):
+            service, sep, model = pair.partition("=")
+            if not sep or not service.strip() or not model.strip():
+                raise ConfigError(f"otlp_model_map: {pair!r} is not service.name=model")
+            out[service.strip()] = model.strip()
+        return out
 
     def model_options(self) -> list[ModelOptions]:
         """Every configured model: the file's [[models]] and the --model flags."""

@@ -33,6 +33,10 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "phasewatch_ingest_label_overflow_total": (
         "counter", "Requests whose label value was replaced by __overflow__, by label and reason.",
         ("label", "reason")),
+    "phasewatch_otlp_spans_total": (
+        "counter", "OTLP spans received, by protocol and outcome: request (accepted), ignored "
+        "(not a request: startup or batch spans), duplicate (a retried export), rejected.",
+        ("protocol", "outcome")),
     "phasewatch_engine_scrapes_total": (
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
         "(ok, http_error, unreachable, unparsable).", ("url", "result")),

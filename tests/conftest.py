@@ -12,6 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.app import Exporter
 from exporter.config import ServeConfig
 
+# Every port 0 (the OS picks), loopback only: the config of every in-process test exporter.
+TEST_PORTS = dict(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,
+                  http_host="127.0.0.1")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -28,7 +31,7 @@ def require_binary(name: str, why: str) -> str:
 
 @pytest.fixture
 def exporter():
-    ex = Exporter(ServeConfig(grpc_port=0, http_port=0, http_host="127.0.0.1")).start()
+    ex = Exporter(ServeConfig(**TEST_PORTS)).start()
     yield ex
     ex.stop(grace=1)
 

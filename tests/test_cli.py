@@ -15,7 +15,8 @@ PHASEWATCH = [sys.executable, "-m", "exporter.cli"]
 
 def test_demo_serves_live_metrics_then_exits_zero():
     proc = subprocess.Popen([*PHASEWATCH, "demo", "--duration", "5", "--http-port", "0",
-                             "--grpc-port", "0", "--summary-every", "1"],
+                             "--grpc-port", "0", "--otlp-grpc-port", "0", "--otlp-http-port", "0",
+                             "--summary-every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = None
@@ -84,6 +85,7 @@ def test_serve_logs_its_ports_and_stops_on_sigterm():
     import signal
 
     proc = subprocess.Popen([*PHASEWATCH, "serve", "--grpc-port", "0", "--http-port", "0",
+                             "--otlp-grpc-port", "0", "--otlp-http-port", "0",
                              "--http-host", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
     try:
         http = None

@@ -12,7 +12,7 @@ from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
 from exporter.lifecycle import EventKind, LifecycleEvent
 from exporter.sim.scenarios import scenario
-from tests.conftest import scrape
+from tests.conftest import TEST_PORTS, scrape
 
 
 def ns(t: float) -> int:
@@ -48,8 +48,7 @@ def histogram_samples(port: int) -> dict:
 
 @pytest.fixture
 def pair():
-    cfg = ServeConfig(grpc_port=0, http_port=0, http_host="127.0.0.1", lifecycle_ttl=1.0,
-                      lifecycle_grace=0.5)
+    cfg = ServeConfig(**TEST_PORTS, lifecycle_ttl=1.0, lifecycle_grace=0.5)
     a, b = Exporter(cfg).start(), Exporter(cfg).start()
     yield a, b
     a.stop(1)

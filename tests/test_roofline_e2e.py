@@ -14,11 +14,11 @@ from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
 from exporter.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
-from tests.conftest import scrape
+from tests.conftest import TEST_PORTS, scrape
 from tests.prom import PrometheusServer
 from tests.test_engine_metrics import FIX, Pages
 
-BASE = ServeConfig(grpc_port=0, http_port=0, http_host="127.0.0.1", roofline_interval=0.2)
+BASE = ServeConfig(**TEST_PORTS, roofline_interval=0.2)
 
 
 def _send_simulated(ex: Exporter, name: str, seconds: float, model: str | None = None) -> list:

@@ -1,0 +1,24 @@
+"""Span adapters: each turns one server's request spans into the one request record.
+
+``classify`` picks the adapter per span by what the span carries (its name and
+attributes), never by a flag, so one exporter can take vLLM, TGI, SGLang and any
+GenAI-instrumented gateway at once. Spans no adapter claims are not requests
+(vLLM's ``Load weights``, TGI's batch spans) and are ignored, not counted as errors.
+"""
+
+from __future__ import annotations
+
+from exporter.adapters import genai, sglang, tgi, vllm
+from exporter.adapters.common import AdapterContext, Rejected
+
+ADAPTERS = (vllm, sglang, tgi, genai)  # most specific first
+
+__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify"]
+
+
+def classify(span):
+    """The adapter module for a request span, or None for a span that is not a request."""
+    for adapter in ADAPTERS:
+        if adapter.matches(span):
+            return adapter
+    return None

@@ -1,0 +1,105 @@
+"""The path every OTLP receiver shares: spans -> adapters -> one batch -> the aggregator.
+
+Per export: TGI's ``infer``/``prefill`` spans are remembered for linking; each
+span is classified (``adapters.classify``); spans that are not requests are
+ignored; request spans are deduplicated by (trace id, span id) over a bounded
+window, so a retried export counts once; an adapter's ``Rejected`` is counted with
+its reason; the rest become one ``RequestBatch``. The outcome feeds OTLP's
+``partial_success``: rejected spans and a message naming the reasons.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from exporter.adapters import AdapterContext, Rejected, classify
+from exporter.adapters.tgi import TgiLinks
+from exporter.aggregate import Aggregator
+from exporter.grpc_server import BatchIds
+from exporter.otlp.spans import walk
+from exporter.record import RequestBatch
+
+DEDUPE_CAPACITY = 1 << 18  # (trace id, span id) pairs remembered: ~30 MB at most
+
+
+@dataclass
+class ExportOutcome:
+    spans: int = 0
+    accepted: int = 0
+    ignored: int = 0
+    duplicates: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+    @property
+    def rejected_spans(self) -> int:
+        return sum(self.rejected.values())
+
+    def message(self) -> str:
+        if not self.rejected:
+            return ""
+        reasons = ", ".join(f"{r} ({n})" for r, n in self.rejected.most_common())
+        return f"{self.rejected_spans} of {self.spans} spans rejected: {reasons}"
+
+
+class OtlpIngest:
+    def __init__(self, aggregator: Aggregator, context: AdapterContext | None = None,
+                 dedupe_capacity: int = DEDUPE_CAPACITY):
+        self._agg = aggregator
+        self.stats = aggregator.stats
+        self.context = context or AdapterContext()
+        self.context.tgi_links = TgiLinks()
+        self._seen = BatchIds(dedupe_capacity)
+
+    def export(self, request, protocol: str) -> ExportOutcome:
+        """Ingest one decoded ExportTraceServiceRequest. Never raises on bad spans."""
+        spans = list(walk(request))
+        out = ExportOutcome(spans=len(spans))
+        links = self.context.tgi_links
+        for s in spans:
+            if s.name in ("infer", "prefill"):
+                links.observe(s)
+        rows, keys = [], []
+        refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
+        for s in spans:
+            adapter = classify(s)
+            if adapter is None:
+                out.ignored += 1
+                continue
+            if len(s.trace_id) != 16 or len(s.span_id) != 8:
+                refused["bad_span_id"] += 1
+                continue
+            key = s.trace_id + s.span_id
+            if not self._seen.claim(key):
+                out.duplicates += 1
+                continue
+            try:
+                if s.end_ns < s.start_ns:
+                    raise Rejected("negative_span_duration")
+                rows.append(adapter.convert(s, self.context))
+                keys.append(key)
+            except Rejected as e:
+                refused[e.reason] += 1  # stays claimed: a retry is rejected once only
+        out.rejected.update(refused)
+        if rows:
+            try:
+                result = self._agg.ingest(RequestBatch.from_rows(rows, times_in_ns=True),
+                                          protocol)
+            except Exception:
+                for key in keys:  # let the client's retry through
+                    self._seen.release(key)
+                raise
+            out.accepted = result.accepted
+            out.rejected.update(result.rejected)
+        self._count(out, refused, protocol)
+        return out
+
+    def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
+        inc = self.stats.inc
+        for outcome, n in (("request", out.accepted), ("ignored", out.ignored),
+                           ("duplicate", out.duplicates), ("rejected", out.rejected_spans)):
+            if n:
+                inc("phasewatch_otlp_spans_total", n, protocol=protocol, outcome=outcome)
+        for reason, n in refused.items():
+            inc("phasewatch_ingest_rejected_total", n, protocol=protocol, reason=reason)
+
