@@ -1,0 +1,127 @@
+"""Simulated requests as the real servers' OpenTelemetry spans, through the SDK.
+
+Each ``emit_*`` creates the spans one server's own tracing code creates for a
+finished request (references.md section 1), with an OpenTelemetry SDK tracer, so
+the SDK's own OTLP exporters carry them: used by ``phasewatch simulate --protocol
+otlp`` and by the tests as real clients.
+
+* vLLM V1 (``vllm/v1/engine/output_processor.py``): one ``llm_request`` SERVER span
+  started at arrival, float-second latencies, no model attribute.
+* SGLang: the root span ``" Req <rid[:8]>"`` with ``gen_ai.*`` latencies, cached
+  tokens and finish reasons as a JSON list.
+* TGI: the router's ``generate_stream`` span with Rust ``Duration`` strings, its
+  ``infer`` child linked (follows-from) to a ``batch`` span whose ``prefill`` child
+  ends at the first token.
+"""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, SpanKind
+
+from exporter.record import RequestRecord
+
+NS = 1_000_000_000
+SHAPES = ("vllm", "sglang", "tgi")
+
+
+def _ns(t: float) -> int:
+    return round(t * NS)
+
+
+def emit_vllm(tracer, r: RequestRecord) -> None:
+    arrival = _ns(r.arrival)
+    with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER, start_time=arrival,
+                                      end_on_exit=False) as span:
+        span.set_attribute("gen_ai.latency.time_to_first_token", r.first_token - r.arrival)
+        span.set_attribute("gen_ai.latency.e2e", r.finish - r.arrival)
+        span.set_attribute("gen_ai.latency.time_in_queue", r.scheduled - r.arrival)
+        span.set_attribute("gen_ai.usage.prompt_tokens", r.prompt_tokens)
+        span.set_attribute("gen_ai.usage.completion_tokens", r.output_tokens)
+        span.set_attribute("gen_ai.latency.time_in_model_prefill", r.first_token - r.scheduled)
+        span.set_attribute("gen_ai.latency.time_in_model_decode", r.last_token - r.first_token)
+        span.set_attribute("gen_ai.latency.time_in_model_inference", r.last_token - r.scheduled)
+        span.set_attribute("gen_ai.request.id", r.request_id)
+        span.set_attribute("gen_ai.request.max_tokens", r.output_tokens)
+        span.end(end_time=_ns(r.finish))
+
+
+def emit_sglang(tracer, r: RequestRecord) -> None:
+    rid = r.request_id.encode().hex()[:8]
+    with tracer.start_as_current_span(f" Req {rid}", start_time=_ns(r.arrival),
+                                      end_on_exit=False) as span:
+        span.set_attribute("gen_ai.latency.time_to_first_token", r.first_token - r.arrival)
+        span.set_attribute("gen_ai.latency.e2e", r.finish - r.arrival)
+        span.set_attribute("gen_ai.latency.time_in_model_prefill", r.first_token - r.scheduled)
+        span.set_attribute("gen_ai.latency.time_in_model_decode", r.last_token - r.first_token)
+        span.set_attribute("gen_ai.latency.time_in_model_inference", r.last_token - r.scheduled)
+        span.set_attribute("gen_ai.usage.prompt_tokens", r.prompt_tokens)
+        span.set_attribute("gen_ai.usage.completion_tokens", r.output_tokens)
+        span.set_attribute("gen_ai.usage.cached_tokens", r.cached_prompt_tokens or 0)
+        span.set_attribute("gen_ai.request.id", r.request_id)
+        span.set_attribute("gen_ai.response.model", r.model)
+        span.set_attribute("gen_ai.response.finish_reasons", json.dumps([r.finish_reason]))
+        span.end(end_time=_ns(r.finish))
+
+
+def rust_duration(seconds: float) -> str:
+    """Rust's ``{:?}`` of a Duration: the largest unit keeping an integer part."""
+    ns = round(seconds * NS)
+    for unit, scale in (("s", NS), ("ms", 10**6), ("µs", 10**3)):
+        if ns >= scale:
+            whole, frac = divmod(ns, scale)
+            digits = len(str(scale)) - 1
+            return f"{whole}.{frac:0{digits}d}".rstrip("0").rstrip(".") + unit
+    return f"{ns}ns"
+
+
+def emit_tgi(tracer, r: RequestRecord, validation: float = 0.0002) -> None:
+    arrival = r.arrival - validation
+    batch = tracer.start_span("batch", start_time=_ns(r.scheduled),
+                              context=trace.set_span_in_context(trace.INVALID_SPAN))
+    batch.set_attribute("batch_size", 1)
+    prefill = tracer.start_span("prefill", start_time=_ns(r.scheduled),
+                                context=trace.set_span_in_context(batch))
+    prefill.set_attribute("id", 0)
+    prefill.set_attribute("size", 1)
+    prefill.end(end_time=_ns(r.first_token))
+    request = tracer.start_span("generate_stream", kind=SpanKind.SERVER, start_time=_ns(arrival),
+                                context=trace.set_span_in_context(trace.INVALID_SPAN))
+    infer = tracer.start_span("infer", start_time=_ns(r.scheduled),
+                              context=trace.set_span_in_context(request),
+                              links=[Link(batch.get_span_context())])
+    infer.end(end_time=_ns(r.last_token))
+    batch.end(end_time=_ns(r.last_token))
+    inference = r.last_token - r.scheduled
+    request.set_attribute("parameters", f"GenerateParameters {{ max_new_tokens: Some("
+                                        f"{r.output_tokens}) }}")
+    request.set_attribute("total_time", rust_duration(r.finish - arrival))
+    request.set_attribute("validation_time", rust_duration(validation))
+    request.set_attribute("queue_time", rust_duration(r.scheduled - r.arrival))
+    request.set_attribute("inference_time", rust_duration(inference))
+    request.set_attribute("time_per_token", rust_duration(inference / r.output_tokens))
+    request.set_attribute("seed", "None")
+    request.end(end_time=_ns(r.finish))
+
+
+EMIT = {"vllm": emit_vllm, "sglang": emit_sglang, "tgi": emit_tgi}
+SERVICE = {"vllm": "vllm", "sglang": "sglang", "tgi": "text-generation-inference.router"}
+
+
+def provider(shape: str, exporter: SpanExporter, **batch) -> TracerProvider:
+    """A tracer provider with the server's resource and a batch processor to ``exporter``."""
+    resource = Resource.create({"service.name": SERVICE[shape]} | (
+        {"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": 1}
+        if shape == "vllm" else {}))
+    tp = TracerProvider(resource=resource)
+    tp.add_span_processor(BatchSpanProcessor(exporter, **batch))
+    return tp
+
+
+def tracer_for(tp: TracerProvider, shape: str):
+    return tp.get_tracer("vllm.tracing.otel" if shape == "vllm" else shape)

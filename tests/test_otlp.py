@@ -1,0 +1,260 @@
+"""OTLP ingest with real clients: the OpenTelemetry SDK's own exporters, over gRPC and HTTP."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from exporter.sim import otlp_shapes
+from exporter.sim.scenarios import scenario
+from tests.conftest import scrape
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def records():
+    engine = scenario("chat").build(seed=3)
+    return engine.run(20.0, epoch=time.time() - 30.0)
+
+
+def _send(shape: str, exporter, records) -> None:
+    tp = otlp_shapes.provider(shape, exporter, schedule_delay_millis=50)
+    tracer = otlp_shapes.tracer_for(tp, shape)
+    for r in records:
+        otlp_shapes.EMIT[shape](tracer, r)
+    assert tp.force_flush(30_000)
+    tp.shutdown()
+
+
+def _grpc(ex):
+    return GrpcExporter(endpoint=f"127.0.0.1:{ex.otlp_grpc_port}", insecure=True)
+
+
+def _http(ex):
+    return HttpExporter(endpoint=f"http://127.0.0.1:{ex.otlp_http_port}/v1/traces")
+
+
+def _sums(s, engine: str) -> dict:
+    def hist(name, **labels):
+        return (s.total(f"{name}_count", engine=engine, **labels),
+                s.total(f"{name}_sum", engine=engine, **labels))
+    return {
+        "ttft": hist("gen_ai_server_time_to_first_token_seconds"),
+        "e2e": hist("gen_ai_server_request_duration_seconds"),
+        "queue": hist("phasewatch_phase_duration_seconds", phase="queue"),
+        "prefill": hist("phasewatch_phase_duration_seconds", phase="prefill"),
+        "decode": hist("phasewatch_phase_duration_seconds", phase="decode"),
+        "prompt": s.total("phasewatch_tokens_total", engine=engine, kind="prompt"),
+        "output": s.total("phasewatch_tokens_total", engine=engine, kind="output"),
+    }
+
+
+def _expected(records, arrival_shift: float = 0.0) -> dict:
+    n = len(records)
+    return {
+        "ttft": (n, sum(r.first_token - r.arrival + arrival_shift for r in records)),
+        "e2e": (n, sum(r.finish - r.arrival + arrival_shift for r in records)),
+        "queue": (n, sum(r.scheduled - r.arrival + arrival_shift for r in records)),
+        "prefill": (n, sum(r.first_token - r.scheduled for r in records)),
+        "decode": (n, sum(r.last_token - r.first_token for r in records)),
+        "prompt": sum(r.prompt_tokens for r in records),
+        "output": sum(r.output_tokens for r in records),
+    }
+
+
+def _assert_matches(got: dict, want: dict) -> None:
+    for key, value in want.items():
+        if isinstance(value, tuple):
+            assert got[key][0] == value[0], key
+            # float epoch seconds resolve ~0.24 us: allow 1 us per request
+            assert got[key][1] == pytest.approx(value[1], rel=1e-6, abs=value[0] * 1e-6), key
+        else:
+            assert got[key] == value, key
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+@pytest.mark.parametrize("shape", ["vllm", "sglang"])
+def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport, shape):
+    _send(shape, _grpc(exporter) if transport == "grpc" else _http(exporter), records)
+    s = scrape(exporter.http_port)
+    _assert_matches(_sums(s, shape), _expected(records))
+    protocol = f"otlp_{transport}"
+    assert s.value("phasewatch_otlp_spans_total", protocol=protocol,
+                   outcome="request") == len(records)
+    assert s.value("phasewatch_ingest_accepted_total", protocol=protocol) == len(records)
+    # vLLM V1 sends no model: the resource's service.name names it; SGLang sends one
+    model = "vllm" if shape == "vllm" else records[0].model
+    assert s.total("phasewatch_requests_total", model=model, engine=shape) == len(records)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_tgi_duration_strings_and_linked_prefill(exporter, records, transport):
+    _send("tgi", _grpc(exporter) if transport == "grpc" else _http(exporter), records)
+    s = scrape(exporter.http_port)
+    # TGI's request span starts before validation (0.2 ms here): arrival is earlier
+    _assert_matches(_sums(s, "tgi"), {k: v for k, v in _expected(records, 0.0002).items()
+                                      if k != "prompt"})
+    # batch, prefill and infer spans are not requests: ignored, not errors
+    assert s.value("phasewatch_otlp_spans_total", protocol=f"otlp_{transport}",
+                   outcome="ignored") == 3 * len(records)
+    assert s.value("phasewatch_otlp_spans_total", protocol=f"otlp_{transport}",
+                   outcome="rejected") is None
+
+
+def test_tgi_without_the_linked_prefill_leaves_ttft_out(exporter, records):
+    only_requests = InMemorySpanExporter()
+    _send("tgi", only_requests, records[:20])
+    spans = [sp for sp in only_requests.get_finished_spans() if sp.name == "generate_stream"]
+    assert _grpc(exporter).export(spans) == SpanExportResult.SUCCESS
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_time_to_first_token_seconds_count", engine="tgi") == 0
+    assert s.total("gen_ai_server_request_duration_seconds_count", engine="tgi") == 20
+    assert s.value("phasewatch_phase_unavailable_total", phase="ttft",
+                   reason="no_first_token") == 20
+
+
+def _request_bytes(shape: str, records) -> bytes:
+    mem = InMemorySpanExporter()
+    _send(shape, mem, records)
+    return encode_spans(mem.get_finished_spans()).SerializeToString()
+
+
+def _otlp_json(payload: bytes) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    msg = ExportTraceServiceRequest.FromString(payload)
+    doc = json_format.MessageToDict(msg)  # proto3 JSON: ids in base64, int64 as strings
+    import base64
+
+    def hexify(node):
+        if isinstance(node, dict):
+            return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId")
+                        else hexify(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [hexify(x) for x in node]
+        return node
+    doc = hexify(doc)
+    doc["someFutureField"] = {"ignored": True}  # unknown fields are ignored
+    return json.dumps(doc).encode()
+
+
+def _post(ex, body: bytes, ctype: str, encoding: str | None = None):
+    headers = {"Content-Type": ctype}
+    if encoding:
+        headers["Content-Encoding"] = encoding
+    req = urllib.request.Request(f"http://127.0.0.1:{ex.otlp_http_port}/v1/traces", data=body,
+                                 headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type"), r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read(), e.headers
+
+
+def test_otlp_json_gives_the_same_metrics_as_protobuf(exporter, records):
+    from exporter.app import Exporter
+    from exporter.config import ServeConfig
+    from tests.conftest import TEST_PORTS
+
+    payload = _request_bytes("vllm", records)
+    status, ctype, body, _ = _post(exporter, payload, "application/x-protobuf")
+    assert (status, ctype) == (200, "application/x-protobuf")
+    assert ExportTraceServiceResponse.FromString(body) == ExportTraceServiceResponse()
+    with Exporter(ServeConfig(**TEST_PORTS)) as other:
+        status, ctype, body, _ = _post(other, gzip.compress(_otlp_json(payload)),
+                                       "application/json", "gzip")
+        assert (status, ctype) == (200, "application/json")
+        assert json.loads(body) == {}
+        _assert_matches(_sums(scrape(other.http_port), "vllm"),
+                        _sums(scrape(exporter.http_port), "vllm"))
+
+
+def test_a_retried_export_counts_once(exporter, records):
+    payload = _request_bytes("vllm", records[:50])
+    for _ in range(2):
+        assert _post(exporter, payload, "application/x-protobuf")[0] == 200
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_request_duration_seconds_count") == 50
+    assert s.value("phasewatch_otlp_spans_total", protocol="otlp_http", outcome="duplicate") == 50
+
+
+def test_malformed_payloads_get_the_protocols_errors(exporter, records):
+    payload = _request_bytes("vllm", records[:5])
+    status, ctype, body, _ = _post(exporter, payload[:-7], "application/x-protobuf")
+    assert (status, ctype) == (400, "application/x-protobuf")
+    assert status_pb2.Status.FromString(body).code == 3  # INVALID_ARGUMENT
+    status, ctype, body, _ = _post(exporter, b"{not json", "application/json")
+    assert (status, ctype) == (400, "application/json")
+    assert "invalid JSON" in json.loads(body)["message"]
+    assert _post(exporter, payload, "text/plain")[0] == 415
+    assert _post(exporter, b"xx", "application/x-protobuf", "gzip")[0] == 400
+    with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}") as ch:
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\xff\xff\xff", timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    s = scrape(exporter.http_port)
+    assert s.value("phasewatch_ingest_rejected_total", protocol="otlp_http",
+                   reason="undecodable_payload") == 3
+    assert s.value("phasewatch_ingest_rejected_total", protocol="otlp_http",
+                   reason="unsupported_content_type") == 1
+    assert s.value("phasewatch_ingest_rejected_total", protocol="otlp_grpc",
+                   reason="undecodable_payload") == 1
+    assert s.total("gen_ai_server_request_duration_seconds_count") == 0
+
+
+def test_unusable_request_spans_are_a_partial_success(exporter, records):
+    mem = InMemorySpanExporter()
+    tp = otlp_shapes.provider("vllm", mem)
+    tracer = otlp_shapes.tracer_for(tp, "vllm")
+    otlp_shapes.emit_vllm(tracer, records[0])
+    with tracer.start_as_current_span("llm_request", start_time=10 * NS,
+                                      end_on_exit=False) as span:  # ends before it starts
+        span.set_attribute("gen_ai.latency.e2e", 1.0)
+        span.end(end_time=9 * NS)
+    with tracer.start_as_current_span("llm_request", start_time=10 * NS) as span:
+        span.set_attribute("gen_ai.latency.time_to_first_token", "0.25")  # a string
+    with tracer.start_as_current_span("Load weights"):  # not a request: ignored
+        pass
+    tp.force_flush()
+    payload = encode_spans(mem.get_finished_spans()).SerializeToString()
+    status, _, body, _ = _post(exporter, payload, "application/x-protobuf")
+    assert status == 200
+    partial = ExportTraceServiceResponse.FromString(body).partial_success
+    assert partial.rejected_spans == 2
+    assert "negative_span_duration (1)" in partial.error_message
+    assert "bad_attribute_type (1)" in partial.error_message
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_request_duration_seconds_count") == 1
+    assert s.value("phasewatch_otlp_spans_total", protocol="otlp_http", outcome="ignored") == 1
+    # and the exporter keeps serving
+    assert _post(exporter, _request_bytes("vllm", records[3:6]), "application/x-protobuf")[0] \
+        == 200
+
+
+def test_oversized_bodies_are_refused_before_reading(exporter):
+    big = 65 * 1024 * 1024
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces", method="POST",
+        headers={"Content-Type": "application/x-protobuf", "Content-Length": str(big)},
+        data=b"")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 413
