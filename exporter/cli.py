@@ -52,6 +52,12 @@ def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
                    help="multiply the scenario's arrival rate or users (default 1)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="engine seconds per wall second (default 1 = real time)")
+    p.add_argument("--protocol", choices=("phasewatch", "otlp-grpc", "otlp-http"),
+                   default="phasewatch", help="how finished requests travel: the phasewatch "
+                   "gRPC client, or spans through the OpenTelemetry SDK's OTLP exporter "
+                   "(default phasewatch)")
+    p.add_argument("--span-shape", choices=("vllm", "sglang", "tgi"), default="vllm",
+                   help="with an OTLP protocol: whose spans to imitate (default vllm)")
 
 
 def _start_exporter(args: argparse.Namespace, demo: bool = False):
@@ -85,12 +91,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _simulate(args, target: str, stop: threading.Event, duration: float):
-    from exporter.client import PhasewatchClient
-
+    """Run the scenario, sending each finished request over the chosen protocol."""
     sc = scenario(args.scenario)
     engine = sc.build(seed=args.seed, model=args.model, hardware=args.hardware,
                       gpus=args.gpus, rate_scale=args.rate_scale)
-    client = PhasewatchClient(target, engine="sim")
+    if args.protocol == "phasewatch":
+        from exporter.client import PhasewatchClient
+
+        client = PhasewatchClient(target, engine="sim")
+    else:
+        from exporter.sim.otlp_shapes import OtlpSink
+
+        client = OtlpSink(args.protocol, target, args.span_shape)
     try:
         engine.run(duration, on_finish=client.record_request, time_scale=args.time_scale,
                    should_stop=stop.is_set)
@@ -99,16 +111,31 @@ def _simulate(args, target: str, stop: threading.Event, duration: float):
     return engine, client
 
 
+DEFAULT_TARGETS = {"phasewatch": "127.0.0.1:50051", "otlp-grpc": "127.0.0.1:4317",
+                   "otlp-http": "http://127.0.0.1:4318/v1/traces"}
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     _setup_logging("info")
     stop = threading.Event()
     _stop_on_signals(stop)
-    engine, client = _simulate(args, args.target, stop, args.duration)
+    target = args.target or DEFAULT_TARGETS[args.protocol]
+    engine, client = _simulate(args, target, stop, args.duration)
     truth = engine.truth.arrays()
+    delivered = (f"{client.stats['accepted']} accepted by {target}, "
+                 f"{client.stats['dropped_buffer_full']} dropped"
+                 if args.protocol == "phasewatch" else
+                 f"{client.stats['sent']} sent as {client.shape} spans over {args.protocol} "
+                 f"to {target}")
     print(f"scenario {args.scenario}: {len(engine.finished)} requests finished, "
-          f"{client.stats['accepted']} accepted by {args.target}, "
-          f"{client.stats['dropped_buffer_full']} dropped; mean decode batch "
+          f"{delivered}; mean decode batch "
           f"{truth['decode_seqs'].mean() if len(truth['start']) else 0:.1f}")
+    if args.protocol != "phasewatch":
+        spans = 4 if client.shape == "tgi" else 1  # TGI: request, infer, batch, prefill
+        ok = client.stats["exported"] == spans * len(engine.finished) and not client.stats[
+            "failed"]
+        print(f"{client.stats['exported']} spans exported, {client.stats['failed']} failed")
+        return 0 if ok else 1
     return 0 if client.stats["sent"] == len(engine.finished) else 1
 
 
@@ -138,9 +165,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  requests: {base}/api/v1/requests", flush=True)
     print(f"  roofline: {base}/api/v1/roofline", flush=True)
     print(f"  gRPC:     {config.grpc_host}:{exporter.grpc_port}", flush=True)
+    print(f"  OTLP:     {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC), "
+          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces", flush=True)
+    print(f"  sending:  {args.protocol}"
+          + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
     duration = args.duration if args.duration else float("inf")
+    target = {"phasewatch": f"127.0.0.1:{exporter.grpc_port}",
+              "otlp-grpc": f"127.0.0.1:{exporter.otlp_grpc_port}",
+              "otlp-http": f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces"}
     sim = threading.Thread(target=_simulate, name="demo-sim", daemon=True,
-                           args=(args, f"127.0.0.1:{exporter.grpc_port}", stop,
+                           args=(args, target[args.protocol], stop,
                                  duration * args.time_scale))
     sim.start()
     end = time.monotonic() + duration
@@ -229,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser("simulate", help="drive an exporter with simulated traffic",
                               description="Simulate a continuous-batching engine and send "
                               "every finished request to an exporter over gRPC.")
-    simulate.add_argument("--target", default="127.0.0.1:50051",
-                          help="exporter gRPC address (default 127.0.0.1:50051)")
+    simulate.add_argument("--target", help="exporter address: host:port for phasewatch "
+                          "(default 127.0.0.1:50051) and otlp-grpc (127.0.0.1:4317), a URL "
+                          "for otlp-http (http://127.0.0.1:4318/v1/traces)")
     simulate.add_argument("--duration", type=float, default=60.0,
                           help="engine seconds to simulate (default 60)")
     _add_sim_flags(simulate)

@@ -172,10 +172,14 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
 def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     m = dep.model
     first, last = c["first_token_at"], c["last_token_at"]
-    ok = ~np.isnan(first) & ~np.isnan(last) & (c["steps"] > 0) & (c["prompt"] >= 0) & (
-        c["output"] > 1) & (last > lo) & (first < hi)
+    timed = ~np.isnan(first) & ~np.isnan(last) & (last > lo) & (first < hi)
+    ok = timed & (c["steps"] > 0) & (c["prompt"] >= 0) & (c["output"] > 1)
     if not ok.any():
-        inputs["decode"] = "unavailable: no request with first/last token times and >1 tokens"
+        inputs["decode"] = "unavailable: " + (
+            "no first and last token times" if not timed.any() else
+            "prompt tokens unknown (each step reads the KV cache of the whole context)"
+            if not (timed & (c["prompt"] >= 0)).any() else
+            "no request with more than one output token")
         return None, None, None
     first, last = first[ok], last[ok]
     steps, prompt, out = c["steps"][ok].astype(float), c["prompt"][ok], c["output"][ok]
@@ -204,10 +208,12 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
 def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     m = dep.model
     sched, first = c["scheduled_at"], c["first_token_at"]
-    ok = ~np.isnan(sched) & ~np.isnan(first) & (c["uncached"] >= 0) & (first >= lo) & (
-        sched <= hi)
+    timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
+    ok = timed & (c["uncached"] >= 0)
     if not ok.any():
-        inputs["prefill"] = "unavailable: no request with scheduled and first-token times"
+        inputs["prefill"] = "unavailable: " + (
+            "no scheduled and first-token times" if not timed.any() else
+            "prompt tokens unknown")
         return None
     sched, first = sched[ok], first[ok]
     busy = union_length(sched, first, lo, hi)

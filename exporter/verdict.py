@@ -116,6 +116,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     else:
         resource, used, detail = _utilization(est, dep, phase)
         evidence.update(detail)
+        if resource == "unknown" and phase in est.inputs:
+            evidence["unavailable"] = est.inputs[phase].removeprefix("unavailable: ")
         util_margin = 0.0
         if used is not None:
             bound = BOUND_FRACTION
@@ -159,7 +161,8 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
         if dep is None:
             return (f"{head}. No roofline is configured for this model: set --model and "
                     "--hardware to see what limits it.")
-        return f"{head}; its hardware use cannot be estimated from the data received."
+        why = v.evidence.get("unavailable", "not enough data yet")
+        return f"{head}; its hardware use cannot be estimated: {why}."
     hw = dep.hardware
     tail = (f"MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of {hw.name} x{hw.gpus}, at "
             f"{e['arithmetic_intensity']:.0f} FLOPs/byte against a ridge of {e['ridge']:.0f}.")

@@ -115,3 +115,20 @@ def test_serve_fails_fast_on_bad_model_or_hardware(flags, message):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("protocol,shape", [("otlp-grpc", "vllm"), ("otlp-http", "sglang")])
+def test_simulate_over_otlp_with_the_sdk_exporter(exporter, protocol, shape):
+    target = (f"127.0.0.1:{exporter.otlp_grpc_port}" if protocol == "otlp-grpc"
+              else f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces")
+    r = subprocess.run([*PHASEWATCH, "simulate", "--protocol", protocol, "--span-shape", shape,
+                        "--target", target, "--scenario", "chat", "--duration", "20",
+                        "--time-scale", "100"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    n = int(re.search(rf"(\d+) sent as {shape} spans over {protocol}", r.stdout).group(1))
+    assert n > 0
+    from tests.conftest import scrape
+
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_request_duration_seconds_count", engine=shape) == n
+    assert s.total("phasewatch_phase_duration_seconds_count", phase="prefill") == n

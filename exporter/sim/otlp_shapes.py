@@ -21,7 +21,7 @@ import json
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
 from exporter.record import RequestRecord
@@ -125,3 +125,61 @@ def provider(shape: str, exporter: SpanExporter, **batch) -> TracerProvider:
 
 def tracer_for(tp: TracerProvider, shape: str):
     return tp.get_tracer("vllm.tracing.otel" if shape == "vllm" else shape)
+
+
+class _Counting(SpanExporter):
+    """Wraps the SDK exporter to count what it delivered (the batch processor only logs)."""
+
+    def __init__(self, inner: SpanExporter, stats):
+        self._inner, self._stats = inner, stats
+
+    def export(self, spans):
+        result = self._inner.export(spans)
+        self._stats["exported" if result == SpanExportResult.SUCCESS else "failed"] += len(spans)
+        return result
+
+    def shutdown(self):
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class OtlpSink:
+    """Finished simulated requests out as spans through the SDK's own OTLP exporter.
+
+    ``protocol`` is ``otlp-grpc`` (target ``host:port``) or ``otlp-http`` (target a
+    ``http://host:port/v1/traces`` URL). ``stats``: ``sent`` requests emitted,
+    ``exported`` / ``failed`` spans the exporter delivered or gave up on.
+    """
+
+    def __init__(self, protocol: str, target: str, shape: str = "vllm"):
+        if shape not in EMIT:
+            raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
+        if protocol == "otlp-grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=target, insecure=True)
+        elif protocol == "otlp-http":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=target)
+        else:
+            raise ValueError(f"unknown OTLP protocol {protocol!r}")
+        self.shape = shape
+        from collections import Counter
+
+        self.stats: Counter = Counter()
+        self._tp = provider(shape, _Counting(exporter, self.stats), schedule_delay_millis=200)
+        self._tracer = tracer_for(self._tp, shape)
+        self._emit = EMIT[shape]
+
+    def record_request(self, r: RequestRecord) -> bool:
+        self._emit(self._tracer, r)
+        self.stats["sent"] += 1
+        return True
+
+    def close(self, timeout: float = 10.0) -> bool:
+        flushed = self._tp.force_flush(int(timeout * 1000))
+        self._tp.shutdown()
+        return flushed
