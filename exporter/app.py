@@ -69,9 +69,14 @@ class Exporter:
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
         single = deployments.all[0].served_name if len(deployments) == 1 else ""
+        emitter = None
+        if config.otlp_export_endpoint:
+            from exporter.otlp.reemit import PhaseSpanEmitter
+
+            emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
         self.otlp = OtlpIngest(self.aggregator, AdapterContext(
             default_model=config.default_model or single,
-            service_models=config.service_models()))
+            service_models=config.service_models()), emitter=emitter)
         self.joiner = LifecycleJoiner(
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
@@ -181,6 +186,8 @@ class Exporter:
             if server is not None:
                 server.stop()
                 setattr(self, name, None)
+        if self.otlp.emitter is not None:
+            self.otlp.emitter.shutdown(grace)
 
     def __enter__(self) -> Exporter:
         return self.start()

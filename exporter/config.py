@@ -40,6 +40,8 @@ SERVE_OPTIONS = (
            "one)", 0, 65535),
     Option("otlp_max_in_flight", int, 16, "concurrent OTLP exports before clients are told "
            "to retry (UNAVAILABLE / 503)", 1, 1024),
+    Option("otlp_export_endpoint", str, "", "re-emit each OTLP request as queue/prefill/decode "
+           "child spans to this OTLP endpoint (host:port for gRPC, http://.../v1/traces)"),
     Option("default_model", str, "", "model name for spans that carry none (vLLM V1); "
            "default: the one configured --model"),
     Option("otlp_model_map", str, "", "service.name=model pairs, comma-separated, naming "
@@ -97,6 +99,7 @@ class ServeConfig:
     otlp_http_host: str = "127.0.0.1"
     otlp_http_port: int = 4318
     otlp_max_in_flight: int = 16
+    otlp_export_endpoint: str = ""
     default_model: str = ""
     otlp_model_map: str = ""
     window_seconds: float = 30.0

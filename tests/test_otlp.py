@@ -64,11 +64,12 @@ def _sums(s, engine: str) -> dict:
     }
 
 
-def _expected(records, arrival_shift: float = 0.0) -> dict:
+def _expected(records, arrival_shift: float = 0.0, e2e_to_last_token: bool = False) -> dict:
     n = len(records)
     return {
         "ttft": (n, sum(r.first_token - r.arrival + arrival_shift for r in records)),
-        "e2e": (n, sum(r.finish - r.arrival + arrival_shift for r in records)),
+        "e2e": (n, sum((r.last_token if e2e_to_last_token else r.finish) - r.arrival
+                       + arrival_shift for r in records)),
         "queue": (n, sum(r.scheduled - r.arrival + arrival_shift for r in records)),
         "prefill": (n, sum(r.first_token - r.scheduled for r in records)),
         "decode": (n, sum(r.last_token - r.first_token for r in records)),
@@ -92,7 +93,7 @@ def _assert_matches(got: dict, want: dict) -> None:
 def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport, shape):
     _send(shape, _grpc(exporter) if transport == "grpc" else _http(exporter), records)
     s = scrape(exporter.http_port)
-    _assert_matches(_sums(s, shape), _expected(records))
+    _assert_matches(_sums(s, shape), _expected(records, e2e_to_last_token=shape == "vllm"))
     protocol = f"otlp_{transport}"
     assert s.value("phasewatch_otlp_spans_total", protocol=protocol,
                    outcome="request") == len(records)

@@ -110,7 +110,20 @@ class AdapterContext:
         return "unknown"
 
 
+# Servers derive each latency attribute from the same few timestamps, but each float
+# is rounded on its own: e2e and prefill + decode may disagree by a few nanoseconds.
+# Within this much, a later time that lands before an earlier one is the same instant.
+ROUNDING_NS = 1000
+
+
 def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, scheduled,
         first_token, last_token, finish, prompt, cached, output) -> tuple:
-    return (model, engine, finish_reason, request_id, arrival, scheduled, first_token,
-            last_token, finish, prompt, cached, output, None)
+    times = [arrival, scheduled, first_token, last_token, finish]
+    latest = None
+    for i, t in enumerate(times):
+        if t is None:
+            continue
+        if latest is not None and latest - ROUNDING_NS <= t < latest:
+            times[i] = t = latest
+        latest = t if latest is None else max(latest, t)
+    return (model, engine, finish_reason, request_id, *times, prompt, cached, output, None)

@@ -44,12 +44,13 @@ class ExportOutcome:
 
 class OtlpIngest:
     def __init__(self, aggregator: Aggregator, context: AdapterContext | None = None,
-                 dedupe_capacity: int = DEDUPE_CAPACITY):
+                 dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None):
         self._agg = aggregator
         self.stats = aggregator.stats
         self.context = context or AdapterContext()
         self.context.tgi_links = TgiLinks()
         self._seen = BatchIds(dedupe_capacity)
+        self.emitter = emitter  # otlp.reemit.PhaseSpanEmitter, or None
 
     def export(self, request, protocol: str) -> ExportOutcome:
         """Ingest one decoded ExportTraceServiceRequest. Never raises on bad spans."""
@@ -59,7 +60,7 @@ class OtlpIngest:
         for s in spans:
             if s.name in ("infer", "prefill"):
                 links.observe(s)
-        rows, keys = [], []
+        rows, keys, ids = [], [], []
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         for s in spans:
             adapter = classify(s)
@@ -78,6 +79,7 @@ class OtlpIngest:
                     raise Rejected("negative_span_duration")
                 rows.append(adapter.convert(s, self.context))
                 keys.append(key)
+                ids.append((s.trace_id, s.span_id))
             except Rejected as e:
                 refused[e.reason] += 1  # stays claimed: a retry is rejected once only
         out.rejected.update(refused)
@@ -91,6 +93,8 @@ class OtlpIngest:
                 raise
             out.accepted = result.accepted
             out.rejected.update(result.rejected)
+            if self.emitter is not None:
+                self.emitter.emit(ids, rows)
         self._count(out, refused, protocol)
         return out
 

@@ -39,7 +39,8 @@ def emit_vllm(tracer, r: RequestRecord) -> None:
     with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER, start_time=arrival,
                                       end_on_exit=False) as span:
         span.set_attribute("gen_ai.latency.time_to_first_token", r.first_token - r.arrival)
-        span.set_attribute("gen_ai.latency.e2e", r.finish - r.arrival)
+        # vLLM's e2e runs to the engine step that finished the request: its last token
+        span.set_attribute("gen_ai.latency.e2e", r.last_token - r.arrival)
         span.set_attribute("gen_ai.latency.time_in_queue", r.scheduled - r.arrival)
         span.set_attribute("gen_ai.usage.prompt_tokens", r.prompt_tokens)
         span.set_attribute("gen_ai.usage.completion_tokens", r.output_tokens)
@@ -48,7 +49,7 @@ def emit_vllm(tracer, r: RequestRecord) -> None:
         span.set_attribute("gen_ai.latency.time_in_model_inference", r.last_token - r.scheduled)
         span.set_attribute("gen_ai.request.id", r.request_id)
         span.set_attribute("gen_ai.request.max_tokens", r.output_tokens)
-        span.end(end_time=_ns(r.finish))
+        span.end(end_time=_ns(r.last_token))
 
 
 def emit_sglang(tracer, r: RequestRecord) -> None:

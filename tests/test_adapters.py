@@ -1,0 +1,136 @@
+"""Span adapters on hand-made spans: each server's shape, the model rule, the edge cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.adapters import AdapterContext, Rejected, classify, genai, sglang, tgi, vllm
+from exporter.adapters.tgi import TgiLinks, parse_duration
+from exporter.otlp.spans import SpanView
+
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS
+
+
+def span(name, attrs=None, resource=None, start=T0, end=T0 + 2 * NS, **kw):
+    return SpanView(trace_id=b"t" * 16, span_id=kw.pop("span_id", b"s" * 8),
+                    parent_span_id=kw.pop("parent", b""), name=name, kind=2, start_ns=start,
+                    end_ns=end, attributes=attrs or {}, resource=resource or {}, scope="",
+                    links=kw.pop("links", []))
+
+
+VLLM_V1 = {"gen_ai.latency.time_to_first_token": 0.25, "gen_ai.latency.e2e": 1.75,
+           "gen_ai.latency.time_in_queue": 0.05, "gen_ai.latency.time_in_model_prefill": 0.1,
+           "gen_ai.latency.time_in_model_decode": 1.5, "gen_ai.usage.prompt_tokens": 900,
+           "gen_ai.usage.completion_tokens": 151, "gen_ai.request.id": "cmpl-1"}
+
+
+def test_vllm_v1_timeline():
+    r = vllm.convert(span("llm_request", VLLM_V1), AdapterContext(default_model="llama"))
+    model, engine, _, rid, arrival, scheduled, first, last, finish, p, c, o, _ = r
+    assert arrival == T0
+    assert (model, engine, rid, p, c, o) == ("llama", "vllm", "cmpl-1", 900, None, 151)
+    # scheduled = first token - prefill (exact), not arrival + time in queue
+    assert (scheduled - T0, first - T0, last - T0, finish - T0) == (
+        0.15 * NS, 0.25 * NS, 1.75 * NS, 1.75 * NS)
+
+
+def test_vllm_v0_has_no_split_and_a_model():
+    attrs = {"gen_ai.latency.time_to_first_token": 0.3, "gen_ai.latency.e2e": 2.0,
+             "gen_ai.latency.time_in_queue": 0.1, "gen_ai.response.model": "opt-125m",
+             "gen_ai.usage.prompt_tokens": 10, "gen_ai.usage.completion_tokens": 20}
+    r = vllm.convert(span("llm_request", attrs), AdapterContext())
+    assert r[0] == "opt-125m" and r[5] - T0 == 0.1 * NS and r[7] is None
+
+
+def test_rounding_disagreements_of_a_few_ns_are_one_instant():
+    attrs = dict(VLLM_V1, **{"gen_ai.latency.e2e": 1.75 - 3e-9})  # e2e a hair early
+    r = vllm.convert(span("llm_request", attrs), AdapterContext())
+    assert r[8] == r[7]  # finish == last token, not 3 ns before it
+
+
+@pytest.mark.parametrize("attrs,reason", [
+    ({"gen_ai.latency.e2e": "1.0"}, "bad_attribute_type"),
+    ({"gen_ai.latency.e2e": -1.0}, "negative_duration"),
+    ({"gen_ai.latency.e2e": float("nan")}, "bad_attribute_value"),
+    ({"gen_ai.latency.e2e": 1.0, "gen_ai.usage.prompt_tokens": 1.5}, "bad_attribute_type"),
+    ({"gen_ai.latency.e2e": 1.0, "gen_ai.usage.prompt_tokens": -2}, "negative_token_count"),
+    ({"gen_ai.request.id": "x"}, "no_latency_attributes"),
+])
+def test_unusable_request_spans_say_why(attrs, reason):
+    with pytest.raises(Rejected) as e:
+        vllm.convert(span("llm_request", attrs), AdapterContext())
+    assert e.value.reason == reason
+
+
+def test_sglang_root_span():
+    attrs = {k: v for k, v in VLLM_V1.items() if k != "gen_ai.latency.time_in_queue"}
+    attrs |= {"gen_ai.usage.cached_tokens": 512, "gen_ai.response.model": "qwen",
+              "gen_ai.response.finish_reasons": '["length"]'}
+    s = span(" Req 1a2b3c4d", attrs)
+    assert classify(s) is sglang
+    r = sglang.convert(s, AdapterContext())
+    assert (r[0], r[1], r[2], r[10]) == ("qwen", "sglang", "length", 512)
+    assert r[5] - T0 == 0.15 * NS
+    assert classify(span("prefill_forward Req 1a2b3c4d")) is None  # a stage span
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("1.234567ms", 0.001234567), ("2.5s", 2.5), ("850µs", 850e-6), ("850μs", 850e-6),
+    ("12ns", 12e-9), ("1.2345s", 1.2345), ("3600s", 3600.0)])
+def test_rust_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["1.2 minutes", "", "ms", "-3ms", "1e3s"])
+def test_not_rust_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_tgi_first_token_only_through_the_linked_prefill():
+    attrs = {"total_time": "2.0002s", "validation_time": "200µs", "queue_time": "50ms",
+             "inference_time": "1.75s", "time_per_token": "25ms"}
+    ctx = AdapterContext(tgi_links=TgiLinks())
+    req = span("generate_stream", attrs, {"service.name": "text-generation-inference.router"})
+    r = tgi.convert(req, ctx)
+    assert r[6] is None and r[11] == 70  # no TTFT without the link; 1.75 s / 25 ms tokens
+    batch = (b"b" * 16, b"B" * 8)
+    ctx.tgi_links.observe(span("infer", parent=b"s" * 8, links=[batch]))
+    ctx.tgi_links.observe(SpanView(b"b" * 16, b"P" * 8, b"B" * 8, "prefill", 1, T0,
+                                   T0 + round(0.3502 * NS), {}, {}, ""))
+    r = tgi.convert(req, ctx)
+    assert r[6] - T0 == round(0.3502 * NS)  # the prefill's end
+    assert r[5] - T0 == round(0.0502 * NS) and r[8] - T0 == round(2.0002 * NS)
+    with pytest.raises(Rejected, match="bad_duration"):
+        tgi.convert(span("generate", dict(attrs, total_time="soon")), ctx)
+
+
+def test_genai_semconv_old_and_new_names():
+    new = {"gen_ai.usage.input_tokens": 30, "gen_ai.usage.output_tokens": 7,
+           "gen_ai.request.model": "gpt-x", "gen_ai.response.time_to_first_chunk": 0.4,
+           "gen_ai.response.finish_reasons": ["stop"]}
+    old = {"gen_ai.usage.prompt_tokens": 30, "gen_ai.usage.completion_tokens": 7,
+           "gen_ai.response.model": "gpt-x"}
+    for attrs in (new, old):
+        s = span("chat gpt-x", attrs)
+        assert classify(s) is genai
+        r = genai.convert(s, AdapterContext())
+        assert (r[0], r[1], r[9], r[11]) == ("gpt-x", "otel", 30, 7)
+    assert genai.convert(span("chat", new), AdapterContext())[6] - T0 == 0.4 * NS
+
+
+def test_not_requests_are_ignored():
+    for name in ("Load weights", "Worker init", "batch", "prefill", "infer", "decode"):
+        assert classify(span(name)) is None
+
+
+def test_model_rule():
+    s = span("llm_request", VLLM_V1, {"service.name": "vllm-8b"})
+    mapped = AdapterContext(service_models={"vllm-8b": "meta-llama/Llama-3.1-8B-Instruct"})
+    assert mapped.model_for(s) == "meta-llama/Llama-3.1-8B-Instruct"
+    assert AdapterContext(default_model="m").model_for(s) == "m"
+    assert AdapterContext().model_for(s) == "vllm-8b"
+    anon = span("llm_request", VLLM_V1, {"service.name": "unknown_service:python"})
+    assert AdapterContext().model_for(anon) == "unknown"
+    assert AdapterContext(default_model="m").model_for(anon, "from-attr") == "from-attr"
