@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto system-deps clean
+.PHONY: demo demo-otlp test lint bench proto system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
+# `make demo DEMO_ARGS="--protocol otlp-grpc --span-shape tgi"` drives it through OTLP.
 demo: $(STAMP)
-	$(VENV)/bin/phasewatch demo
+	$(VENV)/bin/phasewatch demo $(DEMO_ARGS)
+
+demo-otlp: $(STAMP)
+	$(VENV)/bin/phasewatch demo --protocol otlp-grpc --span-shape vllm $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

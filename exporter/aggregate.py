@@ -101,23 +101,29 @@ class IngestResult:
 class Snapshot:
     """A consistent copy of the aggregation state, for readers."""
 
-    label_sets: list[tuple[str, str]]
+    label_sets: list[tuple]
+    label_names: tuple[str, ...]  # ("model", "engine") or with "pod"
     histograms: dict[str, tuple[HistogramSpec, np.ndarray, np.ndarray]]
     counters: dict[str, np.ndarray]  # [series, k]
 
 
 class Aggregator:
     def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
-                 window: RollingWindow | None = None, clock=time.time):
+                 window: RollingWindow | None = None, clock=time.time,
+                 pod_label: bool = False, max_pods: int = 64):
         self.stats = stats or SelfStats()
-        self.labels = LabelSets(self.stats, max_series=max_series)
+        self.labels = LabelSets(self.stats, max_series=max_series, pod_label=pod_label,
+                                max_pods=max_pods)
         self.window = window or RollingWindow(clock=clock)
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
 
-    def ingest(self, batch: RequestBatch, protocol: str) -> IngestResult:
-        """Count one batch of finished requests. Thread-safe; never raises on bad rows."""
+    def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
+        """Count one batch of finished requests. Thread-safe; never raises on bad rows.
+
+        ``pods``: one pod name per row, used when the pod label is on (central mode).
+        """
         n = len(batch)
         self.stats.inc("phasewatch_ingest_requests_total", n, protocol=protocol)
         if n == 0:
@@ -134,7 +140,7 @@ class Aggregator:
         if not accepted:
             return IngestResult(0, ph.rejected)
 
-        ls = self.labels.rows(batch)
+        ls = self.labels.rows(batch, pods)
         n_ls = len(self.labels)
         partials = self._partials(batch, ph, ls, n_ls)
         tokens = self._token_counts(batch, kept, ls, n_ls)
@@ -181,7 +187,7 @@ class Aggregator:
         with self._lock:
             hists = {k: (h.spec, h.counts.copy(), h.sums.copy()) for k, h in self._hists.items()}
             counters = {k: v.copy() for k, v in self._counters.items()}
-        return Snapshot(self.labels.pairs(), hists, counters)
+        return Snapshot(self.labels.pairs(), self.labels.names, hists, counters)
 
 
 def _grow_rows(a: np.ndarray, n: int) -> np.ndarray:

@@ -48,7 +48,8 @@ def roofline_json(r) -> dict:
         "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
         "confidence_level": v.confidence_level, "text": v.text, "levers": list(v.levers),
         "evidence": v.evidence}
-    return {"model": r.model, "engine": r.engine, "configured": d is not None,
+    pod = {"pod": r.labels[2]} if len(r.labels) > 2 else {}
+    return {"model": r.model, "engine": r.engine, **pod, "configured": d is not None,
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
             "trail": r.trail}
 
@@ -65,7 +66,8 @@ class Exporter:
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, None, self.stats)
                    for o, d in resolved if d is not None and o.engine_metrics_url}
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
-        self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window)
+        self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
+                                     pod_label=config.pod_label, max_pods=config.max_pods)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
         single = deployments.all[0].served_name if len(deployments) == 1 else ""

@@ -39,6 +39,7 @@ TRAIL = 60  # operating points kept per label set, for the dashboard's roofline 
 class Result:
     model: str
     engine: str
+    labels: tuple  # the label set's values, in LabelSets.names order
     deployment: Deployment | None
     estimate: RooflineEstimate
     verdict: Verdict | None
@@ -105,7 +106,8 @@ class BottleneckMonitor:
         results = []
         ls = cols["ls"]
         for i in np.unique(ls).tolist():
-            model, engine = pairs[i]
+            key = pairs[i]
+            model, engine = key[:2]
             sel = ls == i
             mine = {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
@@ -116,7 +118,6 @@ class BottleneckMonitor:
             rates = source.rates(self.span) if source else None
             if dep is not None and rates is not None:
                 est = with_engine_counters(est, dep, rates)
-            key = (model, engine)
             verdict = decide(est, dep, self._verdicts.get(key))
             if verdict is not None:
                 self._verdicts[key] = verdict
@@ -124,7 +125,7 @@ class BottleneckMonitor:
             point = _operating_point(est, self._clock())
             if point:
                 trail.append(point)
-            results.append(Result(model, engine, dep, est, verdict, list(trail)))
+            results.append(Result(model, engine, key, dep, est, verdict, list(trail)))
         with self._lock:
             self._results = results
             self.updated_at = self._clock()

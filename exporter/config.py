@@ -46,6 +46,10 @@ SERVE_OPTIONS = (
            "default: the one configured --model"),
     Option("otlp_model_map", str, "", "service.name=model pairs, comma-separated, naming "
            "the model of spans by their resource"),
+    Option("pod_label", bool, False, "central (gateway) exporter: label series with the pod "
+           "each span's resource names (k8s.pod.name, else service.instance.id)"),
+    Option("max_pods", int, 64, "cap on distinct pod label values; the rest go to "
+           "pod=\"__overflow__\"", 1, 100_000),
     Option("window_seconds", float, 30.0, "rolling window of the JSON API summary", 1, 3600),
     Option("window_capacity", int, 65536,
            "most recent requests kept for window quantiles and the waterfall", 1, 10_000_000),
@@ -102,6 +106,8 @@ class ServeConfig:
     otlp_export_endpoint: str = ""
     default_model: str = ""
     otlp_model_map: str = ""
+    pod_label: bool = False
+    max_pods: int = 64
     window_seconds: float = 30.0
     window_capacity: int = 65536
     max_series: int = 256
@@ -147,7 +153,7 @@ def _coerce(option: Option, value: Any, source: str) -> Any:
     try:
         if option.type is int and isinstance(value, float) and not value.is_integer():
             raise ValueError
-        v = option.type(value)
+        v = _boolean(value) if option.type is bool else option.type(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {option.name} must be {option.type.__name__}, "
                           f"got {value!r}") from None
@@ -159,6 +165,17 @@ def _coerce(option: Option, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: log_level must be debug, info, warning or error, "
                           f"got {value!r}")
     return v
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError
 
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:

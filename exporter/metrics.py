@@ -49,7 +49,6 @@ COUNTER_NAMES: dict[str, tuple[str, str]] = {
                "Tokens of accepted requests: prompt, cached_prompt (prefix-cache hits), output."),
     "requests": ("phasewatch_requests_total", "Finished requests accepted, by finish reason."),
 }
-BASE_LABELS = ["model", "engine"]
 
 
 class PhasewatchCollector(Collector):
@@ -63,10 +62,11 @@ class PhasewatchCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._agg.snapshot()
         pairs = snap.label_sets
+        base = list(snap.label_names)
         for spec in HISTOGRAMS:
             name, doc = HISTOGRAM_NAMES[spec.key]
             _, counts, sums = snap.histograms[spec.key]
-            labels = BASE_LABELS + ([spec.sub_label] if spec.sub_label else [])
+            labels = base + ([spec.sub_label] if spec.sub_label else [])
             fam = HistogramMetricFamily(name, doc, labels=labels)
             les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
             k = len(spec.sub_values)
@@ -79,7 +79,7 @@ class PhasewatchCollector(Collector):
             yield fam
         for key, (label, values) in COUNTERS.items():
             name, doc = COUNTER_NAMES[key]
-            fam = CounterMetricFamily(name, doc, labels=[*BASE_LABELS, label])
+            fam = CounterMetricFamily(name, doc, labels=[*base, label])
             arr = snap.counters[key]
             for i in range(arr.shape[0]):
                 for j, v in enumerate(values):

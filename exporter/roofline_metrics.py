@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 from exporter.aggregate import Aggregator
 from exporter.bottleneck import BottleneckMonitor
 
-LABELS = ["model", "engine"]
 # (name, help, PhaseEstimate attribute) per phase-labelled gauge.
 PHASE_GAUGES = (
     ("phasewatch_achieved_bandwidth_bytes_per_second",
@@ -47,73 +46,74 @@ class RooflineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         results = self._monitor.results()
+        labels = list(self._agg.labels.names)
         for name, doc, attr in PHASE_GAUGES:
-            fam = GaugeMetricFamily(name, doc, labels=[*LABELS, "phase"])
+            fam = GaugeMetricFamily(name, doc, labels=[*labels, "phase"])
             for r in results:
                 for phase in ("prefill", "decode"):
                     p = getattr(r.estimate, phase)
                     value = getattr(p, attr) if p is not None else None
                     if value is not None:
-                        fam.add_metric([r.model, r.engine, phase], float(value))
+                        fam.add_metric([*r.labels, phase], float(value))
             yield fam
-        yield from self._peaks(results)
+        yield from self._peaks(results, labels)
         share = GaugeMetricFamily("phasewatch_phase_time_share_ratio",
                                   "Share of request time spent in each phase (queue, prefill, "
-                                  "decode) over the rolling window.", labels=[*LABELS, "phase"])
+                                  "decode) over the rolling window.", labels=[*labels, "phase"])
         batch = GaugeMetricFamily("phasewatch_decode_batch_size",
                                   "Estimated mean number of sequences decoding together while "
-                                  "decode runs.", labels=LABELS)
+                                  "decode runs.", labels=labels)
         info = GaugeMetricFamily("phasewatch_bottleneck_info",
                                  "1 for the current verdict: the phase that dominates request "
                                  "time and the resource that limits it.",
-                                 labels=[*LABELS, "phase", "resource"])
+                                 labels=[*labels, "phase", "resource"])
         confidence = GaugeMetricFamily("phasewatch_bottleneck_confidence_ratio",
-                                       "Confidence of the verdict, 0..1.", labels=LABELS)
+                                       "Confidence of the verdict, 0..1.", labels=labels)
         inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
                                    "1 per input of the estimate and where it came from "
                                    "(token_gaps, tpot, engine_counters, ...).",
-                                   labels=[*LABELS, "input", "source"])
+                                   labels=[*labels, "input", "source"])
         for r in results:
             for phase, v in (r.estimate.phase_time_share or {}).items():
-                share.add_metric([r.model, r.engine, phase], v)
+                share.add_metric([*r.labels, phase], v)
             if r.estimate.decode_batch_size is not None:
-                batch.add_metric([r.model, r.engine], r.estimate.decode_batch_size)
+                batch.add_metric([*r.labels], r.estimate.decode_batch_size)
             if r.verdict is not None:
-                info.add_metric([r.model, r.engine, r.verdict.phase, r.verdict.resource], 1.0)
-                confidence.add_metric([r.model, r.engine], r.verdict.confidence)
+                info.add_metric([*r.labels, r.verdict.phase, r.verdict.resource], 1.0)
+                confidence.add_metric([*r.labels], r.verdict.confidence)
             for key, source in r.estimate.inputs.items():
-                inputs.add_metric([r.model, r.engine, key, source.split(":")[0]], 1.0)
+                inputs.add_metric([*r.labels, key, source.split(":")[0]], 1.0)
         yield from (share, batch, info, confidence, inputs)
-        yield self._no_roofline()
+        yield self._no_roofline(labels)
 
     @staticmethod
-    def _peaks(results) -> Iterator[Metric]:
+    def _peaks(results, labels: list[str]) -> Iterator[Metric]:
         bw = GaugeMetricFamily("phasewatch_peak_bandwidth_bytes_per_second",
                                "Memory bandwidth ceiling of the configured hardware x GPUs: "
                                "datasheet, and achievable (measured, or datasheet x a typical "
-                               "efficiency).", labels=[*LABELS, "ceiling"])
+                               "efficiency).", labels=[*labels, "ceiling"])
         fl = GaugeMetricFamily("phasewatch_peak_flops_per_second",
                                "Dense FLOP/s ceiling of the configured hardware x GPUs at the "
                                "compute dtype: datasheet and achievable.",
-                               labels=[*LABELS, "ceiling"])
+                               labels=[*labels, "ceiling"])
         for r in results:
             d = r.deployment
             if d is None:
                 continue
-            bw.add_metric([r.model, r.engine, "datasheet"], d.peak_bandwidth)
-            bw.add_metric([r.model, r.engine, "achievable"], d.hardware.achievable_bandwidth)
-            fl.add_metric([r.model, r.engine, "datasheet"], d.peak_flops)
-            fl.add_metric([r.model, r.engine, "achievable"],
+            bw.add_metric([*r.labels, "datasheet"], d.peak_bandwidth)
+            bw.add_metric([*r.labels, "achievable"], d.hardware.achievable_bandwidth)
+            fl.add_metric([*r.labels, "datasheet"], d.peak_flops)
+            fl.add_metric([*r.labels, "achievable"],
                           d.hardware.achievable_flops(d.compute_dtype))
         yield from (bw, fl)
 
-    def _no_roofline(self) -> Metric:
+    def _no_roofline(self, labels: list[str]) -> Metric:
         fam = CounterMetricFamily("phasewatch_no_roofline_requests",
                                   "Accepted requests of models with no roofline configured: "
-                                  "latency metrics only.", labels=LABELS)
+                                  "latency metrics only.", labels=labels)
         snap = self._agg.snapshot()
         requests = snap.counters["requests"].sum(axis=1)
-        for i, (model, engine) in enumerate(snap.label_sets[:len(requests)]):
-            if self._monitor.deployments.for_model(model) is None and requests[i]:
-                fam.add_metric([model, engine], float(requests[i]))
+        for i, key in enumerate(snap.label_sets[:len(requests)]):
+            if self._monitor.deployments.for_model(key[0]) is None and requests[i]:
+                fam.add_metric(list(key), float(requests[i]))
         return fam

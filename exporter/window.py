@@ -121,7 +121,7 @@ class RollingWindow:
         return slot
 
     # ---- reading -------------------------------------------------------------
-    def summary(self, label_sets: list[tuple[str, str]], seconds: float | None = None) -> dict:
+    def summary(self, label_sets: list[tuple], seconds: float | None = None) -> dict:
         """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares."""
         now = self._clock()
         span = min(seconds or self.seconds, self.seconds)
@@ -133,12 +133,13 @@ class RollingWindow:
             ring = {k: v[in_window] for k, v in self._ring.items()}
         elapsed = max(min(span, now - self._started), 1e-9)
         models = []
-        for i, (model, engine) in enumerate(label_sets):
+        for i, key in enumerate(label_sets):
+            model, engine = key[:2]
             sel = ring["ls"] == i
             if i >= counts.shape[0] or (counts[i, 0] == 0 and not sel.any()):
                 continue
             models.append({
-                "model": model, "engine": engine,
+                "model": model, "engine": engine, **({"pod": key[2]} if len(key) > 2 else {}),
                 "requests_in_window": int(counts[i, 0]),
                 "request_rate": counts[i, 0] / elapsed,
                 "prompt_tokens_per_second": counts[i, 1] / elapsed,
@@ -163,21 +164,22 @@ class RollingWindow:
             sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
             return {k: v[sel] for k, v in self._ring.items()}
 
-    def recent(self, label_sets: list[tuple[str, str]], limit: int = 200,
+    def recent(self, label_sets: list[tuple], limit: int = 200,
                model: str | None = None) -> list[dict]:
         """The newest accepted requests with their phases, newest first."""
         with self._lock:
             order = (self._head - 1 - np.arange(self._size)) % self.capacity
             if model is not None:
-                wanted = [i for i, (m, _) in enumerate(label_sets) if m == model]
+                wanted = [i for i, key in enumerate(label_sets) if key[0] == model]
                 order = order[np.isin(self._ring["ls"][order], wanted)]
             order = order[:limit]
             ring = {k: v[order] for k, v in self._ring.items()}
             ids = self._ids[order]
         out = []
         for j in range(len(ids)):
-            m, e = label_sets[ring["ls"][j]]
-            row = {"request_id": ids[j], "model": m, "engine": e,
+            key = label_sets[ring["ls"][j]]
+            row = {"request_id": ids[j], "model": key[0], "engine": key[1],
+                   **({"pod": key[2]} if len(key) > 2 else {}),
                    "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
             for k in ("arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e"):
                 v = float(ring[k][j])

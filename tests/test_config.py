@@ -54,3 +54,10 @@ def test_models_tables_and_single_model_flags(tmp_path):
     bad.write_text('[[models]]\nmodel = "x"\ngpus = "four"\n')
     with pytest.raises(ConfigError, match="gpus must be int"):
         load_serve_config(parse(["--config", str(bad)]), {})
+
+
+def test_boolean_options():
+    assert load_serve_config(parse(["--pod-label", "true"]), {}).pod_label is True
+    assert load_serve_config(parse([]), {"PHASEWATCH_POD_LABEL": "no"}).pod_label is False
+    with pytest.raises(ConfigError, match="pod_label must be bool"):
+        load_serve_config(parse(["--pod-label", "maybe"]), {})

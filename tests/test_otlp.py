@@ -259,3 +259,33 @@ def test_oversized_bodies_are_refused_before_reading(exporter):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 413
+
+
+def test_grpc_and_http_exporters_with_gzip(exporter, records):
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+
+    half = len(records) // 2
+    _send("vllm", GrpcExporter(endpoint=f"127.0.0.1:{exporter.otlp_grpc_port}", insecure=True,
+                               compression=GrpcCompression.Gzip), records[:half])
+    _send("vllm", HttpExporter(endpoint=f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces",
+                               compression=HttpCompression.Gzip), records[half:])
+    s = scrape(exporter.http_port)
+    _assert_matches(_sums(s, "vllm"), _expected(records, e2e_to_last_token=True))
+
+
+@pytest.mark.parametrize("shape,requests,ignored,ttft_sum", [
+    ("vllm", 3, 0, 0.096), ("sglang", 3, 0, 0.096),
+    ("tgi", 3, 9, 0.096 + 3 * 0.0002)])  # TGI's span starts before its 0.2 ms validation
+def test_fixtures_in_otlp_json(exporter, shape, requests, ignored, ttft_sum):
+    from pathlib import Path
+
+    body = (Path(__file__).parent / "fixtures" / "otlp" / f"{shape}.json").read_bytes()
+    status, _, reply, _ = _post(exporter, body, "application/json")
+    assert status == 200 and json.loads(reply) == {}
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_request_duration_seconds_count", engine=shape) == requests
+    assert s.total("gen_ai_server_time_to_first_token_seconds_sum", engine=shape) == \
+        pytest.approx(ttft_sum, abs=1e-5)
+    assert (s.value("phasewatch_otlp_spans_total", protocol="otlp_http", outcome="ignored")
+            or 0) == ignored

@@ -42,6 +42,18 @@ class ExportOutcome:
         return f"{self.rejected_spans} of {self.spans} spans rejected: {reasons}"
 
 
+POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
+
+
+def pod_of(resource: dict) -> str:
+    """The pod a span came from, for a central exporter's ``pod`` label."""
+    for key in POD_ATTRIBUTES:
+        v = resource.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
 class OtlpIngest:
     def __init__(self, aggregator: Aggregator, context: AdapterContext | None = None,
                  dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None):
@@ -60,7 +72,8 @@ class OtlpIngest:
         for s in spans:
             if s.name in ("infer", "prefill"):
                 links.observe(s)
-        rows, keys, ids = [], [], []
+        rows, keys, ids, pods = [], [], [], []
+        with_pod = "pod" in self._agg.labels.names
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         for s in spans:
             adapter = classify(s)
@@ -80,13 +93,15 @@ class OtlpIngest:
                 rows.append(adapter.convert(s, self.context))
                 keys.append(key)
                 ids.append((s.trace_id, s.span_id))
+                if with_pod:
+                    pods.append(pod_of(s.resource))
             except Rejected as e:
                 refused[e.reason] += 1  # stays claimed: a retry is rejected once only
         out.rejected.update(refused)
         if rows:
             try:
                 result = self._agg.ingest(RequestBatch.from_rows(rows, times_in_ns=True),
-                                          protocol)
+                                          protocol, pods if with_pod else None)
             except Exception:
                 for key in keys:  # let the client's retry through
                     self._seen.release(key)
