@@ -289,3 +289,12 @@ def test_fixtures_in_otlp_json(exporter, shape, requests, ignored, ttft_sum):
         pytest.approx(ttft_sum, abs=1e-5)
     assert (s.value("phasewatch_otlp_spans_total", protocol="otlp_http", outcome="ignored")
             or 0) == ignored
+
+
+def test_grpc_refuses_oversized_messages(exporter):
+    with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",
+                               options=[("grpc.max_send_message_length", -1)]) as ch:
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x00" * (65 * 1024 * 1024), timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
