@@ -127,3 +127,30 @@ def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, s
             times[i] = t = latest
         latest = t if latest is None else max(latest, t)
     return (model, engine, finish_reason, request_id, *times, prompt, cached, output, None)
+
+
+def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
+    """A row from the ``gen_ai.latency.*`` attributes vLLM and SGLang share (float seconds
+    from the span's start = arrival). Scheduled is first token - prefill when both are
+    sent (exact), else arrival + ``time_in_queue`` when that is (vLLM V0)."""
+    a = span.attributes
+    ttft = seconds(a, "gen_ai.latency.time_to_first_token")
+    e2e = seconds(a, "gen_ai.latency.e2e")
+    queue = seconds(a, "gen_ai.latency.time_in_queue")
+    prefill = seconds(a, "gen_ai.latency.time_in_model_prefill")
+    decode = seconds(a, "gen_ai.latency.time_in_model_decode")
+    if ttft is None and e2e is None:
+        raise Rejected("no_latency_attributes", f"{span.name!r} without time_to_first_token "
+                       "or e2e")
+    arrival = span.start_ns or None
+    first = after(arrival, ttft)
+    scheduled = (first - round(prefill * NS) if first is not None and prefill is not None
+                 else after(arrival, queue))
+    return row(
+        ctx.model_for(span, text(a, "gen_ai.response.model", "gen_ai.request.model")), engine,
+        first_reason(a.get("gen_ai.response.finish_reasons")), text(a, "gen_ai.request.id"),
+        arrival, scheduled, first, after(first, decode),
+        after(arrival, e2e) if e2e is not None else span.end_ns or None,
+        count(a, "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+        count(a, "gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
+        count(a, "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
