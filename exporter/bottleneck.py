@@ -61,20 +61,19 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
         return est
     span = est.range_end - est.range_start
     inputs = dict(est.inputs)
-    changes: dict = {}
+    totals = {}  # what the replica moved over the range, by the engine's count
     for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
-        if rate is None:
-            continue
-        total = rate * dep.tensor_parallel * span
-        inferred = sum(getattr(p, what) for p in present.values())
-        for name, p in present.items():
-            share = getattr(p, what) / inferred if inferred else 1.0 / len(present)
-            current = changes.get(name, p)
-            changes[name] = replace(current, **{what: total * share})
-        inputs[what] = "engine_counters"
-    for name, p in changes.items():
-        changes[name] = phase_estimate(dep, p.busy_seconds, p.flops, p.bytes, p.requests,
-                                       source="engine_counters")
+        if rate is not None:
+            totals[what] = rate * dep.tensor_parallel * span
+            inputs[what] = "engine_counters"
+    changes = {}
+    for name, p in present.items() if totals else ():
+        value = {"flops": p.flops, "bytes": p.bytes}
+        for what, total in totals.items():
+            inferred = sum(getattr(q, what) for q in present.values())
+            value[what] = total * (getattr(p, what) / inferred if inferred else 1 / len(present))
+        changes[name] = phase_estimate(dep, p.busy_seconds, value["flops"], value["bytes"],
+                                       p.requests, source="engine_counters")
     batch = est.decode_batch_size
     if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
         batch = rates.mean_running * span / est.decode.busy_seconds

@@ -17,6 +17,7 @@ and ``phasewatch roofline --hardware-profile`` load.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -148,8 +149,6 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
 
 
 def _cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
 

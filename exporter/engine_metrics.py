@@ -132,10 +132,6 @@ class EngineMetricsSource:
             self._samples.append(sample)
         return sample
 
-    def add(self, sample: EngineSample) -> None:
-        with self._lock:
-            self._samples.append(sample)
-
     def rates(self, seconds: float) -> EngineRates | None:
         """Rates over the samples of the last ``seconds``; None without two fresh samples."""
         now = self._clock()

@@ -100,8 +100,26 @@ class PhasewatchService:
         return wire.lifecycle_response(received, rejected, completed)
 
 
-def _identity(b: bytes) -> bytes:
+def identity(b: bytes) -> bytes:
+    """Request/response (de)serializer that leaves the bytes to the handler."""
     return b
+
+
+def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str
+               ) -> tuple[grpc.Server, int]:
+    """A started grpc server for ``handlers`` with the message size limit; returns it
+    and the port actually bound. ``what`` names it in thread names and errors."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"pw-{what}"),
+        handlers=[handlers],
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the {what} gRPC port on {host}:{port}")
+    server.start()
+    return server, bound
 
 
 def start_grpc_server(service: PhasewatchService, host: str, port: int,
@@ -109,19 +127,9 @@ def start_grpc_server(service: PhasewatchService, host: str, port: int,
     """Start the receiver; returns the server and the port actually bound."""
     handlers = grpc.method_handlers_generic_handler(SERVICE, {
         "Export": grpc.unary_unary_rpc_method_handler(
-            service.export, request_deserializer=_identity, response_serializer=_identity),
+            service.export, request_deserializer=identity, response_serializer=identity),
         "StreamLifecycle": grpc.stream_unary_rpc_method_handler(
-            service.stream_lifecycle, request_deserializer=_identity,
-            response_serializer=_identity),
+            service.stream_lifecycle, request_deserializer=identity,
+            response_serializer=identity),
     })
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pw-grpc"),
-        handlers=[handlers],
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-    )
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind the phasewatch gRPC port on {host}:{port}")
-    server.start()
-    return server, bound
+    return serve_grpc(handlers, host, port, max_workers, "phasewatch")

@@ -12,14 +12,13 @@ exporter retries instead of dropping. gzip request compression is handled by grp
 from __future__ import annotations
 
 import threading
-from concurrent import futures
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from exporter.grpc_server import MAX_MESSAGE_BYTES
+from exporter.grpc_server import identity, serve_grpc
 from exporter.otlp.ingest import OtlpIngest
 from exporter.otlp.spans import MalformedPayload, parse_request
 
@@ -28,12 +27,13 @@ PROTOCOL = "otlp_grpc"
 RETRY_AFTER_SECONDS = 1
 
 
-def response_bytes(outcome) -> bytes:
+def export_response(outcome) -> ExportTraceServiceResponse:
+    """Empty on full success; ``partial_success`` with the rejected spans and reasons."""
     resp = ExportTraceServiceResponse()
     if outcome.rejected:
         resp.partial_success.rejected_spans = outcome.rejected_spans
         resp.partial_success.error_message = outcome.message()
-    return resp.SerializeToString()
+    return resp
 
 
 def retry_trailers(message: str) -> tuple:
@@ -70,28 +70,14 @@ class OtlpGrpcService:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             outcome = self._ingest.export(msg, PROTOCOL)
             self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
-            return response_bytes(outcome)
+            return export_response(outcome).SerializeToString()
         finally:
             self._slots.release()
-
-
-def _identity(b: bytes) -> bytes:
-    return b
 
 
 def start_otlp_grpc_server(service: OtlpGrpcService, host: str, port: int,
                            max_workers: int = 8) -> tuple[grpc.Server, int]:
     handlers = grpc.method_handlers_generic_handler(SERVICE, {
         "Export": grpc.unary_unary_rpc_method_handler(
-            service.export, request_deserializer=_identity, response_serializer=_identity)})
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pw-otlp"),
-        handlers=[handlers],
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind the OTLP/gRPC port on {host}:{port}")
-    server.start()
-    return server, bound
-
+            service.export, request_deserializer=identity, response_serializer=identity)})
+    return serve_grpc(handlers, host, port, max_workers, "otlp")

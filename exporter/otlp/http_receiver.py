@@ -17,10 +17,9 @@ import zlib
 from http.server import BaseHTTPRequestHandler
 
 from google.rpc import code_pb2, status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from exporter.grpc_server import MAX_MESSAGE_BYTES
-from exporter.otlp.grpc_receiver import RETRY_AFTER_SECONDS, response_bytes
+from exporter.otlp.grpc_receiver import RETRY_AFTER_SECONDS, export_response
 from exporter.otlp.ingest import OtlpIngest
 from exporter.otlp.jsonform import parse_json_request, to_json
 from exporter.otlp.spans import MalformedPayload, parse_request
@@ -127,10 +126,8 @@ def make_otlp_handler(ingest: OtlpIngest, max_in_flight: int,
                                     "undecodable_payload", str(e), reply)
             outcome = ingest.export(msg, PROTOCOL)
             stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
-            if reply == JSON:
-                resp = ExportTraceServiceResponse()
-                resp.ParseFromString(response_bytes(outcome))
-                return self._reply(200, to_json(resp), JSON)
-            return self._reply(200, response_bytes(outcome), PROTOBUF)
+            resp = export_response(outcome)
+            body = to_json(resp) if reply == JSON else resp.SerializeToString()
+            return self._reply(200, body, reply)
 
     return Handler

@@ -59,10 +59,6 @@ def parse_request(data: bytes) -> ExportTraceServiceRequest:
     return msg
 
 
-def count_spans(msg: ExportTraceServiceRequest) -> int:
-    return sum(len(ss.spans) for rs in msg.resource_spans for ss in rs.scope_spans)
-
-
 def walk(msg: ExportTraceServiceRequest) -> Iterator[SpanView]:
     """Every span of the request with its resource and scope (attributes decoded once
     per resource, once per span)."""

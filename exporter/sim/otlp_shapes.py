@@ -17,6 +17,7 @@ otlp`` and by the tests as real clients.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -168,8 +169,6 @@ class OtlpSink:
         else:
             raise ValueError(f"unknown OTLP protocol {protocol!r}")
         self.shape = shape
-        from collections import Counter
-
         self.stats: Counter = Counter()
         self._tp = provider(shape, _Counting(exporter, self.stats), schedule_delay_millis=200)
         self._tracer = tracer_for(self._tp, shape)

@@ -36,7 +36,6 @@ class RangeTruth:
     decode: PhaseTruth
     prefill: PhaseTruth
     decode_batch_size: float
-    decode_steps: float
     shared_step_flops: dict  # phase -> the other phase's FLOPs inside its steps
 
 
@@ -61,6 +60,5 @@ def truth_between(steps: dict[str, np.ndarray], lo: float, hi: float, epoch: flo
         prefill=phase(pre, "prefill_flops", "prefill_kv_bytes"),
         decode_batch_size=float((steps["decode_seqs"] * overlap)[dec].sum() / busy)
         if busy else 0.0,
-        decode_steps=float(w[dec].sum()),
         shared_step_flops={"decode": float((steps["prefill_flops"] * w)[dec].sum()),
                            "prefill": float((steps["decode_flops"] * w)[pre].sum())})
