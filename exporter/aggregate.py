@@ -85,12 +85,6 @@ class _Histogram:
         self.sums[:n] += sums
 
 
-def prompt_class_codes(prompt_tokens: np.ndarray) -> np.ndarray:
-    bounds = np.array([b for b, _ in buckets.PROMPT_CLASSES], dtype=np.int64)
-    codes = np.searchsorted(bounds, prompt_tokens, side="left")
-    return np.where(prompt_tokens < 0, len(bounds), codes)
-
-
 @dataclass
 class IngestResult:
     accepted: int
@@ -157,7 +151,7 @@ class Aggregator:
         return IngestResult(accepted, ph.rejected)
 
     def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int):
-        pc = prompt_class_codes(batch.prompt_tokens)
+        pc = buckets.prompt_class_codes(batch.prompt_tokens)
         k_pc = len(PROMPT_CLASS_LABELS)
         h = self._hists
         out = {

@@ -16,6 +16,7 @@ from exporter.config import ServeConfig
 from exporter.deployments import Deployments, resolve
 from exporter.engine_metrics import EngineMetricsSource
 from exporter.grpc_server import PhasewatchService, start_grpc_server
+from exporter.history import SummaryHistory
 from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
 from exporter.lifecycle import LifecycleJoiner
 from exporter.metrics import PhasewatchCollector
@@ -42,6 +43,11 @@ def roofline_json(r) -> dict:
         "peak_flops_per_second": d.peak_flops,
         "achievable_bandwidth_bytes_per_second": d.hardware.achievable_bandwidth,
         "achievable_flops_per_second": d.hardware.achievable_flops(d.compute_dtype),
+        # calibrated: measured here by `phasewatch calibrate`; published: measurements on
+        # real parts from the catalog; else the datasheet x a typical efficiency.
+        "achievable_source": ("calibrated" if d.hardware_source == "profile" else
+                              "published" if d.hardware.measured_bandwidth else
+                              "typical_efficiency"),
         "ridge_flops_per_byte": d.ridge}
     v = r.verdict
     verdict = None if v is None else {
@@ -59,6 +65,7 @@ class Exporter:
 
     def __init__(self, config: ServeConfig, clock=time.time):
         self.config = config
+        self._clock = clock
         self.stats = SelfStats()
         options = config.model_options()
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
@@ -68,6 +75,7 @@ class Exporter:
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
                                      pod_label=config.pod_label, max_pods=config.max_pods)
+        self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
         single = deployments.all[0].served_name if len(deployments) == 1 else ""
@@ -122,6 +130,14 @@ class Exporter:
         return {"window_seconds": self.monitor.span, "updated_at": self.monitor.updated_at,
                 "models": out}
 
+    def _history(self, qs: dict) -> dict:
+        # asking for more than is kept is fine: the answer holds what there is
+        span = self.config.roofline_interval * self.config.history_points
+        seconds = query_number(qs, "seconds", span, 1, 7 * 86400)
+        now = self._clock()
+        return {"interval_seconds": self.config.roofline_interval,
+                "series": self.history.series(now - seconds)}
+
     def _status(self, qs: dict) -> dict:
         if qs:
             raise ApiError("/api/v1/status takes no parameters")
@@ -139,7 +155,8 @@ class Exporter:
         self._grpc, self.grpc_port = start_grpc_server(service, c.grpc_host, c.grpc_port,
                                                        c.grpc_workers)
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
-               "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api}
+               "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
+               "/api/v1/history": self._history}
         handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None)
         self._http = HttpServer(c.http_host, c.http_port, handler)
         self.http_port = self._http.port
@@ -172,6 +189,8 @@ class Exporter:
             try:
                 self.monitor.poll_engines()
                 self.monitor.update()
+                window = self.aggregator.window
+                self.history.record(window.summary(self.aggregator.labels.pairs()))
             except Exception:  # keep estimating on the next tick; never kill the loop
                 log.exception("roofline update failed")
 

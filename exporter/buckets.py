@@ -27,9 +27,12 @@ TTFT = BucketSet(
     "ttft", "seconds",
     # vLLM's TTFT buckets (references.md section 1), which extend the OTel GenAI
     # semconv set (0.001 .. 10) up to 2560 s for very long prompts under overload;
-    # 0.15, 0.2 and 0.3-0.4 added because most interactive TTFT SLOs sit there.
-    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
-     1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    # 0.15, 0.2 and 0.3-0.4 added because most interactive TTFT SLOs sit there, and
+    # 0.015-0.05 because short prompts on fast parts have a 10-60 ms TTFT, where 2x
+    # steps put histogram_quantile's interpolation >10% off the exact window quantile.
+    (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2,
+     0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+     640.0, 2560.0),
     "Time to first token, 1 ms .. 2560 s. Users: gen_ai_server_time_to_first_token_seconds.",
 )
 
@@ -101,6 +104,13 @@ PROMPT_CLASSES: tuple[tuple[int, str], ...] = (
     (2**62, "64k+"),
 )
 PROMPT_CLASS_UNKNOWN = "unknown"
+
+
+def prompt_class_codes(prompt_tokens: np.ndarray) -> np.ndarray:
+    """Index into PROMPT_CLASSES per prompt length; len(PROMPT_CLASSES) when unknown (< 0)."""
+    bounds = np.array([b for b, _ in PROMPT_CLASSES], dtype=np.int64)
+    codes = np.searchsorted(bounds, prompt_tokens, side="left")
+    return np.where(prompt_tokens < 0, len(bounds), codes)
 
 
 class LogLinearIndex:

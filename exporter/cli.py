@@ -21,7 +21,8 @@ TTFT, ITL, TPOT, tokens/s per phase to Prometheus.
 
   phasewatch serve                     run the exporter (gRPC :50051, /metrics :9464)
   phasewatch simulate --scenario chat  send simulated engine traffic to an exporter
-  phasewatch demo                      both at once, on this machine, with a live summary
+  phasewatch demo                      exporter + simulated load + dashboard, on this machine
+  phasewatch dashboard --exporter URL  the live dashboard (or --prometheus URL for a cluster)
   phasewatch roofline --model M --hardware H   offline ceilings for a model on a part
   phasewatch calibrate                 measure this machine's bandwidth and FLOP/s
 """
@@ -95,14 +96,7 @@ def _simulate(args, target: str, stop: threading.Event, duration: float):
     sc = scenario(args.scenario)
     engine = sc.build(seed=args.seed, model=args.model, hardware=args.hardware,
                       gpus=args.gpus, rate_scale=args.rate_scale)
-    if args.protocol == "phasewatch":
-        from exporter.client import PhasewatchClient
-
-        client = PhasewatchClient(target, engine="sim")
-    else:
-        from exporter.sim.otlp_shapes import OtlpSink
-
-        client = OtlpSink(args.protocol, target, args.span_shape)
+    client = _sim_client(args, target)
     try:
         engine.run(duration, on_finish=client.record_request, time_scale=args.time_scale,
                    should_stop=stop.is_set)
@@ -155,45 +149,96 @@ def _summary_line(summary: dict) -> str:
     return " || ".join(parts) or "no requests finished yet"
 
 
+def _sim_client(args, target: str):
+    if args.protocol == "phasewatch":
+        from exporter.client import PhasewatchClient
+
+        return PhasewatchClient(target, engine="sim")
+    from exporter.sim.otlp_shapes import OtlpSink
+
+    return OtlpSink(args.protocol, target, args.span_shape)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.sim.live import SwitchableLoad
+
     config, stop, exporter = _start_exporter(args, demo=True)
     host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
     base = f"http://{host}:{exporter.http_port}"
-    print(f"phasewatch demo: scenario {args.scenario}", flush=True)
-    print(f"  metrics:  {base}/metrics", flush=True)
-    print(f"  summary:  {base}/api/v1/summary", flush=True)
-    print(f"  requests: {base}/api/v1/requests", flush=True)
-    print(f"  roofline: {base}/api/v1/roofline", flush=True)
-    print(f"  gRPC:     {config.grpc_host}:{exporter.grpc_port}", flush=True)
-    print(f"  OTLP:     {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC), "
-          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces", flush=True)
-    print(f"  sending:  {args.protocol}"
-          + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
-    duration = args.duration if args.duration else float("inf")
     target = {"phasewatch": f"127.0.0.1:{exporter.grpc_port}",
               "otlp-grpc": f"127.0.0.1:{exporter.otlp_grpc_port}",
               "otlp-http": f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces"}
-    sim = threading.Thread(target=_simulate, name="demo-sim", daemon=True,
-                           args=(args, target[args.protocol], stop,
-                                 duration * args.time_scale))
-    sim.start()
+    client = _sim_client(args, target[args.protocol])
+    duration = args.duration if args.duration else float("inf")
+    load = SwitchableLoad(args.scenario, client.record_request, args.time_scale,
+                          {"seed": args.seed, "model": args.model, "hardware": args.hardware,
+                           "gpus": args.gpus, "rate_scale": args.rate_scale}, duration)
+    dashboard = None
+    if not args.no_dashboard:
+        from dashboard.app import DashboardServer, ScenarioControl, create_app
+        from dashboard.exporter_source import ExporterSource
+
+        control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, load.switch)
+        app = create_app(ExporterSource(base), refresh=args.refresh, scenario=control)
+        dashboard = DashboardServer(app, args.dashboard_host, args.dashboard_port).start()
+    print(f"phasewatch demo: scenario {args.scenario}", flush=True)
+    if dashboard is not None:
+        print(f"  dashboard: {dashboard.url}   (switch the scenario at the top right)",
+              flush=True)
+    print(f"  metrics:   {base}/metrics", flush=True)
+    print(f"  JSON API:  {base}/api/v1/summary, roofline, history, requests", flush=True)
+    print(f"  gRPC:      {config.grpc_host}:{exporter.grpc_port}", flush=True)
+    print(f"  OTLP:      {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC), "
+          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces", flush=True)
+    print(f"  sending:   {args.protocol}"
+          + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
+    load.start()
     end = time.monotonic() + duration
     try:
         while not stop.wait(min(args.summary_every, max(0.0, end - time.monotonic()))):
             if time.monotonic() >= end:
                 break
-            _print_summary(exporter)
+            _print_summary(exporter, load.current)
     finally:
         stop.set()
-        sim.join(10)
-        _print_summary(exporter)
+        load.stop()
+        client.close()
+        _print_summary(exporter, load.current)
+        if dashboard is not None:
+            dashboard.stop()
         exporter.stop()
     return 0
 
 
-def _print_summary(exporter) -> None:
-    print(_summary_line(exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())),
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from dashboard.app import DashboardServer, create_app
+    from dashboard.exporter_source import ExporterSource
+    from dashboard.prometheus_source import PrometheusSource
+
+    _setup_logging(args.log_level)
+    if bool(args.exporter) == bool(args.prometheus):
+        raise ValueError("give exactly one of --exporter URL or --prometheus URL")
+    if args.exporter:
+        source = ExporterSource(args.exporter, timeout=args.timeout,
+                                history_seconds=args.history_seconds)
+    else:
+        source = PrometheusSource(args.prometheus, rate_range=args.range, timeout=args.timeout,
+                                  history_seconds=args.history_seconds,
+                                  pod_label=args.pod_label)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    server = DashboardServer(create_app(source, refresh=args.refresh), args.host,
+                             args.port).start()
+    print(f"phasewatch dashboard on {server.url} reading {source.name} {source.url}",
           flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+def _print_summary(exporter, current: str) -> None:
+    summary = exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())
+    print(f"[{current}] {_summary_line(summary)}", flush=True)
     for r in exporter.monitor.results():
         if r.verdict is not None:
             print(f"  verdict {r.model}: {r.verdict.text} Levers: "
@@ -271,16 +316,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
-    demo = sub.add_parser("demo", help="exporter + simulated load, with a live summary",
-                          description="Start an exporter and a simulated engine feeding it, "
-                          "print the URLs and a one-line summary every few seconds.")
+    demo = sub.add_parser("demo", help="exporter + simulated load + dashboard",
+                          description="Start an exporter, a simulated engine feeding it and "
+                          "the Dash dashboard reading it; print the URLs and a one-line "
+                          "summary every few seconds. The dashboard switches the scenario.")
     demo.add_argument("--duration", type=float, default=0,
                       help="stop after this many seconds (default: run until Ctrl-C)")
     demo.add_argument("--summary-every", type=float, default=5.0,
                       help="seconds between summary lines (default 5)")
+    demo.add_argument("--dashboard-host", default="127.0.0.1",
+                      help="address of the Dash dashboard (default 127.0.0.1)")
+    demo.add_argument("--dashboard-port", type=int, default=8050,
+                      help="port of the Dash dashboard (default 8050; 0 picks a free one)")
+    demo.add_argument("--refresh", type=float, default=2.0,
+                      help="seconds between dashboard refreshes (default 2)")
+    demo.add_argument("--no-dashboard", action="store_true",
+                      help="exporter and simulated load only")
     _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)
     demo.set_defaults(func=cmd_demo)
+    dash_cmd = sub.add_parser(
+        "dashboard", help="the live Dash dashboard, reading an exporter or Prometheus",
+        description="Serve the Dash dashboard: the verdict, KPIs, roofline, time series, "
+        "request waterfall and TTFT against prompt length, from one exporter's JSON API "
+        "(--exporter) or a whole cluster through Prometheus (--prometheus).")
+    src = dash_cmd.add_mutually_exclusive_group(required=True)
+    src.add_argument("--exporter", help="exporter base URL, e.g. http://127.0.0.1:9464")
+    src.add_argument("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
+    dash_cmd.add_argument("--host", default="127.0.0.1",
+                          help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
+    dash_cmd.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    dash_cmd.add_argument("--refresh", type=float, default=2.0,
+                          help="seconds between refreshes (default 2)")
+    dash_cmd.add_argument("--range", default="1m",
+                          help="Prometheus rate window, e.g. 30s, 1m, 5m (default 1m)")
+    dash_cmd.add_argument("--pod-label", default="pod",
+                          help="Prometheus label naming the pod (default pod)")
+    dash_cmd.add_argument("--history-seconds", type=float, default=600.0,
+                          help="span of the time series (default 600)")
+    dash_cmd.add_argument("--timeout", type=float, default=5.0,
+                          help="seconds to wait for the source (default 5)")
+    dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    dash_cmd.set_defaults(func=cmd_dashboard)
+
     roofline = sub.add_parser(
         "roofline", help="offline calculator: model x hardware -> ceilings",
         description="Weights and KV bytes, decode and prefill ceilings, the ridge point and "

@@ -88,6 +88,8 @@ SERVE_OPTIONS = (
            "estimated_flops/read_bytes counters (vLLM/SGLang --enable-mfu-metrics)"),
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates",
            0.1, 600),
+    Option("history_points", int, 300, "window summaries kept per label set for the "
+           "dashboard's time series (one per roofline update)", 2, 100_000),
 )
 MODEL_KEYS = tuple(f.name for f in fields(ModelOptions))
 
@@ -117,6 +119,7 @@ class ServeConfig:
     grpc_workers: int = 8
     log_level: str = "info"
     roofline_interval: float = 2.0
+    history_points: int = 300
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
 

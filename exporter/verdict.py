@@ -50,9 +50,18 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
         "FP8", "tensor parallelism", "disaggregated prefill/decode", "faster GPUs"),
 }
 
-_RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
+RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
                    "capacity": "capacity-bound", "overhead": "overhead-bound",
                    "unknown": "of unknown limit"}
+
+
+
+
+def headline(phase: str, resource: str) -> str:
+    """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound"."""
+    if resource == "capacity":
+        return "Queue: requests wait for capacity"
+    return f"{phase.capitalize()} is {RESOURCE_WORDS.get(resource, resource)}"
 
 
 @dataclass
@@ -167,13 +176,13 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     tail = (f"MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of {hw.name} x{hw.gpus}, at "
             f"{e['arithmetic_intensity']:.0f} FLOPs/byte against a ridge of {e['ridge']:.0f}.")
     if v.resource == "overhead":
-        return (f"{head} and is {_RESOURCE_WORDS['overhead']}: it is far below both "
+        return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
                 f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
     compute = v.resource == "compute"
     used = e["of_achievable_flops"] if compute else e["of_achievable_bandwidth"]
     other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
     what = "FLOP/s" if compute else "memory bandwidth"
-    text = f"{head} and is {_RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
+    text = f"{head} and is {RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
     text += f"achievable {what}"
     if other >= 0.25:
         text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"

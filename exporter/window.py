@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from exporter.buckets import WINDOW_INDEX
+from exporter.buckets import PROMPT_CLASSES, WINDOW_INDEX, prompt_class_codes
 from exporter.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
@@ -29,7 +29,7 @@ _RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 class RollingWindow:
@@ -149,6 +149,7 @@ class RollingWindow:
                 "e2e_seconds": _quantiles(ring["e2e"][sel]),
                 "itl_seconds": _binned_quantiles(itl[i]),
                 "phase_time_share": _shares(ring, sel),
+                "ttft_by_prompt_class": _by_prompt_class(ring, sel),
                 "sampled_requests": int(sel.sum()),
             })
         return {"window_seconds": span, "covered_seconds": elapsed, "generated_at": now,
@@ -213,6 +214,24 @@ def _binned_quantiles(counts: np.ndarray) -> dict:
         b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends
         out[f"p{round(q * 100)}"] = float(math.sqrt(lo[b] * hi[b]))  # geometric middle
     return out | {"count": total}
+
+
+def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
+    """TTFT and prefill seconds per uncached prompt token per prompt-length class, so a
+    TTFT rise from longer prompts is told apart from a slower prefill."""
+    codes = prompt_class_codes(ring["prompt"][sel])
+    ttft, prefill, uncached = ring["ttft"][sel], ring["prefill"][sel], ring["uncached"][sel]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_token = np.where(uncached > 0, prefill / uncached, np.nan)
+    out, lower = [], 0
+    for code, (upper, label) in enumerate(PROMPT_CLASSES):
+        mine = codes == code
+        if mine.any():
+            out.append({"prompt_class": label, "min_tokens": lower, "max_tokens": upper,
+                        "ttft_seconds": _quantiles(ttft[mine]),
+                        "prefill_seconds_per_token": _quantiles(per_token[mine])})
+        lower = upper + 1
+    return out
 
 
 def _shares(ring: dict, sel: np.ndarray) -> dict:

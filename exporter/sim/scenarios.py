@@ -23,15 +23,17 @@ class Scenario:
     gpus: int = 1
 
     def build(self, seed: int = 0, model: str | None = None, hardware: str | None = None,
-              gpus: int | None = None, rate_scale: float = 1.0) -> SimEngine:
-        """An engine for this scenario; model/hardware/gpus override the defaults."""
+              gpus: int | None = None, rate_scale: float = 1.0, name: str = "sim"
+              ) -> SimEngine:
+        """An engine for this scenario; model/hardware/gpus override the defaults. ``name``
+        prefixes request ids; its part before any "-" is the engine label."""
         wl = self.workload
         if rate_scale != 1.0:
             wl = (replace(wl, rate=wl.rate * rate_scale) if wl.rate else
                   replace(wl, concurrency=max(1, round(wl.concurrency * rate_scale))))
         return SimEngine(catalog.model(model or self.model),
                          catalog.hardware(hardware or self.hardware, gpus or self.gpus),
-                         self.engine, wl, seed=seed, name="sim")
+                         self.engine, wl, seed=seed, name=name)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

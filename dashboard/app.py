@@ -1,0 +1,177 @@
+"""The Dash app: layout, the one refresh callback, and a server with a real port.
+
+Every ``refresh`` seconds (and on any selector change) one callback asks the source
+for a snapshot of the selection and rebuilds the banner, the cards and the figures.
+On a source error the figures keep their last picture and the banner says what
+failed; nothing is cleared. A short cache shares one fetch among open tabs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import dash
+from dash import Input, Output, dcc, html
+from werkzeug.serving import make_server
+
+from dashboard import figures, panels
+from dashboard.frames import Selection, Snapshot
+from dashboard.theme import PAGE_CSS
+
+log = logging.getLogger("phasewatch.dashboard")
+
+GRAPHS = ("roofline", "prompt-ttft", "ttft-series", "token-latency", "throughput",
+          "shares", "waterfall")
+
+
+@dataclass
+class ScenarioControl:
+    """The demo's scenario switch: ``switch(name)`` changes the simulated workload."""
+
+    scenarios: tuple[str, ...]
+    current: str
+    switch: object  # callable(name) -> None
+
+
+@dataclass
+class CachedSource:
+    """One fetch per selection per ``ttl`` seconds, however many tabs refresh."""
+
+    source: object
+    ttl: float = 1.0
+    _cache: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    last_ok: float | None = None
+
+    def fetch(self, selection: Selection) -> Snapshot:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(selection)
+            if hit and now - hit[0] < self.ttl:
+                return hit[1]
+        snap = self.source.fetch(selection)
+        with self._lock:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[selection] = (now, snap)
+            if snap.error is None:
+                self.last_ok = snap.fetched_at
+        return snap
+
+
+def build_figures(snap: Snapshot) -> list[dict]:
+    """Every figure of the page, in ``GRAPHS`` order."""
+    return [figures.roofline_figure(snap.points, snap.ceilings),
+            figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes),
+            figures.ttft_figure(snap.series), figures.token_latency_figure(snap.series),
+            figures.throughput_figure(snap.series), figures.shares_figure(snap.series),
+            figures.waterfall_figure(snap.waterfall)]
+
+
+def _options(values, chosen) -> list[dict]:
+    return [{"label": v, "value": v} for v in sorted(set(values) | set(chosen or ())) if v]
+
+
+def _selector(id_: str, placeholder: str) -> dcc.Dropdown:
+    return dcc.Dropdown(id=id_, multi=True, placeholder=placeholder, options=[],
+                        persistence=True, className="pw-select")
+
+
+def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
+               pod_selector: bool | None = None) -> dash.Dash:
+    """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``."""
+    cached = CachedSource(source, ttl=min(1.0, refresh / 2))
+    app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
+                    serve_locally=True)
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
+                                                "</style>")
+    show_pods = source.name == "prometheus" if pod_selector is None else pod_selector
+    controls = [_selector("model", "all models"), _selector("engine", "all engines")]
+    controls.append(html.Div(_selector("pod", "all pods"),
+                             style={} if show_pods else {"display": "none"}))
+    if scenario is not None:
+        controls.append(html.Div([html.Span("scenario ", style={"fontSize": "13px"}),
+                                  dcc.Dropdown(id="scenario", value=scenario.current,
+                                               clearable=False, className="pw-select",
+                                               options=[{"label": s, "value": s}
+                                                        for s in scenario.scenarios])],
+                                 style={"display": "flex", "alignItems": "center"}))
+    app.layout = html.Div([
+        html.Div([html.H1("phasewatch"),
+                  html.Span(f"{source.name} {source.url}", className="pw-source",
+                            id="source"),
+                  html.Div(controls, className="pw-selectors")], className="pw-header"),
+        html.Div([
+            html.Div(id="state"),
+            html.Div(id="cards", className="pw-cards"),
+            html.Div([html.Div(dcc.Graph(id=g, config={"displaylogo": False}),
+                               className="pw-panel") for g in GRAPHS], className="pw-grid"),
+        ], className="pw-main"),
+        html.Div(id="footer", className="pw-footer"),
+        html.Div(id="scenario-note", style={"display": "none"}),
+        dcc.Interval(id="tick", interval=int(refresh * 1000)),
+    ])
+
+    @app.callback([Output("state", "children"), Output("cards", "children"),
+                   *[Output(g, "figure") for g in GRAPHS],
+                   Output("model", "options"), Output("engine", "options"),
+                   Output("pod", "options"), Output("footer", "children")],
+                  [Input("tick", "n_intervals"), Input("model", "value"),
+                   Input("engine", "value"), Input("pod", "value")])
+    def refresh_page(_, models, engines, pods):
+        started = time.perf_counter()
+        selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()))
+        snap = cached.fetch(selection)
+        labels = snap.labels
+        options = [_options(labels[k].tolist(), chosen)
+                   for k, chosen in (("model", models), ("engine", engines), ("pod", pods))]
+        state = panels.state_panel(snap, cached.last_ok)
+        stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
+        if snap.error is not None:
+            footer = f"{stamp}: {snap.error.message}"
+            return [state, dash.no_update, *[dash.no_update] * len(GRAPHS), *options, footer]
+        body = [state] if state is not None else panels.banners(snap)
+        cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
+        figs = build_figures(snap)
+        took = (time.perf_counter() - started) * 1000
+        footer = (f"Updated {stamp} from {source.name} {source.url}; window "
+                  f"{snap.window_seconds:g} s; server time {took:.0f} ms.")
+        return [body, cards, *figs, *options, footer]
+
+    if scenario is not None:
+        @app.callback(Output("scenario-note", "children"), Input("scenario", "value"),
+                      prevent_initial_call=True)
+        def switch_scenario(name):
+            scenario.switch(name)
+            scenario.current = name
+            return f"scenario {name}"
+
+    return app
+
+
+class DashboardServer:
+    """The app on a real socket (port 0 picks one), served from a thread."""
+
+    def __init__(self, app: dash.Dash, host: str = "127.0.0.1", port: int = 8050):
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+        self._server = make_server(host, port, app.server, threaded=True)
+        self.host = host
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="pw-dashboard", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}/"
+
+    def start(self) -> DashboardServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

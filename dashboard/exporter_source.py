@@ -1,0 +1,167 @@
+"""Frames from one exporter's JSON API (``/api/v1/summary``, ``roofline``, ``history``,
+``requests``): the embedded default, and what ``--exporter URL`` reads."""
+
+from __future__ import annotations
+
+import math
+import time
+from urllib.parse import urlencode
+
+import pandas as pd
+
+from dashboard.frames import (
+    ALL,
+    CEILING_COLUMNS,
+    KEYS,
+    KPI_COLUMNS,
+    POINT_COLUMNS,
+    PROMPT_CLASS_COLUMNS,
+    PROMPT_POINT_COLUMNS,
+    SERIES_COLUMNS,
+    SERIES_METRICS,
+    VERDICT_COLUMNS,
+    WATERFALL_COLUMNS,
+    Selection,
+    Snapshot,
+    frame,
+)
+from dashboard.http import FetchError, base_url, get_json
+
+WATERFALL_REQUESTS = 40  # bars in the request waterfall
+PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter
+
+
+def _finite(x) -> float:
+    return float(x) if x is not None and math.isfinite(float(x)) else math.nan
+
+
+def _key(row: dict) -> dict:
+    return {"model": row["model"], "engine": row["engine"], "pod": row.get("pod", "")}
+
+
+class ExporterSource:
+    name = "exporter"
+
+    def __init__(self, url: str, timeout: float = 3.0, history_seconds: float = 600.0):
+        self.url = base_url(url, "http://127.0.0.1:9464")
+        self.timeout = timeout
+        self.history_seconds = history_seconds
+
+    def _get(self, path: str, **params) -> dict:
+        query = f"?{urlencode(params)}" if params else ""
+        return get_json(f"{self.url}{path}{query}", self.timeout, "exporter")
+
+    def fetch(self, selection: Selection = ALL) -> Snapshot:
+        try:
+            summary = self._get("/api/v1/summary")
+            roofline = self._get("/api/v1/roofline")
+            history = self._get("/api/v1/history", seconds=self.history_seconds)
+            one_model = selection.models[0] if len(selection.models) == 1 else None
+            params = {"limit": PROMPT_POINTS, **({"model": one_model} if one_model else {})}
+            requests = self._get("/api/v1/requests", **params)["requests"]
+        except FetchError as e:
+            return Snapshot(self.name, self.url, error=e.error, fetched_at=time.time())
+        snap = snapshot_from_api(summary, roofline, history, requests, self.url)
+        return snap.select(selection.models, selection.engines, selection.pods)
+
+
+def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: list[dict],
+                      url: str = "") -> Snapshot:
+    """The frames of one exporter's answers (pure; unit-tested on recorded answers)."""
+    roof = {tuple(_key(r).values()): r for r in roofline.get("models", [])}
+    kpis, classes = [], []
+    for m in summary.get("models", []):
+        k = _key(m)
+        est = (roof.get(tuple(k.values())) or {}).get("estimate") or {}
+        share = m["phase_time_share"]
+        kpis.append({**k, **{f"{name}_{q}": m[f"{name}_seconds"].get(q)
+                             for name in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p95")},
+                     "request_rate": m["request_rate"],
+                     "prompt_tokens_per_second": m["prompt_tokens_per_second"],
+                     "output_tokens_per_second": m["output_tokens_per_second"],
+                     "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
+                     "mfu": (est.get("prefill") or {}).get("flops_utilization"),
+                     "decode_batch_size": est.get("decode_batch_size"),
+                     **{f"{p}_share": share[p] for p in ("queue", "prefill", "decode")}})
+        for c in m.get("ttft_by_prompt_class", []):
+            classes.append({**k, "prompt_class": c["prompt_class"],
+                            "min_tokens": c["min_tokens"], "max_tokens": c["max_tokens"],
+                            "ttft_p50": c["ttft_seconds"]["p50"],
+                            "ttft_p95": c["ttft_seconds"]["p95"],
+                            "prefill_per_token_p50": c["prefill_seconds_per_token"]["p50"],
+                            "count": c["ttft_seconds"]["count"]})
+    verdicts, points, ceilings = [], [], []
+    for r in roofline.get("models", []):
+        k = _key(r)
+        est = r.get("estimate") or {}
+        v = r.get("verdict")
+        if v is not None:
+            share = v["evidence"].get("phase_time_share", {})
+            verdicts.append({**k, "phase": v["phase"], "resource": v["resource"],
+                             "confidence": v["confidence"], "text": v["text"],
+                             "levers": tuple(v["levers"]),
+                             **{f"{p}_share": share.get(p) for p in ("queue", "prefill",
+                                                                      "decode")},
+                             "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
+                             "mfu": (est.get("prefill") or {}).get("flops_utilization"),
+                             "agreeing": 1, "reporting": 1})
+        trail = r.get("trail") or []
+        for j, p in enumerate(trail):
+            for phase in ("prefill", "decode"):
+                op = p.get(phase)
+                if op:
+                    points.append({**k, "at": p["at"], "phase": phase,
+                                   "intensity": _finite(op["arithmetic_intensity"]),
+                                   "flops": _finite(op["achieved_flops_per_second"]),
+                                   "latest": j == len(trail) - 1})
+        d = r.get("deployment")
+        if d:
+            ceilings.append({**k, "hardware": f"{d['hardware']} x{d['gpus']}",
+                             "ceiling": "datasheet",
+                             "bandwidth": d["peak_bandwidth_bytes_per_second"],
+                             "flops": d["peak_flops_per_second"]})
+            ceilings.append({**k, "hardware": f"{d['hardware']} x{d['gpus']}",
+                             "ceiling": ("measured" if d.get("achievable_source") == "calibrated"
+                                         else "achievable"),
+                             "bandwidth": d["achievable_bandwidth_bytes_per_second"],
+                             "flops": d["achievable_flops_per_second"]})
+    series = [pd.DataFrame({"at": s["at"], **{m: s[m] for m in SERIES_METRICS}})
+              .melt(id_vars="at", var_name="metric", value_name="value")
+              .assign(**_key(s)).dropna(subset=["value"])
+              for s in history.get("series", [])]
+    snap = Snapshot("exporter", url, window_seconds=summary.get("window_seconds", 30.0),
+                    kpis=frame(KPI_COLUMNS, kpis), verdicts=frame(VERDICT_COLUMNS, verdicts),
+                    points=frame(POINT_COLUMNS, points),
+                    ceilings=frame(CEILING_COLUMNS, ceilings),
+                    series=(pd.concat(series, ignore_index=True)[list(SERIES_COLUMNS)]
+                            if series else frame(SERIES_COLUMNS)),
+                    waterfall=frame(WATERFALL_COLUMNS, _waterfall(requests)),
+                    prompt_points=frame(PROMPT_POINT_COLUMNS, [
+                        {**_key(q), "prompt_tokens": q["prompt_tokens"], "ttft": q["ttft"]}
+                        for q in requests
+                        if q.get("prompt_tokens") is not None and q.get("ttft") is not None]),
+                    prompt_classes=frame(PROMPT_CLASS_COLUMNS, classes),
+                    fetched_at=time.time())
+    keys = [*snap.kpis[list(KEYS)].to_dict("records"),
+            *snap.verdicts[list(KEYS)].to_dict("records")]
+    snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
+        drop=True)
+    return snap
+
+
+def _waterfall(requests: list[dict]) -> list[dict]:
+    """The newest requests as bars, placed on a shared clock ending at the newest end."""
+    rows = []
+    for q in requests[:WATERFALL_REQUESTS]:
+        parts = [q.get(p) for p in ("queue", "prefill", "decode")]
+        if q.get("arrival") is None or any(p is None for p in parts):
+            continue
+        rows.append({**_key(q), "label": q["request_id"], "kind": "request",
+                     "arrival": q["arrival"], "queue": parts[0], "prefill": parts[1],
+                     "decode": parts[2], "prompt_tokens": q.get("prompt_tokens"),
+                     "output_tokens": q.get("output_tokens")})
+    if rows:
+        newest = max(r["arrival"] + r["queue"] + r["prefill"] + r["decode"] for r in rows)
+        for r in rows:
+            r["start"] = r.pop("arrival") - newest
+    return rows

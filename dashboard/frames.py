@@ -1,0 +1,116 @@
+"""The frames every data source produces and every figure reads.
+
+A source (the exporter's JSON API, or PromQL over Prometheus's HTTP API) turns its
+answers into a ``Snapshot``: pandas frames with the columns below, keyed by
+``model``, ``engine`` and ``pod`` ("" where the source does not split by pod). The
+figures in ``dashboard.figures`` only ever see these frames, so they are the same
+whatever the source. Times are Unix seconds, durations seconds, rates per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+KEYS = ("model", "engine", "pod")
+
+# One row per label set: the KPI cards.
+KPI_COLUMNS = (*KEYS, "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
+               "e2e_p50", "e2e_p95", "request_rate", "prompt_tokens_per_second",
+               "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
+               "queue_share", "prefill_share", "decode_share")
+# One row per label set: the verdict banner. ``levers`` holds a tuple of strings;
+# ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
+VERDICT_COLUMNS = (*KEYS, "phase", "resource", "confidence", "text", "levers",
+                   "queue_share", "prefill_share", "decode_share", "mbu", "mfu",
+                   "agreeing", "reporting")
+# Roofline operating points, the newest (``latest``) and the trail before it.
+POINT_COLUMNS = (*KEYS, "at", "phase", "intensity", "flops", "latest")
+# Roofline ceilings: ``ceiling`` is datasheet, achievable or measured.
+CEILING_COLUMNS = (*KEYS, "hardware", "ceiling", "bandwidth", "flops")
+# Time series, long form: one row per (label set, time, metric).
+SERIES_COLUMNS = (*KEYS, "at", "metric", "value")
+# Waterfall bars: one row per request (exporter) or one mean request per label set
+# (Prometheus, ``kind`` = "mean"); ``start`` is seconds before the newest bar's end.
+WATERFALL_COLUMNS = (*KEYS, "label", "kind", "start", "queue", "prefill", "decode",
+                     "prompt_tokens", "output_tokens")
+# TTFT against prompt length: per request, where the source has requests.
+PROMPT_POINT_COLUMNS = (*KEYS, "prompt_tokens", "ttft")
+# TTFT and prefill seconds per token by prompt-length class (both sources).
+PROMPT_CLASS_COLUMNS = (*KEYS, "prompt_class", "min_tokens", "max_tokens", "ttft_p50",
+                        "ttft_p95", "prefill_per_token_p50", "count")
+
+SERIES_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
+                  "prompt_tokens_per_second", "output_tokens_per_second", "queue_share",
+                  "prefill_share", "decode_share")
+
+
+def frame(columns: tuple[str, ...], rows: list[dict] | None = None) -> pd.DataFrame:
+    """A frame with exactly ``columns`` (missing values as NaN/None), in that order."""
+    df = pd.DataFrame(rows or [], columns=list(columns))
+    for k in KEYS:
+        if k in df.columns:
+            df[k] = df[k].fillna("").astype(str)
+    return df
+
+
+@dataclass(frozen=True)
+class SourceError:
+    """Why the source could not answer: ``kind`` is unreachable, http or query."""
+
+    kind: str
+    message: str
+    target: str  # the URL tried, or the PromQL that failed
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the user picked; an empty tuple means all."""
+
+    models: tuple[str, ...] = ()
+    engines: tuple[str, ...] = ()
+    pods: tuple[str, ...] = ()
+
+
+ALL = Selection()
+
+
+@dataclass
+class Snapshot:
+    source: str  # "exporter" or "prometheus"
+    target: str  # the base URL
+    window_seconds: float = 30.0
+    kpis: pd.DataFrame = field(default_factory=lambda: frame(KPI_COLUMNS))
+    verdicts: pd.DataFrame = field(default_factory=lambda: frame(VERDICT_COLUMNS))
+    points: pd.DataFrame = field(default_factory=lambda: frame(POINT_COLUMNS))
+    ceilings: pd.DataFrame = field(default_factory=lambda: frame(CEILING_COLUMNS))
+    series: pd.DataFrame = field(default_factory=lambda: frame(SERIES_COLUMNS))
+    waterfall: pd.DataFrame = field(default_factory=lambda: frame(WATERFALL_COLUMNS))
+    prompt_points: pd.DataFrame = field(default_factory=lambda: frame(PROMPT_POINT_COLUMNS))
+    prompt_classes: pd.DataFrame = field(default_factory=lambda: frame(PROMPT_CLASS_COLUMNS))
+    # Every label set the source knows (for the selectors), whatever was selected.
+    labels: pd.DataFrame = field(default_factory=lambda: frame(KEYS))
+    error: SourceError | None = None
+    fetched_at: float = 0.0
+
+    FRAMES = ("kpis", "verdicts", "points", "ceilings", "series", "waterfall",
+              "prompt_points", "prompt_classes")
+
+    @property
+    def empty(self) -> bool:
+        return self.kpis.empty and self.verdicts.empty
+
+    def select(self, models=(), engines=(), pods=()) -> Snapshot:
+        """A copy whose frames hold only the chosen label sets (an empty choice keeps all);
+        ``labels`` keeps every label set."""
+        out = Snapshot(self.source, self.target, self.window_seconds, labels=self.labels,
+                       error=self.error, fetched_at=self.fetched_at)
+        for name in self.FRAMES:
+            df = getattr(self, name)
+            keep = pd.Series(True, index=df.index)
+            for col, wanted in (("model", models), ("engine", engines), ("pod", pods)):
+                if wanted:
+                    keep &= df[col].isin(list(wanted))
+            setattr(out, name, df[keep].reset_index(drop=True))
+        return out

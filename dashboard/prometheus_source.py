@@ -1,0 +1,244 @@
+"""Frames from PromQL over Prometheus's HTTP API: a whole cluster, aggregated across pods.
+
+Every expression comes from ``dashboard.queries``. Queries of one refresh run
+concurrently; the first failure becomes the snapshot's error, naming the query
+(or the URL, when Prometheus cannot be reached).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlencode
+
+from dashboard import queries as q
+from dashboard.frames import (
+    ALL,
+    CEILING_COLUMNS,
+    KEYS,
+    KPI_COLUMNS,
+    POINT_COLUMNS,
+    PROMPT_CLASS_COLUMNS,
+    SERIES_COLUMNS,
+    VERDICT_COLUMNS,
+    WATERFALL_COLUMNS,
+    Selection,
+    Snapshot,
+    SourceError,
+    frame,
+)
+from dashboard.http import FetchError, base_url, get_json
+from exporter.buckets import PROMPT_CLASSES
+from exporter.verdict import LEVERS, headline
+
+PHASES = ("queue", "prefill", "decode")
+
+
+def _value(raw: str) -> float:
+    v = float(raw)
+    return v if math.isfinite(v) else math.nan
+
+
+class PrometheusSource:
+    name = "prometheus"
+
+    def __init__(self, url: str, rate_range: str = "1m", timeout: float = 5.0,
+                 history_seconds: float = 600.0, trail_seconds: float = 120.0,
+                 pod_label: str = "pod", clock=time.time):
+        self.url = base_url(url, "http://prometheus:9090")
+        self.rate_range = rate_range
+        self.timeout = timeout
+        self.history_seconds = history_seconds
+        self.trail_seconds = trail_seconds
+        self.pod_label = pod_label
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pw-promql")
+
+    # ---- HTTP API ----------------------------------------------------------------
+    def _api(self, path: str, expr: str, **params) -> list[dict]:
+        url = f"{self.url}{path}?{urlencode({'query': expr, **params})}"
+        try:
+            body = get_json(url, self.timeout, "Prometheus", target=self.url)
+        except FetchError as e:
+            if e.error.kind == "unreachable":
+                raise
+            raise FetchError(SourceError("query", f"Prometheus query failed: "
+                                         f"{e.error.message}", expr)) from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise FetchError(SourceError("query", f"Prometheus query failed: "
+                                         f"{body.get('error') if isinstance(body, dict) else body}",
+                                         expr))
+        return body["data"]["result"]
+
+    def instant(self, expr: str, at: float) -> list[tuple[dict, float]]:
+        return [(r["metric"], _value(r["value"][1]))
+                for r in self._api("/api/v1/query", expr, time=at)]
+
+    def range(self, expr: str, start: float, end: float, step: float
+              ) -> list[tuple[dict, list[tuple[float, float]]]]:
+        rows = self._api("/api/v1/query_range", expr, start=start, end=end, step=step)
+        return [(r["metric"], [(float(t), _value(v)) for t, v in r["values"]]) for r in rows]
+
+    # ---- one refresh -----------------------------------------------------------
+    def fetch(self, selection: Selection = ALL) -> Snapshot:
+        now = self._clock()
+        sel = q.matcher(selection.models, selection.engines, selection.pods, self.pod_label)
+
+        def expr(template: str) -> str:
+            return q.render(template, sel, self.rate_range, self.pod_label)
+
+        step = max(1.0, self.history_seconds / 200)
+        trail_step = max(1.0, self.trail_seconds / 30)
+        instant = {f"kpi:{k}": expr(t) for k, t in q.KPIS.items()}
+        instant |= {"share": expr(q.PHASE_SHARE), "mean": expr(q.PHASE_MEAN),
+                    "votes": expr(q.VERDICT_VOTES), "reporting": expr(q.VERDICT_REPORTING),
+                    "confidence": expr(q.VERDICT_CONFIDENCE), "intensity": expr(q.INTENSITY),
+                    "flops": expr(q.ACHIEVED_FLOPS), "peak_bw": expr(q.PEAK_BANDWIDTH),
+                    "peak_flops": expr(q.PEAK_FLOPS),
+                    "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
+        instant |= {f"class:{k}": expr(t) for k, t in q.PROMPT_CLASS.items()}
+        ranged = {f"series:{k}": (expr(t), now - self.history_seconds, step)
+                  for k, t in q.SERIES.items()}
+        ranged |= {"trail:intensity": (expr(q.INTENSITY), now - self.trail_seconds, trail_step),
+                   "trail:flops": (expr(q.ACHIEVED_FLOPS), now - self.trail_seconds,
+                                   trail_step)}
+        futures = {k: self._pool.submit(self.instant, e, now) for k, e in instant.items()}
+        futures |= {k: self._pool.submit(self.range, e, start, now, st)
+                    for k, (e, start, st) in ranged.items()}
+        results = {}
+        for k, f in futures.items():
+            try:
+                results[k] = f.result()
+            except FetchError as e:
+                return Snapshot(self.name, self.url, error=e.error, fetched_at=now)
+        return self._snapshot(results, now)
+
+    def _snapshot(self, r: dict, now: float) -> Snapshot:
+        def key(metric: dict, pod: bool = False) -> dict:
+            return {"model": metric.get("model", ""), "engine": metric.get("engine", ""),
+                    "pod": metric.get(self.pod_label, "") if pod else ""}
+
+        kpis: dict[tuple, dict] = defaultdict(dict)
+        for name in q.KPIS:
+            for metric, v in r[f"kpi:{name}"]:
+                kpis[tuple(key(metric).values())][name] = v
+        for metric, v in r["share"]:
+            kpis[tuple(key(metric).values())][f"{metric.get('phase')}_share"] = v
+        kpi_rows = [{**dict(zip(KEYS, k, strict=True)), **v} for k, v in kpis.items()
+                    if any(not math.isnan(x) for x in v.values())]
+        snap = Snapshot("prometheus", self.url, fetched_at=now,
+                        kpis=frame(KPI_COLUMNS, kpi_rows),
+                        verdicts=frame(VERDICT_COLUMNS, self._verdicts(r, kpis, key)),
+                        points=frame(POINT_COLUMNS, self._points(r, key, now)),
+                        ceilings=frame(CEILING_COLUMNS, self._ceilings(r, key)),
+                        series=frame(SERIES_COLUMNS, self._series(r, key)),
+                        waterfall=frame(WATERFALL_COLUMNS, self._waterfall(r, key)),
+                        prompt_classes=frame(PROMPT_CLASS_COLUMNS, self._classes(r, key)),
+                        labels=frame(KEYS, [key(m, pod=True) for m, _ in r["labels"]]))
+        snap.labels = snap.labels.drop_duplicates().sort_values(list(KEYS)).reset_index(
+            drop=True)
+        return snap
+
+    @staticmethod
+    def _verdicts(r: dict, kpis: dict, key) -> list[dict]:
+        votes: dict[tuple, list] = defaultdict(list)
+        for metric, n in r["votes"]:
+            votes[tuple(key(metric).values())].append((n, metric["phase"], metric["resource"]))
+        reporting = {tuple(key(m).values()): n for m, n in r["reporting"]}
+        confidence = {tuple(key(m).values()): v for m, v in r["confidence"]}
+        rows = []
+        for k, options in votes.items():
+            n, phase, resource = max(options)
+            total = int(reporting.get(k, n))
+            figures = kpis.get(k, {})
+            share = figures.get(f"{phase}_share", math.nan)
+            text = f"{headline(phase, resource)} on {int(n)} of {total} pods reporting"
+            if not math.isnan(share):
+                text += f": {phase} takes {share:.0%} of request time"
+            text += "."
+            for label, name in (("Decode MBU", "mbu"), ("Prefill MFU", "mfu")):
+                if not math.isnan(figures.get(name, math.nan)):
+                    text += f" {label} {figures[name]:.0%}."
+            rows.append({**dict(zip(KEYS, k, strict=True)), "phase": phase,
+                         "resource": resource, "confidence": confidence.get(k, math.nan),
+                         "text": text, "levers": LEVERS.get((phase, resource), ()),
+                         **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},
+                         "mbu": figures.get("mbu"), "mfu": figures.get("mfu"),
+                         "agreeing": int(n), "reporting": total})
+        return rows
+
+    def _points(self, r: dict, key, now: float) -> list[dict]:
+        rows = []
+        flops = {(tuple(key(m).values()), m.get("phase")): v for m, v in r["flops"]}
+        for m, v in r["intensity"]:
+            k = tuple(key(m).values())
+            f = flops.get((k, m.get("phase")))
+            if f is not None:
+                rows.append({**dict(zip(KEYS, k, strict=True)), "at": now,
+                             "phase": m.get("phase"), "intensity": v, "flops": f,
+                             "latest": True})
+        trail_flops = {(tuple(key(m).values()), m.get("phase")): dict(vals)
+                       for m, vals in r["trail:flops"]}
+        for m, vals in r["trail:intensity"]:
+            k = tuple(key(m).values())
+            f = trail_flops.get((k, m.get("phase")), {})
+            rows.extend({**dict(zip(KEYS, k, strict=True)), "at": t, "phase": m.get("phase"),
+                         "intensity": v, "flops": f[t], "latest": False}
+                        for t, v in vals if t in f)
+        return rows
+
+    @staticmethod
+    def _ceilings(r: dict, key) -> list[dict]:
+        flops = {(tuple(key(m).values()), m.get("ceiling")): v for m, v in r["peak_flops"]}
+        return [{**key(m), "hardware": "", "ceiling": m.get("ceiling", ""), "bandwidth": v,
+                 "flops": flops.get((tuple(key(m).values()), m.get("ceiling")), math.nan)}
+                for m, v in r["peak_bw"]]
+
+    @staticmethod
+    def _series(r: dict, key) -> list[dict]:
+        rows = []
+        for name in q.SERIES:
+            for m, vals in r[f"series:{name}"]:
+                metric = f"{m.get('phase')}_share" if name == "phase_share" else name
+                rows.extend({**key(m), "at": t, "metric": metric, "value": v}
+                            for t, v in vals if not math.isnan(v))
+        return rows
+
+    def _waterfall(self, r: dict, key) -> list[dict]:
+        means: dict[tuple, dict] = defaultdict(dict)
+        for m, v in r["mean"]:
+            means[tuple(key(m, pod=True).values())][m.get("phase")] = v
+        rows = []
+        for k, phases in sorted(means.items()):
+            if any(math.isnan(phases.get(p, math.nan)) for p in PHASES):
+                continue
+            model, engine, pod = k
+            rows.append({"model": model, "engine": engine, "pod": pod,
+                         "label": f"mean request, {pod or model}", "kind": "mean",
+                         "start": -sum(phases[p] for p in PHASES),
+                         **{p: phases[p] for p in PHASES}})
+        return rows
+
+    @staticmethod
+    def _classes(r: dict, key) -> list[dict]:
+        bounds, lower = {}, 0
+        for upper, label in PROMPT_CLASSES:
+            bounds[label] = (lower, upper)
+            lower = upper + 1
+        rows: dict[tuple, dict] = {}
+        for name in q.PROMPT_CLASS:
+            for m, v in r[f"class:{name}"]:
+                label = m.get("prompt_class", "")
+                if label not in bounds:
+                    continue
+                k = (*key(m).values(), label)
+                rows.setdefault(k, {**key(m), "prompt_class": label,
+                                    "min_tokens": bounds[label][0],
+                                    "max_tokens": bounds[label][1]})[name] = v
+        return [row for row in rows.values() if row.get("count", 0) > 0]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+

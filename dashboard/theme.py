@@ -1,0 +1,85 @@
+"""Colours, units and the words behind the jargon: one place for the whole page.
+
+Phase colours are the Okabe-Ito colour-blind-safe palette, the same in every
+figure, the banner and the cards: queue orange, prefill blue, decode green.
+"""
+
+from __future__ import annotations
+
+PHASE_COLORS = {"queue": "#E69F00", "prefill": "#0072B2", "decode": "#009E73"}
+PHASES = ("queue", "prefill", "decode")
+# The banner takes the colour of the bottleneck; overhead and unknown get their own.
+RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "overhead": "#CC79A7",
+                   "unknown": "#7F7F7F"}
+NEUTRAL = "#7F7F7F"
+ERROR = "#D55E00"
+CEILING_STYLES = {"datasheet": {"color": "#444444", "dash": "solid"},
+                  "achievable": {"color": "#888888", "dash": "dash"},
+                  "measured": {"color": "#CC79A7", "dash": "dash"}}
+
+
+def verdict_color(phase: str | None, resource: str | None) -> str:
+    if resource in RESOURCE_COLORS:
+        return RESOURCE_COLORS[resource]
+    return PHASE_COLORS.get(phase or "", NEUTRAL)
+
+
+# Tooltips for every term a newcomer may not know (shown on hover, dotted underline).
+GLOSSARY = {
+    "TTFT": "Time to first token: from the request's arrival to its first output token "
+            "(queue + prefill).",
+    "ITL": "Inter-token latency: every gap between consecutive output tokens, pooled over "
+           "requests (stalls show in its tail).",
+    "TPOT": "Time per output token: one request's decode time / (output tokens - 1).",
+    "e2e": "End-to-end latency: arrival to the last token.",
+    "MBU": "Model bandwidth utilization: bytes decode moved per second over the GPUs' "
+           "datasheet peak memory bandwidth.",
+    "MFU": "Model FLOPs utilization: FLOP/s prefill performed over the GPUs' datasheet dense "
+           "peak.",
+    "decode batch": "Estimated mean number of requests decoding together in one step "
+                    "(from overlapping decode intervals).",
+    "arithmetic intensity": "FLOPs performed per byte moved from memory. Left of the ridge "
+                            "a phase is bandwidth-bound, right of it compute-bound.",
+    "queue": "Waiting for the scheduler: arrival to scheduled.",
+    "prefill": "Reading the prompt in one parallel pass: scheduled to first token "
+               "(compute-bound).",
+    "decode": "Emitting tokens one step at a time: first to last token "
+              "(memory-bandwidth-bound).",
+    "confidence": "How sure the verdict is: sample size, margins between phases and "
+                  "ceilings, and the quality of the inputs.",
+}
+
+PAGE_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif;
+       margin: 0; background: #f5f6f8; color: #222; }
+.pw-header { display: flex; align-items: center; gap: 16px; padding: 10px 20px;
+             background: #1f2430; color: #fff; flex-wrap: wrap; }
+.pw-header h1 { font-size: 18px; margin: 0 12px 0 0; }
+.pw-source { font-size: 12px; opacity: 0.8; }
+.pw-selectors { display: flex; gap: 8px; flex-wrap: wrap; align-items: center; }
+.pw-selectors .pw-select { min-width: 180px; color: #222; }
+.pw-main { padding: 12px 20px; }
+.pw-state { padding: 14px 18px; border-radius: 6px; margin-bottom: 12px;
+            border-left: 8px solid #7F7F7F; background: #fff; }
+.pw-state.error { border-left-color: #D55E00; background: #fdf1ea; }
+.pw-banner { padding: 12px 18px; border-radius: 6px; margin-bottom: 10px; color: #fff; }
+.pw-banner h2 { margin: 0 0 4px 0; font-size: 22px; }
+.pw-banner p { margin: 4px 0; }
+.pw-chips { display: flex; gap: 8px; flex-wrap: wrap; margin-top: 6px; }
+.pw-chip { background: rgba(255,255,255,0.2); border-radius: 12px; padding: 2px 10px;
+           font-size: 13px; }
+.pw-levers { font-size: 14px; margin-top: 6px; }
+.pw-cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr));
+            gap: 8px; margin-bottom: 12px; }
+.pw-card { background: #fff; border-radius: 6px; padding: 8px 12px;
+           box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
+.pw-card .pw-card-title { font-size: 12px; color: #555; }
+.pw-card .pw-card-value { font-size: 20px; font-weight: 600; }
+.pw-card .pw-card-sub { font-size: 11px; color: #777; }
+.pw-term { text-decoration: underline dotted; cursor: help; }
+.pw-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr));
+           gap: 10px; }
+.pw-panel { background: #fff; border-radius: 6px; padding: 6px;
+            box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
+.pw-footer { font-size: 12px; color: #666; padding: 6px 20px 16px; }
+"""

@@ -1,0 +1,79 @@
+"""The dashboard's two sources agree: a real Prometheus scraping an exporter under
+simulated load gives the same KPIs (within 10%) as the exporter's own JSON API."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from dashboard.exporter_source import ExporterSource
+from dashboard.frames import Selection, Snapshot
+from dashboard.prometheus_source import PrometheusSource
+from exporter.app import Exporter
+from exporter.client import PhasewatchClient
+from exporter.config import ServeConfig
+from exporter.deployments import ModelOptions
+from exporter.sim.scenarios import scenario
+from tests.conftest import TEST_PORTS
+from tests.prom import PrometheusServer, free_port
+
+KPIS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50",
+        "request_rate", "prompt_tokens_per_second", "output_tokens_per_second", "mbu", "mfu",
+        "decode_batch_size", "queue_share", "prefill_share", "decode_share")
+
+
+def _row(snap: Snapshot) -> dict:
+    assert snap.error is None, snap.error
+    assert len(snap.kpis) == 1, snap.kpis
+    return snap.kpis.iloc[0].to_dict()
+
+
+def test_prometheus_source_renders_the_same_kpis_as_the_exporter_source(tmp_path):
+    config = ServeConfig(**TEST_PORTS, window_seconds=30.0, roofline_interval=1.0,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    with Exporter(config) as ex, PrometheusServer(
+            tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+        engine = scenario("chat").build(seed=5, rate_scale=1.5)
+        client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm")
+        stop = threading.Event()
+        runner = threading.Thread(target=engine.run, args=(120.0,), daemon=True,
+                                  kwargs={"on_finish": client.record_request, "time_scale": 1.0,
+                                          "should_stop": stop.is_set})
+        runner.start()
+        try:
+            time.sleep(40)  # a full 30 s window of steady load, scraped every second
+            exporter_kpis = _row(ExporterSource(f"http://127.0.0.1:{ex.http_port}").fetch())
+            prometheus = PrometheusSource(prom.url, rate_range="30s")
+            prometheus_kpis = _row(prometheus.fetch())
+            prometheus.close()
+        finally:
+            stop.set()
+            runner.join(10)
+            client.close()
+    report = []
+    for k in KPIS:
+        a, b = exporter_kpis[k], prometheus_kpis[k]
+        report.append(f"{k}: exporter {a:.6g} prometheus {b:.6g}")
+        assert not (math.isnan(a) or math.isnan(b)), report[-1]
+    print("\n".join(report))
+    for k in KPIS:
+        a, b = exporter_kpis[k], prometheus_kpis[k]
+        tolerance = 0.10 * abs(a) if not k.endswith("_share") or a > 0.05 else 0.01
+        assert abs(a - b) <= tolerance, "\n".join(report)
+
+
+def test_prometheus_errors_name_the_query_or_the_url(tmp_path):
+    with PrometheusServer(tmp_path, []) as prom:
+        source = PrometheusSource(prom.url, rate_range="not-a-duration")
+        snap = source.fetch(Selection(models=("m",)))
+        source.close()
+    assert snap.error is not None and snap.error.kind == "query"
+    assert "not-a-duration" in snap.error.target and 'model=~"m"' in snap.error.target
+    url = f"http://127.0.0.1:{free_port()}"
+    snap = PrometheusSource(url, timeout=1).fetch()
+    assert snap.error.kind == "unreachable" and snap.error.target == url
+    with pytest.raises(ValueError, match="http://prometheus:9090"):
+        PrometheusSource("prometheus:9090")
