@@ -13,15 +13,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Debian packages the tests need: a real Prometheus server (and promtool).
+# Debian packages the tests need: a real Prometheus server (and promtool), and a
+# real headless browser with its WebDriver for the dashboard's tests.
 system-deps:
-	@if ! command -v prometheus >/dev/null 2>&1; then \
-	  echo "installing Debian package prometheus"; \
+	@missing=""; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# `make demo` prints the dashboard's URL (http://127.0.0.1:8050/).
 # `make demo DEMO_ARGS="--protocol otlp-grpc --span-shape tgi"` drives it through OTLP.
 demo: $(STAMP)
 	$(VENV)/bin/phasewatch demo $(DEMO_ARGS)
@@ -37,6 +43,7 @@ test: $(STAMP) system-deps lint
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/dashboard_refresh.py
 
 proto: $(STAMP)
 	$(PY) exporter/protocol/codegen.py

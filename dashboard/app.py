@@ -71,6 +71,26 @@ def build_figures(snap: Snapshot) -> list[dict]:
             figures.waterfall_figure(snap.waterfall)]
 
 
+def page_outputs(snap: Snapshot, last_ok: float | None = None,
+                 started: float | None = None) -> list:
+    """State or banners, cards, every figure, footer: what one refresh sends the page.
+    On a source error only the state and the footer change; the rest keeps its picture.
+    ``started``: ``perf_counter()`` when the refresh began (the footer shows its time)."""
+    started = time.perf_counter() if started is None else started
+    state = panels.state_panel(snap, last_ok)
+    stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
+    if snap.error is not None:
+        return [state, dash.no_update, *[dash.no_update] * len(GRAPHS),
+                f"{stamp}: {snap.error.message}"]
+    body = [state] if state is not None else panels.banners(snap)
+    cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
+    figs = build_figures(snap)
+    took = (time.perf_counter() - started) * 1000
+    footer = (f"Updated {stamp} from {snap.source} {snap.target}; window "
+              f"{snap.window_seconds:g} s; refresh took {took:.0f} ms on the server.")
+    return [body, cards, *figs, footer]
+
+
 def _options(values, chosen) -> list[dict]:
     return [{"label": v, "value": v} for v in sorted(set(values) | set(chosen or ())) if v]
 
@@ -116,30 +136,18 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     ])
 
     @app.callback([Output("state", "children"), Output("cards", "children"),
-                   *[Output(g, "figure") for g in GRAPHS],
+                   *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
                    Output("model", "options"), Output("engine", "options"),
-                   Output("pod", "options"), Output("footer", "children")],
+                   Output("pod", "options")],
                   [Input("tick", "n_intervals"), Input("model", "value"),
                    Input("engine", "value"), Input("pod", "value")])
     def refresh_page(_, models, engines, pods):
         started = time.perf_counter()
         selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()))
         snap = cached.fetch(selection)
-        labels = snap.labels
-        options = [_options(labels[k].tolist(), chosen)
+        options = [_options(snap.labels[k].tolist(), chosen)
                    for k, chosen in (("model", models), ("engine", engines), ("pod", pods))]
-        state = panels.state_panel(snap, cached.last_ok)
-        stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
-        if snap.error is not None:
-            footer = f"{stamp}: {snap.error.message}"
-            return [state, dash.no_update, *[dash.no_update] * len(GRAPHS), *options, footer]
-        body = [state] if state is not None else panels.banners(snap)
-        cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
-        figs = build_figures(snap)
-        took = (time.perf_counter() - started) * 1000
-        footer = (f"Updated {stamp} from {source.name} {source.url}; window "
-                  f"{snap.window_seconds:g} s; server time {took:.0f} ms.")
-        return [body, cards, *figs, *options, footer]
+        return [*page_outputs(snap, cached.last_ok, started), *options]
 
     if scenario is not None:
         @app.callback(Output("scenario-note", "children"), Input("scenario", "value"),

@@ -19,9 +19,11 @@ SECONDS_AXIS = {"tickformat": "~s", "ticksuffix": "s", "rangemode": "tozero"}
 
 
 def _layout(title: str, xaxis: dict, yaxis: dict, **extra) -> dict:
-    return {"title": {"text": title, "font": {"size": 14}}, "uirevision": title,
-            "margin": {"l": 60, "r": 10, "t": 36, "b": 44}, "height": 320,
-            "legend": {"orientation": "h", "y": -0.22, "font": {"size": 11}},
+    # Title on the left (the mode bar sits on the right); legend below the x-axis title.
+    return {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+            "uirevision": title, "margin": {"l": 60, "r": 10, "t": 36, "b": 90},
+            "height": 360, "legend": {"orientation": "h", "yanchor": "top", "y": -0.28,
+                                      "font": {"size": 11}},
             "xaxis": xaxis, "yaxis": yaxis, "hovermode": "closest",
             "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", **extra}
 

@@ -1,6 +1,7 @@
 """The phasewatch command as a user runs it: a real subprocess."""
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,16 +17,21 @@ PHASEWATCH = [sys.executable, "-m", "exporter.cli"]
 def test_demo_serves_live_metrics_then_exits_zero():
     proc = subprocess.Popen([*PHASEWATCH, "demo", "--duration", "5", "--http-port", "0",
                              "--grpc-port", "0", "--otlp-grpc-port", "0", "--otlp-http-port", "0",
-                             "--summary-every", "1"],
+                             "--dashboard-port", "0", "--summary-every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = None
+        url = dashboard = None
         for line in proc.stdout:
+            m = re.search(r"dashboard:\s+(http://\S+)", line)
+            dashboard = m.group(1) if m else dashboard
             m = re.search(r"metrics:\s+(http://\S+/metrics)", line)
             if m:
                 url = m.group(1)
                 break
         assert url, "demo did not print its metrics URL"
+        assert dashboard, "demo did not print its dashboard URL"
+        with urllib.request.urlopen(dashboard, timeout=10) as r:
+            assert r.status == 200 and b"<title>phasewatch</title>" in r.read()
         seen = 0.0
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not seen:
@@ -41,6 +47,33 @@ def test_demo_serves_live_metrics_then_exits_zero():
     assert "req/s" in out and "TTFT p50" in out
     # the demo configures the exporter with the simulated model and hardware
     assert "verdict Llama-3.1-8B: Decode takes" in out
+
+
+def test_dashboard_command_serves_the_page_and_stops_on_sigterm(exporter):
+    proc = subprocess.Popen([*PHASEWATCH, "dashboard", "--exporter",
+                             f"http://127.0.0.1:{exporter.http_port}", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"phasewatch dashboard on (http://\S+) reading exporter", line)
+        assert m, line
+        with urllib.request.urlopen(m.group(1), timeout=10) as r:
+            assert r.status == 200 and b"<title>phasewatch</title>" in r.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill() if proc.poll() is None else None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "one of the arguments --exporter --prometheus is required"),
+    (["--exporter", "localhost:9464"], "must look like http://127.0.0.1:9464"),
+    (["--exporter", "http://a:1", "--prometheus", "http://b:2"], "not allowed with"),
+])
+def test_dashboard_command_fails_fast_on_a_bad_source(args, message):
+    r = subprocess.run([*PHASEWATCH, "dashboard", "--port", "0", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 def test_serve_help_names_every_flag_and_its_variable():

@@ -1,0 +1,174 @@
+"""The dashboard in a real headless Chromium: the demo's scenarios move the verdict, the
+model selector filters every figure, and a stopped exporter shows (and recovers from)
+the unreachable state. Screenshots of each state are saved as test artefacts."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+
+from dashboard.app import DashboardServer, create_app
+from dashboard.exporter_source import ExporterSource
+from exporter.app import Exporter
+from exporter.client import PhasewatchClient
+from exporter.config import ServeConfig
+from exporter.deployments import ModelOptions
+from exporter.sim.scenarios import scenario
+from tests.browser import Browser
+from tests.conftest import TEST_PORTS
+
+# scenario -> the verdict the banner must name (phase, resource)
+EXPECTED = {"long_generation": ("decode", "memory_bandwidth"),
+            "rag": ("prefill", "compute"),
+            "overload": ("queue", "capacity")}
+
+
+@pytest.fixture
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+class Demo:
+    """``phasewatch demo`` as a user runs it, on free ports, with a short window so a
+    scenario switch shows within seconds."""
+
+    def __init__(self, first: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter.cli", "demo", "--scenario", first,
+             "--http-port", "0", "--grpc-port", "0", "--otlp-grpc-port", "0",
+             "--otlp-http-port", "0", "--dashboard-port", "0", "--time-scale", "4",
+             "--window-seconds", "10", "--roofline-interval", "1", "--refresh", "1",
+             "--summary-every", "1000"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.url: str | None = None
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                m = re.search(r"dashboard: (http://\S+)", line)
+                if m:
+                    self.url = m.group(1)
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(60):
+            self.stop()
+            raise AssertionError("the demo printed no dashboard URL:\n" + "".join(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _both_phase_points(browser: Browser) -> bool:
+    traces = browser.traces("roofline") or []
+    return {t["meta"] for t in traces if t["meta"] and t["n"] >= 1} >= {"prefill", "decode"}
+
+
+def test_demo_banner_follows_the_scenario_switch(browser):
+    demo = Demo("long_generation")
+    try:
+        browser.open(demo.url)
+        browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
+                         "the first refresh")
+        for i, (name, (phase, resource)) in enumerate(EXPECTED.items()):
+            if i:
+                browser.choose("scenario", name)
+            browser.wait_for(lambda p=phase, r=resource: any(
+                (b["phase"], b["resource"]) == (p, r) for b in browser.banners()), 120,
+                f"a {phase}/{resource} banner for {name}")
+            browser.wait_for(lambda: _both_phase_points(browser), 30,
+                             f"prefill and decode points on the roofline for {name}")
+            (banner,) = browser.banners()
+            assert banner["model"] == "Llama-3.1-8B"
+            assert "Levers that fit" in banner["text"]
+            browser.screenshot(f"scenario-{name}")
+            assert browser.console_errors() == []
+        cards = browser.text("#cards")
+        for label in ("TTFT", "ITL", "TPOT", "MBU", "MFU", "decode batch", "Requests/s"):
+            assert label in cards
+    finally:
+        assert demo.stop() == 0, "".join(demo.lines[-30:])
+    assert any("[overload]" in line for line in demo.lines)
+
+
+def _feed(ex_port: int, model: str, scenario_name: str, engine: str, stop: threading.Event):
+    """Paced simulated traffic for one model, sent with the phasewatch client."""
+    sim = scenario(scenario_name).build(seed=3, model=model, name=f"{engine}-0")
+    client = PhasewatchClient(f"127.0.0.1:{ex_port}", engine=engine)
+    try:
+        sim.run(600.0, on_finish=client.record_request, time_scale=4.0,
+                should_stop=stop.is_set)
+    finally:
+        client.close(timeout=2)
+
+
+def test_model_filter_and_exporter_outage(browser):
+    config = ServeConfig(**TEST_PORTS, window_seconds=10.0, roofline_interval=1.0, models=(
+        ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"),
+        ModelOptions(model="Qwen2.5-7B", hardware="H100-SXM")))
+    ex = Exporter(config).start()
+    stop = threading.Event()
+    feeders = [threading.Thread(target=_feed, args=(ex.grpc_port, m, s, e, stop), daemon=True)
+               for m, s, e in (("Llama-3.1-8B", "long_generation", "vllm"),
+                               ("Qwen2.5-7B", "rag", "sglang"))]
+    for f in feeders:
+        f.start()
+    source = ExporterSource(f"http://127.0.0.1:{ex.http_port}", timeout=1)
+    server = DashboardServer(create_app(source, refresh=1.0), port=0).start()
+    try:
+        browser.open(server.url)
+        browser.wait_for(lambda: {b["model"] for b in browser.banners()} >= {
+            "Llama-3.1-8B", "Qwen2.5-7B"}, 90, "a verdict for both models")
+        browser.screenshot("two-models")
+
+        browser.choose("model", "Qwen2.5-7B")
+
+        def only_qwen() -> bool:
+            banners = browser.banners()
+            waterfall = browser.traces("waterfall") or []
+            labels = {y for t in waterfall for y in t["y"]}
+            return (banners and {b["model"] for b in banners} == {"Qwen2.5-7B"}
+                    and labels and all(str(y).startswith("sglang-") for y in labels)
+                    and "vllm" not in browser.text("#cards"))
+
+        browser.wait_for(only_qwen, 30, "figures filtered to Qwen2.5-7B")
+        assert {b["phase"] for b in browser.banners()} == {"prefill"}
+        browser.screenshot("model-filter-qwen")
+        assert browser.console_errors() == []
+
+        # The exporter goes away: the page says so and names the URL it tried.
+        ex.stop(grace=1)
+        browser.wait_for(lambda: "unreachable" in browser.text("#state"), 30,
+                         "the unreachable state")
+        assert f"127.0.0.1:{ex.http_port}" in browser.text("#state")
+        browser.screenshot("exporter-unreachable")
+
+        # It comes back on the same ports; the clients resend and the page recovers.
+        ex = Exporter(replace(config, grpc_port=ex.grpc_port, http_port=ex.http_port)).start()
+        browser.wait_for(lambda: browser.banners() and "unreachable" not in browser.text(
+            "#state"), 90, "the page to recover")
+        browser.screenshot("exporter-recovered")
+        severe = [e for e in browser.console_errors()
+                  if "Failed to load resource" not in e["message"]]
+        assert severe == []
+    finally:
+        stop.set()
+        for f in feeders:
+            f.join(10)
+        server.stop()
+        ex.stop(grace=1)

@@ -1,0 +1,221 @@
+"""Frames, figures and panels on frames: empty, one request, many models.
+
+Frames come from a real exporter's JSON API (fed with the phasewatch client), so
+the tests read what the dashboard reads; figures and panels are then pure
+functions of those frames, checked without a browser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from dashboard import figures, panels, queries
+from dashboard.app import GRAPHS, build_figures
+from dashboard.exporter_source import ExporterSource, snapshot_from_api
+from dashboard.frames import ALL, Selection, Snapshot, SourceError
+from exporter.app import Exporter
+from exporter.client import PhasewatchClient
+from exporter.config import ServeConfig
+from exporter.deployments import ModelOptions
+from exporter.sim.scenarios import scenario
+from tests.conftest import TEST_PORTS
+from tests.prom import free_port
+
+MODELS = {"Llama-3.1-8B": "long_generation", "Qwen2.5-7B": "rag", "Mistral-7B": "chat"}
+
+
+def _config(*models: str) -> ServeConfig:
+    return ServeConfig(**TEST_PORTS, roofline_interval=600, models=tuple(
+        ModelOptions(model=m, hardware="H100-SXM") for m in models))
+
+
+def _settle(ex: Exporter) -> None:
+    """What the exporter's timer does every interval, done now: roofline and history."""
+    ex.monitor.update()
+    ex.history.record(ex.aggregator.window.summary(ex.aggregator.labels.pairs()))
+
+
+def _snapshot(ex: Exporter, selection: Selection = ALL) -> Snapshot:
+    snap = ExporterSource(f"http://127.0.0.1:{ex.http_port}").fetch(selection)
+    assert snap.error is None, snap.error
+    return snap
+
+
+@pytest.fixture(scope="module")
+def many():
+    """Three models, each running its own scenario for 40 simulated seconds."""
+    with Exporter(_config(*MODELS)) as ex:
+        with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm") as client:
+            for model, name in MODELS.items():
+                engine = scenario(name).build(seed=1, model=model)
+                for r in engine.run(40.0, epoch=time.time() - 40.0):
+                    client.record_request(r)
+            assert client.flush(10)
+        _settle(ex)
+        time.sleep(0.01)
+        _settle(ex)
+        yield ex, _snapshot(ex)
+
+
+# ---- empty --------------------------------------------------------------------------
+def test_empty_frames_give_empty_figures_and_the_no_data_state():
+    snap = Snapshot("exporter", "http://127.0.0.1:9464")
+    figs = build_figures(snap)
+    assert len(figs) == len(GRAPHS)
+    for fig in figs:
+        assert fig["data"] == []
+        assert fig["layout"]["annotations"][0]["text"]  # says why it is empty
+    state = panels.state_panel(snap)
+    assert state.id == "state-empty" and "http://127.0.0.1:9464" in str(state.children)
+    assert panels.banners(snap) == []
+
+
+def test_an_idle_exporter_answers_empty_frames_with_every_column():
+    with Exporter(_config("Llama-3.1-8B")) as ex:
+        _settle(ex)
+        snap = _snapshot(ex)
+    assert snap.empty
+    reference = Snapshot("exporter", "")
+    for name in Snapshot.FRAMES:
+        assert list(getattr(snap, name).columns) == list(getattr(reference, name).columns)
+
+
+# ---- one request -----------------------------------------------------------------
+def test_one_request_is_one_waterfall_bar_and_one_scatter_point():
+    t = time.time() - 5
+    with Exporter(_config("Llama-3.1-8B")) as ex:
+        with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm") as c:
+            c.record("Llama-3.1-8B", arrival=t, scheduled=t + 0.1, first_token=t + 0.3,
+                     last_token=t + 0.8, finish=t + 0.8, prompt_tokens=1500,
+                     output_tokens=51, request_id="only",
+                     token_times=[t + 0.3 + 0.01 * i for i in range(51)])
+            assert c.flush(10)
+        _settle(ex)
+        snap = _snapshot(ex)
+    (k,) = snap.kpis.to_dict("records")
+    assert k["ttft_p50"] == pytest.approx(0.3, abs=1e-5)
+    assert k["tpot_p50"] == pytest.approx(0.01, abs=1e-5)
+    assert k["decode_share"] == pytest.approx(0.5 / 0.8, abs=1e-4)
+
+    fig = figures.waterfall_figure(snap.waterfall)
+    assert [t["name"] for t in fig["data"]] == ["queue", "prefill", "decode"]
+    widths = [t["x"][0] for t in fig["data"]]
+    assert widths == pytest.approx([0.1, 0.2, 0.5], abs=1e-5)
+    bases = [t["base"][0] for t in fig["data"]]
+    assert bases == pytest.approx([-0.8, -0.7, -0.5], abs=1e-5)  # ends at 0: the newest end
+    assert fig["data"][0]["y"] == ["only"]
+
+    fig = figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes)
+    (points,) = [t for t in fig["data"] if t["name"] == "request"]
+    assert points["x"] == [1500] and points["y"] == pytest.approx([0.3], abs=1e-5)
+    p50 = next(t for t in fig["data"] if t["name"] == "class TTFT p50")
+    assert p50["customdata"][0][0] == "1k-4k"
+
+    cards = panels.kpi_cards(snap.kpis)
+    ttft = next(c for c in cards if c.id == "kpi-ttft_p50")
+    assert "300 ms" in str(ttft.children)
+
+
+# ---- many models -------------------------------------------------------------------
+def test_many_models_each_get_a_verdict_and_roofline_points(many):
+    _, snap = many
+    assert set(snap.labels["model"]) == set(MODELS)
+    verdicts = {r["model"]: (r["phase"], r["resource"]) for r in snap.verdicts.to_dict(
+        "records")}
+    assert verdicts["Llama-3.1-8B"] == ("decode", "memory_bandwidth")
+    assert verdicts["Qwen2.5-7B"] == ("prefill", "compute")
+    fig = figures.roofline_figure(snap.points, snap.ceilings)
+    markers = [t for t in fig["data"] if t.get("meta")]
+    # one "now" marker per (model, phase), each named for its model when several are shown
+    assert {(t["meta"], t["name"].split(" · ")[1].split("/")[0]) for t in markers} == {
+        (p, m) for m in MODELS for p in ("prefill", "decode")}
+    (ceiling,) = [t for t in fig["data"] if t["name"].startswith("datasheet")]
+    ridge = 989e12 / 3.35e12
+    assert ceiling["x"][1] == pytest.approx(ridge) and ceiling["y"][1] == pytest.approx(989e12)
+    assert fig["layout"]["xaxis"]["type"] == fig["layout"]["yaxis"]["type"] == "log"
+    banners = panels.banners(snap)
+    assert len(banners) == 3 and {b.to_plotly_json()["props"]["data-model"]
+                                  for b in banners} == set(MODELS)
+
+
+def test_selecting_one_model_filters_every_frame(many):
+    ex, everything = many
+    snap = _snapshot(ex, Selection(models=("Qwen2.5-7B",)))
+    for name in Snapshot.FRAMES:
+        df = getattr(snap, name)
+        assert set(df["model"]) <= {"Qwen2.5-7B"}, name
+        if not getattr(everything, name).empty:
+            assert not df.empty, name
+    assert set(snap.labels["model"]) == set(MODELS)  # the selector still offers all
+    for fig in build_figures(snap):
+        names = json.dumps([t.get("name") for t in fig["data"]])
+        assert "Llama" not in names and "Mistral" not in names
+
+
+def test_series_figures_draw_one_line_per_model_and_metric(many):
+    _, snap = many
+    fig = figures.ttft_figure(snap.series)
+    assert sorted(t["name"] for t in fig["data"]) == sorted(
+        f"TTFT {q} · {m}/vllm" for m in MODELS for q in ("p50", "p95"))
+    shares = figures.shares_figure(snap.series)
+    assert [t["stackgroup"] for t in shares["data"]] == ["shares"] * 3
+    assert "pick one" in shares["layout"]["title"]["text"]
+
+
+def test_snapshot_from_api_is_pure_and_skips_missing_phases():
+    summary = {"window_seconds": 30, "models": []}
+    requests = [{"request_id": "a", "model": "m", "engine": "e", "arrival": 10.0, "queue": 1.0,
+                 "prefill": None, "decode": 2.0, "prompt_tokens": 5, "ttft": None}]
+    snap = snapshot_from_api(summary, {"models": []}, {"series": []}, requests)
+    assert snap.waterfall.empty and snap.prompt_points.empty and snap.empty
+
+
+# ---- states ---------------------------------------------------------------------------
+def test_error_states_name_what_failed_and_keep_the_last_time():
+    down = Snapshot("exporter", "http://x:1", error=SourceError(
+        "unreachable", "cannot reach the exporter: refused", "http://x:1/api/v1/summary"))
+    state = panels.state_panel(down, last_ok=time.time())
+    assert state.id == "state-unreachable"
+    text = json.dumps(state.to_plotly_json(), default=str)
+    assert "Exporter unreachable" in text and "http://x:1/api/v1/summary" in text
+    assert "figures below show the data of" in text
+    failing = Snapshot("prometheus", "http://p:9090", error=SourceError(
+        "query", "Prometheus query failed: parse error", "rate(x[1q])"))
+    state = panels.state_panel(failing)
+    assert state.id == "state-query-error" and "rate(x[1q])" in json.dumps(
+        state.to_plotly_json(), default=str)
+
+
+def test_the_exporter_source_names_the_url_when_unreachable():
+    url = f"http://127.0.0.1:{free_port()}"
+    snap = ExporterSource(url, timeout=1).fetch()
+    assert snap.error.kind == "unreachable" and snap.error.target.startswith(url)
+    with pytest.raises(ValueError, match=re.escape("http://127.0.0.1:9464")):
+        ExporterSource("localhost:9464")
+
+
+# ---- PromQL -------------------------------------------------------------------------
+def test_queries_render_the_selection_and_escape_regex_values():
+    sel = queries.matcher(models=("Llama-3.1-8B", 'we"ird'), pods=("p-1",))
+    assert sel == 'model=~"Llama-3\\\\.1-8B|we\\"ird",pod=~"p-1"'
+    q = queries.render(queries.KPIS["output_tokens_per_second"], sel, "1m")
+    assert q == ('sum by (model, engine) (rate(phasewatch_tokens_total{' + sel +
+                 ',kind="output"}[1m]))')
+    bare = queries.render(queries.KPIS["ttft_p95"], "", "5m")
+    assert bare == ("histogram_quantile(0.95, sum by (model, engine, le) (rate("
+                    "gen_ai_server_time_to_first_token_seconds_bucket[5m])))")
+    assert queries.render(queries.LABEL_SETS, "", "1m", pod_label="kubernetes_pod") == (
+        "count by (model, engine, kubernetes_pod) (phasewatch_requests_total)")
+
+
+def test_frames_keep_their_columns_after_selection(many):
+    _, snap = many
+    picked = snap.select(models=("nope",))
+    for name in Snapshot.FRAMES:
+        assert list(getattr(picked, name).columns) == list(getattr(snap, name).columns)
+        assert getattr(picked, name).empty
+    assert picked.empty and len(picked.labels) == len(snap.labels)
