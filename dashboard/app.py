@@ -19,7 +19,7 @@ from werkzeug.serving import make_server
 
 from dashboard import figures, panels
 from dashboard.frames import Selection, Snapshot
-from dashboard.theme import PAGE_CSS
+from dashboard.theme import CAPTIONS, PAGE_CSS
 
 log = logging.getLogger("phasewatch.dashboard")
 
@@ -100,18 +100,18 @@ def _selector(id_: str, placeholder: str) -> dcc.Dropdown:
                         persistence=True, className="pw-select")
 
 
-def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
-               pod_selector: bool | None = None) -> dash.Dash:
-    """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``."""
+def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None
+               ) -> dash.Dash:
+    """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``. The pod
+    selector shows once the source reports pods (Prometheus, or a central exporter)."""
     cached = CachedSource(source, ttl=min(1.0, refresh / 2))
     app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
                     serve_locally=True)
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
                                                 "</style>")
-    show_pods = source.name == "prometheus" if pod_selector is None else pod_selector
-    controls = [_selector("model", "all models"), _selector("engine", "all engines")]
-    controls.append(html.Div(_selector("pod", "all pods"),
-                             style={} if show_pods else {"display": "none"}))
+    controls = [_selector("model", "all models"), _selector("engine", "all engines"),
+                html.Div(_selector("pod", "all pods"), id="pod-wrap",
+                         style={"display": "none"})]
     if scenario is not None:
         controls.append(html.Div([html.Span("scenario ", style={"fontSize": "13px"}),
                                   dcc.Dropdown(id="scenario", value=scenario.current,
@@ -127,7 +127,8 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
         html.Div([
             html.Div(id="state"),
             html.Div(id="cards", className="pw-cards"),
-            html.Div([html.Div(dcc.Graph(id=g, config={"displaylogo": False}),
+            html.Div([html.Div([dcc.Graph(id=g, config={"displaylogo": False}),
+                                html.P(CAPTIONS[g], className="pw-caption")],
                                className="pw-panel") for g in GRAPHS], className="pw-grid"),
         ], className="pw-main"),
         html.Div(id="footer", className="pw-footer"),
@@ -138,16 +139,19 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     @app.callback([Output("state", "children"), Output("cards", "children"),
                    *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
                    Output("model", "options"), Output("engine", "options"),
-                   Output("pod", "options")],
+                   Output("pod", "options"), Output("pod-wrap", "style")],
                   [Input("tick", "n_intervals"), Input("model", "value"),
                    Input("engine", "value"), Input("pod", "value")])
     def refresh_page(_, models, engines, pods):
         started = time.perf_counter()
         selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()))
         snap = cached.fetch(selection)
+        page = page_outputs(snap, cached.last_ok, started)
+        if snap.error is not None:  # keep the selectors as they were
+            return [*page, *[dash.no_update] * 4]
         options = [_options(snap.labels[k].tolist(), chosen)
                    for k, chosen in (("model", models), ("engine", engines), ("pod", pods))]
-        return [*page_outputs(snap, cached.last_ok, started), *options]
+        return [*page, *options, {} if options[2] else {"display": "none"}]
 
     if scenario is not None:
         @app.callback(Output("scenario-note", "children"), Input("scenario", "value"),

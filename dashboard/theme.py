@@ -49,6 +49,25 @@ GLOSSARY = {
                   "ceilings, and the quality of the inputs.",
 }
 
+# One line under each graph saying how to read it.
+CAPTIONS = {
+    "roofline": "Each phase sits at its arithmetic intensity (FLOPs per byte moved). Left "
+                "of a ceiling's bend (the ridge) the sloped bandwidth line limits it, right "
+                "of it the flat compute line; the gap to the line is headroom.",
+    "prompt-ttft": "Dots are requests, lines the p50/p95 of each prompt-length class. TTFT "
+                   "rising along the line is longer prompts; the line itself rising is a "
+                   "slower prefill or a longer queue.",
+    "ttft-series": "TTFT = queue + prefill, over the rolling window.",
+    "token-latency": "ITL pools every gap between tokens (stalls show in p95); TPOT is each "
+                     "request's mean decode time per token.",
+    "throughput": "Prompt tokens read by prefill and output tokens written by decode, per "
+                  "second.",
+    "shares": "Where request time goes: waiting (queue), reading the prompt (prefill), "
+              "writing tokens (decode).",
+    "waterfall": "Each bar is one request on a shared clock: queue, then prefill, then "
+                 "decode.",
+}
+
 PAGE_CSS = """
 body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif;
        margin: 0; background: #f5f6f8; color: #222; }
@@ -81,5 +100,6 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
            gap: 10px; }
 .pw-panel { background: #fff; border-radius: 6px; padding: 6px;
             box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
+.pw-caption { font-size: 12px; color: #555; margin: 2px 8px 4px; }
 .pw-footer { font-size: 12px; color: #666; padding: 6px 20px 16px; }
 """

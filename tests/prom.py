@@ -21,19 +21,25 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    def __init__(self, tmp: Path, targets: list[str], scrape_interval: str = "1s"):
+    def __init__(self, tmp: Path, targets: list[str], scrape_interval: str = "1s",
+                 target_labels: dict[str, dict[str, str]] | None = None):
+        """``target_labels``: extra labels per target, as Kubernetes service discovery
+        adds ``pod`` to every series of a sidecar's scrape."""
         self.binary = require_binary("prometheus", "the real-Prometheus tests scrape with it")
         self.tmp = tmp
         self.port = free_port()
         config = tmp / "prometheus.yml"
+        groups = "".join(
+            f"      - targets: {json.dumps([t])}\n"
+            f"        labels: {json.dumps((target_labels or {}).get(t, {}))}\n"
+            for t in targets) or "      - targets: []\n"
         config.write_text(
             "global:\n"
             f"  scrape_interval: {scrape_interval}\n"
             f"  evaluation_interval: {scrape_interval}\n"
             "scrape_configs:\n"
             "  - job_name: phasewatch\n"
-            "    static_configs:\n"
-            f"      - targets: {json.dumps(targets)}\n")
+            "    static_configs:\n" + groups)
         self.config = config
         self.proc: subprocess.Popen | None = None
 

@@ -77,3 +77,42 @@ def test_prometheus_errors_name_the_query_or_the_url(tmp_path):
     assert snap.error.kind == "unreachable" and snap.error.target == url
     with pytest.raises(ValueError, match="http://prometheus:9090"):
         PrometheusSource("prometheus:9090")
+
+
+def test_pods_are_aggregated_and_selectable(tmp_path):
+    """Two sidecars (pods) behind one Prometheus: the KPIs pool both, the pod selector
+    offers both, and picking one pod narrows every query to it."""
+    config = ServeConfig(**TEST_PORTS, roofline_interval=1.0,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    with Exporter(config) as a, Exporter(config) as b:
+        pods = {f"127.0.0.1:{a.http_port}": {"pod": "vllm-a"},
+                f"127.0.0.1:{b.http_port}": {"pod": "vllm-b"}}
+        with PrometheusServer(tmp_path, list(pods), target_labels=pods) as prom:
+            stop = threading.Event()
+            runners = []
+            for ex, rate in ((a, 1.0), (b, 2.0)):  # pod b takes twice pod a's traffic
+                engine = scenario("chat").build(seed=int(rate), rate_scale=rate)
+                client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm")
+                t = threading.Thread(target=engine.run, args=(120.0,), daemon=True, kwargs={
+                    "on_finish": client.record_request, "time_scale": 1.0,
+                    "should_stop": stop.is_set})
+                t.start()
+                runners.append((t, client))
+            try:
+                time.sleep(20)
+                source = PrometheusSource(prom.url, rate_range="15s")
+                both = source.fetch()
+                only_b = source.fetch(Selection(pods=("vllm-b",)))
+                source.close()
+            finally:
+                stop.set()
+                for t, client in runners:
+                    t.join(10)
+                    client.close()
+    assert set(both.labels["pod"]) == {"vllm-a", "vllm-b"}
+    pooled, b_rate = _row(both)["request_rate"], _row(only_b)["request_rate"]
+    assert 0.55 < b_rate / pooled < 0.8, (b_rate, pooled)  # about 2/3 of the traffic
+    assert set(both.waterfall["pod"]) == {"vllm-a", "vllm-b"}  # one mean request per pod
+    assert set(only_b.waterfall["pod"]) == {"vllm-b"}
+    (verdict,) = both.verdicts.to_dict("records")
+    assert (verdict["phase"], verdict["agreeing"], verdict["reporting"]) == ("decode", 2, 2)
