@@ -1,0 +1,286 @@
+"""Write phasewatch's Prometheus recording and alerting rules from one set of parameters.
+
+    python deploy/prometheus/generate_rules.py            # rewrite rules/*.yml
+    python deploy/prometheus/generate_rules.py --check    # fail if they are stale
+
+The rules are generated so that tuning is a parameter, not a hand edit: the TTFT
+SLO's threshold and objective, regression factors, the minimum traffic, ``for``
+durations, and the baseline offsets (one day and one week by default; the
+end-to-end test scales them down to minutes with the same code).
+
+TTFT regression, prompt-length aware. TTFT = queue + prefill, and prefill grows
+with the prompt. A shift to longer prompts raises TTFT while prefill seconds per
+uncached token and queue time stay put, so the alert needs TTFT clearly worse than
+its baseline *and* a cause: prefill slower per token (``regressed="prefill"``) or
+the queue longer (``regressed="queue"``). The baseline is the larger of the same
+window one day and one week earlier, so a normal daily or weekly peak does not
+page, and only with enough traffic now and then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+RULES = HERE / "rules"
+BY = "model, engine"
+
+
+@dataclass(frozen=True)
+class Params:
+    baseline_offsets: tuple[str, ...] = ("1d", "1w")
+    rate_window: str = "5m"
+    ttft_factor: float = 1.5  # TTFT quantile this many times its baseline
+    prefill_factor: float = 1.3  # prefill seconds per token this many times its baseline
+    queue_share_of_rise: float = 0.5  # the queue's rise explains this much of TTFT's mean rise
+    token_latency_factor: float = 1.5  # ITL p95 / TPOT p50 this many times the baseline
+    min_request_rate: float = 0.1  # requests/s, now and in the baseline (30 per 5 m)
+    regression_for: str = "10m"
+    mbu_collapse_ratio: float = 0.5  # decode MBU below half its baseline
+    ttft_slo_seconds: float = 1.0  # must be a bucket bound of the TTFT histogram
+    ttft_slo_objective: float = 0.99  # share of requests with TTFT <= the threshold
+    exporter_job: str = "phasewatch"
+    engine_silence: str = "10m"
+
+
+def _baseline(series: str, offsets: tuple[str, ...]) -> str:
+    """The largest of ``series`` at each offset; where one is missing, the others."""
+    parts = [f"{series} offset {o}" for o in offsets]
+    if len(parts) == 1:
+        return parts[0]
+    a, b = parts[0], parts[1]
+    expr = f"({a} >= {b}) or ({b} > {a}) or {a} or {b}"
+    for extra in parts[2:]:
+        expr = f"(({expr}) >= {extra}) or ({extra} > ({expr})) or ({expr}) or {extra}"
+    return expr
+
+
+def recording(p: Params) -> dict:
+    w = p.rate_window
+    rules = []
+
+    def rec(name: str, expr: str) -> None:
+        rules.append({"record": name, "expr": expr})
+
+    hist = {"ttft": "gen_ai_server_time_to_first_token_seconds",
+            "itl": "phasewatch_inter_token_latency_seconds",
+            "tpot": "gen_ai_server_time_per_output_token_seconds",
+            "e2e": "gen_ai_server_request_duration_seconds"}
+    for name, metric in hist.items():
+        for q in (0.5, 0.95, 0.99):
+            rec(f"phasewatch:{name}_seconds:p{round(q * 100)}_{w}",
+                f"histogram_quantile({q}, sum by ({BY}, le) (rate({metric}_bucket[{w}])))")
+        rec(f"phasewatch:{name}_seconds:mean_{w}",
+            f"sum by ({BY}) (rate({metric}_sum[{w}])) / sum by ({BY}) (rate({metric}_count[{w}]))")
+    rec(f"phasewatch:ttft_seconds_by_prompt_class:p95_{w}",
+        f"histogram_quantile(0.95, sum by ({BY}, prompt_class, le) "
+        f"(rate(gen_ai_server_time_to_first_token_seconds_bucket[{w}])))")
+    rec(f"phasewatch:requests:rate_{w}",
+        f"sum by ({BY}) (rate(phasewatch_requests_total[{w}]))")
+    rec(f"phasewatch:tokens:rate_{w}",
+        f"sum by ({BY}, kind) (rate(phasewatch_tokens_total[{w}]))")
+    rec(f"phasewatch:phase_seconds:mean_{w}",
+        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum[{w}])) / "
+        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_count[{w}]))")
+    rec(f"phasewatch:phase_time_share:ratio_{w}",
+        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum[{w}])) / "
+        f"ignoring(phase) group_left sum by ({BY}) "
+        f"(rate(phasewatch_phase_duration_seconds_sum[{w}]))")
+    rec(f"phasewatch:prefill_seconds_per_token:mean_{w}",
+        f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_sum[{w}])) / "
+        f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_count[{w}]))")
+    # Baselines: the larger of the same window one day and one week earlier.
+    for series in (f"phasewatch:ttft_seconds:p95_{w}", f"phasewatch:ttft_seconds:p50_{w}",
+                   f"phasewatch:ttft_seconds:mean_{w}", f"phasewatch:itl_seconds:p95_{w}",
+                   f"phasewatch:tpot_seconds:p50_{w}",
+                   f"phasewatch:prefill_seconds_per_token:mean_{w}",
+                   f"phasewatch:requests:rate_{w}"):
+        rec(f"{series}:baseline", _baseline(series, p.baseline_offsets))
+    rec(f"phasewatch:queue_seconds:mean_{w}",
+        f'sum without (phase) (phasewatch:phase_seconds:mean_{w}{{phase="queue"}})')
+    rec(f"phasewatch:queue_seconds:mean_{w}:baseline",
+        _baseline(f"phasewatch:queue_seconds:mean_{w}", p.baseline_offsets))
+    # TTFT SLO: the share of requests slower than the threshold, over each burn window.
+    le = _le(p.ttft_slo_seconds)
+    for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
+        rec(f"phasewatch:ttft_slo_errors:ratio_rate{window}",
+            f"1 - sum by ({BY}) (rate(gen_ai_server_time_to_first_token_seconds_bucket"
+            f'{{le="{le}"}}[{window}])) / sum by ({BY}) '
+            f"(rate(gen_ai_server_time_to_first_token_seconds_count[{window}]))")
+    return {"groups": [{"name": "phasewatch-recording", "rules": rules}]}
+
+
+def _le(seconds: float) -> str:
+    """The ``le`` label value client_python writes for a bucket bound (1.0 -> "1.0")."""
+    from exporter.buckets import TTFT
+
+    if seconds not in TTFT.bounds:
+        raise ValueError(f"the TTFT SLO threshold must be a TTFT bucket bound, one of "
+                         f"{', '.join(f'{b:g}' for b in TTFT.bounds)}; got {seconds:g}")
+    return repr(float(seconds))
+
+
+def alerting(p: Params) -> dict:
+    w = p.rate_window
+    traffic = (f"(phasewatch:requests:rate_{w} > {p.min_request_rate}) and on ({BY}) "
+               f"(phasewatch:requests:rate_{w}:baseline > {p.min_request_rate})")
+    ttft_rules = []
+    causes = {
+        "prefill": (f"phasewatch:prefill_seconds_per_token:mean_{w} > {p.prefill_factor} * "
+                    f"phasewatch:prefill_seconds_per_token:mean_{w}:baseline",
+                    "Prefill is slower per prompt token than in the baseline: look at "
+                    "prefill MFU (phasewatch_flops_utilization_ratio{phase=\"prefill\"}), "
+                    "the prefix-cache hit rate (phasewatch_tokens_total{kind=\"cached_prompt\"}), "
+                    "GPU clocks and throttling, and any new model, engine or flag rollout."),
+        "queue": (f"(phasewatch:queue_seconds:mean_{w} - phasewatch:queue_seconds:mean_{w}"
+                  f":baseline) > {p.queue_share_of_rise} * (phasewatch:ttft_seconds:mean_{w} - "
+                  f"phasewatch:ttft_seconds:mean_{w}:baseline)",
+                  "Requests wait longer for a slot: look at the request rate against capacity "
+                  "(phasewatch:requests:rate_5m), the decode batch "
+                  "(phasewatch_decode_batch_size) against max_num_seqs, KV-cache pressure "
+                  "and preemptions, and replicas that left the pool."),
+    }
+    for q in ("p95", "p50"):
+        for cause, (cond, look) in causes.items():
+            ttft_rules.append({
+                "alert": "PhasewatchTTFTRegression",
+                "expr": (f"(phasewatch:ttft_seconds:{q}_{w} > {p.ttft_factor} * "
+                         f"phasewatch:ttft_seconds:{q}_{w}:baseline)\n"
+                         f"and on ({BY}) ({cond})\nand on ({BY}) {traffic}"),
+                "for": p.regression_for,
+                "labels": {"severity": "warning", "regressed": cause, "quantile": q},
+                "annotations": {
+                    "summary": f"TTFT {q} of {{{{ $labels.model }}}} regressed: {cause}",
+                    "description": (
+                        f"TTFT {q} of {{{{ $labels.model }}}} ({{{{ $labels.engine }}}}) is "
+                        f"{{{{ $value | humanizeDuration }}}}, over {p.ttft_factor}x the same "
+                        f"window {' and '.join(p.baseline_offsets)} ago, and the {cause} "
+                        f"explains it (not longer prompts). {look}")}})
+    # SLO burn rate, multi-window multi-burn-rate (Google SRE workbook, chapter 5).
+    budget = round(1 - p.ttft_slo_objective, 10)
+    burn = []
+    for severity, long, short, factor in (("page", "1h", "5m", 14.4), ("page", "6h", "30m", 6),
+                                          ("ticket", "1d", "2h", 3),
+                                          ("ticket", "3d", "6h", 1)):
+        burn.append({
+            "alert": "PhasewatchTTFTSLOBurn",
+            "expr": (f"phasewatch:ttft_slo_errors:ratio_rate{long} > ({factor} * {budget})\n"
+                     f"and on ({BY}) phasewatch:ttft_slo_errors:ratio_rate{short} > "
+                     f"({factor} * {budget})"),
+            "labels": {"severity": severity, "long_window": long, "short_window": short},
+            "annotations": {
+                "summary": f"TTFT SLO of {{{{ $labels.model }}}} burning {factor}x",
+                "description": (
+                    f"{{{{ $value | humanizePercentage }}}} of requests of "
+                    f"{{{{ $labels.model }}}} took longer than {p.ttft_slo_seconds:g} s to "
+                    f"the first token over {long} (and {short}): {factor}x the error budget "
+                    f"of a {p.ttft_slo_objective:.2%} objective.")}})
+    other = [
+        {"alert": "PhasewatchITLRegression",
+         "expr": (f"(phasewatch:itl_seconds:p95_{w} > {p.token_latency_factor} * "
+                  f"phasewatch:itl_seconds:p95_{w}:baseline)\nand on ({BY}) {traffic}"),
+         "for": p.regression_for, "labels": {"severity": "warning"},
+         "annotations": {"summary": "ITL p95 of {{ $labels.model }} regressed",
+                         "description": "Inter-token latency p95 is {{ $value | "
+                         "humanizeDuration }}, over the baseline: look at the decode batch, "
+                         "prefill chunks stalling decode steps, and decode MBU."}},
+        {"alert": "PhasewatchTPOTRegression",
+         "expr": (f"(phasewatch:tpot_seconds:p50_{w} > {p.token_latency_factor} * "
+                  f"phasewatch:tpot_seconds:p50_{w}:baseline)\nand on ({BY}) {traffic}"),
+         "for": p.regression_for, "labels": {"severity": "warning"},
+         "annotations": {"summary": "TPOT p50 of {{ $labels.model }} regressed",
+                         "description": "Median time per output token is {{ $value | "
+                         "humanizeDuration }}, over the baseline."}},
+        {"alert": "PhasewatchDecodeBandwidthCollapse",
+         "expr": (f'avg_over_time(phasewatch_bandwidth_utilization_ratio{{phase="decode"}}[30m]) '
+                  f"< {p.mbu_collapse_ratio} * "
+                  f'avg_over_time(phasewatch_bandwidth_utilization_ratio{{phase="decode"}}[30m] '
+                  f"offset {p.baseline_offsets[0]})"),
+         "for": "15m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "Decode MBU of {{ $labels.model }} collapsed",
+                         "description": "Decode bandwidth utilization is {{ $value | "
+                         "humanizePercentage }}, under half of the same time a day ago: "
+                         "smaller batches, a slower kernel path, or a degraded GPU."}},
+        {"alert": "PhasewatchExporterDown",
+         "expr": f'up{{job="{p.exporter_job}"}} == 0', "for": "5m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "phasewatch exporter {{ $labels.instance }} is down",
+                         "description": "Prometheus cannot scrape the sidecar: its pod's "
+                         "latency metrics and verdict are missing."}},
+        {"alert": "PhasewatchRejectingEvents",
+         "expr": ("sum by (instance) (rate(phasewatch_ingest_rejected_total[10m])) / "
+                  "sum by (instance) (rate(phasewatch_ingest_requests_total[10m])) > 0.01"),
+         "for": "10m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "phasewatch at {{ $labels.instance }} rejects events",
+                         "description": "{{ $value | humanizePercentage }} of the events "
+                         "received are rejected: see phasewatch_ingest_rejected_total by "
+                         "reason (a sender's clock, a span shape, a version mismatch)."}},
+        {"alert": "PhasewatchEngineStoppedReporting",
+         "expr": (f"(sum by ({BY}) (rate(phasewatch_requests_total[{p.engine_silence}])) == 0)"
+                  f"\nand on ({BY}) (sum by ({BY}) (rate(phasewatch_requests_total"
+                  f"[{p.engine_silence}] offset 1h)) > 0)"),
+         "for": "5m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "{{ $labels.model }} ({{ $labels.engine }}) stopped "
+                                    "reporting requests",
+                         "description": "It finished requests an hour ago and none in the "
+                         f"last {p.engine_silence}: the engine, its tracing, or the path to "
+                         "the sidecar broke."}},
+    ]
+    return {"groups": [{"name": "phasewatch-ttft", "rules": ttft_rules + burn},
+                       {"name": "phasewatch-health", "rules": other}]}
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(p: Params) -> dict[str, str]:
+    head = ("# Generated by deploy/prometheus/generate_rules.py; edit the parameters there "
+            "and rerun it.\n")
+    return {name: head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
+            for name, doc in (("phasewatch-recording.yml", recording(p)),
+                              ("phasewatch-alerts.yml", alerting(p)))}
+
+
+def write(p: Params, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in render(p).items():
+        path = directory / name
+        path.write_text(text)
+        out.append(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if rules/ is stale")
+    args = ap.parse_args(argv)
+    if args.check:
+        stale = [n for n, t in render(Params()).items()
+                 if not (RULES / n).exists() or (RULES / n).read_text() != t]
+        if stale:
+            print(f"stale: {', '.join(stale)}; run python deploy/prometheus/generate_rules.py")
+            return 1
+        return 0
+    for path in write(Params(), RULES):
+        print(f"wrote {path.relative_to(HERE.parents[1])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parents[1]))
+    sys.exit(main())

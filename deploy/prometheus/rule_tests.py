@@ -1,0 +1,165 @@
+"""Write the promtool unit tests of the rules (``promtool test rules``) from scenarios.
+
+Each scenario is one model's traffic: a week and an hour of a steady baseline, then
+half an hour of a changed regime, as per-minute increments of the counters the
+rules read. Writing them out by hand would mean thousands of cumulative values;
+here each is a few numbers, and the expected alerts are stated beside them.
+
+    python deploy/prometheus/rule_tests.py          # rewrite tests/*.test.yml
+    python deploy/prometheus/rule_tests.py --check  # fail if stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE / "tests"
+BASELINE_MINUTES = 7 * 24 * 60 + 60  # a week and an hour: both offsets have data
+CHANGED_MINUTES = 30
+EVAL = f"{BASELINE_MINUTES + CHANGED_MINUTES}m"
+LE = ("0.25", "0.5", "1.0", "2.5", "+Inf")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Per-minute increments: requests, cumulative TTFT buckets (LE order), TTFT sum,
+    prefill seconds-per-token sum, queue seconds sum (count = requests for all)."""
+
+    requests: float
+    ttft_buckets: tuple[float, ...]
+    ttft_sum: float
+    prefill_per_token_sum: float
+    queue_sum: float
+
+
+BASE = Regime(60, (50, 58, 60, 60, 60), 12.0, 0.003, 0.6)  # TTFT p95 ~0.47 s, 1 req/s
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: str
+    doc: str
+    changed: Regime
+    base: Regime = BASE
+    # (regressed, {quantile: the TTFT promtool must report, as humanizeDuration prints it})
+    alerts: tuple[tuple[str, dict[str, str]], ...] = field(default_factory=tuple)
+
+
+SLOWER_TTFT = (10, 30, 50, 60, 60)  # p95 ~2.05 s
+SCENARIOS = (
+    Scenario("prefill-slower", "prefill 3x slower per token: fires, regressed=prefill",
+             Regime(60, SLOWER_TTFT, 48.0, 0.009, 0.6),
+             alerts=(("prefill", {"p95": "2.05s", "p50": "500ms"}),)),
+    Scenario("longer-prompts", "prompts longer, prefill per token and queue unchanged: silent",
+             Regime(60, SLOWER_TTFT, 48.0, 0.003, 0.6)),
+    Scenario("low-traffic", "the prefill regression at 0.05 req/s: too little to page on",
+             Regime(3, tuple(x / 20 for x in SLOWER_TTFT), 2.4, 0.00015, 0.03),
+             base=Regime(3, tuple(x / 20 for x in BASE.ttft_buckets), 0.6, 0.00015, 0.03)),
+    Scenario("queue-longer", "the queue grew from 10 ms to 0.6 s: fires, regressed=queue",
+             Regime(60, SLOWER_TTFT, 48.0, 0.003, 36.0),
+             alerts=(("queue", {"p95": "2.05s", "p50": "500ms"}),)),
+)
+
+
+def _counter(base: float, changed: float) -> str:
+    """promtool's expanding notation for a counter growing by ``base`` a minute, then
+    by ``changed`` for CHANGED_MINUTES."""
+    last = base * (BASELINE_MINUTES - 1)
+    return (f"0+{base:g}x{BASELINE_MINUTES - 1} "
+            f"{last + changed:g}+{changed:g}x{CHANGED_MINUTES}")
+
+
+def _series(s: Scenario) -> list[dict]:
+    labels = f'model="{s.model}",engine="vllm"'
+    out = [{"series": f"phasewatch_requests_total{{{labels},finish_reason=\"stop\"}}",
+            "values": _counter(s.base.requests, s.changed.requests)}]
+    for le, b, c in zip(LE, s.base.ttft_buckets, s.changed.ttft_buckets, strict=True):
+        out.append({"series": f'gen_ai_server_time_to_first_token_seconds_bucket{{{labels},'
+                              f'prompt_class="1k-4k",le="{le}"}}', "values": _counter(b, c)})
+    out += [
+        {"series": f'gen_ai_server_time_to_first_token_seconds_sum{{{labels},'
+                   f'prompt_class="1k-4k"}}', "values": _counter(s.base.ttft_sum,
+                                                                  s.changed.ttft_sum)},
+        {"series": f'gen_ai_server_time_to_first_token_seconds_count{{{labels},'
+                   f'prompt_class="1k-4k"}}',
+         "values": _counter(s.base.requests, s.changed.requests)},
+        {"series": f"phasewatch_prefill_seconds_per_token_sum{{{labels}}}",
+         "values": _counter(s.base.prefill_per_token_sum, s.changed.prefill_per_token_sum)},
+        {"series": f"phasewatch_prefill_seconds_per_token_count{{{labels}}}",
+         "values": _counter(s.base.requests, s.changed.requests)},
+        {"series": f'phasewatch_phase_duration_seconds_sum{{{labels},phase="queue"}}',
+         "values": _counter(s.base.queue_sum, s.changed.queue_sum)},
+        {"series": f'phasewatch_phase_duration_seconds_count{{{labels},phase="queue"}}',
+         "values": _counter(s.base.requests, s.changed.requests)},
+    ]
+    return out
+
+
+def _annotations(regressed: str, quantile: str, model: str, value: str) -> dict[str, str]:
+    """The rule's own annotation templates, filled as Prometheus fills them."""
+    from generate_rules import Params, alerting
+
+    (rule,) = [r for g in alerting(Params())["groups"] for r in g["rules"]
+               if r.get("alert") == "PhasewatchTTFTRegression"
+               and r["labels"]["regressed"] == regressed and r["labels"]["quantile"] == quantile]
+    fill = {"{{ $labels.model }}": model, "{{ $labels.engine }}": "vllm",
+            "{{ $value | humanizeDuration }}": value}
+    out = {}
+    for k, text in rule["annotations"].items():
+        for a, b in fill.items():
+            text = text.replace(a, b)
+        out[k] = text
+    return out
+
+
+def regression_tests() -> dict:
+    series = [x for s in SCENARIOS for x in _series(s)]
+    expected = [{"exp_labels": {"alertname": "PhasewatchTTFTRegression", "engine": "vllm",
+                                "model": s.model, "quantile": q, "regressed": regressed,
+                                "severity": "warning"},
+                 "exp_annotations": _annotations(regressed, q, s.model, value)}
+                for s in SCENARIOS for regressed, values in s.alerts
+                for q, value in values.items()]
+    return {
+        "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
+        # Rules every 5 m over a week of 1 m samples: 2,000 evaluations, not 10,000.
+        "evaluation_interval": "5m",
+        "tests": [{"interval": "1m", "input_series": series,
+                   "alert_rule_test": [{"eval_time": EVAL, "alertname": "PhasewatchTTFTRegression",
+                                        "exp_alerts": expected}]}],
+    }
+
+
+def render() -> dict[str, str]:
+    head = ("# Generated by deploy/prometheus/rule_tests.py from its scenarios:\n" +
+            "".join(f"#   {s.model}: {s.doc}\n" for s in SCENARIOS))
+    return {"ttft-regression.test.yml": head + yaml.safe_dump(regression_tests(),
+                                                              sort_keys=False, width=100)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    TESTS.mkdir(exist_ok=True)
+    for name, text in render().items():
+        path = TESTS / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                print(f"stale: {path}; run python deploy/prometheus/rule_tests.py")
+                return 1
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    sys.exit(main())
