@@ -75,7 +75,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame) -> dict:
     ok = points[np.isfinite(points["intensity"].astype(float))
                 & np.isfinite(points["flops"].astype(float))
                 & (points["intensity"].astype(float) > 0) & (points["flops"].astype(float) > 0)]
-    ridges = (ceilings["flops"] / ceilings["bandwidth"]).astype(float).tolist()
+    ridges = [r for r in (ceilings["flops"] / ceilings["bandwidth"]).astype(float).tolist()
+              if math.isfinite(r) and r > 0]  # a ceiling Prometheus lacks a figure for: NaN
     xs = ok["intensity"].astype(float).tolist() + ridges
     lo = 10 ** math.floor(math.log10(max(min([*xs, 1.0]) / 3, 1e-3)))
     hi = 10 ** math.ceil(math.log10(max([*xs, 10.0]) * 10))

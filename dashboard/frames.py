@@ -51,7 +51,7 @@ def frame(columns: tuple[str, ...], rows: list[dict] | None = None) -> pd.DataFr
     df = pd.DataFrame(rows or [], columns=list(columns))
     for k in KEYS:
         if k in df.columns:
-            df[k] = df[k].fillna("").astype(str)
+            df[k] = df[k].astype(object).where(df[k].notna(), "").astype(str)
     return df
 
 

@@ -57,7 +57,7 @@ def many():
             assert client.flush(10)
         _settle(ex)
         time.sleep(0.01)
-        _settle(ex)
+        _settle(ex)  # twice: a trail point and a history sample before the newest
         yield ex, _snapshot(ex)
 
 
@@ -164,6 +164,20 @@ def test_series_figures_draw_one_line_per_model_and_metric(many):
     shares = figures.shares_figure(snap.series)
     assert [t["stackgroup"] for t in shares["data"]] == ["shares"] * 3
     assert "pick one" in shares["layout"]["title"]["text"]
+
+
+def test_roofline_tolerates_a_ceiling_without_a_figure():
+    from dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
+
+    ceilings = frame(CEILING_COLUMNS, [
+        {"model": "m", "engine": "e", "hardware": "", "ceiling": "datasheet",
+         "bandwidth": 3.35e12, "flops": float("nan")},
+        {"model": "m", "engine": "e", "hardware": "", "ceiling": "achievable",
+         "bandwidth": 3.0e12, "flops": 8e14}])
+    points = frame(POINT_COLUMNS, [{"model": "m", "engine": "e", "at": 1.0, "phase": "decode",
+                                    "intensity": 20.0, "flops": 5e13, "latest": True}])
+    fig = figures.roofline_figure(points, ceilings)
+    assert [t["name"] for t in fig["data"]] == ["achievable ceiling", "decode"]
 
 
 def test_snapshot_from_api_is_pure_and_skips_missing_phases():
