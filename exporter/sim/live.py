@@ -32,7 +32,6 @@ class SwitchableLoad:
         self._switched = threading.Event()
         self._lock = threading.Lock()
         self.runs = 0
-        self.finished = 0
         self._thread = threading.Thread(target=self._loop, name="demo-sim", daemon=True)
 
     def start(self) -> SwitchableLoad:
@@ -59,7 +58,6 @@ class SwitchableLoad:
             remaining = (self._deadline - time.monotonic()) * self._time_scale
             engine.run(remaining, on_finish=self._record, time_scale=self._time_scale,
                        should_stop=lambda: self._stop.is_set() or self._switched.is_set())
-            self.finished += len(engine.finished)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
