@@ -33,13 +33,9 @@ def get_json(url: str, timeout: float, what: str, target: str | None = None) -> 
                                                "Accept": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-            if resp.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
+            body = _read(resp)
     except urllib.error.HTTPError as e:
-        body = e.read()
-        if e.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
+        body = _read(e)
         raise FetchError(SourceError("http", f"{what} answered HTTP {e.code}: "
                                      f"{_error_text(body)}", target or url)) from None
     except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
@@ -51,6 +47,11 @@ def get_json(url: str, timeout: float, what: str, target: str | None = None) -> 
     except ValueError:
         raise FetchError(SourceError("http", f"{what} did not answer JSON "
                                      f"({body[:80]!r})", target or url)) from None
+
+
+def _read(resp) -> bytes:
+    body = resp.read()
+    return gzip.decompress(body) if resp.headers.get("Content-Encoding") == "gzip" else body
 
 
 def _error_text(body: bytes) -> str:
