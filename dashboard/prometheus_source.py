@@ -30,7 +30,7 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
-from exporter.buckets import PROMPT_CLASSES
+from exporter.buckets import PROMPT_CLASS_RANGES
 from exporter.verdict import LEVERS, headline
 
 PHASES = ("queue", "prefill", "decode")
@@ -223,10 +223,7 @@ class PrometheusSource:
 
     @staticmethod
     def _classes(r: dict, key) -> list[dict]:
-        bounds, lower = {}, 0
-        for upper, label in PROMPT_CLASSES:
-            bounds[label] = (lower, upper)
-            lower = upper + 1
+        bounds = PROMPT_CLASS_RANGES
         rows: dict[tuple, dict] = {}
         for name in q.PROMPT_CLASS:
             for m, v in r[f"class:{name}"]:

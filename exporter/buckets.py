@@ -104,6 +104,11 @@ PROMPT_CLASSES: tuple[tuple[int, str], ...] = (
     (2**62, "64k+"),
 )
 PROMPT_CLASS_UNKNOWN = "unknown"
+# label -> (fewest, most) prompt tokens of the class, for readers that plot classes.
+_CLASS_STARTS = (0, *(upper + 1 for upper, _ in PROMPT_CLASSES[:-1]))
+PROMPT_CLASS_RANGES: dict[str, tuple[int, int]] = {
+    label: (start, upper)
+    for (upper, label), start in zip(PROMPT_CLASSES, _CLASS_STARTS, strict=True)}
 
 
 def prompt_class_codes(prompt_tokens: np.ndarray) -> np.ndarray:

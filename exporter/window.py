@@ -21,7 +21,12 @@ import time
 
 import numpy as np
 
-from exporter.buckets import PROMPT_CLASSES, WINDOW_INDEX, prompt_class_codes
+from exporter.buckets import (
+    PROMPT_CLASS_RANGES,
+    PROMPT_CLASSES,
+    WINDOW_INDEX,
+    prompt_class_codes,
+)
 from exporter.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
@@ -223,14 +228,14 @@ def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
     ttft, prefill, uncached = ring["ttft"][sel], ring["prefill"][sel], ring["uncached"][sel]
     with np.errstate(divide="ignore", invalid="ignore"):
         per_token = np.where(uncached > 0, prefill / uncached, np.nan)
-    out, lower = [], 0
-    for code, (upper, label) in enumerate(PROMPT_CLASSES):
+    out = []
+    for code, (_, label) in enumerate(PROMPT_CLASSES):
         mine = codes == code
         if mine.any():
-            out.append({"prompt_class": label, "min_tokens": lower, "max_tokens": upper,
+            lo, hi = PROMPT_CLASS_RANGES[label]
+            out.append({"prompt_class": label, "min_tokens": lo, "max_tokens": hi,
                         "ttft_seconds": _quantiles(ttft[mine]),
                         "prefill_seconds_per_token": _quantiles(per_token[mine])})
-        lower = upper + 1
     return out
 
 

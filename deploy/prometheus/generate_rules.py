@@ -26,9 +26,11 @@ from pathlib import Path
 
 import yaml
 
+from dashboard import queries
+
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules"
-BY = "model, engine"
+BY = queries.BY
 
 
 @dataclass(frozen=True)
@@ -67,30 +69,24 @@ def recording(p: Params) -> dict:
     def rec(name: str, expr: str) -> None:
         rules.append({"record": name, "expr": expr})
 
-    hist = {"ttft": "gen_ai_server_time_to_first_token_seconds",
-            "itl": "phasewatch_inter_token_latency_seconds",
-            "tpot": "gen_ai_server_time_per_output_token_seconds",
-            "e2e": "gen_ai_server_request_duration_seconds"}
-    for name, metric in hist.items():
+    def shared(template: str) -> str:  # the dashboard's PromQL, over all series
+        return queries.render(template, "", w)
+
+    for name, metric in queries.HISTOGRAMS.items():
         for q in (0.5, 0.95, 0.99):
             rec(f"phasewatch:{name}_seconds:p{round(q * 100)}_{w}",
-                f"histogram_quantile({q}, sum by ({BY}, le) (rate({metric}_bucket[{w}])))")
+                shared(queries.quantile(metric, q)))
         rec(f"phasewatch:{name}_seconds:mean_{w}",
             f"sum by ({BY}) (rate({metric}_sum[{w}])) / sum by ({BY}) (rate({metric}_count[{w}]))")
     rec(f"phasewatch:ttft_seconds_by_prompt_class:p95_{w}",
-        f"histogram_quantile(0.95, sum by ({BY}, prompt_class, le) "
-        f"(rate(gen_ai_server_time_to_first_token_seconds_bucket[{w}])))")
-    rec(f"phasewatch:requests:rate_{w}",
-        f"sum by ({BY}) (rate(phasewatch_requests_total[{w}]))")
+        shared(queries.PROMPT_CLASS["ttft_p95"]))
+    rec(f"phasewatch:requests:rate_{w}", shared(queries.KPIS["request_rate"]))
     rec(f"phasewatch:tokens:rate_{w}",
         f"sum by ({BY}, kind) (rate(phasewatch_tokens_total[{w}]))")
-    rec(f"phasewatch:phase_seconds:mean_{w}",
+    rec(f"phasewatch:phase_seconds:mean_{w}",  # per service; the dashboard's PHASE_MEAN is per pod
         f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum[{w}])) / "
         f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_count[{w}]))")
-    rec(f"phasewatch:phase_time_share:ratio_{w}",
-        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum[{w}])) / "
-        f"ignoring(phase) group_left sum by ({BY}) "
-        f"(rate(phasewatch_phase_duration_seconds_sum[{w}]))")
+    rec(f"phasewatch:phase_time_share:ratio_{w}", shared(queries.PHASE_SHARE))
     rec(f"phasewatch:prefill_seconds_per_token:mean_{w}",
         f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_sum[{w}])) / "
         f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_count[{w}]))")
