@@ -22,9 +22,11 @@ def free_port() -> int:
 
 class PrometheusServer:
     def __init__(self, tmp: Path, targets: list[str], scrape_interval: str = "1s",
-                 target_labels: dict[str, dict[str, str]] | None = None):
+                 target_labels: dict[str, dict[str, str]] | None = None,
+                 rule_files: list[Path] = ()):
         """``target_labels``: extra labels per target, as Kubernetes service discovery
-        adds ``pod`` to every series of a sidecar's scrape."""
+        adds ``pod`` to every series of a sidecar's scrape. ``rule_files`` are evaluated
+        every ``scrape_interval``."""
         self.binary = require_binary("prometheus", "the real-Prometheus tests scrape with it")
         self.tmp = tmp
         self.port = free_port()
@@ -37,7 +39,8 @@ class PrometheusServer:
             "global:\n"
             f"  scrape_interval: {scrape_interval}\n"
             f"  evaluation_interval: {scrape_interval}\n"
-            "scrape_configs:\n"
+            + (f"rule_files: {json.dumps([str(f) for f in rule_files])}\n" if rule_files else "")
+            + "scrape_configs:\n"
             "  - job_name: phasewatch\n"
             "    static_configs:\n" + groups)
         self.config = config
@@ -87,6 +90,12 @@ class PrometheusServer:
         if body["status"] != "success":
             raise AssertionError(f"query failed: {expr}: {body}")
         return body["data"]["result"]
+
+    def api(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}", timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]
 
     def scalar(self, expr: str, at: float | None = None) -> float:
         result = self.query(expr, at)

@@ -1,0 +1,425 @@
+"""Write phasewatch's Grafana dashboard (``grafana/dashboards/phasewatch.json``) from code.
+
+    python grafana/generate.py            # rewrite the JSON
+    python grafana/generate.py --check    # fail if it is stale
+
+The PromQL comes from ``dashboard/queries.py``, the same expressions the Dash app's
+Prometheus source runs, with Grafana's variables in place of the selection:
+``model``, ``engine`` and ``pod`` (multi-select, "All" = ``.*``, which also matches
+series without a ``pod`` label, as on a single exporter) and ``job`` for the
+exporter's own series. The datasource is a variable too, so the JSON imports into
+any Grafana with a Prometheus datasource. Panels use only raw series (no recording
+rules), so the dashboard works before any rule is loaded; the alert panel reads
+Prometheus's ``ALERTS`` series of the phasewatch rules.
+
+Panel types are the core ones of current Grafana (timeseries, stat, bargauge,
+table, state-timeline, text); schemaVersion 39, which later versions migrate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from dashboard import queries, theme
+from exporter import verdict
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "dashboards" / "phasewatch.json"
+UID = "phasewatch-overview"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'model=~"$model",engine=~"$engine",pod=~"$pod"'
+RANGE = "$__rate_interval"
+EXPORTER_SEL = 'job=~"$job",pod=~"$pod"'
+# Grafana's variables as the tests substitute them to run every expression.
+VARIABLES = ("$__rate_interval", "$model", "$engine", "$pod", "$job")
+PHASE_COLORS = theme.PHASE_COLORS
+
+
+def q(template: str) -> str:
+    return queries.render(template, SEL, RANGE)
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False,
+           table: bool = False) -> dict:
+    t = {"datasource": DATASOURCE, "refId": ref, "expr": expr, "legendFormat": legend,
+         "range": not instant, "instant": instant, "editorMode": "code"}
+    if table:
+        t["format"] = "table"
+    return t
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, wrapping rows."""
+
+    def __init__(self):
+        self.panels: list[dict] = []
+        self.x = self.y = self.row_height = 0
+
+    def _id(self) -> int:
+        return len(self.panels) + 1
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append({"type": "row", "id": self._id(), "title": title,
+                            "collapsed": False, "panels": [],
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.y += 1
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_height
+            self.x = self.row_height = 0
+
+    def add(self, panel: dict, w: int, h: int) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel = {"id": self._id(), "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+                 **panel}
+        if panel["type"] not in ("text", "row"):
+            panel["datasource"] = DATASOURCE
+        self.panels.append(panel)
+        self.x += w
+        self.row_height = max(self.row_height, h)
+
+
+def phase_overrides() -> list[dict]:
+    """Series of a phase get its colour everywhere (legend names end with the phase)."""
+    return [{"matcher": {"id": "byRegexp", "options": f".* {phase}$"},
+             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+            for phase, color in PHASE_COLORS.items()]
+
+
+def timeseries(title: str, targets: list[dict], unit: str, description: str,
+               stack: bool = False, log: bool = False, phases: bool = False) -> dict:
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stack else 0,
+              "showPoints": "never", "spanNulls": True,
+              "stacking": {"mode": "normal" if stack else "none", "group": "A"}}
+    if log:
+        custom["scaleDistribution"] = {"type": "log", "log": 10}
+    return {"type": "timeseries", "title": title, "description": description,
+            "targets": targets,
+            "fieldConfig": {"defaults": {"unit": unit, "custom": custom},
+                            "overrides": phase_overrides() if phases else []},
+            "options": {"legend": {"displayMode": "table", "placement": "bottom",
+                                   "calcs": ["lastNotNull", "max"]},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+
+
+def stat(title: str, expr: str, unit: str, description: str, legend: str = "{{model}}",
+         decimals: int | None = None) -> dict:
+    defaults = {"unit": unit, "color": {"mode": "thresholds"},
+                "thresholds": {"mode": "absolute",
+                               "steps": [{"color": "text", "value": None}]}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {"type": "stat", "title": title, "description": description,
+            "targets": [target(expr, legend, instant=True)],
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                          "values": False},
+                        "textMode": "value_and_name", "colorMode": "none",
+                        "graphMode": "none", "justifyMode": "auto"}}
+
+
+def levers_text() -> str:
+    lines = ["| verdict | levers that fit |", "|---|---|"]
+    for (phase, resource), levers in verdict.LEVERS.items():
+        lines.append(f"| {verdict.headline(phase, resource)} | {'; '.join(levers)} |")
+    return "\n".join(lines)
+
+
+def roofline_table() -> dict:
+    """Each phase's operating point: arithmetic intensity against the ridge, achieved
+    FLOP/s against what the roof allows at that intensity."""
+    peak_bw = (f'max by (model, engine) (phasewatch_peak_bandwidth_bytes_per_second'
+               f'{{{SEL},ceiling="datasheet"}})')
+    peak_fl = (f'max by (model, engine) (phasewatch_peak_flops_per_second'
+               f'{{{SEL},ceiling="datasheet"}})')
+    intensity = q(queries.INTENSITY)
+    per_phase = f"({intensity}) * 0 + on (model, engine) group_left ()"
+    sloped = f"({intensity}) * on (model, engine) group_left () {peak_bw}"
+    flat = f"{per_phase} {peak_fl}"
+    attainable = f"(({sloped}) < ({flat})) or ({flat})"
+    columns = [
+        ("A", intensity, "Intensity (FLOP/byte)", "none"),
+        ("B", f"{per_phase} ({peak_fl} / {peak_bw})", "Ridge (FLOP/byte)", "none"),
+        ("C", q(queries.ACHIEVED_FLOPS), "Achieved FLOP/s", "flops"),
+        ("D", attainable, "Roof at this intensity (FLOP/s)", "flops"),
+        ("E", f"({q(queries.ACHIEVED_FLOPS)}) / ({attainable})", "Of the roof", "percentunit"),
+        ("F", f"avg by (model, engine, phase) (phasewatch_bandwidth_utilization_ratio{{{SEL}}})",
+         "MBU", "percentunit"),
+        ("G", f"avg by (model, engine, phase) (phasewatch_flops_utilization_ratio{{{SEL}}})",
+         "MFU", "percentunit"),
+    ]
+    overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
+                  "properties": [{"id": "displayName", "value": name},
+                                 {"id": "unit", "value": unit}]}
+                 for ref, _, name, unit in columns]
+    return {
+        "type": "table", "title": "Roofline operating points",
+        "description": ("Where each phase sits on the roofline (datasheet ceilings): left of "
+                        "the ridge (intensity < ridge) the bandwidth slope limits it, right of "
+                        "it the compute roof. 'Of the roof' is the achieved FLOP/s over what "
+                        "the roof allows at that intensity: the headroom left. "
+                        + theme.GLOSSARY["arithmetic intensity"]),
+        "targets": [target(expr, ref=ref, instant=True, table=True)
+                    for ref, expr, _, _ in columns],
+        "transformations": [{"id": "merge", "options": {}},
+                            {"id": "organize", "options": {
+                                "excludeByName": {"Time": True},
+                                "indexByName": {"model": 0, "engine": 1, "phase": 2}}}],
+        "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+    }
+
+
+def alert_states() -> dict:
+    by = "alertname, model, engine, regressed, quantile, severity"
+    sel = 'alertname=~"Phasewatch.*",model=~"$model"'
+    expr = (f'2 * max by ({by}) (ALERTS{{{sel},alertstate="firing"}}) or '
+            f'max by ({by}) (ALERTS{{{sel},alertstate="pending"}})')
+    return {
+        "type": "state-timeline", "title": "phasewatch alerts",
+        "description": "The phasewatch alerting rules (deploy/prometheus) over time: yellow "
+                       "pending, red firing. TTFT regressions say whether the queue or the "
+                       "prefill regressed.",
+        "targets": [target(expr, "{{alertname}} {{model}} {{regressed}} {{quantile}} "
+                                 "{{severity}}")],
+        "fieldConfig": {"defaults": {
+            "color": {"mode": "thresholds"},
+            "thresholds": {"mode": "absolute", "steps": [
+                {"color": "transparent", "value": None}, {"color": "yellow", "value": 1},
+                {"color": "red", "value": 2}]},
+            "mappings": [{"type": "value", "options": {
+                "1": {"text": "pending", "index": 0}, "2": {"text": "firing", "index": 1}}}]},
+            "overrides": []},
+        "options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8,
+                    "legend": {"showLegend": False}},
+    }
+
+
+def panels() -> list[dict]:
+    k = {name: q(expr) for name, expr in queries.KPIS.items()}
+    g = theme.GLOSSARY
+    lay = Layout()
+
+    lay.row("Verdict: which phase is the bottleneck, and why")
+    lay.add({"type": "stat", "title": "Bottleneck",
+             "description": "The exporter's verdict per model: the phase that dominates request "
+                            "time and the resource limiting it. The value is how many pods "
+                            "report it.",
+             "targets": [target(q(queries.VERDICT_VOTES),
+                                "{{model}} ({{engine}}): {{phase}} bound by {{resource}}",
+                                instant=True)],
+             "fieldConfig": {"defaults": {"unit": "none", "decimals": 0,
+                                          "color": {"mode": "fixed", "fixedColor": "text"}},
+                             "overrides": []},
+             "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                           "values": False},
+                         "textMode": "name", "colorMode": "none", "graphMode": "none",
+                         "justifyMode": "auto"}}, 10, 5)
+    lay.add({"type": "bargauge", "title": "Share of request time per phase",
+             "description": "Each phase's summed time over all three (queue, prefill, decode).",
+             "targets": [target(q(queries.PHASE_SHARE), "{{model}} {{phase}}", instant=True)],
+             "fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1},
+                             "overrides": phase_overrides()},
+             "options": {"orientation": "horizontal", "displayMode": "basic",
+                         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                           "values": False}}}, 7, 5)
+    lay.add({"type": "text", "title": "Levers by verdict",
+             "options": {"mode": "markdown", "content": levers_text()}}, 7, 5)
+    for name, title, unit, desc in (
+            ("ttft_p95", "TTFT p95", "s", g["TTFT"]), ("ttft_p50", "TTFT p50", "s", g["TTFT"]),
+            ("itl_p95", "ITL p95 (pooled gaps)", "s", g["ITL"]),
+            ("tpot_p50", "TPOT p50 (per request)", "s", g["TPOT"]),
+            ("request_rate", "Requests/s", "reqps", "Finished requests per second."),
+            ("output_tokens_per_second", "Output tokens/s", "none", "Generated tokens/s."),
+            ("mbu", "Decode MBU", "percentunit", g["MBU"]),
+            ("mfu", "Prefill MFU", "percentunit", g["MFU"])):
+        lay.add(stat(title, k[name], unit, desc), 3, 4)
+
+    lay.row("Latency split by phase")
+    ttft = [target(k["ttft_p50"], "{{model}} p50", "A"),
+            target(k["ttft_p95"], "{{model}} p95", "B")]
+    lay.add(timeseries("TTFT", ttft, "s", g["TTFT"]), 12, 8)
+    phase_mean = (f"sum by (model, engine, phase) (rate(phasewatch_phase_duration_seconds_sum"
+                  f"{{{SEL}}}[{RANGE}])) / sum by (model, engine, phase) "
+                  f"(rate(phasewatch_phase_duration_seconds_count{{{SEL}}}[{RANGE}]))")
+    lay.add(timeseries("Mean request: seconds in each phase", [target(
+        phase_mean, "{{model}} {{phase}}")], "s",
+        "Mean time a request spends in queue, prefill and decode. TTFT = queue + prefill: "
+        "this says which of the two moved.", stack=True, phases=True), 12, 8)
+    tokens = [target(k["itl_p50"], "{{model}} ITL p50", "A"),
+              target(k["itl_p95"], "{{model}} ITL p95", "B"),
+              target(k["tpot_p50"], "{{model}} TPOT p50", "C"),
+              target(k["tpot_p95"], "{{model}} TPOT p95", "D")]
+    lay.add(timeseries("Token latency: ITL (pooled gaps) and TPOT (per request)", tokens, "s",
+                       f"{g['ITL']} {g['TPOT']}"), 12, 8)
+    lay.add(timeseries("Phase share of request time", [target(
+        q(queries.PHASE_SHARE), "{{model}} {{phase}}")], "percentunit",
+        "Share of summed request time in each phase.", stack=True, phases=True), 12, 8)
+    lay.add(timeseries("End-to-end latency", [
+        target(k["e2e_p50"], "{{model}} p50", "A"), target(k["e2e_p95"], "{{model}} p95", "B")],
+        "s", g["e2e"]), 12, 8)
+    lay.add(timeseries("Tokens/s", [
+        target(k["prompt_tokens_per_second"], "{{model}} prompt", "A"),
+        target(k["output_tokens_per_second"], "{{model}} output", "B")], "none",
+        "Prompt tokens read and output tokens generated per second."), 12, 8)
+
+    lay.row("Roofline: achieved bandwidth and FLOP/s against the hardware")
+    util_by = "avg by (model, engine, phase)"
+    lay.add(timeseries("Bandwidth utilization (MBU)", [target(
+        f"{util_by} (phasewatch_bandwidth_utilization_ratio{{{SEL}}})", "{{model}} {{phase}}")],
+        "percentunit", g["MBU"], phases=True), 8, 8)
+    lay.add(timeseries("FLOPs utilization (MFU)", [target(
+        f"{util_by} (phasewatch_flops_utilization_ratio{{{SEL}}})", "{{model}} {{phase}}")],
+        "percentunit", g["MFU"], phases=True), 8, 8)
+    ridge = (f'max by (model, engine) (phasewatch_peak_flops_per_second{{{SEL},'
+             f'ceiling="datasheet"}}) / max by (model, engine) '
+             f'(phasewatch_peak_bandwidth_bytes_per_second{{{SEL},ceiling="datasheet"}})')
+    lay.add(timeseries("Arithmetic intensity against the ridge", [
+        target(q(queries.INTENSITY), "{{model}} {{phase}}", "A"),
+        target(ridge, "{{model}} ridge", "B")], "none",
+        g["arithmetic intensity"], log=True, phases=True), 8, 8)
+    lay.add(roofline_table(), 24, 7)
+    lay.add(timeseries("Decode batch size", [target(k["decode_batch_size"], "{{model}}")],
+                       "none", g["decode batch"]), 12, 7)
+    lay.add(timeseries("Achieved memory bandwidth", [target(
+        f"{util_by} (phasewatch_achieved_bandwidth_bytes_per_second{{{SEL}}})",
+        "{{model}} {{phase}}")], "Bps", "Bytes per second each phase moves, per replica.",
+        phases=True), 12, 7)
+
+    lay.row("TTFT against prompt length")
+    by_class = [target(q(queries.PROMPT_CLASS["ttft_p50"]), "{{model}} {{prompt_class}} p50", "A"),
+                target(q(queries.PROMPT_CLASS["ttft_p95"]), "{{model}} {{prompt_class}} p95",
+                       "B")]
+    lay.add(timeseries("TTFT by prompt-length class", by_class, "s",
+                       theme.CAPTIONS["prompt-ttft"]), 12, 8)
+    per_token = (f"sum by (model, engine) (rate(phasewatch_prefill_seconds_per_token_sum"
+                 f"{{{SEL}}}[{RANGE}])) / sum by (model, engine) "
+                 f"(rate(phasewatch_prefill_seconds_per_token_count{{{SEL}}}[{RANGE}]))")
+    lay.add(timeseries("Prefill seconds per prompt token", [target(per_token, "{{model}}")], "s",
+                       "Prefill time over uncached prompt tokens: TTFT normalised for prompt "
+                       "length. Longer prompts leave it flat; a slower prefill raises it. "
+                       "The TTFT regression alert needs this (or the queue) to rise."), 12, 8)
+    lay.add({"type": "bargauge", "title": "Requests by prompt-length class",
+             "description": "Requests in the dashboard's time range per prompt-length class.",
+             "targets": [target(q(queries.PROMPT_CLASS["count"]).replace(RANGE, "$__range"),
+                                "{{model}} {{prompt_class}}", instant=True)],
+             "fieldConfig": {"defaults": {"unit": "none", "decimals": 0}, "overrides": []},
+             "options": {"orientation": "horizontal", "displayMode": "basic",
+                         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                           "values": False}}}, 24, 6)
+
+    lay.row("Alerts and the exporter itself")
+    lay.add(alert_states(), 24, 7)
+    ingest = [target(f"sum by (protocol) (rate(phasewatch_ingest_accepted_total"
+                     f"{{{EXPORTER_SEL}}}[{RANGE}]))", "accepted {{protocol}}", "A"),
+              target(f"sum by (reason) (rate(phasewatch_ingest_rejected_total"
+                     f"{{{EXPORTER_SEL}}}[{RANGE}])) or label_replace(vector(0), "
+                     f'"reason", "none", "", "")', "rejected {{reason}}", "B")]
+    lay.add(timeseries("Ingest: accepted and rejected requests/s", ingest, "reqps",
+                       "Requests the exporter accepted per protocol, and rejections by "
+                       "reason (a steady 'none' line at 0 when nothing is rejected)."), 12, 7)
+    lay.add(timeseries("Exporter memory", [target(
+        f"process_resident_memory_bytes{{{EXPORTER_SEL}}}", "{{instance}} {{pod}}")], "bytes",
+        "Resident memory of each phasewatch exporter."), 12, 7)
+    return lay.panels
+
+
+def variable(name: str, label: str, query: str, hide: int = 0) -> dict:
+    return {"type": "query", "name": name, "label": label, "datasource": DATASOURCE,
+            "definition": query, "query": {"qryType": 1, "query": query,
+                                           "refId": "PrometheusVariableQueryEditor"},
+            "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1, "hide": hide, "options": [], "regex": ""}
+
+
+def dashboard() -> dict:
+    return {
+        "uid": UID, "title": "phasewatch: LLM serving by phase",
+        "description": "Queue, prefill and decode of every request; TTFT/ITL/TPOT; achieved "
+                       "bandwidth and FLOP/s against the roofline; the bottleneck verdict. "
+                       "Generated by grafana/generate.py.",
+        "tags": ["phasewatch", "llm", "vllm", "tgi", "sglang"],
+        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
+        "time": {"from": "now-1h", "to": "now"}, "refresh": "10s",
+        "timepicker": {}, "timezone": "", "fiscalYearStartMonth": 0, "liveNow": False,
+        "links": [], "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "templating": {"list": [
+            {"type": "datasource", "name": "datasource", "label": "Prometheus",
+             "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
+             "options": []},
+            variable("model", "model", "label_values(phasewatch_requests_total, model)"),
+            variable("engine", "engine",
+                     'label_values(phasewatch_requests_total{model=~"$model"}, engine)'),
+            variable("pod", "pod", 'label_values(phasewatch_requests_total{model=~"$model",'
+                                   'engine=~"$engine"}, pod)'),
+            variable("job", "exporter job", "label_values(phasewatch_ingest_requests_total, job)",
+                     hide=0)]},
+        "panels": panels(),
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def expressions(doc: dict) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every panel target in a dashboard document."""
+    out = []
+    for panel in doc["panels"]:
+        for p in [panel, *panel.get("panels", [])]:
+            for t in p.get("targets", []):
+                out.append((p["title"], t["expr"]))
+    return out
+
+
+def variable_queries(doc: dict) -> list[tuple[str, str]]:
+    """(variable, PromQL) for each ``label_values(selector, label)`` variable, as the
+    series query Grafana makes of it."""
+    out = []
+    for v in doc["templating"]["list"]:
+        if v["type"] != "query":
+            continue
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", v["definition"])
+        if not m:
+            raise ValueError(f"variable {v['name']}: not a label_values() query")
+        out.append((v["name"], f"count by ({m[2]}) ({m[1]})"))
+    return out
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """Fill Grafana's variables (longest names first, so $__rate_interval wins)."""
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(name, values[name])
+    return expr
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if the JSON is stale")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"stale: {OUT}; run python grafana/generate.py")
+            return 1
+        return 0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(HERE.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    sys.exit(main())

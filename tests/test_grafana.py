@@ -1,0 +1,73 @@
+"""The Grafana dashboard JSON: fresh from its generator, and importable as Grafana expects
+(datasource variable, model/engine/pod variables, a sound grid). Its PromQL is run
+against a real Prometheus in test_alerts_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+GRAFANA = Path(__file__).resolve().parents[1] / "grafana"
+DOC = json.loads((GRAFANA / "dashboards" / "phasewatch.json").read_text())
+
+
+def test_dashboard_json_is_fresh():
+    r = subprocess.run([sys.executable, str(GRAFANA / "generate.py"), "--check"],
+                       capture_output=True, text=True, cwd=GRAFANA.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_datasource_and_selection_are_variables():
+    variables = {v["name"]: v for v in DOC["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("model", "engine", "pod"):
+        assert variables[name]["multi"] and variables[name]["includeAll"]
+        assert variables[name]["allValue"] == ".*"
+    panels = [p for p in DOC["panels"] if p["type"] not in ("row", "text")]
+    for p in panels:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            assert "[$__rate_interval]" in t["expr"] or "[" not in t["expr"] \
+                or "[$__range]" in t["expr"], (p["title"], t["expr"])
+    selected = [p["title"] for p in panels
+                if all('model=~"$model"' in t["expr"] for t in p["targets"])]
+    assert len(selected) >= len(panels) - 2  # all but the exporter's own health panels
+
+
+def test_grid_has_unique_ids_and_no_overlaps():
+    ids = [p["id"] for p in DOC["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in DOC["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps at {(x, y)}"
+                cells.add((x, y))
+
+
+def test_the_issue_s_views_are_there():
+    titles = {p["title"] for p in DOC["panels"]}
+    for title in ("Bottleneck", "TTFT", "Mean request: seconds in each phase",
+                  "Token latency: ITL (pooled gaps) and TPOT (per request)",
+                  "Bandwidth utilization (MBU)", "FLOPs utilization (MFU)",
+                  "Roofline operating points", "TTFT by prompt-length class",
+                  "Prefill seconds per prompt token", "phasewatch alerts"):
+        assert title in titles
+
+
+def test_provisioning_points_at_the_dashboard_and_the_datasource():
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "phasewatch.yml")
+                        .read_text())
+    assert ds["datasources"][0]["type"] == "prometheus"
+    dash = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "phasewatch.yml")
+                          .read_text())
+    (provider,) = dash["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
