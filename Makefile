@@ -13,11 +13,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Debian packages the tests need: a real Prometheus server (and promtool), and a
-# real headless browser with its WebDriver for the dashboard's tests.
+# Debian packages the tests need: a real Prometheus server (and promtool), a real
+# headless browser with its WebDriver for the dashboard's tests, docker-compose to
+# validate deploy/docker-compose.yml (no engine needed for `config`), and kubectl
+# for `kubectl kustomize` (Debian's kubernetes-client if no kubectl is installed).
 system-deps:
 	@missing=""; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v kubectl >/dev/null 2>&1 || missing="$$missing kubernetes-client"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \

@@ -41,7 +41,8 @@ def _stop_on_signals(stop: threading.Event) -> None:
 def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
     p.add_argument("--scenario", default="chat", choices=sorted(SCENARIOS),
                    help="workload to simulate (default chat): " + "; ".join(
-                       f"{s.name}: {s.description}" for s in SCENARIOS.values()))
+                       f"{s.name}: {s.description}" for s in SCENARIOS.values()
+                   ).replace("%", "%%"))  # argparse %-formats help ("30% prefix-cache hits")
     if deployment:  # demo takes these from the exporter's flags instead
         p.add_argument("--model", help="served model (catalog name or Hugging Face id); "
                        "default: the scenario's")

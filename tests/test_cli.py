@@ -83,6 +83,13 @@ def test_serve_help_names_every_flag_and_its_variable():
         assert flag in out
 
 
+@pytest.mark.parametrize("command", ["serve", "simulate", "demo", "dashboard", "roofline",
+                                     "calibrate"])
+def test_every_command_prints_its_help(command):
+    r = subprocess.run([*PHASEWATCH, command, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage: phasewatch" in r.stdout, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--grpc-port", "70000"], "grpc_port must be between 0 and 65535"),
     (["--window-seconds", "abc"], "window_seconds must be float"),

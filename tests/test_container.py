@@ -1,0 +1,160 @@
+"""The Dockerfile and deploy/docker-compose.yml, as far as a machine without a Docker
+engine can check them: hadolint lints the Dockerfile; docker-compose validates the
+compose file against the Compose schema (`config` needs no engine); the package the
+image installs carries everything the commands need; and every command, port,
+address and mount in the compose file is one the exporter, the simulator, the
+dashboard, Prometheus (`promtool check config`) and Grafana's provisioning accept."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from exporter.cli import build_parser
+from exporter.config import load_serve_config
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "deploy" / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    return [(m[1].upper(), m[2].strip()) for line in text.splitlines()
+            if (m := re.match(r"^\s*([A-Za-z]+)\s+(.*)$", line)) and not line.lstrip()
+            .startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    """The compose file as docker-compose resolves it (anchors merged, paths absolute)."""
+    docker_compose = require_binary("docker-compose", "it validates deploy/docker-compose.yml")
+    r = subprocess.run([docker_compose, "-f", str(COMPOSE), "config"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return yaml.safe_load(r.stdout)
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    if not hadolint.exists():
+        hadolint = Path(require_binary("hadolint", "it lints the Dockerfile"))
+    r = subprocess.run([str(hadolint), "--failure-threshold", "info", str(DOCKERFILE)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dockerfile_copies_what_exists_and_runs_phasewatch_as_non_root():
+    steps = _instructions()
+    for op, args in steps:
+        if op == "COPY" and not args.startswith("--from"):
+            for source in args.split()[:-1]:
+                assert (ROOT / source).exists(), f"COPY {source}: no such path"
+    assert ("ENTRYPOINT", '["phasewatch"]') in steps
+    (user,) = [a for op, a in steps if op == "USER"]
+    assert not user.startswith(("0", "root"))
+    (expose,) = [a for op, a in steps if op == "EXPOSE"]
+    defaults = load_serve_config(None, {})
+    assert {int(p) for p in expose.split()} == {
+        defaults.otlp_grpc_port, defaults.otlp_http_port, defaults.grpc_port,
+        defaults.http_port, 8050}
+
+
+def test_the_package_the_image_installs_carries_everything(tmp_path):
+    """`pip install .` in the Dockerfile: the wheel holds both packages, the catalog
+    data and the generated protocol code, and installs the `phasewatch` command."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                        "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = tmp_path.glob("phasewatch-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in ("exporter/cli.py", "exporter/catalog/models.json",
+                     "exporter/catalog/hardware.json", "exporter/protocol/phasewatch_pb2.py",
+                     "dashboard/app.py", "exporter/sim/scenarios.py"):
+        assert required in names, required
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "phasewatch = exporter.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def _argv(service: dict) -> list[str]:
+    command = service["command"]
+    return command if isinstance(command, list) else command.split()
+
+
+def _mounts(service: dict) -> dict[str, Path]:
+    """Container path -> host path of a service's bind mounts (docker-compose prints
+    them as "source:target[:mode]"; the Compose spec also allows the long form)."""
+    out = {}
+    for v in service.get("volumes", []):
+        if isinstance(v, str):
+            source, target, *_ = v.split(":")
+        else:
+            source, target = v.get("source", ""), v["target"]
+        if source.startswith("/"):
+            out[target] = Path(source)
+    return out
+
+
+def test_compose_services_agree_with_the_exporter(compose, tmp_path):
+    services = compose["services"]
+    assert {"exporter", "simulator", "prometheus", "dashboard"} <= set(services)
+    exporter = services["exporter"]
+    ns = build_parser().parse_args(_argv(exporter))
+    cfg = load_serve_config(ns, {k: str(v) for k, v in exporter["environment"].items()})
+    published = {int(p["target"]) for p in exporter["ports"]}
+    assert published == {cfg.http_port, cfg.otlp_grpc_port, cfg.otlp_http_port, cfg.grpc_port}
+    # Other containers send to it: the receivers listen beyond loopback.
+    assert cfg.grpc_host == cfg.otlp_grpc_host == cfg.otlp_http_host == "0.0.0.0"
+    assert f":{cfg.http_port}/readyz" in " ".join(exporter["healthcheck"]["test"])
+    sim = build_parser().parse_args(_argv(services["simulator"]))
+    assert sim.command == "simulate" and sim.target == f"exporter:{cfg.grpc_port}"
+    dash = build_parser().parse_args(_argv(services["dashboard"]))
+    assert dash.command == "dashboard" and dash.host == "0.0.0.0"
+    assert urlsplit(dash.exporter).netloc == f"exporter:{cfg.http_port}"
+    assert {int(p["target"]) for p in services["dashboard"]["ports"]} == {dash.port}
+    for name in ("exporter", "simulator", "dashboard"):
+        s = services[name]
+        assert s["read_only"] and s["cap_drop"] == ["ALL"], name
+
+    # Prometheus: its config (with the mounted paths mapped back to the repository)
+    # passes promtool, scrapes the exporter's port and loads every rule file.
+    prom = services["prometheus"]
+    mounts = _mounts(prom)
+    config_path = next(t for t in mounts if t.endswith("prometheus.yml"))
+    config = yaml.safe_load(mounts[config_path].read_text())
+    assert config["scrape_configs"][0]["static_configs"][0]["targets"] == [
+        f"exporter:{cfg.http_port}"]
+    local = []
+    for pattern in config["rule_files"]:
+        directory = next(t for t in mounts if pattern.startswith(t + "/"))
+        local.append(str(mounts[directory]) + pattern[len(directory):])
+    config["rule_files"] = local
+    assert sorted(p for g in local for p in Path("/").glob(g.lstrip("/"))) == sorted(
+        (ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    promtool = require_binary("promtool", "it checks the compose Prometheus config")
+    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_compose_grafana_mounts_what_provisioning_expects(compose):
+    grafana = compose["services"]["grafana"]
+    mounts = _mounts(grafana)
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "phasewatch.yml").read_text())[
+        "providers"]
+    dashboards = mounts[provider["options"]["path"]]
+    assert (dashboards / "phasewatch.json").exists()
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == provider["options"]["path"] + "/phasewatch.json"
