@@ -34,9 +34,6 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'model=~"$model",engine=~"$engine",pod=~"$pod"'
 RANGE = "$__rate_interval"
 EXPORTER_SEL = 'job=~"$job",pod=~"$pod"'
-# Grafana's variables as the tests substitute them to run every expression.
-VARIABLES = ("$__rate_interval", "$model", "$engine", "$pod", "$job")
-PHASE_COLORS = theme.PHASE_COLORS
 
 
 def q(template: str) -> str:
@@ -90,7 +87,7 @@ def phase_overrides() -> list[dict]:
     """Series of a phase get its colour everywhere (legend names end with the phase)."""
     return [{"matcher": {"id": "byRegexp", "options": f".* {phase}$"},
              "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
-            for phase, color in PHASE_COLORS.items()]
+            for phase, color in theme.PHASE_COLORS.items()]
 
 
 def timeseries(title: str, targets: list[dict], unit: str, description: str,

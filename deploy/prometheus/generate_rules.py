@@ -1,7 +1,8 @@
 """Write phasewatch's Prometheus recording and alerting rules from one set of parameters.
 
-    python deploy/prometheus/generate_rules.py            # rewrite rules/*.yml
-    python deploy/prometheus/generate_rules.py --check    # fail if they are stale
+    python deploy/prometheus/generate_rules.py            # rewrite rules/*.yml and the
+                                                          # Kubernetes PrometheusRule
+    python deploy/prometheus/generate_rules.py --check    # fail if one is stale
 
 The rules are generated so that tuning is a parameter, not a hand edit: the TTFT
 SLO's threshold and objective, regression factors, the minimum traffic, ``for``
