@@ -42,14 +42,18 @@ def _key(row: dict) -> dict:
 class ExporterSource:
     name = "exporter"
 
-    def __init__(self, url: str, timeout: float = 3.0, history_seconds: float = 600.0):
+    def __init__(self, url: str, timeout: float = 3.0, history_seconds: float = 600.0,
+                 token: str = ""):
+        """``token``: the exporter's --auth-token, for its JSON API."""
         self.url = base_url(url, "http://127.0.0.1:9464")
+        self.token = token
         self.timeout = timeout
         self.history_seconds = history_seconds
 
     def _get(self, path: str, **params) -> dict:
         query = f"?{urlencode(params)}" if params else ""
-        return get_json(f"{self.url}{path}{query}", self.timeout, "exporter")
+        return get_json(f"{self.url}{path}{query}", self.timeout, "exporter",
+                        token=self.token)
 
     def fetch(self, selection: Selection = ALL) -> Snapshot:
         try:

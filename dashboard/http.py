@@ -26,11 +26,14 @@ def base_url(url: str, example: str) -> str:
     return url.rstrip("/")
 
 
-def get_json(url: str, timeout: float, what: str, target: str | None = None) -> object:
+def get_json(url: str, timeout: float, what: str, target: str | None = None,
+             token: str = "") -> object:
     """``what`` names the service in messages ("exporter", "Prometheus"); ``target`` is
-    what the error names as tried (default the URL)."""
-    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip",
-                                               "Accept": "application/json"})
+    what the error names as tried (default the URL); ``token`` a bearer token."""
+    headers = {"Accept-Encoding": "gzip", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = _read(resp)

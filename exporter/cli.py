@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -97,7 +98,7 @@ def _simulate(args, target: str, stop: threading.Event, duration: float):
     sc = scenario(args.scenario)
     engine = sc.build(seed=args.seed, model=args.model, hardware=args.hardware,
                       gpus=args.gpus, rate_scale=args.rate_scale)
-    client = _sim_client(args, target)
+    client = _sim_client(args, target, getattr(args, "token", ""))
     try:
         engine.run(duration, on_finish=client.record_request, time_scale=args.time_scale,
                    should_stop=stop.is_set)
@@ -150,14 +151,14 @@ def _summary_line(summary: dict) -> str:
     return " || ".join(parts) or "no requests finished yet"
 
 
-def _sim_client(args, target: str):
+def _sim_client(args, target: str, token: str = ""):
     if args.protocol == "phasewatch":
         from exporter.client import PhasewatchClient
 
-        return PhasewatchClient(target, engine="sim")
+        return PhasewatchClient(target, engine="sim", token=token)
     from exporter.sim.otlp_shapes import OtlpSink
 
-    return OtlpSink(args.protocol, target, args.span_shape)
+    return OtlpSink(args.protocol, target, args.span_shape, token=token)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -169,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     target = {"phasewatch": f"127.0.0.1:{exporter.grpc_port}",
               "otlp-grpc": f"127.0.0.1:{exporter.otlp_grpc_port}",
               "otlp-http": f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces"}
-    client = _sim_client(args, target[args.protocol])
+    client = _sim_client(args, target[args.protocol], config.auth_token)
     duration = args.duration if args.duration else float("inf")
     load = SwitchableLoad(args.scenario, client.record_request, args.time_scale,
                           {"seed": args.seed, "model": args.model, "hardware": args.hardware,
@@ -180,7 +181,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from dashboard.exporter_source import ExporterSource
 
         control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, load.switch)
-        app = create_app(ExporterSource(base), refresh=args.refresh, scenario=control)
+        app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
+                         scenario=control)
         dashboard = DashboardServer(app, args.dashboard_host, args.dashboard_port).start()
     print(f"phasewatch demo: scenario {args.scenario}", flush=True)
     if dashboard is not None:
@@ -221,7 +223,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise ValueError("give exactly one of --exporter URL or --prometheus URL")
     if args.exporter:
         source = ExporterSource(args.exporter, timeout=args.timeout,
-                                history_seconds=args.history_seconds)
+                                history_seconds=args.history_seconds, token=args.token)
     else:
         source = PrometheusSource(args.prometheus, rate_range=args.range, timeout=args.timeout,
                                   history_seconds=args.history_seconds,
@@ -314,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "for otlp-http (http://127.0.0.1:4318/v1/traces)")
     simulate.add_argument("--duration", type=float, default=60.0,
                           help="engine seconds to simulate (default 60)")
+    simulate.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
+                          help="bearer token the exporter requires (its --auth-token; "
+                          "default $PHASEWATCH_AUTH_TOKEN)")
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
@@ -357,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="span of the time series (default 600)")
     dash_cmd.add_argument("--timeout", type=float, default=5.0,
                           help="seconds to wait for the source (default 5)")
+    dash_cmd.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
+                          help="bearer token of the exporter's JSON API (its --auth-token; "
+                          "default $PHASEWATCH_AUTH_TOKEN)")
     dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
     dash_cmd.set_defaults(func=cmd_dashboard)
 

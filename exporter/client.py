@@ -37,7 +37,9 @@ class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
-                 channel: grpc.Channel | None = None):
+                 channel: grpc.Channel | None = None, token: str = ""):
+        """``token``: the exporter's ``--auth-token``, sent as ``authorization: Bearer``
+        metadata (a wrong one is refused with UNAUTHENTICATED and not retried)."""
         if flush_interval <= 0 or max_buffer < 1 or max_batch < 1:
             raise ValueError("flush_interval, max_buffer and max_batch must be positive")
         self.target, self.engine = target, engine
@@ -48,6 +50,7 @@ class PhasewatchClient:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._lock = threading.Lock()
         self._buffer: list[tuple] = []
         self._dropped_unreported = 0
@@ -115,7 +118,7 @@ class PhasewatchClient:
         while True:
             try:
                 reply = wire.decode_export_response(
-                    self._export(payload, timeout=self._timeout))
+                    self._export(payload, timeout=self._timeout, metadata=self._metadata))
                 self.stats["sent"] += len(rows)
                 self.stats["accepted"] += reply.accepted
                 self.stats["rejected"] += reply.rejected

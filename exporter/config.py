@@ -40,6 +40,10 @@ SERVE_OPTIONS = (
            "one)", 0, 65535),
     Option("otlp_max_in_flight", int, 16, "concurrent OTLP exports before clients are told "
            "to retry (UNAVAILABLE / 503)", 1, 1024),
+    Option("auth_token", str, "", "bearer token every ingest call and /api/v1 request must "
+           "carry (Authorization: Bearer TOKEN); /metrics and the probes stay open. Prefer "
+           "the PHASEWATCH_AUTH_TOKEN variable from a Secret to the flag (visible in ps); "
+           "empty: no authentication"),
     Option("otlp_export_endpoint", str, "", "re-emit each OTLP request as queue/prefill/decode "
            "child spans to this OTLP endpoint (host:port for gRPC, http://.../v1/traces)"),
     Option("default_model", str, "", "model name for spans that carry none (vLLM V1); "
@@ -105,6 +109,7 @@ class ServeConfig:
     otlp_http_host: str = "127.0.0.1"
     otlp_http_port: int = 4318
     otlp_max_in_flight: int = 16
+    auth_token: str = ""
     otlp_export_endpoint: str = ""
     default_model: str = ""
     otlp_model_map: str = ""

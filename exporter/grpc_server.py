@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -105,13 +106,13 @@ def identity(b: bytes) -> bytes:
     return b
 
 
-def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str
-               ) -> tuple[grpc.Server, int]:
+def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str,
+               interceptors: Sequence[grpc.ServerInterceptor] = ()) -> tuple[grpc.Server, int]:
     """A started grpc server for ``handlers`` with the message size limit; returns it
     and the port actually bound. ``what`` names it in thread names and errors."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"pw-{what}"),
-        handlers=[handlers],
+        handlers=[handlers], interceptors=list(interceptors),
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
@@ -123,7 +124,9 @@ def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str
 
 
 def start_grpc_server(service: PhasewatchService, host: str, port: int,
-                      max_workers: int = 8) -> tuple[grpc.Server, int]:
+                      max_workers: int = 8,
+                      interceptors: Sequence[grpc.ServerInterceptor] = ()
+                      ) -> tuple[grpc.Server, int]:
     """Start the receiver; returns the server and the port actually bound."""
     handlers = grpc.method_handlers_generic_handler(SERVICE, {
         "Export": grpc.unary_unary_rpc_method_handler(
@@ -132,4 +135,4 @@ def start_grpc_server(service: PhasewatchService, host: str, port: int,
             service.stream_lifecycle, request_deserializer=identity,
             response_serializer=identity),
     })
-    return serve_grpc(handlers, host, port, max_workers, "phasewatch")
+    return serve_grpc(handlers, host, port, max_workers, "phasewatch", interceptors)

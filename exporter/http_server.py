@@ -22,6 +22,8 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporter.auth import BearerAuth
+
 log = logging.getLogger(__name__)
 MAX_RECENT = 5000  # most requests one /api/v1/requests call returns
 
@@ -44,7 +46,9 @@ def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> f
 
 
 def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], object]],
-                 ready: Callable[[], bool]):
+                 ready: Callable[[], bool], auth: BearerAuth | None = None):
+    """``auth``: when enabled, ``/api/v1/`` needs the bearer token; /metrics and the
+    probes stay open (Prometheus and the kubelet carry no token)."""
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "phasewatch"
@@ -78,6 +82,15 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
                 ok = ready()
                 return self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n",
                                   "text/plain")
+            if (auth is not None and url.path.startswith("/api/")
+                    and not auth.allows("api", self.headers.get("Authorization"))):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="phasewatch"')
+                body = b'{"error": "the JSON API needs Authorization: Bearer <token>"}'
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                return self.wfile.write(body)
             route = api.get(url.path)
             if route is None:
                 endpoints = [*sorted(api), "/metrics", "/healthz", "/readyz"]

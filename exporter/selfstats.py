@@ -40,6 +40,9 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "phasewatch_engine_scrapes_total": (
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
         "(ok, http_error, unreachable, unparsable).", ("url", "result")),
+    "phasewatch_auth_refused_total": (
+        "counter", "Calls refused for a missing or wrong bearer token (--auth-token), by "
+        "receiver (phasewatch, otlp_grpc, otlp_http, api) and reason.", ("receiver", "reason")),
     "phasewatch_phase_unavailable_total": (
         "counter", "Accepted requests for which a phase could not be derived, by reason.",
         ("phase", "reason")),

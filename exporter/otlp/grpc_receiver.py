@@ -76,8 +76,8 @@ class OtlpGrpcService:
 
 
 def start_otlp_grpc_server(service: OtlpGrpcService, host: str, port: int,
-                           max_workers: int = 8) -> tuple[grpc.Server, int]:
+                           max_workers: int = 8, interceptors=()) -> tuple[grpc.Server, int]:
     handlers = grpc.method_handlers_generic_handler(SERVICE, {
         "Export": grpc.unary_unary_rpc_method_handler(
             service.export, request_deserializer=identity, response_serializer=identity)})
-    return serve_grpc(handlers, host, port, max_workers, "otlp")
+    return serve_grpc(handlers, host, port, max_workers, "otlp", interceptors)

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler
 
 from google.rpc import code_pb2, status_pb2
 
+from exporter.auth import BearerAuth
 from exporter.grpc_server import MAX_MESSAGE_BYTES
 from exporter.otlp.grpc_receiver import RETRY_AFTER_SECONDS, export_response
 from exporter.otlp.ingest import OtlpIngest
@@ -46,7 +47,7 @@ def gunzip(body: bytes, limit: int) -> bytes:
 
 
 def make_otlp_handler(ingest: OtlpIngest, max_in_flight: int,
-                      max_bytes: int = MAX_MESSAGE_BYTES):
+                      max_bytes: int = MAX_MESSAGE_BYTES, auth: BearerAuth | None = None):
     slots = threading.BoundedSemaphore(max_in_flight)
     stats = ingest.stats
 
@@ -84,6 +85,12 @@ def make_otlp_handler(ingest: OtlpIngest, max_in_flight: int,
                                     JSON)
             ctype = self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
             reply = JSON if ctype == JSON else PROTOBUF
+            if auth is not None and not auth.allows(PROTOCOL, self.headers.get("Authorization")):
+                self.close_connection = True  # the body is never read
+                return self._status(401, code_pb2.UNAUTHENTICATED, "phasewatch: missing or "
+                                    "wrong bearer token (Authorization header)", reply,
+                                    (("WWW-Authenticate", 'Bearer realm="phasewatch"'),
+                                     ("Connection", "close")))
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:

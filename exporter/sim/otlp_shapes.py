@@ -155,17 +155,19 @@ class OtlpSink:
     ``exported`` / ``failed`` spans the exporter delivered or gave up on.
     """
 
-    def __init__(self, protocol: str, target: str, shape: str = "vllm"):
+    def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = ""):
         if shape not in EMIT:
             raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
+        # The exporter's --auth-token, as any OTLP exporter sends a bearer token.
+        headers = {"authorization": f"Bearer {token}"} if token else None
         if protocol == "otlp-grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter(endpoint=target, insecure=True)
+            exporter = OTLPSpanExporter(endpoint=target, insecure=True, headers=headers)
         elif protocol == "otlp-http":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter(endpoint=target)
+            exporter = OTLPSpanExporter(endpoint=target, headers=headers)
         else:
             raise ValueError(f"unknown OTLP protocol {protocol!r}")
         self.shape = shape
