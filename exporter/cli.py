@@ -63,6 +63,12 @@ def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
                    help="with an OTLP protocol: whose spans to imitate (default vllm)")
 
 
+def _add_token_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
+                   help=f"bearer token {what} (the exporter's --auth-token; default "
+                   "$PHASEWATCH_AUTH_TOKEN)")
+
+
 def _start_exporter(args: argparse.Namespace, demo: bool = False):
     """Config from flags/env/file, logging, signal handling, a started exporter.
 
@@ -316,9 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "for otlp-http (http://127.0.0.1:4318/v1/traces)")
     simulate.add_argument("--duration", type=float, default=60.0,
                           help="engine seconds to simulate (default 60)")
-    simulate.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
-                          help="bearer token the exporter requires (its --auth-token; "
-                          "default $PHASEWATCH_AUTH_TOKEN)")
+    _add_token_flag(simulate, "the exporter's receivers require")
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
@@ -362,9 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="span of the time series (default 600)")
     dash_cmd.add_argument("--timeout", type=float, default=5.0,
                           help="seconds to wait for the source (default 5)")
-    dash_cmd.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
-                          help="bearer token of the exporter's JSON API (its --auth-token; "
-                          "default $PHASEWATCH_AUTH_TOKEN)")
+    _add_token_flag(dash_cmd, "of the exporter's JSON API")
     dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
     dash_cmd.set_defaults(func=cmd_dashboard)
 
