@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 
 from dashboard.frames import SourceError
+from exporter.auth import bearer
 
 
 class FetchError(Exception):
@@ -32,7 +33,7 @@ def get_json(url: str, timeout: float, what: str, target: str | None = None,
     what the error names as tried (default the URL); ``token`` a bearer token."""
     headers = {"Accept-Encoding": "gzip", "Accept": "application/json"}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = bearer(token)
     req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:

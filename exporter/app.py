@@ -155,23 +155,21 @@ class Exporter:
         service = PhasewatchService(self.aggregator, self.joiner)
         auth = BearerAuth(c.auth_token, self.stats)
         self._grpc, self.grpc_port = start_grpc_server(
-            service, c.grpc_host, c.grpc_port, c.grpc_workers,
-            [auth.interceptor("phasewatch")] if auth.enabled else ())
+            service, c.grpc_host, c.grpc_port, c.grpc_workers, auth.interceptors("phasewatch"))
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
                "/api/v1/history": self._history}
         handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None,
-                               auth=auth if auth.enabled else None)
+                               auth=auth)
         self._http = HttpServer(c.http_host, c.http_port, handler)
         self.http_port = self._http.port
         self._http.start()
         self._otlp_grpc, self.otlp_grpc_port = start_otlp_grpc_server(
             OtlpGrpcService(self.otlp, c.otlp_max_in_flight), c.otlp_grpc_host,
-            c.otlp_grpc_port, c.grpc_workers,
-            [auth.interceptor("otlp_grpc")] if auth.enabled else ())
+            c.otlp_grpc_port, c.grpc_workers, auth.interceptors("otlp_grpc"))
         self._otlp_http = HttpServer(c.otlp_http_host, c.otlp_http_port,
                                      make_otlp_handler(self.otlp, c.otlp_max_in_flight,
-                                                       auth=auth if auth.enabled else None))
+                                                       auth=auth))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         self._sweeper.start()

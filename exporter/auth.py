@@ -17,14 +17,20 @@ import hmac
 
 import grpc
 
+from exporter.grpc_server import identity
 from exporter.selfstats import SelfStats
 
 HEADER = "authorization"
 
 
+def bearer(token: str) -> str:
+    """The Authorization header (or gRPC metadata) value that carries ``token``."""
+    return f"Bearer {token}"
+
+
 class BearerAuth:
     def __init__(self, token: str, stats: SelfStats):
-        self._expected = f"Bearer {token}".encode() if token else b""
+        self._expected = bearer(token).encode() if token else b""
         self._stats = stats
 
     @property
@@ -42,8 +48,9 @@ class BearerAuth:
         self._stats.inc("phasewatch_auth_refused_total", receiver=receiver, reason=reason)
         return False
 
-    def interceptor(self, receiver: str) -> grpc.ServerInterceptor:
-        return _Interceptor(self, receiver)
+    def interceptors(self, receiver: str) -> tuple[grpc.ServerInterceptor, ...]:
+        """The gRPC server interceptors for ``receiver``: none when auth is off."""
+        return (_Interceptor(self, receiver),) if self.enabled else ()
 
 
 def _abort(request_or_iterator, context: grpc.ServicerContext):
@@ -64,6 +71,6 @@ class _Interceptor(grpc.ServerInterceptor):
         # and never decodes the payload.
         if handler.request_streaming:
             return grpc.stream_unary_rpc_method_handler(
-                _abort, request_deserializer=lambda b: b, response_serializer=lambda b: b)
+                _abort, request_deserializer=identity, response_serializer=identity)
         return grpc.unary_unary_rpc_method_handler(
-            _abort, request_deserializer=lambda b: b, response_serializer=lambda b: b)
+            _abort, request_deserializer=identity, response_serializer=identity)

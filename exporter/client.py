@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from exporter import wire
+from exporter import auth, wire
 from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
 from exporter.record import RequestBatch, RequestRecord
 
@@ -50,7 +50,7 @@ class PhasewatchClient:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._metadata = ((auth.HEADER, auth.bearer(token)),) if token else None
         self._lock = threading.Lock()
         self._buffer: list[tuple] = []
         self._dropped_unreported = 0

@@ -56,7 +56,7 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
         def log_message(self, fmt, *args):  # route access logs to logging, at debug
             log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
+        def _send(self, code: int, body: bytes, ctype: str, headers=()) -> None:
             if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:
                 body = gzip.compress(body, compresslevel=1)
                 self.send_response(code)
@@ -65,6 +65,8 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
                 self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for k, v in headers:
+                self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
 
@@ -84,13 +86,9 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
                                   "text/plain")
             if (auth is not None and url.path.startswith("/api/")
                     and not auth.allows("api", self.headers.get("Authorization"))):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Bearer realm="phasewatch"')
-                body = b'{"error": "the JSON API needs Authorization: Bearer <token>"}'
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                return self.wfile.write(body)
+                return self._send(
+                    401, b'{"error": "the JSON API needs Authorization: Bearer <token>"}',
+                    "application/json", (("WWW-Authenticate", 'Bearer realm="phasewatch"'),))
             route = api.get(url.path)
             if route is None:
                 endpoints = [*sorted(api), "/metrics", "/healthz", "/readyz"]

@@ -55,16 +55,29 @@ def container(deployment: dict, name: str) -> dict:
     return c
 
 
-def serve_config(c: dict, volumes: dict[str, Path] | None = None):
-    """The ServeConfig the exporter builds from a container's args and env (file paths
-    under a mounted volume mapped to ``volumes``)."""
-    args = list(c["args"])
+def exporter_container(docs) -> tuple[dict, dict]:
+    """(Deployment, container) of the phasewatch exporter in a render."""
+    for d in of_kind(docs, "Deployment"):
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == "phasewatch":
+                return d, c
+    raise AssertionError("no phasewatch container")
+
+
+def localised(docs, c: dict, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """The container's args and env for a local run: the ConfigMap's files (if any)
+    written to ``tmp`` and ``--config`` pointed there."""
+    for cm in of_kind(docs, "ConfigMap"):
+        for name, text in cm["data"].items():
+            (tmp / name).write_text(text)
+    args = [re.sub(r"^--config=.*/", f"--config={tmp}/", a) for a in c["args"]]
     assert args[0] == "serve", args
-    for mount, local in (volumes or {}).items():
-        args = [a.replace(mount, str(local)) for a in args]
-    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-    ns = build_parser().parse_args(args)
-    return ns, env, load_serve_config(ns, env)
+    return args, {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def serve_config(args: list[str], env: dict[str, str]):
+    """The ServeConfig the exporter builds from these args and env."""
+    return load_serve_config(build_parser().parse_args(args), env)
 
 
 def ports(c: dict) -> dict[str, int]:
@@ -139,12 +152,10 @@ def _otlp_endpoint(c: dict, engine: str) -> tuple[str, int]:
 
 
 @pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
-def test_sidecar_matches_what_the_exporter_serves(overlay):
-    (dep,) = [d for d in of_kind(render(overlay), "Deployment")
-              if any(c["name"] == "phasewatch" for c in d["spec"]["template"]["spec"]
-                     ["containers"])]
-    side = container(dep, "phasewatch")
-    _, _, cfg = serve_config(side)
+def test_sidecar_matches_what_the_exporter_serves(overlay, tmp_path):
+    docs = render(overlay)
+    dep, side = exporter_container(docs)
+    cfg = serve_config(*localised(docs, side, tmp_path))
     assert ports(side) == {"phasewatch-http": cfg.http_port, "otlp-grpc": cfg.otlp_grpc_port,
                            "otlp-http": cfg.otlp_http_port, "phasewatch-grpc": cfg.grpc_port}
     for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
@@ -167,12 +178,7 @@ def test_gateway_receives_what_the_servers_send(tmp_path):
     docs = render("gateway")
     deployments = {d["metadata"]["name"]: d for d in of_kind(docs, "Deployment")}
     gateway = container(deployments["phasewatch-gateway"], "phasewatch")
-    (configmap,) = of_kind(docs, "ConfigMap")
-    (path,) = [a.split("=", 1)[1] for a in gateway["args"] if a.startswith("--config=")]
-    mount = Path(path).parent
-    for name, text in configmap["data"].items():
-        (tmp_path / name).write_text(text)
-    _, _, cfg = serve_config(gateway, {str(mount): tmp_path})
+    cfg = serve_config(*localised(docs, gateway, tmp_path))
     assert cfg.pod_label and cfg.otlp_grpc_host == "0.0.0.0"
     assert {m.served_model_name for m in cfg.models} >= {"meta-llama/Llama-3.1-8B-Instruct"}
     (service,) = [s for s in of_kind(docs, "Service")
@@ -195,17 +201,9 @@ def test_exporter_started_as_the_manifest_says_answers_its_probes(overlay, tmp_p
     """`phasewatch serve` with the container's args and env (ports moved to free ones,
     as two overlays cannot share 9464 on one test machine) passes its own probes."""
     docs = render(overlay)
-    dep = next(d for d in of_kind(docs, "Deployment")
-               if any(c["name"] == "phasewatch" for c in d["spec"]["template"]["spec"]
-                      ["containers"]))
-    side = container(dep, "phasewatch")
-    args = list(side["args"])
-    if overlay == "gateway":
-        (configmap,) = of_kind(docs, "ConfigMap")
-        for name, text in configmap["data"].items():
-            (tmp_path / name).write_text(text)
-        args = [re.sub(r"^--config=.*/", f"--config={tmp_path}/", a) for a in args]
-    env = {**os.environ, **{e["name"]: e["value"] for e in side["env"] if "value" in e}}
+    _, side = exporter_container(docs)
+    args, manifest_env = localised(docs, side, tmp_path)
+    env = {**os.environ, **manifest_env}
     env.update({f"PHASEWATCH_{k}_PORT": "0" for k in ("HTTP", "GRPC", "OTLP_GRPC", "OTLP_HTTP")})
     env["PHASEWATCH_HTTP_HOST"] = "127.0.0.1"
     proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], env=env, cwd=tmp_path,

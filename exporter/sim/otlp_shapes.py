@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
+from exporter.auth import HEADER, bearer
 from exporter.record import RequestRecord
 
 NS = 1_000_000_000
@@ -159,7 +160,7 @@ class OtlpSink:
         if shape not in EMIT:
             raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
         # The exporter's --auth-token, as any OTLP exporter sends a bearer token.
-        headers = {"authorization": f"Bearer {token}"} if token else None
+        headers = {HEADER: bearer(token)} if token else None
         if protocol == "otlp-grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
