@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter.adapters import AdapterContext
+from exporter.admission import Admission
 from exporter.aggregate import Aggregator
 from exporter.auth import BearerAuth
 from exporter.bottleneck import BottleneckMonitor
@@ -92,11 +93,23 @@ class Exporter:
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
             max_pending=config.lifecycle_max_pending)
+        self.admission = Admission(self.stats, config.max_in_flight,
+                                   int(config.max_in_flight_mib * (1 << 20)),
+                                   config.memory_limit_bytes())
         self.registry = CollectorRegistry()
         self.registry.register(PhasewatchCollector(self.aggregator, gauges={
             "phasewatch_ingest_lifecycle_pending": (
                 "Streamed requests being joined (not yet finished).",
                 self.joiner.pending_count),
+            "phasewatch_ingest_in_flight": (
+                "Ingest calls being decoded and ingested now, across receivers "
+                "(--max-in-flight bounds it).", self.admission.in_flight),
+            "phasewatch_ingest_in_flight_bytes": (
+                "Payload bytes of the ingest calls in flight (--max-in-flight-mib bounds it).",
+                self.admission.in_flight_bytes),
+            "phasewatch_memory_limit_bytes": (
+                "Resident memory limit (--memory-limit-mib); ingest is refused above 0.8 x "
+                "it. 0: no limit.", lambda: self.admission.memory_limit),
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         ProcessCollector(registry=self.registry)
@@ -152,7 +165,7 @@ class Exporter:
     # ---- lifecycle -------------------------------------------------------------
     def start(self) -> Exporter:
         c = self.config
-        service = PhasewatchService(self.aggregator, self.joiner)
+        service = PhasewatchService(self.aggregator, self.joiner, self.admission)
         auth = BearerAuth(c.auth_token, self.stats)
         self._grpc, self.grpc_port = start_grpc_server(
             service, c.grpc_host, c.grpc_port, c.grpc_workers, auth.interceptors("phasewatch"))
@@ -161,15 +174,16 @@ class Exporter:
                "/api/v1/history": self._history}
         handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None,
                                auth=auth)
-        self._http = HttpServer(c.http_host, c.http_port, handler)
+        self._http = HttpServer(c.http_host, c.http_port, handler, c.max_connections,
+                                self._refused_connection("http"))
         self.http_port = self._http.port
         self._http.start()
         self._otlp_grpc, self.otlp_grpc_port = start_otlp_grpc_server(
-            OtlpGrpcService(self.otlp, c.otlp_max_in_flight), c.otlp_grpc_host,
+            OtlpGrpcService(self.otlp, self.admission), c.otlp_grpc_host,
             c.otlp_grpc_port, c.grpc_workers, auth.interceptors("otlp_grpc"))
         self._otlp_http = HttpServer(c.otlp_http_host, c.otlp_http_port,
-                                     make_otlp_handler(self.otlp, c.otlp_max_in_flight,
-                                                       auth=auth))
+                                     make_otlp_handler(self.otlp, self.admission, auth=auth),
+                                     c.max_connections, self._refused_connection("otlp_http"))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         self._sweeper.start()
@@ -180,6 +194,10 @@ class Exporter:
         log.info("OTLP/gRPC receiver on %s:%d, OTLP/HTTP on http://%s:%d/v1/traces",
                  c.otlp_grpc_host, self.otlp_grpc_port, c.otlp_http_host, self.otlp_http_port)
         return self
+
+    def _refused_connection(self, protocol: str):
+        return lambda: self.stats.inc("phasewatch_ingest_refused_total", protocol=protocol,
+                                      reason="connections")
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(1.0):

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2
 
 from exporter import auth, wire
 from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
@@ -33,6 +35,23 @@ from exporter.record import RequestBatch, RequestRecord
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
+
+
+def _retry_delay(e: grpc.RpcError) -> float | None:
+    """The ``google.rpc.RetryInfo`` delay the exporter attached to an error, if any."""
+    try:
+        raw = dict(e.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
+    except Exception:  # not a call error (e.g. a channel that never connected)
+        return None
+    if raw is None:
+        return None
+    try:
+        d = error_details_pb2.RetryInfo.FromString(raw).retry_delay
+    except DecodeError:
+        return None
+    return max(0.0, d.seconds + d.nanos / 1e9)
+
+
 class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
@@ -58,7 +77,8 @@ class PhasewatchClient:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = float("inf")
-        self.stats: Counter = Counter()  # sent, accepted, rejected, retries, dropped_<reason>
+        # sent, accepted, rejected, retries (and retries_<grpc code>), dropped_<reason>
+        self.stats: Counter = Counter()
         self._thread = threading.Thread(target=self._run, name="phasewatch-client",
                                         daemon=True)
         self._thread.start()
@@ -107,6 +127,10 @@ class PhasewatchClient:
                 with self._lock:
                     self._in_flight -= len(chunk)
             if closing and not rows:
+                with self._lock:
+                    unreported = self._dropped_unreported
+                if unreported and time.monotonic() < self._deadline:
+                    self._send([])  # an empty batch carries the last drop count
                 return
 
     def _send(self, rows: list[tuple]) -> None:
@@ -130,7 +154,11 @@ class PhasewatchClient:
                                 len(rows), code, e.details())
                     self.stats["dropped_refused"] += len(rows)
                     return
+                hint = _retry_delay(e)
+                self.stats[f"retries_{code.name.lower()}"] += 1
             delay = random.uniform(0, min(self._backoff_max, self._backoff0 * 2 ** attempt))
+            if hint is not None:  # the exporter said when (RetryInfo): at least that long
+                delay = hint * random.uniform(1.0, 1.5)
             attempt += 1
             self.stats["retries"] += 1
             if time.monotonic() + delay > self._deadline:

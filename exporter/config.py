@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from exporter.admission import container_memory_limit
 from exporter.deployments import ModelOptions
 
 
@@ -38,8 +39,16 @@ SERVE_OPTIONS = (
     Option("otlp_http_host", str, "127.0.0.1", "address for the OTLP/HTTP receiver"),
     Option("otlp_http_port", int, 4318, "OTLP/HTTP port, POST /v1/traces (0 = pick a free "
            "one)", 0, 65535),
-    Option("otlp_max_in_flight", int, 16, "concurrent OTLP exports before clients are told "
-           "to retry (UNAVAILABLE / 503)", 1, 1024),
+    Option("max_in_flight", int, 8, "ingest calls decoded at once across all receivers; "
+           "past it clients are told to retry (gRPC UNAVAILABLE with RetryInfo, HTTP 503 "
+           "with Retry-After)", 1, 1024),
+    Option("max_in_flight_mib", float, 256.0, "payload MiB being decoded at once across all "
+           "receivers before clients are told to retry", 1, 65536),
+    Option("memory_limit_mib", float, 0.0, "resident memory limit: above 0.8 x this every "
+           "receiver refuses with its retryable error until memory drops; 0 = 0.8 x the "
+           "container's cgroup memory limit when there is one, else none", 0, 1 << 20),
+    Option("max_connections", int, 256, "open connections per HTTP port (OTLP/HTTP and "
+           "/metrics each); past it a connection gets 503 with Retry-After", 1, 100_000),
     Option("auth_token", str, "", "bearer token every ingest call and /api/v1 request must "
            "carry (Authorization: Bearer TOKEN); /metrics and the probes stay open. Prefer "
            "the PHASEWATCH_AUTH_TOKEN variable from a Secret to the flag (visible in ps); "
@@ -64,7 +73,8 @@ SERVE_OPTIONS = (
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
            "missing events before it is completed as is", 0, 3600),
     Option("lifecycle_max_pending", int, 100_000, "cap on requests being joined", 1, 10_000_000),
-    Option("grpc_workers", int, 8, "gRPC worker threads", 1, 256),
+    Option("grpc_workers", int, 16, "gRPC worker threads per gRPC port (more than "
+           "--max-in-flight, so a refusal never waits behind ingest)", 1, 256),
     Option("log_level", str, "info", "debug, info, warning or error"),
     # The served model and its hardware, for the roofline and the verdict. Several
     # models: [[models]] tables in the config file with these keys.
@@ -108,7 +118,10 @@ class ServeConfig:
     otlp_grpc_port: int = 4317
     otlp_http_host: str = "127.0.0.1"
     otlp_http_port: int = 4318
-    otlp_max_in_flight: int = 16
+    max_in_flight: int = 8
+    max_in_flight_mib: float = 256.0
+    memory_limit_mib: float = 0.0
+    max_connections: int = 256
     auth_token: str = ""
     otlp_export_endpoint: str = ""
     default_model: str = ""
@@ -121,12 +134,18 @@ class ServeConfig:
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000
-    grpc_workers: int = 8
+    grpc_workers: int = 16
     log_level: str = "info"
     roofline_interval: float = 2.0
     history_points: int = 300
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
+
+    def memory_limit_bytes(self) -> int:
+        """--memory-limit-mib, or 0.8 x the container's limit when it is 0 (0: none)."""
+        if self.memory_limit_mib:
+            return int(self.memory_limit_mib * (1 << 20))
+        return int(container_memory_limit() * 0.8)
 
     def service_models(self) -> dict[str, str]:
         """--otlp-model-map parsed: service.name -> model."""

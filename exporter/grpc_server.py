@@ -14,8 +14,11 @@ from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from exporter import wire
+from exporter.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from exporter.aggregate import Aggregator
 from exporter.lifecycle import LifecycleJoiner
 
@@ -26,14 +29,18 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # OTLP's recommended limit; the same here
 
 
 class BatchIds:
-    """Recently seen batch ids (bounded), so a retried batch is counted once."""
+    """Recently seen batch ids (bounded, oldest forgotten first), so a retried batch is
+    counted once; each id can keep the reply its first attempt got."""
 
     def __init__(self, capacity: int = 65536):
         self._capacity = capacity
-        self._ids: OrderedDict[int, None] = OrderedDict()
+        self._ids: OrderedDict[int | bytes, bytes | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def claim(self, batch_id: int) -> bool:
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def claim(self, batch_id: int | bytes) -> bool:
         """True if this id is new (and now remembered); False for a repeat."""
         with self._lock:
             if batch_id in self._ids:
@@ -43,17 +50,50 @@ class BatchIds:
                 self._ids.popitem(last=False)
             return True
 
-    def release(self, batch_id: int) -> None:
+    def settle(self, batch_id: int | bytes, reply: bytes) -> None:
+        """Remember the reply the first attempt of ``batch_id`` got."""
+        with self._lock:
+            if batch_id in self._ids:
+                self._ids[batch_id] = reply
+
+    def reply(self, batch_id: int | bytes) -> bytes | None:
+        """The first attempt's reply; None while it is still being ingested."""
+        with self._lock:
+            return self._ids.get(batch_id)
+
+    def release(self, batch_id: int | bytes) -> None:
         with self._lock:
             self._ids.pop(batch_id, None)
 
 
+def retry_trailers(message: str) -> tuple:
+    """``UNAVAILABLE`` details telling the client when to retry: a ``google.rpc.RetryInfo``
+    in ``grpc-status-details-bin`` and in the ``google.rpc.retryinfo-bin`` trailer the
+    OpenTelemetry SDK's exporter reads."""
+    retry = error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=RETRY_AFTER_SECONDS))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return (("google.rpc.retryinfo-bin", retry.SerializeToString()),
+            ("grpc-status-details-bin", status.SerializeToString()))
+
+
+def refuse(stats, protocol: str, e: Refused, context) -> None:
+    """Answer a call the admission gate refused: ``UNAVAILABLE`` with ``RetryInfo``."""
+    stats.inc("phasewatch_ingest_batches_total", protocol=protocol, outcome="overloaded")
+    context.set_trailing_metadata(retry_trailers(str(e)))
+    context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+
 class PhasewatchService:
-    def __init__(self, aggregator: Aggregator, joiner: LifecycleJoiner):
+    def __init__(self, aggregator: Aggregator, joiner: LifecycleJoiner,
+                 admission: Admission | None = None):
         self._agg = aggregator
         self._stats = aggregator.stats
         self._joiner = joiner
         self._batch_ids = BatchIds()
+        self._admission = admission or Admission(self._stats)
 
     def _malformed(self, e: wire.MalformedBatch, requests: int, context) -> None:
         self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL,
@@ -64,13 +104,21 @@ class PhasewatchService:
 
     def export(self, request: bytes, context) -> bytes:
         try:
+            self._admission.admit(PROTOCOL, len(request))
+        except Refused as e:
+            return refuse(self._stats, PROTOCOL, e, context)
+        try:
+            return self._export(request, context)
+        finally:
+            self._admission.release(len(request))
+
+    def _export(self, request: bytes, context) -> bytes:
+        try:
             batch, meta = wire.decode_export(request)
         except wire.MalformedBatch as e:
             return self._malformed(e, 0, context)
         if meta.batch_id and not self._batch_ids.claim(meta.batch_id):
-            self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL,
-                            outcome="duplicate")
-            return wire.export_response(0, {}, duplicate=True)
+            return self._duplicate(meta.batch_id, context)
         try:
             self._stats.inc("phasewatch_ingest_dropped_total", meta.sender_dropped,
                             reason="sender_buffer_full")
@@ -80,9 +128,29 @@ class PhasewatchService:
                 self._batch_ids.release(meta.batch_id)  # let the client's retry through
             raise
         self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
+        if meta.batch_id:
+            self._batch_ids.settle(meta.batch_id, wire.export_response(
+                result.accepted, dict(result.rejected), duplicate=True))
         return wire.export_response(result.accepted, dict(result.rejected))
 
+    def _duplicate(self, batch_id: int, context) -> bytes:
+        """A resent batch: the first attempt's counts, flagged duplicate, nothing counted
+        again; if the first attempt is still being ingested, ask for a retry later."""
+        reply = self._batch_ids.reply(batch_id)
+        if reply is None:
+            self._stats.inc("phasewatch_ingest_refused_total", protocol=PROTOCOL,
+                            reason="in_progress")
+            return refuse(self._stats, PROTOCOL, Refused(
+                "in_progress", "this batch id is still being ingested; retry later"), context)
+        self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL,
+                        outcome="duplicate")
+        return reply
+
     def stream_lifecycle(self, request_iterator, context) -> bytes:
+        try:  # a stream holds no slot: its events are small and the joiner is bounded
+            self._admission.check_memory("lifecycle")
+        except Refused as e:
+            return refuse(self._stats, "lifecycle", e, context)
         received = rejected = completed = 0
         for raw in request_iterator:
             try:

@@ -10,6 +10,7 @@ JSON API (for the dashboard):
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -102,10 +103,47 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
     return Handler
 
 
+# What a connection past the cap gets, before its request is read (clients retry 503).
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+        b"Connection: close\r\n\r\n")
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections`` of them: past the cap a
+    connection is answered 503 with Retry-After and closed, and ``on_refused`` counts it."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int,
+                 on_refused: Callable[[], None]):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._on_refused = on_refused
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self._on_refused()
+            with contextlib.suppress(OSError):
+                request.sendall(BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class HttpServer:
-    def __init__(self, host: str, port: int, handler):
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+    def __init__(self, host: str, port: int, handler, max_connections: int = 256,
+                 on_refused: Callable[[], None] = lambda: None):
+        self._server = _BoundedServer((host, port), handler, max_connections, on_refused)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="pw-http",
                                         daemon=True)

@@ -21,6 +21,11 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "phasewatch_ingest_rejected_total": (
         "counter", "Requests or events rejected, by reason. Nothing of them reached a metric.",
         ("protocol", "reason")),
+    "phasewatch_ingest_refused_total": (
+        "counter", "Calls or connections refused with a retryable error before decoding "
+        "(gRPC UNAVAILABLE, HTTP 503): the client keeps the data and retries. By protocol and "
+        "reason: in_flight, in_flight_bytes, memory, connections, in_progress (a resent batch "
+        "whose first attempt is still being ingested).", ("protocol", "reason")),
     "phasewatch_ingest_dropped_total": (
         "counter", "Requests lost before reaching the exporter or evicted unfinished, by reason.",
         ("reason",)),

@@ -1,4 +1,4 @@
-"""At the in-flight limit, both OTLP receivers answer with their protocol's retryable error."""
+"""At the in-flight limit, every receiver answers with their protocol's retryable error."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.test_otlp import _request_bytes
 @pytest.fixture
 def held():
     """An exporter whose single OTLP slot is held by an export parked inside ingest."""
-    ex = Exporter(replace(ServeConfig(**TEST_PORTS), otlp_max_in_flight=1)).start()
+    ex = Exporter(replace(ServeConfig(**TEST_PORTS), max_in_flight=1)).start()
     inside, release = threading.Event(), threading.Event()
     real = ex.otlp.export
 

@@ -5,22 +5,23 @@
 an empty ``ExportTraceServiceResponse`` (or ``partial_success``); 400 with a
 ``google.rpc.Status`` body for an undecodable payload; 413 past the size limit
 (checked before reading, and again after gunzip so a small bomb cannot expand);
-415 for another content type; 503 with ``Retry-After`` at the in-flight limit, so
-the OTel SDK's HTTP exporter retries.
+415 for another content type; 503 with ``Retry-After`` when the admission gate
+refuses (in-flight or memory limit; checked before the body is read), so the OTel
+SDK's HTTP exporter retries.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import zlib
 from http.server import BaseHTTPRequestHandler
 
 from google.rpc import code_pb2, status_pb2
 
+from exporter.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from exporter.auth import BearerAuth
 from exporter.grpc_server import MAX_MESSAGE_BYTES
-from exporter.otlp.grpc_receiver import RETRY_AFTER_SECONDS, export_response
+from exporter.otlp.grpc_receiver import export_response
 from exporter.otlp.ingest import OtlpIngest
 from exporter.otlp.jsonform import parse_json_request, to_json
 from exporter.otlp.spans import MalformedPayload, parse_request
@@ -46,9 +47,8 @@ def gunzip(body: bytes, limit: int) -> bytes:
     return out
 
 
-def make_otlp_handler(ingest: OtlpIngest, max_in_flight: int,
+def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
                       max_bytes: int = MAX_MESSAGE_BYTES, auth: BearerAuth | None = None):
-    slots = threading.BoundedSemaphore(max_in_flight)
     stats = ingest.stats
 
     class Handler(BaseHTTPRequestHandler):
@@ -102,20 +102,23 @@ def make_otlp_handler(ingest: OtlpIngest, max_in_flight: int,
                 return self._refuse(413, code_pb2.RESOURCE_EXHAUSTED, "too_large",
                                     "payload_too_large",
                                     f"body of {length} bytes exceeds {max_bytes}", reply)
-            body = self.rfile.read(length)
             if ctype not in (PROTOBUF, JSON):
+                self.close_connection = True
                 return self._refuse(415, code_pb2.INVALID_ARGUMENT, "malformed",
                                     "unsupported_content_type",
                                     f"Content-Type must be {PROTOBUF} or {JSON}, got "
                                     f"{ctype or 'none'!r}", JSON)
-            if not slots.acquire(blocking=False):
-                return self._refuse(503, code_pb2.UNAVAILABLE, "overloaded", "",
-                                    "phasewatch is at its OTLP in-flight limit; retry later",
-                                    reply, (("Retry-After", str(RETRY_AFTER_SECONDS)),))
             try:
-                self._export(body, ctype, reply)
+                admission.admit(PROTOCOL, length)
+            except Refused as e:
+                self.close_connection = True  # the body stays unread: nothing is held
+                return self._refuse(503, code_pb2.UNAVAILABLE, "overloaded", "", str(e),
+                                    reply, (("Retry-After", str(RETRY_AFTER_SECONDS)),
+                                            ("Connection", "close")))
+            try:
+                self._export(self.rfile.read(length), ctype, reply)
             finally:
-                slots.release()
+                admission.release(length)
 
         def _export(self, body: bytes, ctype: str, reply: str) -> None:
             encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
