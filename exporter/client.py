@@ -52,6 +52,27 @@ def _retry_delay(e: grpc.RpcError) -> float | None:
     return max(0.0, d.seconds + d.nanos / 1e9)
 
 
+def _columns(rows: list[tuple]) -> tuple[RequestBatch, int]:
+    """The rows as columns, leaving out (and counting) rows that cannot be encoded: a
+    name that is not a string, a count that is not an integer or overflows the wire, a
+    time that is not a number.
+    The fast path converts all rows at once; only a failing batch is sorted row by row."""
+    def fits(rows) -> RequestBatch | None:
+        try:
+            batch = RequestBatch.from_rows(rows)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if wire.encodable(batch).all() and all(isinstance(x, str) for x in batch.strings):
+            return batch
+        return None
+
+    batch = fits(rows)
+    if batch is not None:
+        return batch, 0
+    good = [row for row in rows if fits([row]) is not None]
+    return RequestBatch.from_rows(good), len(rows) - len(good)
+
+
 class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
@@ -72,7 +93,7 @@ class PhasewatchClient:
         self._metadata = ((auth.HEADER, auth.bearer(token)),) if token else None
         self._lock = threading.Lock()
         self._buffer: list[tuple] = []
-        self._dropped_unreported = 0
+        self._dropped_unreported = self._invalid_unreported = 0
         self._in_flight = 0
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -128,22 +149,29 @@ class PhasewatchClient:
                     self._in_flight -= len(chunk)
             if closing and not rows:
                 with self._lock:
-                    unreported = self._dropped_unreported
+                    unreported = self._dropped_unreported + self._invalid_unreported
                 if unreported and time.monotonic() < self._deadline:
                     self._send([])  # an empty batch carries the last drop count
                 return
 
     def _send(self, rows: list[tuple]) -> None:
+        batch, invalid = _columns(rows)
+        if invalid:
+            self.stats["dropped_invalid"] += invalid
+            log.warning("dropped %d requests whose names, times or counts cannot be "
+                        "encoded", invalid)
         with self._lock:
             dropped, self._dropped_unreported = self._dropped_unreported, 0
+            invalid += self._invalid_unreported
+            self._invalid_unreported = 0
         batch_id = wire.new_batch_id()
-        payload = wire.encode_export(RequestBatch.from_rows(rows), self.engine, batch_id, dropped)
+        payload = wire.encode_export(batch, self.engine, batch_id, dropped, invalid)
         attempt = 0
         while True:
             try:
                 reply = wire.decode_export_response(
                     self._export(payload, timeout=self._timeout, metadata=self._metadata))
-                self.stats["sent"] += len(rows)
+                self.stats["sent"] += len(batch)
                 self.stats["accepted"] += reply.accepted
                 self.stats["rejected"] += reply.rejected
                 return
@@ -152,7 +180,7 @@ class PhasewatchClient:
                 if code not in RETRYABLE:
                     log.warning("exporter refused a batch of %d requests: %s %s",
                                 len(rows), code, e.details())
-                    self.stats["dropped_refused"] += len(rows)
+                    self.stats["dropped_refused"] += len(batch)
                     return
                 hint = _retry_delay(e)
                 self.stats[f"retries_{code.name.lower()}"] += 1
@@ -162,9 +190,10 @@ class PhasewatchClient:
             attempt += 1
             self.stats["retries"] += 1
             if time.monotonic() + delay > self._deadline:
-                self.stats["dropped_shutdown"] += len(rows)
+                self.stats["dropped_shutdown"] += len(batch)
                 with self._lock:  # still unreported: the exporter never saw these
                     self._dropped_unreported += dropped
+                    self._invalid_unreported += invalid
                 return
             time.sleep(delay)
 

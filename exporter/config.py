@@ -8,6 +8,7 @@ and flags cannot drift apart. Bad values fail at start with the fix in the messa
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -185,6 +186,7 @@ def _coerce(option: Option, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: {option.name} must be {option.type.__name__}, "
                           f"got {value!r}") from None
     if option.type in (int, float) and (
+            not math.isfinite(v) or
             (option.lo is not None and v < option.lo) or (option.hi is not None and v > option.hi)):
         raise ConfigError(f"{source}: {option.name} must be between {option.lo:g} and "
                           f"{option.hi:g}, got {v!r}")
@@ -228,9 +230,11 @@ def load_serve_config(args: argparse.Namespace | None = None,
                 data = tomllib.load(f)
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
         top = data
+        if not isinstance(top.get("serve", top), dict):
+            raise ConfigError(f"config file {path}: `serve` must be a table ([serve])")
         data = dict(top.get("serve", top))
         tables = data.pop("models", None)
         if tables is None and "serve" in top:

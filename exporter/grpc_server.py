@@ -122,6 +122,8 @@ class PhasewatchService:
         try:
             self._stats.inc("phasewatch_ingest_dropped_total", meta.sender_dropped,
                             reason="sender_buffer_full")
+            self._stats.inc("phasewatch_ingest_rejected_total", meta.sender_invalid,
+                            protocol=PROTOCOL, reason="sender_invalid_value")
             result = self._agg.ingest(batch, PROTOCOL)
         except Exception:
             if meta.batch_id:

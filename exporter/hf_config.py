@@ -113,10 +113,29 @@ def _mlp(cfg: dict, hidden: int, layers: int) -> tuple[int, int, int, int]:
 
 
 def model_from_config(cfg: dict, name: str) -> ModelSpec:
-    """A ``ModelSpec`` from a parsed config.json (see the module docstring)."""
+    """A ``ModelSpec`` from a parsed config.json (see the module docstring); ValueError
+    naming what is wrong for anything that is not a usable config."""
     if not isinstance(cfg, dict):
         raise ValueError("config.json must hold a JSON object")
-    cfg = {**cfg.get("text_config", {}), **cfg} if "text_config" in cfg else cfg
+    try:
+        spec = _model_from_config(cfg, name)
+    except (TypeError, AttributeError) as e:  # a key holding the wrong kind of value
+        raise ValueError(f"config.json: a key has a value of the wrong type ({e})") from None
+    for field in ("layers", "hidden", "heads", "kv_heads", "head_dim"):
+        if getattr(spec, field) <= 0:
+            raise ValueError(f"config.json: the model's {field} comes out as "
+                             f"{getattr(spec, field)}; check the config's sizes")
+    if not 0 < spec.active_params <= spec.params < float("inf"):
+        raise ValueError(f"config.json: the sizes give {spec.params:g} parameters "
+                         f"({spec.active_params:g} active); check the config's sizes")
+    return spec
+
+
+def _model_from_config(cfg: dict, name: str) -> ModelSpec:
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError("config.json: text_config must be an object")
+    cfg = {**text, **cfg} if text else cfg
     hidden = _int(cfg, "hidden_size", "d_model")
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(cfg, "num_attention_heads", "n_head")
@@ -147,7 +166,9 @@ def load_model_config(path: str | Path, name: str | None = None) -> ModelSpec:
         cfg = json.loads(p.read_text())
     except OSError as e:
         raise ValueError(f"cannot read Hugging Face config {p}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"Hugging Face config {p} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"Hugging Face config {p} nests too deeply to be a config") from None
     default = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
     return model_from_config(cfg, name or default or p.parent.name)

@@ -33,6 +33,7 @@ _FINISH_ALIASES = {
 
 UNKNOWN_COUNT = -1
 NS = 1_000_000_000
+MAX_SECONDS = 9.2e9  # |Unix seconds| that fit int64 nanoseconds
 
 
 @dataclass
@@ -108,7 +109,9 @@ class RequestBatch:
                 return np.fromiter((r[i] or 0 for r in rows), dtype=np.int64, count=n)
             s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float,
                             count=n)
-            return np.where(np.isnan(s), 0, np.round(s * NS)).astype(np.int64)
+            # NaN, infinities and times past the int64 ns range (year 2262) are absent
+            ok = np.abs(s) < MAX_SECONDS
+            return np.where(ok, np.round(np.where(ok, s, 0) * NS), 0).astype(np.int64)
 
         def counts(i: int) -> np.ndarray:
             return np.fromiter((UNKNOWN_COUNT if r[i] is None else r[i] for r in rows),

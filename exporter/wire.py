@@ -55,6 +55,7 @@ class ExportMeta:
     batch_id: int
     request_count: int
     sender_dropped: int
+    sender_invalid: int = 0
 
 
 def new_batch_id() -> int:
@@ -67,7 +68,8 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         msg = pb.ExportRequest.FromString(data)
     except DecodeError as e:
         raise MalformedBatch("undecodable", f"not a phasewatch ExportRequest: {e}") from None
-    meta = ExportMeta(msg.engine, msg.batch_id, msg.request_count, msg.sender_dropped)
+    meta = ExportMeta(msg.engine, msg.batch_id, msg.request_count, msg.sender_dropped,
+                      msg.sender_invalid)
     if msg.version != PROTOCOL_VERSION:
         raise MalformedBatch("unsupported_version",
                              f"protocol version {msg.version} is not supported; send version "
@@ -75,6 +77,10 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
     n = msg.request_count
     if n > _MAX_REQUESTS:
         raise MalformedBatch("too_many_requests", f"request_count {n} exceeds {_MAX_REQUESTS}")
+    if n > len(data) // 8:  # a real request carries ~70 bytes of columns: absent columns
+        # must not let a few bytes claim millions of requests and their memory
+        raise MalformedBatch("too_many_requests", f"request_count {n} is more than a "
+                             f"{len(data)}-byte batch can carry")
     strings = list(msg.strings) or [""]
     if strings[0] != "":
         raise MalformedBatch("bad_string_table", "strings[0] must be the empty string")
@@ -136,11 +142,22 @@ def _packed(field: str, values: np.ndarray, dtype: str) -> bytes:
     return _varint(tag) + _varint(len(payload)) + payload
 
 
+def encodable(batch: RequestBatch) -> np.ndarray:
+    """Rows whose counts fit the wire's columns (int32; -1 = unknown), as a mask."""
+    ok = np.ones(len(batch), dtype=bool)
+    for column in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"):
+        a = getattr(batch, column)
+        ok &= (a >= -(1 << 31)) & (a < 1 << 31)
+    return ok & (batch.gap_counts < 1 << 32)
+
+
 def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
-                  sender_dropped: int = 0) -> bytes:
-    """Serialise a batch as an ``ExportRequest`` (per-batch engine; row engines ignored)."""
+                  sender_dropped: int = 0, sender_invalid: int = 0) -> bytes:
+    """Serialise a batch as an ``ExportRequest`` (per-batch engine; row engines ignored).
+    Every row must be ``encodable``."""
     head = pb.ExportRequest(version=PROTOCOL_VERSION, engine=engine, batch_id=batch_id,
-                            request_count=len(batch), sender_dropped=sender_dropped)
+                            request_count=len(batch), sender_dropped=sender_dropped,
+                            sender_invalid=sender_invalid)
     head.strings.extend(batch.strings)
     parts = [head.SerializeToString()]
     for field, column, dtype, _ in _COLUMNS:

@@ -17,6 +17,7 @@ unavailable, never approximated.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -38,7 +39,10 @@ def parse_duration(value: str) -> float:
     m = _DURATION.match(value)
     if not m:
         raise ValueError(f"not a Rust Duration: {value[:40]!r}")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError(f"Duration out of range: {value[:40]!r}")
+    return seconds
 
 
 class TgiLinks:
