@@ -172,8 +172,8 @@ class Exporter:
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
                "/api/v1/history": self._history}
-        handler = make_handler(self.registry, api, ready=lambda: self._grpc is not None,
-                               auth=auth)
+        handler = make_handler(self.registry, api, auth=auth,
+                               ready=lambda: self._grpc is not None and not self._stop.is_set())
         self._http = HttpServer(c.http_host, c.http_port, handler, c.max_connections,
                                 self._refused_connection("http"))
         self.http_port = self._http.port
@@ -217,13 +217,17 @@ class Exporter:
                 log.exception("roofline update failed")
 
     def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close."""
+        """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close.
+        /readyz answers 503 from the start; the last counts are logged at the end."""
         self._stop.set()
-        for name in ("_grpc", "_otlp_grpc"):
+        stopped = []
+        for name in ("_grpc", "_otlp_grpc"):  # both drain at once: one grace in all
             server = getattr(self, name)
             if server is not None:
-                server.stop(grace).wait(grace)
+                stopped.append(server.stop(grace))
                 setattr(self, name, None)
+        for event in stopped:
+            event.wait(grace + 1)
         for name in ("_otlp_http", "_http"):
             server = getattr(self, name)
             if server is not None:
@@ -231,6 +235,14 @@ class Exporter:
                 setattr(self, name, None)
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
+        totals = {}
+        for (name, labels), v in self.stats.snapshot().items():
+            short = name.removeprefix("phasewatch_ingest_").removesuffix("_total")
+            if short in ("accepted", "rejected", "refused", "dropped"):
+                totals[short] = totals.get(short, 0) + v
+        log.info("stopped; ingest totals: %s", ", ".join(
+            f"{k} {int(totals.get(k, 0))}" for k in ("accepted", "rejected", "refused",
+                                                       "dropped")))
 
     def __enter__(self) -> Exporter:
         return self.start()

@@ -92,10 +92,10 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    _, stop, exporter = _start_exporter(args)
+    config, stop, exporter = _start_exporter(args)
     stop.wait()
-    log.info("shutting down")
-    exporter.stop()
+    log.info("shutting down: in-flight calls get %gs", config.shutdown_grace)
+    exporter.stop(grace=config.shutdown_grace)
     return 0
 
 

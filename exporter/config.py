@@ -74,6 +74,9 @@ SERVE_OPTIONS = (
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
            "missing events before it is completed as is", 0, 3600),
     Option("lifecycle_max_pending", int, 100_000, "cap on requests being joined", 1, 10_000_000),
+    Option("shutdown_grace", float, 5.0, "seconds in-flight calls get to finish after "
+           "SIGTERM before the exporter closes (keep under the pod's "
+           "terminationGracePeriodSeconds)", 0, 600),
     Option("grpc_workers", int, 16, "gRPC worker threads per gRPC port (more than "
            "--max-in-flight, so a refusal never waits behind ingest)", 1, 256),
     Option("log_level", str, "info", "debug, info, warning or error"),
@@ -135,6 +138,7 @@ class ServeConfig:
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000
+    shutdown_grace: float = 5.0
     grpc_workers: int = 16
     log_level: str = "info"
     roofline_interval: float = 2.0

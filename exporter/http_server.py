@@ -53,6 +53,7 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "phasewatch"
+        timeout = 30  # seconds a connection may stall (slowloris) before it is closed
 
         def log_message(self, fmt, *args):  # route access logs to logging, at debug
             log.debug("%s " + fmt, self.address_string(), *args)

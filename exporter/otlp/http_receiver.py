@@ -54,6 +54,7 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "phasewatch-otlp"
+        timeout = 30  # seconds a connection may stall (slowloris) before it is closed
 
         def log_message(self, fmt, *args):
             log.debug("%s " + fmt, self.address_string(), *args)
