@@ -100,13 +100,50 @@ def _selector(id_: str, placeholder: str) -> dcc.Dropdown:
                         persistence=True, className="pw-select")
 
 
-def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None
-               ) -> dash.Dash:
+MAX_BODY_BYTES = 256 * 1024  # a callback's request is a few KB; Flask answers 413 past it
+
+
+def guard(server, basic_auth: str = "") -> None:
+    """Read-only, and optionally behind HTTP basic auth (``user:password``): the page and
+    its assets are GETs; the only POST is Dash's own callback endpoint, whose body is
+    capped at MAX_BODY_BYTES; anything else is 405."""
+    import hmac
+
+    from flask import Response, request
+
+    server.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    user, _, password = basic_auth.partition(":")
+    if basic_auth and (not user or not password):
+        raise ValueError("basic auth must be user:password")
+
+    @server.before_request
+    def _check():
+        if basic_auth:
+            given = request.authorization
+            ok = (given is not None and given.type == "basic" and
+                  hmac.compare_digest((given.username or "").encode(), user.encode()) &
+                  hmac.compare_digest((given.password or "").encode(), password.encode()))
+            if not ok:
+                log.warning("dashboard: refused %s %s from %s (basic auth)", request.method,
+                            request.path, request.remote_addr)
+                return Response("phasewatch dashboard: log in\n", 401,
+                                {"WWW-Authenticate": 'Basic realm="phasewatch"'})
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return None
+        if request.method == "POST" and request.path.endswith("/_dash-update-component"):
+            return None
+        return Response("phasewatch dashboard is read-only\n", 405, {"Allow": "GET, HEAD"})
+
+
+def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
+               basic_auth: str = "") -> dash.Dash:
     """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``. The pod
-    selector shows once the source reports pods (Prometheus, or a central exporter)."""
+    selector shows once the source reports pods (Prometheus, or a central exporter).
+    ``basic_auth``: ``user:password`` the browser must give (empty: none)."""
     cached = CachedSource(source, ttl=min(1.0, refresh / 2))
     app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
                     serve_locally=True)
+    guard(app.server, basic_auth)
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
                                                 "</style>")
     controls = [_selector("model", "all models"), _selector("engine", "all engines"),

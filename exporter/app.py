@@ -236,7 +236,7 @@ class Exporter:
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
         totals = {}
-        for (name, labels), v in self.stats.snapshot().items():
+        for (name, _labels), v in self.stats.snapshot().items():
             short = name.removeprefix("phasewatch_ingest_").removesuffix("_total")
             if short in ("accepted", "rejected", "refused", "dropped"):
                 totals[short] = totals.get(short, 0) + v

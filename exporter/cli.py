@@ -236,8 +236,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                                   pod_label=args.pod_label)
     stop = threading.Event()
     _stop_on_signals(stop)
-    server = DashboardServer(create_app(source, refresh=args.refresh), args.host,
-                             args.port).start()
+    app = create_app(source, refresh=args.refresh, basic_auth=args.basic_auth)
+    server = DashboardServer(app, args.host, args.port).start()
     print(f"phasewatch dashboard on {server.url} reading {source.name} {source.url}",
           flush=True)
     stop.wait()
@@ -367,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     dash_cmd.add_argument("--timeout", type=float, default=5.0,
                           help="seconds to wait for the source (default 5)")
     _add_token_flag(dash_cmd, "of the exporter's JSON API")
+    dash_cmd.add_argument("--basic-auth", metavar="USER:PASSWORD",
+                          default=os.environ.get("PHASEWATCH_DASHBOARD_AUTH", ""),
+                          help="require HTTP basic auth for the page (default "
+                          "$PHASEWATCH_DASHBOARD_AUTH, which keeps it out of ps; empty: none)")
     dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
     dash_cmd.set_defaults(func=cmd_dashboard)
 
