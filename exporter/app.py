@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -27,6 +30,7 @@ from exporter.otlp.http_receiver import make_otlp_handler
 from exporter.otlp.ingest import OtlpIngest
 from exporter.roofline_metrics import RooflineCollector
 from exporter.selfstats import SelfStats
+from exporter.tls import TlsFiles, TlsFront
 from exporter.window import RollingWindow
 
 log = logging.getLogger("phasewatch")
@@ -117,6 +121,8 @@ class Exporter:
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None
         self._stop = threading.Event()
+        self._fronts: list[TlsFront] = []
+        self._socket_dir = ""
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
         self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
                                           daemon=True)
@@ -165,35 +171,63 @@ class Exporter:
     # ---- lifecycle -------------------------------------------------------------
     def start(self) -> Exporter:
         c = self.config
+        tls = None
+        if c.tls_cert_file or c.tls_key_file or c.tls_client_ca_file:
+            tls = TlsFiles(c.tls_cert_file, c.tls_key_file, c.tls_client_ca_file, self.stats)
+            self._socket_dir = tempfile.mkdtemp(prefix="phasewatch-")  # 0700: ours only
         service = PhasewatchService(self.aggregator, self.joiner, self.admission)
         auth = BearerAuth(c.auth_token, self.stats)
-        self._grpc, self.grpc_port = start_grpc_server(
-            service, c.grpc_host, c.grpc_port, c.grpc_workers, auth.interceptors("phasewatch"))
+        self._grpc, self.grpc_port = self._grpc_server(
+            start_grpc_server, service, c.grpc_host, c.grpc_port, auth, "phasewatch", tls)
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
                "/api/v1/history": self._history}
         handler = make_handler(self.registry, api, auth=auth,
-                               ready=lambda: self._grpc is not None and not self._stop.is_set())
+                               ready=lambda: self._grpc is not None and not self._stop.is_set(),
+                               mutual_tls=self.stats if tls and tls.mutual else None)
         self._http = HttpServer(c.http_host, c.http_port, handler, c.max_connections,
-                                self._refused_connection("http"))
+                                self._refused_connection("http"),
+                                tls and (tls, "http", "optional"))
         self.http_port = self._http.port
         self._http.start()
-        self._otlp_grpc, self.otlp_grpc_port = start_otlp_grpc_server(
-            OtlpGrpcService(self.otlp, self.admission), c.otlp_grpc_host,
-            c.otlp_grpc_port, c.grpc_workers, auth.interceptors("otlp_grpc"))
+        self._otlp_grpc, self.otlp_grpc_port = self._grpc_server(
+            start_otlp_grpc_server, OtlpGrpcService(self.otlp, self.admission),
+            c.otlp_grpc_host, c.otlp_grpc_port, auth, "otlp_grpc", tls)
         self._otlp_http = HttpServer(c.otlp_http_host, c.otlp_http_port,
                                      make_otlp_handler(self.otlp, self.admission, auth=auth),
-                                     c.max_connections, self._refused_connection("otlp_http"))
+                                     c.max_connections, self._refused_connection("otlp_http"),
+                                     tls and (tls, "otlp_http",
+                                              "require" if tls.mutual else "none"))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         self._sweeper.start()
         self._roofline.start()
-        log.info("phasewatch gRPC receiver on %s:%d", c.grpc_host, self.grpc_port)
-        log.info("metrics on http://%s:%d/metrics, JSON API under /api/v1/",
-                 c.http_host, self.http_port)
-        log.info("OTLP/gRPC receiver on %s:%d, OTLP/HTTP on http://%s:%d/v1/traces",
-                 c.otlp_grpc_host, self.otlp_grpc_port, c.otlp_http_host, self.otlp_http_port)
+        scheme = "https" if tls else "http"
+        security = ("plain TCP" if not tls else "TLS" + (" with client certificates"
+                                                          if tls.mutual else ""))
+        log.info("phasewatch gRPC receiver on %s:%d (%s)", c.grpc_host, self.grpc_port,
+                 security)
+        log.info("metrics on %s://%s:%d/metrics, JSON API under /api/v1/",
+                 scheme, c.http_host, self.http_port)
+        log.info("OTLP/gRPC receiver on %s:%d, OTLP/HTTP on %s://%s:%d/v1/traces",
+                 c.otlp_grpc_host, self.otlp_grpc_port, scheme, c.otlp_http_host,
+                 self.otlp_http_port)
         return self
+
+    def _grpc_server(self, start, service, host: str, port: int, auth: BearerAuth,
+                     receiver: str, tls: TlsFiles | None):
+        """A gRPC receiver on host:port; with TLS, the server listens on a private Unix
+        socket and a TlsFront on host:port does (and counts) the handshakes."""
+        c = self.config
+        if tls is None:
+            return start(service, host, port, c.grpc_workers, auth.interceptors(receiver))
+        path = os.path.join(self._socket_dir, f"{receiver}.sock")
+        server, _ = start(service, f"unix:{path}", None, c.grpc_workers,
+                          auth.interceptors(receiver))
+        front = TlsFront(tls, host, port, path, receiver, c.max_connections,
+                         self._refused_connection(receiver)).start()
+        self._fronts.append(front)
+        return server, front.port
 
     def _refused_connection(self, protocol: str):
         return lambda: self.stats.inc("phasewatch_ingest_refused_total", protocol=protocol,
@@ -220,6 +254,8 @@ class Exporter:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close.
         /readyz answers 503 from the start; the last counts are logged at the end."""
         self._stop.set()
+        for front in self._fronts:  # no new TLS connections; open ones drain below
+            front.stop()
         stopped = []
         for name in ("_grpc", "_otlp_grpc"):  # both drain at once: one grace in all
             server = getattr(self, name)
@@ -235,6 +271,8 @@ class Exporter:
                 setattr(self, name, None)
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         totals = {}
         for (name, _labels), v in self.stats.snapshot().items():
             short = name.removeprefix("phasewatch_ingest_").removesuffix("_total")

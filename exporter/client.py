@@ -37,6 +37,20 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
 
 
+def tls_credentials(ca: str = "", cert: str = "", key: str = "") -> grpc.ChannelCredentials:
+    """gRPC channel credentials from PEM files: the CA to trust (empty: the system's)
+    and, for mutual TLS, this client's certificate and key."""
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate needs its key, and the key its certificate")
+    return grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+
+
 def _retry_delay(e: grpc.RpcError) -> float | None:
     """The ``google.rpc.RetryInfo`` delay the exporter attached to an error, if any."""
     try:
@@ -77,18 +91,24 @@ class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
-                 channel: grpc.Channel | None = None, token: str = ""):
+                 channel: grpc.Channel | None = None, token: str = "", tls_ca: str = "",
+                 tls_cert: str = "", tls_key: str = ""):
         """``token``: the exporter's ``--auth-token``, sent as ``authorization: Bearer``
-        metadata (a wrong one is refused with UNAUTHENTICATED and not retried)."""
+        metadata (a wrong one is refused with UNAUTHENTICATED and not retried).
+        ``tls_ca``: PEM file of the CA that signed the exporter's certificate (TLS);
+        ``tls_cert`` / ``tls_key``: this client's certificate and key (mutual TLS)."""
         if flush_interval <= 0 or max_buffer < 1 or max_batch < 1:
             raise ValueError("flush_interval, max_buffer and max_batch must be positive")
         self.target, self.engine = target, engine
         self._flush_interval, self._max_buffer, self._max_batch = (
             flush_interval, max_buffer, max_batch)
         self._timeout, self._backoff0, self._backoff_max = timeout, initial_backoff, max_backoff
-        self._channel = channel or grpc.insecure_channel(target, options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if channel is None and (tls_ca or tls_cert):
+            channel = grpc.secure_channel(target, tls_credentials(tls_ca, tls_cert, tls_key),
+                                          options=options)
+        self._channel = channel or grpc.insecure_channel(target, options=options)
         self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
         self._metadata = ((auth.HEADER, auth.bearer(token)),) if token else None
         self._lock = threading.Lock()
@@ -98,6 +118,7 @@ class PhasewatchClient:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = float("inf")
+        self._abandoned = False
         # sent, accepted, rejected, retries (and retries_<grpc code>), dropped_<reason>
         self.stats: Counter = Counter()
         self._thread = threading.Thread(target=self._run, name="phasewatch-client",
@@ -168,12 +189,20 @@ class PhasewatchClient:
         payload = wire.encode_export(batch, self.engine, batch_id, dropped, invalid)
         attempt = 0
         while True:
+            if self._abandoned:  # close() gave up waiting and closed the channel
+                self.stats["dropped_shutdown"] += len(batch)
+                return
             try:
                 reply = wire.decode_export_response(
                     self._export(payload, timeout=self._timeout, metadata=self._metadata))
                 self.stats["sent"] += len(batch)
                 self.stats["accepted"] += reply.accepted
                 self.stats["rejected"] += reply.rejected
+                return
+            except ValueError:  # "Cannot invoke RPC on closed channel": close() raced us
+                if not self._abandoned:
+                    raise
+                self.stats["dropped_shutdown"] += len(batch)
                 return
             except grpc.RpcError as e:
                 code = e.code()
@@ -221,6 +250,7 @@ class PhasewatchClient:
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout + 1.0)
+        self._abandoned = True
         self._channel.close()
 
     def __enter__(self) -> PhasewatchClient:

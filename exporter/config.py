@@ -54,6 +54,12 @@ SERVE_OPTIONS = (
            "carry (Authorization: Bearer TOKEN); /metrics and the probes stay open. Prefer "
            "the PHASEWATCH_AUTH_TOKEN variable from a Secret to the flag (visible in ps); "
            "empty: no authentication"),
+    Option("tls_cert_file", str, "", "PEM certificate (chain) every port serves TLS with; "
+           "reloaded when the file changes. Empty: plain TCP"),
+    Option("tls_key_file", str, "", "PEM private key of --tls-cert-file"),
+    Option("tls_client_ca_file", str, "", "PEM CA bundle for mutual TLS: ingest then needs a "
+           "client certificate it signed, and so does /api/v1 (/metrics and the probes do "
+           "not)"),
     Option("otlp_export_endpoint", str, "", "re-emit each OTLP request as queue/prefill/decode "
            "child spans to this OTLP endpoint (host:port for gRPC, http://.../v1/traces)"),
     Option("default_model", str, "", "model name for spans that carry none (vLLM V1); "
@@ -127,6 +133,9 @@ class ServeConfig:
     memory_limit_mib: float = 0.0
     max_connections: int = 256
     auth_token: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
     otlp_export_endpoint: str = ""
     default_model: str = ""
     otlp_model_map: str = ""

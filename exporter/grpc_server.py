@@ -176,7 +176,7 @@ def identity(b: bytes) -> bytes:
     return b
 
 
-def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str,
+def serve_grpc(handlers, host: str, port: int | None, max_workers: int, what: str,
                interceptors: Sequence[grpc.ServerInterceptor] = ()) -> tuple[grpc.Server, int]:
     """A started grpc server for ``handlers`` with the message size limit; returns it
     and the port actually bound. ``what`` names it in thread names and errors."""
@@ -186,14 +186,15 @@ def serve_grpc(handlers, host: str, port: int, max_workers: int, what: str,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = host if port is None else f"{host}:{port}"  # port None: host is unix:PATH
+    bound = server.add_insecure_port(address)
     if bound == 0:
-        raise OSError(f"cannot bind the {what} gRPC port on {host}:{port}")
+        raise OSError(f"cannot bind the {what} gRPC port on {address}")
     server.start()
     return server, bound
 
 
-def start_grpc_server(service: PhasewatchService, host: str, port: int,
+def start_grpc_server(service: PhasewatchService, host: str, port: int | None,
                       max_workers: int = 8,
                       interceptors: Sequence[grpc.ServerInterceptor] = ()
                       ) -> tuple[grpc.Server, int]:

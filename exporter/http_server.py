@@ -47,9 +47,11 @@ def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> f
 
 
 def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], object]],
-                 ready: Callable[[], bool], auth: BearerAuth | None = None):
+                 ready: Callable[[], bool], auth: BearerAuth | None = None,
+                 mutual_tls=None):
     """``auth``: when enabled, ``/api/v1/`` needs the bearer token; /metrics and the
-    probes stay open (Prometheus and the kubelet carry no token)."""
+    probes stay open (Prometheus and the kubelet carry no token). ``mutual_tls``: the
+    SelfStats to count in when ``/api/v1/`` needs a verified client certificate."""
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "phasewatch"
@@ -86,6 +88,13 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
                 ok = ready()
                 return self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n",
                                   "text/plain")
+            if (mutual_tls is not None and url.path.startswith("/api/")
+                    and not getattr(self.connection, "getpeercert", lambda: None)()):
+                mutual_tls.inc("phasewatch_auth_refused_total", receiver="api",
+                               reason="no_client_certificate")
+                return self._send(403, b'{"error": "the JSON API needs a client '
+                                  b'certificate signed by --tls-client-ca-file"}',
+                                  "application/json")
             if (auth is not None and url.path.startswith("/api/")
                     and not auth.allows("api", self.headers.get("Authorization"))):
                 return self._send(
@@ -111,14 +120,17 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 
 
 class _BoundedServer(ThreadingHTTPServer):
     """One thread per connection, at most ``max_connections`` of them: past the cap a
-    connection is answered 503 with Retry-After and closed, and ``on_refused`` counts it."""
+    connection is answered 503 with Retry-After and closed, and ``on_refused`` counts it.
+    With ``tls`` (files, receiver, client-certificate policy) each connection's TLS
+    handshake is done in its own thread before the request is read."""
 
     daemon_threads = True
 
     def __init__(self, address, handler, max_connections: int,
-                 on_refused: Callable[[], None]):
+                 on_refused: Callable[[], None], tls: tuple | None = None):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._on_refused = on_refused
+        self.tls = tls
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
@@ -136,15 +148,24 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def process_request_thread(self, request, client_address):
         try:
-            super().process_request_thread(request, client_address)
+            if self.tls is not None:
+                files, receiver, client = self.tls
+                request = files.accept(request, receiver, ("http/1.1",), client)
+                if request is None:  # refused and counted
+                    return
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
+            if request is not None:
+                self.shutdown_request(request)
             self._slots.release()
 
 
 class HttpServer:
     def __init__(self, host: str, port: int, handler, max_connections: int = 256,
-                 on_refused: Callable[[], None] = lambda: None):
-        self._server = _BoundedServer((host, port), handler, max_connections, on_refused)
+                 on_refused: Callable[[], None] = lambda: None, tls: tuple | None = None):
+        self._server = _BoundedServer((host, port), handler, max_connections, on_refused, tls)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="pw-http",
                                         daemon=True)

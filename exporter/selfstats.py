@@ -46,8 +46,13 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
         "(ok, http_error, unreachable, unparsable).", ("url", "result")),
     "phasewatch_auth_refused_total": (
-        "counter", "Calls refused for a missing or wrong bearer token (--auth-token), by "
-        "receiver (phasewatch, otlp_grpc, otlp_http, api) and reason.", ("receiver", "reason")),
+        "counter", "Connections or calls refused by access control, by receiver (phasewatch, "
+        "otlp_grpc, otlp_http, http, api) and reason: missing_token, bad_token "
+        "(--auth-token); no_client_certificate, bad_certificate, tls_handshake, "
+        "handshake_timeout (TLS).", ("receiver", "reason")),
+    "phasewatch_tls_reloads_total": (
+        "counter", "Reloads of changed TLS files, by result (ok, error: the previous "
+        "certificates stay in use).", ("result",)),
     "phasewatch_phase_unavailable_total": (
         "counter", "Accepted requests for which a phase could not be derived, by reason.",
         ("phase", "reason")),

@@ -60,7 +60,7 @@ class OtlpGrpcService:
             self._admission.release(len(request))
 
 
-def start_otlp_grpc_server(service: OtlpGrpcService, host: str, port: int,
+def start_otlp_grpc_server(service: OtlpGrpcService, host: str, port: int | None,
                            max_workers: int = 8, interceptors=()) -> tuple[grpc.Server, int]:
     handlers = grpc.method_handlers_generic_handler(SERVICE, {
         "Export": grpc.unary_unary_rpc_method_handler(
