@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 SERVICE = "phasewatch.v1.Phasewatch"
 PROTOCOL = "phasewatch"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # OTLP's recommended limit; the same here
+# grpc's own limit sits a little higher, so that a payload just past ours reaches the
+# handler and is refused there with a count; past this one grpc refuses it itself
+# (RESOURCE_EXHAUSTED, before any phasewatch code runs).
+GRPC_HARD_LIMIT = MAX_MESSAGE_BYTES + 4 * 1024 * 1024
+
+
+def too_large(stats, protocol: str, size: int, context) -> None:
+    """Refuse a payload over MAX_MESSAGE_BYTES: counted, INVALID_ARGUMENT (a resend of
+    the same bytes cannot succeed, so it must not be retried)."""
+    stats.inc("phasewatch_ingest_batches_total", protocol=protocol, outcome="too_large")
+    stats.inc("phasewatch_ingest_rejected_total", protocol=protocol,
+              reason="payload_too_large")
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"payload of {size} bytes exceeds {MAX_MESSAGE_BYTES}; send smaller batches")
 
 
 class BatchIds:
@@ -103,6 +117,8 @@ class PhasewatchService:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def export(self, request: bytes, context) -> bytes:
+        if len(request) > MAX_MESSAGE_BYTES:
+            return too_large(self._stats, PROTOCOL, len(request), context)
         try:
             self._admission.admit(PROTOCOL, len(request))
         except Refused as e:
@@ -183,7 +199,7 @@ def serve_grpc(handlers, host: str, port: int | None, max_workers: int, what: st
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"pw-{what}"),
         handlers=[handlers], interceptors=list(interceptors),
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        options=[("grpc.max_receive_message_length", GRPC_HARD_LIMIT),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
     address = host if port is None else f"{host}:{port}"  # port None: host is unix:PATH

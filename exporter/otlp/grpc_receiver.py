@@ -2,12 +2,12 @@
 
 Success is an empty response; unusable spans give ``partial_success`` with
 ``rejected_spans`` and a message (the client must not retry those). An
-undecodable payload is ``INVALID_ARGUMENT``; one over the size limit is refused by
-grpc itself with ``RESOURCE_EXHAUSTED``; when the admission gate refuses (in-flight
-or memory limit) the answer is ``UNAVAILABLE`` with a ``google.rpc.RetryInfo`` (in
-``grpc-status-details-bin`` and the ``google.rpc.retryinfo-bin`` trailer the OTel
-SDK reads), so the SDK's exporter retries instead of dropping. gzip request
-compression is handled by grpc.
+undecodable payload is ``INVALID_ARGUMENT``, and so is one over 64 MiB (counted;
+past 68 MiB grpc itself refuses it with ``RESOURCE_EXHAUSTED``); when the admission
+gate refuses (in-flight or memory limit) the answer is ``UNAVAILABLE`` with a
+``google.rpc.RetryInfo`` (in ``grpc-status-details-bin`` and the
+``google.rpc.retryinfo-bin`` trailer the OTel SDK reads), so the SDK's exporter
+retries instead of dropping. gzip request compression is handled by grpc.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from exporter.admission import Admission, Refused
-from exporter.grpc_server import identity, refuse, serve_grpc
+from exporter.grpc_server import MAX_MESSAGE_BYTES, identity, refuse, serve_grpc, too_large
 from exporter.otlp.ingest import OtlpIngest
 from exporter.otlp.spans import MalformedPayload, parse_request
 
@@ -40,6 +40,8 @@ class OtlpGrpcService:
         self._admission = admission
 
     def export(self, request: bytes, context) -> bytes:
+        if len(request) > MAX_MESSAGE_BYTES:
+            return too_large(self._stats, PROTOCOL, len(request), context)
         try:
             self._admission.admit(PROTOCOL, len(request))
         except Refused as e:
