@@ -26,6 +26,7 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
+from exporter.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
 PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter
@@ -43,17 +44,19 @@ class ExporterSource:
     name = "exporter"
 
     def __init__(self, url: str, timeout: float = 3.0, history_seconds: float = 600.0,
-                 token: str = ""):
-        """``token``: the exporter's --auth-token, for its JSON API."""
+                 token: str = "", tls: ClientTls | None = None):
+        """``token``: the exporter's --auth-token, for its JSON API; ``tls``: the CA (and,
+        under mutual TLS, the client certificate) for an https exporter."""
         self.url = base_url(url, "http://127.0.0.1:9464")
         self.token = token
+        self.tls = tls
         self.timeout = timeout
         self.history_seconds = history_seconds
 
     def _get(self, path: str, **params) -> dict:
         query = f"?{urlencode(params)}" if params else ""
         return get_json(f"{self.url}{path}{query}", self.timeout, "exporter",
-                        token=self.token)
+                        token=self.token, tls=self.tls)
 
     def fetch(self, selection: Selection = ALL) -> Snapshot:
         try:

@@ -10,6 +10,7 @@ import urllib.request
 
 from dashboard.frames import SourceError
 from exporter.auth import bearer
+from exporter.tls import ClientTls
 
 
 class FetchError(Exception):
@@ -28,15 +29,17 @@ def base_url(url: str, example: str) -> str:
 
 
 def get_json(url: str, timeout: float, what: str, target: str | None = None,
-             token: str = "") -> object:
+             token: str = "", tls: ClientTls | None = None) -> object:
     """``what`` names the service in messages ("exporter", "Prometheus"); ``target`` is
-    what the error names as tried (default the URL); ``token`` a bearer token."""
+    what the error names as tried (default the URL); ``token`` a bearer token; ``tls``
+    the CA and client certificate for an https URL."""
     headers = {"Accept-Encoding": "gzip", "Accept": "application/json"}
     if token:
         headers["Authorization"] = bearer(token)
     req = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        context = tls.ssl_context() if tls is not None and tls.enabled else None
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             body = _read(resp)
     except urllib.error.HTTPError as e:
         body = _read(e)

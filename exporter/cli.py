@@ -67,6 +67,19 @@ def _add_token_flag(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
                    help=f"bearer token {what} (the exporter's --auth-token; default "
                    "$PHASEWATCH_AUTH_TOKEN)")
+    for name, what_file in (("ca", "CA that signed the exporter's certificate (default: "
+                             "the system's)"),
+                            ("cert", "client certificate, when the exporter requires one"),
+                            ("key", "key of --tls-cert")):
+        env = f"PHASEWATCH_CLIENT_TLS_{name.upper()}"
+        p.add_argument(f"--tls-{name}", default=os.environ.get(env, ""), metavar="PEM",
+                       help=f"TLS to the exporter: the {what_file} (default ${env})")
+
+
+def _client_tls(args: argparse.Namespace):
+    from exporter.tls import ClientTls
+
+    return ClientTls(args.tls_ca, args.tls_cert, args.tls_key)
 
 
 def _start_exporter(args: argparse.Namespace, demo: bool = False):
@@ -79,6 +92,10 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
 
     config = load_serve_config(args)
     _setup_logging(config.log_level)
+    if demo and (config.tls_cert_file or config.tls_client_ca_file):
+        raise ConfigError("the demo's own simulator and dashboard talk to its exporter in "
+                          "plain TCP on this machine; run it without --tls-* (use serve, "
+                          "simulate and dashboard for TLS)")
     if demo:
         sc = scenario(args.scenario)
         m = config.model_flags
@@ -158,13 +175,17 @@ def _summary_line(summary: dict) -> str:
 
 
 def _sim_client(args, target: str, token: str = ""):
+    from exporter.tls import ClientTls
+
+    tls = _client_tls(args) if hasattr(args, "tls_ca") else ClientTls()
     if args.protocol == "phasewatch":
         from exporter.client import PhasewatchClient
 
-        return PhasewatchClient(target, engine="sim", token=token)
+        return PhasewatchClient(target, engine="sim", token=token, tls_ca=tls.ca,
+                                tls_cert=tls.cert, tls_key=tls.key)
     from exporter.sim.otlp_shapes import OtlpSink
 
-    return OtlpSink(args.protocol, target, args.span_shape, token=token)
+    return OtlpSink(args.protocol, target, args.span_shape, token=token, tls=tls)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -229,7 +250,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise ValueError("give exactly one of --exporter URL or --prometheus URL")
     if args.exporter:
         source = ExporterSource(args.exporter, timeout=args.timeout,
-                                history_seconds=args.history_seconds, token=args.token)
+                                history_seconds=args.history_seconds, token=args.token,
+                                tls=_client_tls(args))
     else:
         source = PrometheusSource(args.prometheus, rate_range=args.range, timeout=args.timeout,
                                   history_seconds=args.history_seconds,

@@ -28,6 +28,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from exporter.selfstats import SelfStats
 
@@ -35,6 +36,36 @@ log = logging.getLogger(__name__)
 CHECK_SECONDS = 1.0
 HANDSHAKE_SECONDS = 10.0
 CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """A client's side: the CA that signed the exporter's certificate (empty: the
+    system's), and this client's certificate and key for mutual TLS."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def __post_init__(self):
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("a client certificate needs its key (--tls-cert and --tls-key)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca or self.cert)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """For urllib / http.client: verifies the server, presents the certificate."""
+        ctx = ssl.create_default_context(cafile=self.ca or None)
+        if self.cert:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def grpc_credentials(self):
+        from exporter.client import tls_credentials
+
+        return tls_credentials(self.ca, self.cert, self.key)
 
 
 class TlsFiles:

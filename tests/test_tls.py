@@ -202,3 +202,36 @@ def test_tls_files_must_be_usable_at_start(tmp_path, certs):
                   dict(tls_cert_file=certs.server_cert, tls_key_file=certs.rogue_key)):
         with pytest.raises(ValueError, match="TLS"):
             Exporter(replace(ServeConfig(**TEST_PORTS), **files)).start()
+
+
+def test_the_commands_speak_tls(mtls, certs, tmp_path):
+    """`phasewatch simulate` over each protocol and the dashboard's exporter source, with
+    the client certificate flags, reach a mutual-TLS exporter."""
+    import subprocess
+    import sys
+
+    from dashboard.exporter_source import ExporterSource
+    from exporter.tls import ClientTls
+
+    flags = ["--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key",
+             certs.client_key]
+    targets = {"phasewatch": f"127.0.0.1:{mtls.grpc_port}",
+               "otlp-grpc": f"127.0.0.1:{mtls.otlp_grpc_port}",
+               "otlp-http": f"https://127.0.0.1:{mtls.otlp_http_port}/v1/traces"}
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}  # see above
+    for protocol, target in targets.items():
+        out = subprocess.run([sys.executable, "-m", "exporter.cli", "simulate", "--protocol",
+                              protocol, "--target", target, "--duration", "3",
+                              "--time-scale", "20", *flags], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stdout[-1500:] + out.stderr[-3000:]
+    m = _metrics(mtls, certs)
+    for protocol in ("phasewatch", "otlp_grpc", "otlp_http"):
+        assert m.value("phasewatch_ingest_accepted_total", protocol=protocol), protocol
+    source = ExporterSource(f"https://127.0.0.1:{mtls.http_port}",
+                            tls=ClientTls(certs.ca, certs.client_cert, certs.client_key))
+    snap = source.fetch()
+    assert snap.error is None and len(snap.kpis)
+    bare = ExporterSource(f"https://127.0.0.1:{mtls.http_port}", tls=ClientTls(certs.ca))
+    assert bare.fetch().error.kind == "http"  # 403: the API needs the certificate

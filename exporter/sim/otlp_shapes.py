@@ -156,19 +156,27 @@ class OtlpSink:
     ``exported`` / ``failed`` spans the exporter delivered or gave up on.
     """
 
-    def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = ""):
+    def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = "",
+                 tls=None):
+        """``tls``: an ``exporter.tls.ClientTls`` for an exporter serving TLS."""
         if shape not in EMIT:
             raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
         # The exporter's --auth-token, as any OTLP exporter sends a bearer token.
         headers = {HEADER: bearer(token)} if token else None
+        secure = tls is not None and tls.enabled
         if protocol == "otlp-grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter(endpoint=target, insecure=True, headers=headers)
+            exporter = OTLPSpanExporter(
+                endpoint=target, insecure=not secure, headers=headers,
+                credentials=tls.grpc_credentials() if secure else None)
         elif protocol == "otlp-http":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter(endpoint=target, headers=headers)
+            files = dict(certificate_file=tls.ca or None,
+                         client_certificate_file=tls.cert or None,
+                         client_key_file=tls.key or None) if secure else {}
+            exporter = OTLPSpanExporter(endpoint=target, headers=headers, **files)
         else:
             raise ValueError(f"unknown OTLP protocol {protocol!r}")
         self.shape = shape
