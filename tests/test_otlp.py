@@ -291,10 +291,13 @@ def test_fixtures_in_otlp_json(exporter, shape, requests, ignored, ttft_sum):
             or 0) == ignored
 
 
-def test_grpc_refuses_oversized_messages(exporter):
+def test_grpc_refuses_messages_past_its_hard_limit(exporter):
+    """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it: tests/test_body_limits.py)."""
+    from exporter.grpc_server import GRPC_HARD_LIMIT
+
     with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",
                                options=[("grpc.max_send_message_length", -1)]) as ch:
         call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
         with pytest.raises(grpc.RpcError) as e:
-            call(b"\x00" * (65 * 1024 * 1024), timeout=30)
+            call(b"\x00" * (GRPC_HARD_LIMIT + 1), timeout=30)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
