@@ -119,6 +119,7 @@ class PhasewatchClient:
         self._closing = threading.Event()
         self._deadline = float("inf")
         self._abandoned = False
+        self._interrupt = threading.Event()
         # sent, accepted, rejected, retries (and retries_<grpc code>), dropped_<reason>
         self.stats: Counter = Counter()
         self._thread = threading.Thread(target=self._run, name="phasewatch-client",
@@ -165,9 +166,9 @@ class PhasewatchClient:
                 self._in_flight = len(rows)
             for start in range(0, len(rows), self._max_batch):
                 chunk = rows[start:start + self._max_batch]
-                self._send(chunk)
-                with self._lock:
-                    self._in_flight -= len(chunk)
+                self._send(chunk)  # settles every row of the chunk
+                if self._abandoned:
+                    return
             if closing and not rows:
                 with self._lock:
                     unreported = self._dropped_unreported + self._invalid_unreported
@@ -178,7 +179,7 @@ class PhasewatchClient:
     def _send(self, rows: list[tuple]) -> None:
         batch, invalid = _columns(rows)
         if invalid:
-            self.stats["dropped_invalid"] += invalid
+            self._settle(invalid, dropped_invalid=invalid)
             log.warning("dropped %d requests whose names, times or counts cannot be "
                         "encoded", invalid)
         with self._lock:
@@ -189,27 +190,24 @@ class PhasewatchClient:
         payload = wire.encode_export(batch, self.engine, batch_id, dropped, invalid)
         attempt = 0
         while True:
-            if self._abandoned:  # close() gave up waiting and closed the channel
-                self.stats["dropped_shutdown"] += len(batch)
+            if self._abandoned:  # close() gave up waiting and counted these itself
                 return
             try:
                 reply = wire.decode_export_response(
                     self._export(payload, timeout=self._timeout, metadata=self._metadata))
-                self.stats["sent"] += len(batch)
-                self.stats["accepted"] += reply.accepted
-                self.stats["rejected"] += reply.rejected
+                self._settle(len(batch), sent=len(batch), accepted=reply.accepted,
+                             rejected=reply.rejected)
                 return
             except ValueError:  # "Cannot invoke RPC on closed channel": close() raced us
                 if not self._abandoned:
                     raise
-                self.stats["dropped_shutdown"] += len(batch)
                 return
             except grpc.RpcError as e:
                 code = e.code()
                 if code not in RETRYABLE:
+                    self._settle(len(batch), dropped_refused=len(batch))
                     log.warning("exporter refused a batch of %d requests: %s %s",
                                 len(rows), code, e.details())
-                    self.stats["dropped_refused"] += len(batch)
                     return
                 hint = _retry_delay(e)
                 self.stats[f"retries_{code.name.lower()}"] += 1
@@ -219,12 +217,22 @@ class PhasewatchClient:
             attempt += 1
             self.stats["retries"] += 1
             if time.monotonic() + delay > self._deadline:
-                self.stats["dropped_shutdown"] += len(batch)
-                with self._lock:  # still unreported: the exporter never saw these
-                    self._dropped_unreported += dropped
-                    self._invalid_unreported += invalid
+                if self._settle(len(batch), dropped_shutdown=len(batch)):
+                    with self._lock:  # still unreported: the exporter never saw these
+                        self._dropped_unreported += dropped
+                        self._invalid_unreported += invalid
                 return
-            time.sleep(delay)
+            if self._interrupt.wait(delay):  # close() began: look at its deadline now
+                self._interrupt.clear()
+
+    def _settle(self, rows: int, **counts: int) -> bool:
+        """Account for ``rows`` taken from the buffer; False if close() already did."""
+        with self._lock:
+            if self._abandoned:
+                return False
+            self.stats.update(counts)
+            self._in_flight -= rows
+            return True
 
     # ---- control ---------------------------------------------------------------
     def pending(self) -> int:
@@ -249,8 +257,14 @@ class PhasewatchClient:
         self._deadline = time.monotonic() + timeout
         self._closing.set()
         self._wake.set()
+        self._interrupt.set()
         self._thread.join(timeout + 1.0)
-        self._abandoned = True
+        with self._lock:  # when close() returns, every record is accounted for
+            self._abandoned = True
+            lost = len(self._buffer) + self._in_flight
+            self._buffer, self._in_flight = [], 0
+            if lost:
+                self.stats["dropped_shutdown"] += lost
         self._channel.close()
 
     def __enter__(self) -> PhasewatchClient:
