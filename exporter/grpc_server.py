@@ -100,6 +100,22 @@ def refuse(stats, protocol: str, e: Refused, context) -> None:
     context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
 
+def gated(stats, admission: Admission, protocol: str, request: bytes, context,
+          handle) -> bytes:
+    """What every gRPC ingest call passes before ``handle(request, context)``: the size
+    limit, then the admission gate (its slot released when ``handle`` returns)."""
+    if len(request) > MAX_MESSAGE_BYTES:
+        return too_large(stats, protocol, len(request), context)
+    try:
+        admission.admit(protocol, len(request))
+    except Refused as e:
+        return refuse(stats, protocol, e, context)
+    try:
+        return handle(request, context)
+    finally:
+        admission.release(len(request))
+
+
 class PhasewatchService:
     def __init__(self, aggregator: Aggregator, joiner: LifecycleJoiner,
                  admission: Admission | None = None):
@@ -117,16 +133,7 @@ class PhasewatchService:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def export(self, request: bytes, context) -> bytes:
-        if len(request) > MAX_MESSAGE_BYTES:
-            return too_large(self._stats, PROTOCOL, len(request), context)
-        try:
-            self._admission.admit(PROTOCOL, len(request))
-        except Refused as e:
-            return refuse(self._stats, PROTOCOL, e, context)
-        try:
-            return self._export(request, context)
-        finally:
-            self._admission.release(len(request))
+        return gated(self._stats, self._admission, PROTOCOL, request, context, self._export)
 
     def _export(self, request: bytes, context) -> bytes:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import urllib.request
 
 import pytest
@@ -27,6 +28,18 @@ def require_binary(name: str, why: str) -> str:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def terminate(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL if it has not exited in ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -79,22 +79,21 @@ def phasewatch_lifecycle(data: bytes) -> None:
     PIPE.check()
 
 
-def otlp_protobuf(data: bytes) -> None:
+def _otlp(parse, data: bytes, protocol: str) -> None:
     try:
-        msg = parse_request(data)
+        msg = parse(data)
     except MalformedPayload:
         return
-    PIPE.otlp.export(msg, "otlp_grpc")
+    PIPE.otlp.export(msg, protocol)
     PIPE.check()
+
+
+def otlp_protobuf(data: bytes) -> None:
+    _otlp(parse_request, data, "otlp_grpc")
 
 
 def otlp_json(data: bytes) -> None:
-    try:
-        msg = parse_json_request(data)
-    except MalformedPayload:
-        return
-    PIPE.otlp.export(msg, "otlp_http")
-    PIPE.check()
+    _otlp(parse_json_request, data, "otlp_http")
 
 
 def tgi_duration(data: bytes) -> None:

@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import require_binary
+from tests.conftest import require_binary, terminate
 
 
 def free_port() -> int:
@@ -67,13 +67,7 @@ class PrometheusServer:
         raise RuntimeError("prometheus did not become ready in 30 s")
 
     def __exit__(self, *exc) -> None:
-        if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
     @property

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import terminate
+
 PATTERNS = {
     "grpc_port": r"phasewatch gRPC receiver on [^:]+:(\d+)",
     "http_port": r"metrics on https?://[^:]+:(\d+)/metrics",
@@ -71,13 +73,7 @@ class ServeProcess:
         return self.proc.wait(timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         if not self.log.closed:
             self.log.close()
 

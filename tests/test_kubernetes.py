@@ -23,7 +23,7 @@ import yaml
 
 from exporter.cli import build_parser
 from exporter.config import load_serve_config
-from tests.conftest import require_binary
+from tests.conftest import require_binary, terminate
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -230,9 +230,4 @@ def test_exporter_started_as_the_manifest_says_answers_its_probes(overlay, tmp_p
                     time.sleep(0.2)
             assert status == 200, f"{probe} {path}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)

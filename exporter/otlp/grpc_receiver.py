@@ -15,8 +15,8 @@ from __future__ import annotations
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from exporter.admission import Admission, Refused
-from exporter.grpc_server import MAX_MESSAGE_BYTES, identity, refuse, serve_grpc, too_large
+from exporter.admission import Admission
+from exporter.grpc_server import gated, identity, serve_grpc
 from exporter.otlp.ingest import OtlpIngest
 from exporter.otlp.spans import MalformedPayload, parse_request
 
@@ -40,26 +40,20 @@ class OtlpGrpcService:
         self._admission = admission
 
     def export(self, request: bytes, context) -> bytes:
-        if len(request) > MAX_MESSAGE_BYTES:
-            return too_large(self._stats, PROTOCOL, len(request), context)
+        return gated(self._stats, self._admission, PROTOCOL, request, context, self._export)
+
+    def _export(self, request: bytes, context) -> bytes:
         try:
-            self._admission.admit(PROTOCOL, len(request))
-        except Refused as e:
-            return refuse(self._stats, PROTOCOL, e, context)
-        try:
-            try:
-                msg = parse_request(request)
-            except MalformedPayload as e:
-                self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL,
-                                outcome="malformed")
-                self._stats.inc("phasewatch_ingest_rejected_total", protocol=PROTOCOL,
-                                reason="undecodable_payload")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            outcome = self._ingest.export(msg, PROTOCOL)
-            self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
-            return export_response(outcome).SerializeToString()
-        finally:
-            self._admission.release(len(request))
+            msg = parse_request(request)
+        except MalformedPayload as e:
+            self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL,
+                            outcome="malformed")
+            self._stats.inc("phasewatch_ingest_rejected_total", protocol=PROTOCOL,
+                            reason="undecodable_payload")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        outcome = self._ingest.export(msg, PROTOCOL)
+        self._stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
+        return export_response(outcome).SerializeToString()
 
 
 def start_otlp_grpc_server(service: OtlpGrpcService, host: str, port: int | None,
