@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -86,11 +87,13 @@ def start_exporter(core: int) -> tuple[subprocess.Popen, int, int]:
     proc = subprocess.Popen(["taskset", "-c", str(core), *cmd], stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
     ports = {}
+    patterns = {"grpc": r"phasewatch gRPC receiver on [^:]+:(\d+)",
+                "http": r"metrics on https?://[^:]+:(\d+)/metrics"}  # as tests/serve.py
     for line in proc.stderr:
-        if "phasewatch gRPC receiver on" in line:
-            ports["grpc"] = int(line.rsplit(":", 1)[1])
-        if "metrics on" in line:
-            ports["http"] = int(line.split(":")[-1].split("/")[0])
+        for name, pattern in patterns.items():
+            m = re.search(pattern, line)
+            if m:
+                ports[name] = int(m[1])
         if len(ports) == 2:
             break
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
