@@ -31,24 +31,11 @@ from google.rpc import error_details_pb2
 from exporter import auth, wire
 from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
 from exporter.record import RequestBatch, RequestRecord
+from exporter.tls import ClientTls
 
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
-
-
-def tls_credentials(ca: str = "", cert: str = "", key: str = "") -> grpc.ChannelCredentials:
-    """gRPC channel credentials from PEM files: the CA to trust (empty: the system's)
-    and, for mutual TLS, this client's certificate and key."""
-    def read(path: str) -> bytes | None:
-        if not path:
-            return None
-        with open(path, "rb") as f:
-            return f.read()
-
-    if bool(cert) != bool(key):
-        raise ValueError("a client certificate needs its key, and the key its certificate")
-    return grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
 
 
 def _retry_delay(e: grpc.RpcError) -> float | None:
@@ -106,8 +93,9 @@ class PhasewatchClient:
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         if channel is None and (tls_ca or tls_cert):
-            channel = grpc.secure_channel(target, tls_credentials(tls_ca, tls_cert, tls_key),
-                                          options=options)
+            channel = grpc.secure_channel(
+                target, ClientTls(tls_ca, tls_cert, tls_key).grpc_credentials(),
+                options=options)
         self._channel = channel or grpc.insecure_channel(target, options=options)
         self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
         self._metadata = ((auth.HEADER, auth.bearer(token)),) if token else None

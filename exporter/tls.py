@@ -63,9 +63,17 @@ class ClientTls:
         return ctx
 
     def grpc_credentials(self):
-        from exporter.client import tls_credentials
+        """gRPC channel credentials: the CA to trust (empty: the system's) and, for
+        mutual TLS, this client's certificate and key."""
+        import grpc
 
-        return tls_credentials(self.ca, self.cert, self.key)
+        def read(path: str) -> bytes | None:
+            if not path:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
 
 class TlsFiles:
@@ -132,8 +140,9 @@ class TlsFiles:
             stamp = self._stamps()
             if stamp == self._stamp:
                 return
-            fresh = {key: self._build(*key) for key in (self._contexts or
-                                                        {(("h2",), "require"): None})}
+            # rebuild what is in use (or one context, to check the files, if none is)
+            keys = list(self._contexts) or [(("h2",), "require")]
+            fresh = {key: self._build(*key) for key in keys}
         except ValueError as e:  # half-written files, a key not matching: keep the old
             self._stats.inc("phasewatch_tls_reloads_total", result="error")
             log.error("TLS files changed but cannot be loaded; keeping the previous ones: %s", e)

@@ -20,10 +20,11 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from exporter.app import Exporter
-from exporter.client import PhasewatchClient, tls_credentials
+from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
 from exporter.record import RequestRecord
 from exporter.sim.scenarios import scenario
+from exporter.tls import ClientTls
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, Scrape
 from tests.test_otlp import _send
@@ -113,7 +114,7 @@ def test_otel_sdk_exporters_over_mutual_tls(mtls, certs, spans, monkeypatch):
     for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(var, raising=False)
     def grpc_sdk(cert: str, key: str):
-        creds = tls_credentials(certs.ca, cert, key)
+        creds = ClientTls(certs.ca, cert, key).grpc_credentials()
         return Grpc(endpoint=f"127.0.0.1:{mtls.otlp_grpc_port}", credentials=creds, timeout=3)
 
     def http_sdk(cert: str, key: str):
@@ -211,8 +212,6 @@ def test_the_commands_speak_tls(mtls, certs, tmp_path):
     import sys
 
     from dashboard.exporter_source import ExporterSource
-    from exporter.tls import ClientTls
-
     flags = ["--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key",
              certs.client_key]
     targets = {"phasewatch": f"127.0.0.1:{mtls.grpc_port}",
