@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter import buckets
+from exporter.buckets import WINDOW_INDEX
+from exporter.gaps import GapBins, GapCounts
 from exporter.labels import LabelSets
 from exporter.phases import Phases, split_phases
 from exporter.record import FINISH_REASONS, RequestBatch, finish_reason_codes
@@ -111,6 +113,8 @@ class Aggregator:
         self.window = window or RollingWindow(clock=clock)
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
+        # token gaps are binned once for the ITL histogram and the window together
+        self._itl_bins = GapBins(self._hists["itl"].edges, WINDOW_INDEX)
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
 
     def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
@@ -136,7 +140,8 @@ class Aggregator:
 
         ls = self.labels.rows(batch, pods)
         n_ls = len(self.labels)
-        partials = self._partials(batch, ph, ls, n_ls)
+        gaps = self._itl_bins.count(ph.itl, ls, ph.itl_counts)
+        partials = self._partials(batch, ph, ls, n_ls, gaps)
         tokens = self._token_counts(batch, kept, ls, n_ls)
         reasons = finish_reason_codes(batch)
         requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
@@ -147,10 +152,11 @@ class Aggregator:
             for key, delta in (("tokens", tokens), ("requests", requests)):
                 self._counters[key] = _grow_rows(self._counters[key], n_ls)
                 self._counters[key][:n_ls] += delta
-        self.window.add(batch, ph, ls, n_ls, reasons)
+        self.window.add(batch, ph, ls, n_ls, reasons, gaps)
         return IngestResult(accepted, ph.rejected)
 
-    def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int):
+    def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int,
+                  gaps: GapCounts):
         pc = buckets.prompt_class_codes(batch.prompt_tokens)
         k_pc = len(PROMPT_CLASS_LABELS)
         h = self._hists
@@ -158,7 +164,7 @@ class Aggregator:
             "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
             "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
             "e2e": h["e2e"].partial(ls, ph.e2e, n_ls),
-            "itl": h["itl"].partial(ls[ph.itl_row], ph.itl, n_ls),
+            "itl": _spread(gaps.series, gaps.buckets, gaps.sums, n_ls),
             "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
         }
@@ -182,6 +188,15 @@ class Aggregator:
             hists = {k: (h.spec, h.counts.copy(), h.sums.copy()) for k, h in self._hists.items()}
             counters = {k: v.copy() for k, v in self._counters.items()}
         return Snapshot(self.labels.pairs(), self.labels.names, hists, counters)
+
+
+def _spread(series: np.ndarray, counts: np.ndarray, sums: np.ndarray, n_ls: int):
+    """Batch-local per-series counts and sums as rows of all ``n_ls`` label sets."""
+    full = np.zeros((n_ls, counts.shape[1]), dtype=np.int64)
+    full[series] = counts
+    full_sums = np.zeros(n_ls)
+    full_sums[series] = sums
+    return full, full_sums
 
 
 def _grow_rows(a: np.ndarray, n: int) -> np.ndarray:

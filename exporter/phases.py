@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exporter.gaps import row_sums
 from exporter.record import NS, RequestBatch
 
 # Columns in the order a consistent request's clocks must follow.
@@ -54,8 +55,8 @@ class Phases:
     decode_tps: np.ndarray
     prefill_spt: np.ndarray
     uncached_prompt_tokens: np.ndarray  # int64, -1 unknown
-    itl: np.ndarray  # pooled gaps (s) of kept requests
-    itl_row: np.ndarray  # row index owning each ITL gap
+    itl: np.ndarray  # pooled gaps (s, float32 or float64) of kept requests, row by row
+    itl_counts: np.ndarray  # gaps in ``itl`` per row (0 for rejected rows)
     rejected: Counter = field(default_factory=Counter)  # reason -> requests
     unavailable: Counter = field(default_factory=Counter)  # (phase, reason) -> requests
 
@@ -77,19 +78,6 @@ def _count_missing(unavailable: Counter, phase: str, kept: np.ndarray,
         if n:
             unavailable[(phase, reason)] += n
         remaining &= ~mask
-
-
-def _gap_row_sums(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-row gap sums, per-row 'has a bad gap' flags and each gap's row index."""
-    n = len(batch)
-    counts = batch.gap_counts
-    row_of_gap = np.repeat(np.arange(n), counts)
-    gaps = batch.token_gaps
-    bad_gap = ~np.isfinite(gaps) | (gaps < 0)
-    bad_rows = np.bincount(row_of_gap[bad_gap], minlength=n) > 0
-    clean = np.where(bad_gap, 0.0, gaps)
-    sums = np.bincount(row_of_gap, weights=clean, minlength=n) if n else np.zeros(0)
-    return sums, bad_rows, row_of_gap
 
 
 def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows) -> tuple[np.ndarray, Counter]:
@@ -130,7 +118,7 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows) -> tuple[np.ndarray
 
 def split_phases(batch: RequestBatch) -> Phases:
     """Derive every phase of every request of ``batch``. Pure: no I/O, no state."""
-    gap_sums, bad_gap_rows, row_of_gap = _gap_row_sums(batch)
+    gap_sums, bad_gap_rows = row_sums(batch.token_gaps, batch.gap_counts)
     kept, rejected = _rejections(batch, gap_sums, bad_gap_rows)
 
     arrival, scheduled = batch.arrival, batch.scheduled
@@ -183,9 +171,12 @@ def split_phases(batch: RequestBatch) -> Phases:
         ("single_output_token", single), ("no_output_tokens", out_tok == 0),
         ("no_token_times", np.ones(len(batch), dtype=bool))])
 
-    gap_kept = kept[row_of_gap]
+    if kept.all():
+        itl, itl_counts = batch.token_gaps, batch.gap_counts
+    else:
+        itl = batch.token_gaps[np.repeat(kept, batch.gap_counts)]
+        itl_counts = np.where(kept, batch.gap_counts, 0)
     return Phases(
-        kept=kept, uncached_prompt_tokens=uncached.astype(np.int64),
-        itl=batch.token_gaps[gap_kept].astype(np.float64, copy=False),
-        itl_row=row_of_gap[gap_kept], rejected=rejected, unavailable=unavailable, **values,
+        kept=kept, uncached_prompt_tokens=uncached.astype(np.int64), itl=itl,
+        itl_counts=itl_counts, rejected=rejected, unavailable=unavailable, **values,
     )

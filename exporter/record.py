@@ -85,7 +85,7 @@ class RequestBatch:
     prompt_tokens: np.ndarray  # int64, -1 unknown
     cached_prompt_tokens: np.ndarray
     output_tokens: np.ndarray
-    token_gaps: np.ndarray  # float64 seconds, flattened
+    token_gaps: np.ndarray  # seconds, flattened; float64 (float32 as decoded off the wire)
     gap_counts: np.ndarray  # int64 per request
 
     def __len__(self) -> int:

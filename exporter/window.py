@@ -27,6 +27,7 @@ from exporter.buckets import (
     WINDOW_INDEX,
     prompt_class_codes,
 )
+from exporter.gaps import GapCounts
 from exporter.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
@@ -59,7 +60,10 @@ class RollingWindow:
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
 
     # ---- writing -------------------------------------------------------------
-    def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray) -> None:
+    def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
+            gaps: GapCounts) -> None:
+        """Add a batch's kept requests; ``gaps`` holds its token gaps binned by
+        ``WINDOW_INDEX`` (``exporter.gaps``)."""
         now = self._clock()
         kept = ph.kept
 
@@ -68,7 +72,7 @@ class RollingWindow:
             return np.where(c != 0, c / NS, np.nan)
 
         out = batch.output_tokens[kept]
-        gaps = batch.gap_counts[kept]
+        steps = batch.gap_counts[kept]
         end = at(batch.finish)
         rows = {
             "t": np.full(int(kept.sum()), now),
@@ -82,8 +86,8 @@ class RollingWindow:
             "cached": batch.cached_prompt_tokens[kept],
             "uncached": ph.uncached_prompt_tokens[kept], "output": out,
             "finish_reason": reasons[kept],
-            "steps": np.where(gaps > 0, gaps, np.where(out > 1, out - 1, -1)),
-            "timed": (gaps > 0).astype(np.int64),
+            "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
+            "timed": (steps > 0).astype(np.int64),
         }
         ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
         counts = np.zeros((n_ls, 3))
@@ -92,14 +96,11 @@ class RollingWindow:
         for j, col in ((1, batch.prompt_tokens), (2, batch.output_tokens)):
             c = col[kept]
             counts[:, j] = np.bincount(k_ls[c >= 0], weights=c[c >= 0], minlength=n_ls)
-        nb = WINDOW_INDEX.size
-        bins = WINDOW_INDEX.index(ph.itl)
-        itl = np.bincount(ls[ph.itl_row] * nb + bins, minlength=n_ls * nb).reshape(n_ls, nb)
         with self._lock:
             self._write_ring(rows, ids)
             slot = self._slot_for(int(now), n_ls)
             self._slice_counts[slot, :n_ls] += counts
-            self._slice_itl[slot, :n_ls] += itl.astype(np.int32)
+            self._slice_itl[slot, gaps.series] += gaps.window.astype(np.int32)
 
     def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
         n = len(ids)

@@ -117,7 +117,7 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         prompt_tokens=cols["prompt_tokens"].astype(np.int64),
         cached_prompt_tokens=cols["cached_prompt_tokens"].astype(np.int64),
         output_tokens=cols["output_tokens"].astype(np.int64),
-        token_gaps=gaps.astype(np.float64), gap_counts=counts,
+        token_gaps=gaps, gap_counts=counts,  # float32, as sent
     )
     return batch, meta
 

@@ -1,9 +1,11 @@
 """Bucket sets: sorted, time metrics on time sets, the resolution the product needs."""
 
 import numpy as np
+import pytest
 
 from exporter import buckets
 from exporter.aggregate import HISTOGRAMS
+from exporter.gaps import GapBins, row_sums
 from exporter.metrics import HISTOGRAM_NAMES
 
 
@@ -57,3 +59,46 @@ def test_window_index_is_monotonic_and_fine():
     assert (np.diff(i) >= 0).all() and i[0] == 0 and i[-1] == idx.size - 1
     lo, hi = idx.bounds()
     assert (hi / lo).max() < 1.07  # 16 linear bins per octave: 3.1% to 6.25% wide
+
+
+def _gap_values(rng, b):
+    return np.concatenate([
+        b, np.nextafter(b, 0), np.nextafter(b, np.inf), [0.0, -0.0, 1e-300, 1e30, 5e-6, 2e3],
+        np.exp(rng.uniform(np.log(b[0] / 100), np.log(b[-1] * 100), 100_000))])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n_series", [1, 3, 200])  # 200: past the dense histogram's limit
+def test_gap_bins_equal_searchsorted_and_the_window_index(dtype, n_series):
+    """One pass of exporter.gaps gives, per series, exactly the Prometheus buckets of
+    searchsorted and the window bins of WINDOW_INDEX, for float32 and float64 gaps."""
+    rng = np.random.default_rng(n_series)
+    b = buckets.TOKEN_LATENCY.array()
+    values = _gap_values(rng, b).astype(dtype)
+    rng.shuffle(values)
+    counts = rng.multinomial(values.size, np.ones(500) / 500)
+    counts[::7] = 0  # rows without gaps
+    counts[0] += values.size - counts.sum()
+    row_series = rng.integers(0, n_series, 500) * 3 + 5  # sparse label-set ids
+    got = GapBins(b, buckets.WINDOW_INDEX).count(values, row_series, counts)
+    series_of_gap = np.repeat(row_series, counts)
+    assert got.series.tolist() == sorted(set(row_series[counts > 0].tolist()))
+    v64 = values.astype(np.float64)
+    for j, s in enumerate(got.series):
+        mine = v64[series_of_gap == s]
+        want = np.bincount(np.searchsorted(b, mine, side="left"), minlength=len(b) + 1)
+        np.testing.assert_array_equal(got.buckets[j], want)
+        idx = buckets.WINDOW_INDEX
+        np.testing.assert_array_equal(
+            got.window[j], np.bincount(idx.index(mine), minlength=idx.size))
+        assert got.sums[j] == pytest.approx(mine.sum(), rel=1e-12)
+
+
+def test_gap_row_sums_flag_bad_gaps_only_in_their_rows():
+    gaps = np.array([0.1, 0.2, np.nan, 0.3, -0.1, 0.4, np.inf, 0.5], dtype=np.float32)
+    counts = np.array([2, 0, 2, 2, 1, 1])
+    sums, bad = row_sums(gaps, counts)
+    assert bad.tolist() == [False, False, True, True, True, False]
+    np.testing.assert_allclose(sums, [0.3, 0, 0.3, 0.4, 0, 0.5], rtol=1e-6)
+    sums, bad = row_sums(gaps[:2], np.array([0, 2, 0]))
+    assert not bad.any() and sums.tolist() == pytest.approx([0, 0.3, 0])

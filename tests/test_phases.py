@@ -98,4 +98,4 @@ def test_rejected_rows_do_not_disturb_the_others():
     assert ph.kept.tolist() == [False, True, False]
     assert ph.rejected == {"clock_order": 2}
     np.testing.assert_allclose(ph.itl, [0.1, 0.1], atol=1e-6)
-    assert ph.itl_row.tolist() == [1, 1]
+    assert ph.itl_counts.tolist() == [0, 2, 0]

@@ -1,0 +1,156 @@
+"""Token gaps, the bulk of every batch (~200 per request): checked and counted in few passes.
+
+A batch of 1,000 requests carries ~200,000 gaps, so every numpy pass over them
+costs about as much as all the per-request work together. Two functions do all
+the per-gap work:
+
+* ``row_sums`` gives each request's gap sum (one ``np.add.reduceat``) and flags
+  requests holding a NaN, infinite or negative gap, with per-gap work only when a
+  whole-batch check (sum finite, minimum >= 0) says there is one;
+* ``GapBins.count`` bins the gaps of the kept requests once, into a fine
+  log-linear index (1,024 bins per octave, read straight from the float bits as
+  HDR Histogram and DDSketch do), and derives from that one histogram both the
+  exact Prometheus ITL buckets and the rolling window's coarser bins.
+
+Exactness: the window's bins are unions of 64 fine bins (their edges coincide by
+construction). A Prometheus bound (``le``, inclusive) falls inside a fine bin for
+at most a few dozen of the ~27,000 bins; only the gaps in those bins are placed
+one by one with ``searchsorted``. The result equals ``np.searchsorted(bounds,
+gaps, side="left")`` for every gap, float32 (as sent on the wire) or float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.buckets import LogLinearIndex
+
+FINE_MANTISSA_BITS = 10
+_F64_TO_F32_EXPONENT = (1023 - 127) << FINE_MANTISSA_BITS  # rebias float32 exponents
+# Above this many (series x fine bins) a per-gap lookup beats one wide histogram.
+_MAX_DENSE_CELLS = 1 << 21
+
+
+def row_sums(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row sum of its gaps (float64) and per-row 'has a NaN, infinite or negative
+    gap'; ``counts[i]`` gaps belong to row i, in order. Bad gaps add 0 to the sum."""
+    n = len(counts)
+    sums = np.zeros(n)
+    bad = np.zeros(n, dtype=bool)
+    if gaps.size == 0:
+        return sums, bad
+    has = counts > 0
+    starts = (np.cumsum(counts) - counts)[has]
+    sums[has] = np.add.reduceat(gaps, starts, dtype=np.float64)
+    if np.isfinite(sums).all() and gaps.min() >= 0:  # the usual case: nothing to find
+        return sums, bad
+    row = np.repeat(np.arange(n), counts)
+    bad_gap = ~np.isfinite(gaps) | (gaps < 0)
+    bad[row[bad_gap]] = True
+    clean = np.where(bad_gap, 0.0, gaps)
+    sums[has] = np.add.reduceat(clean, starts, dtype=np.float64)
+    return sums, bad
+
+
+@dataclass
+class GapCounts:
+    """One batch's gaps counted per batch-local series: ``series[j]`` is the label-set
+    index of row j of ``buckets`` (Prometheus, last column +Inf), ``sums`` and
+    ``window`` (the rolling window's bins)."""
+
+    series: np.ndarray
+    buckets: np.ndarray  # int64 [len(series), len(bounds) + 1]
+    sums: np.ndarray  # float64 [len(series)]
+    window: np.ndarray  # int64 [len(series), window.size]
+
+
+class GapBins:
+    """Count gaps into Prometheus buckets ``bounds`` and the bins of ``window`` at once."""
+
+    def __init__(self, bounds: np.ndarray, window: LogLinearIndex):
+        sub = FINE_MANTISSA_BITS - (52 - window.shift)
+        if sub < 0:
+            raise ValueError("the window index is finer than the fine index")
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.window = window
+        self._sub = sub
+        self._shift64 = 52 - FINE_MANTISSA_BITS
+        self._shift32 = 23 - FINE_MANTISSA_BITS
+        # fine bin k (1 .. size-2) holds the values whose float64 bits >> shift64 are
+        # base + k - 1: exactly the window's bins split 2**sub ways
+        self._base = window.base << sub
+        top = (window.top << sub) | ((1 << sub) - 1)
+        self.size = top - self._base + 3
+        raw = np.arange(self._base, top + 1, dtype=np.int64)
+        lo = (raw << self._shift64).view(np.float64)
+        hi = (((raw + 1) << self._shift64) - 1).view(np.float64)
+        if not (self.bounds[0] >= lo[0] and self.bounds[-1] < hi[-1]):
+            raise ValueError("Prometheus bounds must lie inside the window index's range")
+        first = np.searchsorted(self.bounds, lo, side="left")
+        last = np.searchsorted(self.bounds, hi, side="left")
+        # bucket of each fine bin (a straddling bin gets its lower bucket, and its
+        # gaps are placed one by one); underflow -> bucket 0, overflow -> +Inf
+        self._bucket = np.concatenate([[0], first, [len(self.bounds)]]).astype(np.int64)
+        self._straddle = np.concatenate([[False], first != last, [False]])
+        self._straddle_bins = np.flatnonzero(self._straddle)
+        self._window_of = np.concatenate(
+            [[0], (np.arange(len(raw)) >> sub) + 1, [window.size - 1]]).astype(np.int64)
+
+    def index(self, gaps: np.ndarray) -> np.ndarray:
+        """Fine bin of each gap (float32 or float64; negative values land in bin 0)."""
+        if gaps.dtype == np.float32:
+            raw = (gaps.view(np.int32) >> self._shift32) + (_F64_TO_F32_EXPONENT
+                                                            - self._base + 1)
+        else:
+            g = np.ascontiguousarray(gaps, dtype=np.float64)
+            raw = (g.view(np.int64) >> self._shift64) - (self._base - 1)
+        return np.clip(raw, 0, self.size - 1, out=raw)
+
+    def count(self, gaps: np.ndarray, row_series: np.ndarray,
+              row_counts: np.ndarray) -> GapCounts:
+        """Count ``gaps`` (non-negative, finite) of which ``row_counts[i]`` belong to a
+        row of label set ``row_series[i]``."""
+        nb = len(self.bounds) + 1
+        used = np.unique(row_series[row_counts > 0])
+        s = len(used)
+        if gaps.size == 0 or s == 0:
+            return GapCounts(used, np.zeros((s, nb), np.int64), np.zeros(s),
+                             np.zeros((s, self.window.size), np.int64))
+        fine = self.index(gaps)
+        if s == 1:
+            local = None
+            sums = np.array([gaps.sum(dtype=np.float64)])
+        else:
+            local = np.repeat(np.searchsorted(used, row_series), row_counts)
+            sums = np.bincount(local, weights=gaps, minlength=s)
+        if s * self.size <= _MAX_DENSE_CELLS:
+            keys = fine if local is None else local * self.size + fine
+            dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
+            spread = dense.copy()
+            spread[:, self._straddle_bins] = 0
+            cell = (np.arange(s)[:, None] * nb + self._bucket[None, :]).ravel()
+            buckets = np.bincount(cell, weights=spread.ravel(), minlength=s * nb)
+            buckets = buckets.astype(np.int64).reshape(s, nb)
+            cell = (np.arange(s)[:, None] * self.window.size + self._window_of[None, :]).ravel()
+            window = np.bincount(cell, weights=dense.ravel(), minlength=s * self.window.size)
+            window = window.astype(np.int64).reshape(s, -1)
+            if dense[:, self._straddle_bins].any():
+                self._place_exactly(buckets, gaps, fine, local, nb)
+        else:  # many series in one batch: look each gap's bucket and bin up directly
+            bucket = self._bucket.take(fine)
+            straddle = self._straddle.take(fine)
+            bucket[straddle] = np.searchsorted(self.bounds, gaps[straddle], side="left")
+            buckets = np.bincount(local * nb + bucket, minlength=s * nb).reshape(s, nb)
+            w = self.window.size
+            window = np.bincount(local * w + self._window_of.take(fine),
+                                 minlength=s * w).reshape(s, w)
+        return GapCounts(used, buckets, sums, window)
+
+    def _place_exactly(self, buckets: np.ndarray, gaps: np.ndarray, fine: np.ndarray,
+                       local: np.ndarray | None, nb: int) -> None:
+        at = np.flatnonzero(self._straddle.take(fine))
+        exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
+        cell = exact if local is None else local[at] * nb + exact
+        buckets += np.bincount(cell, minlength=buckets.size).reshape(buckets.shape)
