@@ -134,3 +134,74 @@ def test_model_rule():
     anon = span("llm_request", VLLM_V1, {"service.name": "unknown_service:python"})
     assert AdapterContext().model_for(anon) == "unknown"
     assert AdapterContext(default_model="m").model_for(anon, "from-attr") == "from-attr"
+
+
+# ---- the vectorised latency path equals the per-span one ---------------------------------
+_LATENCY_KEYS = ("gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
+                 "gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
+                 "gen_ai.latency.time_in_model_decode")
+_COUNT_KEYS = ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens",
+               "gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens",
+               "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")
+_TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
+              "gen_ai.response.finish_reasons")
+
+
+def _odd_values():
+    from hypothesis import strategies as st
+
+    return st.one_of(
+        st.none(), st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=0, max_value=100), st.integers(-5, 10**4),
+        st.sampled_from([0, 0.0, -0.0, 1e-9, 3.0, 2.5, 1e8, 1e8 + 1, 9e17, 2**62, 2**62 - 1, 10**400,
+                         True, False]),
+        st.text(max_size=4), st.lists(st.sampled_from(["stop", "length"]), max_size=2))
+
+
+def _attributes():
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries({}, optional={
+        **{k: st.one_of(st.floats(0, 10), _odd_values()) for k in _LATENCY_KEYS},
+        **{k: st.one_of(st.integers(0, 5000), _odd_values()) for k in _COUNT_KEYS},
+        **{k: st.one_of(st.sampled_from(["", "m1", "req-1", '["stop"]', "[bad"]), _odd_values())
+           for k in _TEXT_KEYS}})
+
+
+@pytest.mark.parametrize("adapter", [vllm, sglang])
+def test_latency_batch_equals_latency_row_span_by_span(adapter):
+    """Every span gets from ``convert_many`` what ``convert`` gives it alone: the same
+    columns when accepted, the same first reason when rejected (hostile values too)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.otlp.ingest import MAX_TIME_NS  # later spans are refused before this
+    from exporter.record import RequestBatch
+
+    resources = [{}, {"service.name": "svc-a"}, {"service.name": "unknown_service:python"}]
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(_attributes(), st.integers(0, 2), st.integers(0, MAX_TIME_NS),
+                              st.integers(0, 5 * NS)), max_size=12))
+    def check(specs):
+        ctx = AdapterContext(service_models={"svc-a": "mapped"})
+        spans = [span("llm_request", attrs, resource=resources[r], start=start,
+                      end=start + dur) for attrs, r, start, dur in specs]
+        batch, reasons = adapter.convert_many(spans, ctx)
+        want_rows, want_reasons = [], []
+        for s in spans:
+            try:
+                want_rows.append(adapter.convert(s, ctx))
+                want_reasons.append("")
+            except Rejected as e:
+                want_reasons.append(e.reason)
+        assert reasons == want_reasons
+        want = RequestBatch.from_rows(want_rows, times_in_ns=True)
+        assert len(batch) == len(want)
+        for col in ("arrival", "scheduled", "first_token", "last_token", "finish",
+                    "prompt_tokens", "cached_prompt_tokens", "output_tokens"):
+            assert getattr(batch, col).tolist() == getattr(want, col).tolist(), col
+        for col in ("model", "engine", "finish_reason", "request_id"):
+            assert batch.strings_of(getattr(batch, col)) == want.strings_of(getattr(want, col))
+
+    check()

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 NS = 1_000_000_000
+_MAX_COUNT = 2**62  # token counts that fit the int64 columns
+MAX_LATENCY_S = 1e8  # ~3 years: longer is not a latency (and could overflow int64 ns)
 
 
 class Rejected(ValueError):
@@ -22,14 +24,20 @@ class Rejected(ValueError):
 def seconds(attrs: dict, key: str) -> float | None:
     """A latency attribute in seconds: a finite, non-negative number, or absent."""
     v = attrs.get(key)
+    if type(v) is float and 0.0 <= v <= MAX_LATENCY_S:  # the usual case, checked first
+        return v
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise Rejected("bad_attribute_type", f"{key} must be a number, got {type(v).__name__}")
+    if isinstance(v, int) and abs(v) > 1e300:  # past float range
+        raise Rejected("bad_attribute_value", f"{key} is out of range")
     if not math.isfinite(v):
         raise Rejected("bad_attribute_value", f"{key} is {v}")
     if v < 0:
         raise Rejected("negative_duration", f"{key} = {v}")
+    if v > MAX_LATENCY_S:
+        raise Rejected("bad_attribute_value", f"{key} = {v} s is out of range")
     return float(v)
 
 
@@ -39,6 +47,8 @@ def count(attrs: dict, *keys: str) -> int | None:
         v = attrs.get(key)
         if v is None:
             continue
+        if type(v) is int and 0 <= v < _MAX_COUNT:  # the usual case, checked first
+            return v
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if isinstance(v, bool) or not isinstance(v, int):
@@ -46,6 +56,8 @@ def count(attrs: dict, *keys: str) -> int | None:
                            f"{key} must be an integer, got {type(v).__name__}")
         if v < 0:
             raise Rejected("negative_token_count", f"{key} = {v}")
+        if v >= _MAX_COUNT:
+            raise Rejected("bad_attribute_value", f"{key} = {v} is out of range")
         return v
     return None
 
@@ -123,9 +135,10 @@ def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, s
     for i, t in enumerate(times):
         if t is None:
             continue
-        if latest is not None and latest - ROUNDING_NS <= t < latest:
-            times[i] = t = latest
-        latest = t if latest is None else max(latest, t)
+        if latest is None or t >= latest:
+            latest = t
+        elif latest - ROUNDING_NS <= t:
+            times[i] = latest
     return (model, engine, finish_reason, request_id, *times, prompt, cached, output, None)
 
 
@@ -154,3 +167,128 @@ def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
         count(a, "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
         count(a, "gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
         count(a, "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
+
+
+# ---- many latency spans at once ---------------------------------------------------------
+# ``latency_batch`` is ``latency_row`` over a whole export, column by column: the same
+# values, the same rejections with the same first reason, as tested against it. Per span
+# it does one attribute read per key in Python; checks and arithmetic run in numpy.
+_SECONDS_KEYS = ("gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
+                 "gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
+                 "gen_ai.latency.time_in_model_decode")
+_COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+               ("gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
+               ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
+_TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
+              "gen_ai.response.finish_reasons")
+_READ = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
+_PLAIN = frozenset({float, int, type(None)})
+
+
+def _reason_for(spans, i: int, engine: str, ctx) -> str:
+    """The reason ``latency_row`` gives span ``i`` (the slow path, for odd values)."""
+    try:
+        latency_row(spans[i], ctx, engine)
+    except Rejected as e:
+        return e.reason
+    return ""
+
+
+def latency_batch(spans, ctx: AdapterContext, engine: str):
+    """``latency_row`` for every span: a ``RequestBatch`` of the spans it accepts, and the
+    reason (``""`` = accepted) of every span, in order."""
+    import numpy as np
+
+    from exporter.record import RequestBatch
+
+    n = len(spans)
+    cols = list(zip(*[[a.get(k) for k in _READ] for a in (s.attributes for s in spans)],
+                    strict=True)) if n else [()] * len(_READ)
+    odd = np.zeros(n, dtype=bool)  # an unusual value: its span is decided by latency_row
+    nums = []
+    for j in range(len(_SECONDS_KEYS) + 2 * len(_COUNT_KEYS)):
+        col = cols[j]
+        try:
+            if not set(map(type, col)) <= _PLAIN:
+                raise TypeError
+            a = np.array(col, dtype=np.float64)  # None -> NaN
+        except (TypeError, OverflowError):  # other types, or ints past float range
+            plain = [type(v) in _PLAIN and (type(v) is not int or abs(v) < 1e300) for v in col]
+            a = np.array([v if p else np.nan for v, p in zip(col, plain, strict=True)],
+                         dtype=np.float64)
+            odd |= ~np.array(plain, dtype=bool)
+        nan = np.isnan(a)
+        if int(nan.sum()) != col.count(None):  # a NaN sent as a value, not an absence
+            odd |= nan & np.array([v is not None for v in col], dtype=bool)
+        nums.append(a)
+    secs = nums[:len(_SECONDS_KEYS)]
+    for a in secs:  # not finite, negative or too long: latency_row's reasons, in its order
+        odd |= np.isinf(a) | (a < 0) | (a > MAX_LATENCY_S)
+    counts = []
+    for k in range(len(_COUNT_KEYS)):
+        first, second = nums[len(_SECONDS_KEYS) + 2 * k], nums[len(_SECONDS_KEYS) + 2 * k + 1]
+        c = np.where(np.isnan(first), second, first)
+        odd |= (c < 0) | (c != np.floor(c)) & ~np.isnan(c) | (c >= _MAX_COUNT)
+        counts.append(c)
+    ttft, e2e, queue, prefill, decode = secs
+    odd |= np.isnan(ttft) & np.isnan(e2e)
+    reasons = [""] * n
+    for i in np.flatnonzero(odd).tolist():
+        reasons[i] = _reason_for(spans, i, engine, ctx)
+    ok = np.array([r == "" for r in reasons], dtype=bool) if odd.any() else np.ones(n, bool)
+
+    start = np.array([s.start_ns for s in spans], dtype=np.int64)
+    end = np.array([s.end_ns for s in spans], dtype=np.int64)
+
+    def after_ns(t: np.ndarray, s: np.ndarray) -> np.ndarray:  # 0 = unknown, as ``after``
+        known = (t != 0) & ~np.isnan(s)
+        return np.where(known, t + np.round(np.where(known, s, 0) * NS).astype(np.int64), 0)
+
+    arrival = start
+    with np.errstate(over="ignore", invalid="ignore"):  # only in rows refused above
+        first = after_ns(arrival, ttft)
+        scheduled = np.where((first != 0) & ~np.isnan(prefill),
+                             first - np.round(np.where(np.isnan(prefill), 0, prefill) * NS)
+                             .astype(np.int64), after_ns(arrival, queue))
+        last = after_ns(first, decode)
+        finish = np.where(~np.isnan(e2e), after_ns(arrival, e2e), end)
+    times = [arrival, scheduled, first, last, finish]
+    latest = np.zeros(n, dtype=np.int64)  # as ``row``: rounding-level disorder is one instant
+    seen = np.zeros(n, dtype=bool)
+    for t in times:
+        known = t != 0
+        snap = known & seen & (t < latest) & (t >= latest - ROUNDING_NS)
+        t[snap] = latest[snap]
+        newer = known & (~seen | (t > latest))
+        latest = np.where(newer, t, latest)
+        seen |= known
+
+    table: dict[str, int] = {"": 0}
+    refs = {name: np.zeros(n, dtype=np.int32) for name in ("model", "reason", "id")}
+    models: dict[tuple[int, str], str] = {}  # the model rule, once per resource
+    m_resp, m_req, rid, fin = (cols[len(_READ) - 4 + j] for j in range(4))
+    for i in np.flatnonzero(ok).tolist():
+        named = (m_resp[i] if type(m_resp[i]) is str and m_resp[i] else
+                 m_req[i] if type(m_req[i]) is str and m_req[i] else "")
+        key = (id(spans[i].resource), named)
+        model = models.get(key)
+        if model is None:
+            model = models[key] = ctx.model_for(spans[i], named)
+        refs["model"][i] = table.setdefault(model, len(table))
+        refs["reason"][i] = table.setdefault(first_reason(fin[i]), len(table))
+        refs["id"][i] = table.setdefault(rid[i] if type(rid[i]) is str else "", len(table))
+    engine_ref = table.setdefault(engine, len(table))
+
+    def unknown_as(c: np.ndarray) -> np.ndarray:
+        return np.where(np.isnan(c), -1, c).astype(np.int64)
+
+    batch = RequestBatch(
+        strings=list(table), model=refs["model"][ok],
+        engine=np.full(int(ok.sum()), engine_ref, dtype=np.int32),
+        finish_reason=refs["reason"][ok], request_id=refs["id"][ok],
+        arrival=times[0][ok], scheduled=times[1][ok], first_token=times[2][ok],
+        last_token=times[3][ok], finish=times[4][ok],
+        prompt_tokens=unknown_as(counts[0][ok]), cached_prompt_tokens=unknown_as(counts[1][ok]),
+        output_tokens=unknown_as(counts[2][ok]), token_gaps=np.empty(0),
+        gap_counts=np.zeros(int(ok.sum()), dtype=np.int64))
+    return batch, reasons

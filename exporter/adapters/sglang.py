@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.adapters.common import latency_row
+from exporter.adapters.common import latency_batch, latency_row
 
 ENGINE = "sglang"
 _NAME = re.compile(r"(^|\s)Req [0-9A-Za-z_-]{1,64}$")
@@ -23,3 +23,8 @@ def matches(span) -> bool:
 
 def convert(span, ctx) -> tuple:
     return latency_row(span, ctx, ENGINE)
+
+
+def convert_many(spans, ctx):
+    """``convert`` for a whole export at once (``latency_batch``)."""
+    return latency_batch(spans, ctx, ENGINE)

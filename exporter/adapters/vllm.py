@@ -11,7 +11,7 @@ V1 sends no model name: ``AdapterContext.model_for`` names it.
 
 from __future__ import annotations
 
-from exporter.adapters.common import latency_row
+from exporter.adapters.common import latency_batch, latency_row
 
 ENGINE = "vllm"
 SPAN_NAME = "llm_request"
@@ -23,3 +23,8 @@ def matches(span) -> bool:
 
 def convert(span, ctx) -> tuple:
     return latency_row(span, ctx, ENGINE)
+
+
+def convert_many(spans, ctx):
+    """``convert`` for a whole export at once (``latency_batch``)."""
+    return latency_batch(spans, ctx, ENGINE)

@@ -4,7 +4,8 @@ Per export: TGI's ``infer``/``prefill`` spans are remembered for linking; each
 span is classified (``adapters.classify``); spans that are not requests are
 ignored; request spans are deduplicated by (trace id, span id) over a bounded
 window, so a retried export counts once; an adapter's ``Rejected`` is counted with
-its reason; the rest become one ``RequestBatch``. The outcome feeds OTLP's
+its reason; the rest become one ``RequestBatch`` per adapter (vLLM's and SGLang's
+converted column by column over the whole export). The outcome feeds OTLP's
 ``partial_success``: rejected spans and a message naming the reasons.
 """
 
@@ -21,6 +22,9 @@ from exporter.otlp.spans import walk
 from exporter.record import RequestBatch
 
 DEDUPE_CAPACITY = 1 << 18  # (trace id, span id) pairs remembered: ~30 MB at most
+# OTLP times are uint64 ns; past this (year 2223) a span plus its latencies could leave
+# the int64 ns columns, so it is rejected (``timestamp_out_of_range``) instead.
+MAX_TIME_NS = 8 * 10**18
 
 
 @dataclass
@@ -72,9 +76,8 @@ class OtlpIngest:
         for s in spans:
             if s.name in ("infer", "prefill"):
                 links.observe(s)
-        rows, keys, ids, pods = [], [], [], []
-        with_pod = "pod" in self._agg.labels.names
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
+        groups: dict = {}  # adapter -> its claimed request spans, in order
         for s in spans:
             adapter = classify(s)
             if adapter is None:
@@ -83,35 +86,51 @@ class OtlpIngest:
             if len(s.trace_id) != 16 or len(s.span_id) != 8:
                 refused["bad_span_id"] += 1
                 continue
-            key = s.trace_id + s.span_id
-            if not self._seen.claim(key):
+            if not self._seen.claim(s.trace_id + s.span_id):
                 out.duplicates += 1
                 continue
-            try:
-                if s.end_ns < s.start_ns:
-                    raise Rejected("negative_span_duration")
-                rows.append(adapter.convert(s, self.context))
-                keys.append(key)
-                ids.append((s.trace_id, s.span_id))
-                if with_pod:
-                    pods.append(pod_of(s.resource))
-            except Rejected as e:
-                refused[e.reason] += 1  # stays claimed: a retry is rejected once only
+            # a rejected span stays claimed: a retry is rejected once only
+            if s.end_ns < s.start_ns:
+                refused["negative_span_duration"] += 1
+            elif s.end_ns > MAX_TIME_NS:
+                refused["timestamp_out_of_range"] += 1
+            else:
+                groups.setdefault(adapter, []).append(s)
+        batches = [self._convert(adapter, group, refused) for adapter, group in groups.items()]
         out.rejected.update(refused)
-        if rows:
+        with_pod = "pod" in self._agg.labels.names
+        for batch, kept in batches:
+            if not kept:
+                continue
             try:
-                result = self._agg.ingest(RequestBatch.from_rows(rows, times_in_ns=True),
-                                          protocol, pods if with_pod else None)
+                result = self._agg.ingest(batch, protocol,
+                                          [pod_of(s.resource) for s in kept] if with_pod
+                                          else None)
             except Exception:
-                for key in keys:  # let the client's retry through
-                    self._seen.release(key)
+                for s in kept:  # let the client's retry through
+                    self._seen.release(s.trace_id + s.span_id)
                 raise
-            out.accepted = result.accepted
+            out.accepted += result.accepted
             out.rejected.update(result.rejected)
             if self.emitter is not None:
-                self.emitter.emit(ids, rows)
+                self.emitter.emit([(s.trace_id, s.span_id) for s in kept], batch)
         self._count(out, refused, protocol)
         return out
+
+    def _convert(self, adapter, spans: list, refused: Counter):
+        """One adapter's spans as a batch of the ones it accepts, and those spans."""
+        if hasattr(adapter, "convert_many"):  # vectorised over the export
+            batch, reasons = adapter.convert_many(spans, self.context)
+            refused.update(r for r in reasons if r)
+            return batch, [s for s, r in zip(spans, reasons, strict=True) if not r]
+        rows, kept = [], []
+        for s in spans:
+            try:
+                rows.append(adapter.convert(s, self.context))
+                kept.append(s)
+            except Rejected as e:
+                refused[e.reason] += 1
+        return RequestBatch.from_rows(rows, times_in_ns=True), kept
 
     def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
         inc = self.stats.inc

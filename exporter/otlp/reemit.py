@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-PHASES = (("queue", 4, 5), ("prefill", 5, 6), ("decode", 6, 7))  # (name, start, end) in a row
+# (name, start, end): indexes into (arrival, scheduled, first token, last token)
+PHASES = (("queue", 0, 1), ("prefill", 1, 2), ("decode", 2, 3))
 
 
 class PhaseSpanEmitter:
@@ -38,28 +39,33 @@ class PhaseSpanEmitter:
         self._tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=max_queue_size))
         self._tracer = self._tp.get_tracer("phasewatch")
 
-    def emit(self, ids: list[tuple[bytes, bytes]], rows: list[tuple]) -> int:
-        """Children for each (trace id, span id) and its row whose clocks are complete and in
-        order; returns how many requests got them."""
+    def emit(self, ids: list[tuple[bytes, bytes]], batch) -> int:
+        """Children for each (trace id, span id) and its row of ``batch`` (a
+        ``RequestBatch``, times in ns) whose clocks are complete and in order; returns how
+        many requests got them."""
         done = 0
-        for (trace_id, span_id), r in zip(ids, rows, strict=True):
-            times = r[4:8]
+        strings = batch.strings
+        columns = (batch.arrival, batch.scheduled, batch.first_token, batch.last_token)
+        for i, (trace_id, span_id) in enumerate(ids):
+            times = [int(c[i]) for c in columns]
             if not all(times) or any(b < a for a, b in itertools.pairwise(times)):
                 continue
             parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
                 int.from_bytes(trace_id), int.from_bytes(span_id), is_remote=True,
                 trace_flags=TraceFlags(TraceFlags.SAMPLED))))
-            attributes = {"gen_ai.request.model": r[0], "phasewatch.engine": r[1]}
-            for key, i in (("gen_ai.usage.input_tokens", 9),
-                           ("gen_ai.usage.cache_read.input_tokens", 10),
-                           ("gen_ai.usage.output_tokens", 11)):
-                if r[i] is not None:
-                    attributes[key] = r[i]
+            attributes = {"gen_ai.request.model": strings[batch.model[i]],
+                          "phasewatch.engine": strings[batch.engine[i]]}
+            for key, column in (("gen_ai.usage.input_tokens", batch.prompt_tokens),
+                                ("gen_ai.usage.cache_read.input_tokens",
+                                 batch.cached_prompt_tokens),
+                                ("gen_ai.usage.output_tokens", batch.output_tokens)):
+                if column[i] >= 0:
+                    attributes[key] = int(column[i])
             for name, a, b in PHASES:
-                span = self._tracer.start_span(name, context=parent, start_time=r[a],
+                span = self._tracer.start_span(name, context=parent, start_time=times[a],
                                                attributes={**attributes,
                                                            "phasewatch.phase": name})
-                span.end(end_time=r[b])
+                span.end(end_time=times[b])
             done += 1
         return done
 
