@@ -73,54 +73,6 @@ def flood_phasewatch(target: str, seconds: float, threads: int) -> dict:
     return {"offered": sum(recorded), "seconds": seconds, "client": dict(stats)}
 
 
-def _template_spans():
-    """One batch of vLLM-shaped spans from the simulator's emitter, as templates."""
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from exporter.record import RequestRecord
-    from exporter.sim import otlp_shapes
-
-    mem = InMemorySpanExporter()
-    tp = otlp_shapes.provider("vllm", mem, max_export_batch_size=BATCH_SPANS)
-    tracer = otlp_shapes.tracer_for(tp, "vllm")
-    for i, kw in enumerate(_rows(BATCH_SPANS)):
-        otlp_shapes.emit_vllm(tracer, RequestRecord(
-            model="", engine="vllm", request_id=f"req-{i}", cached_prompt_tokens=0,
-            **{k: v for k, v in kw.items() if k != "token_times"}))
-    tp.force_flush()
-    tp.shutdown()
-    return mem.get_finished_spans()
-
-
-class Batch(list):
-    """A batch of spans whose OTLP request was built ahead: ``request`` is the
-    ``ExportTraceServiceRequest`` the SDK's own encoder made from the templates, with
-    fresh trace and span ids (distinct requests every batch). The SDK exporters take
-    it in place of encoding again (``_translate_data`` / ``encode_spans``), so the
-    load generator is not bounded by the SDK's per-span Python encoding and can offer
-    the exporter several times what it can ingest; their transport, retries and
-    ``RetryInfo`` / ``Retry-After`` handling are the SDK's, unchanged."""
-
-    request = None
-
-
-def _fresh(templates, template_request, rng: random.Random) -> Batch:
-    request = type(template_request)()
-    request.CopyFrom(template_request)
-    for rs in request.resource_spans:
-        for ss in rs.scope_spans:
-            for span in ss.spans:
-                span.trace_id = rng.randbytes(16)
-                span.span_id = rng.randbytes(8)
-    batch = Batch(templates)
-    batch.request = request
-    return batch
-
-
-def _prebuilt(encode):
-    return lambda spans: spans.request if isinstance(spans, Batch) else encode(spans)
-
-
 class _Statuses(grpc.UnaryUnaryClientInterceptor):
     def __init__(self, seen: Counter, lock: threading.Lock):
         self._seen, self._lock = seen, lock
@@ -134,28 +86,15 @@ class _Statuses(grpc.UnaryUnaryClientInterceptor):
 
 
 def _grpc_exporter(target: str, seen: Counter, lock: threading.Lock):
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from exporter.sim.otlp_load import grpc_exporter
 
-    class Watched(OTLPSpanExporter):
-        def _translate_data(self, data):
-            return data.request if isinstance(data, Batch) else super()._translate_data(data)
-
-        def _initialize_channel_and_stub(self):
-            super()._initialize_channel_and_stub()
-            self._client = self._stub(grpc.intercept_channel(self._channel,
-                                                             _Statuses(seen, lock)))
-
-    return Watched(endpoint=target, insecure=True, timeout=30)
+    return grpc_exporter(target, _Statuses(seen, lock))
 
 
 def _http_exporter(target: str, seen: Counter, lock: threading.Lock):
     import requests
-    from opentelemetry.exporter.otlp.proto.http import trace_exporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    if not hasattr(trace_exporter.encode_spans, "prebuilt"):
-        trace_exporter.encode_spans = _prebuilt(trace_exporter.encode_spans)
-        trace_exporter.encode_spans.prebuilt = True
+    from exporter.sim.otlp_load import http_exporter
 
     def hook(response, *args, **kwargs):
         with lock:
@@ -163,7 +102,7 @@ def _http_exporter(target: str, seen: Counter, lock: threading.Lock):
 
     session = requests.Session()
     session.hooks["response"].append(hook)
-    return OTLPSpanExporter(endpoint=target, session=session, timeout=30)
+    return http_exporter(target, session)
 
 
 def flood_otlp(protocol: str, target: str, seconds: float, threads: int,
@@ -173,11 +112,11 @@ def flood_otlp(protocol: str, target: str, seconds: float, threads: int,
     that finds the queue full is dropped and counted (the SDK would drop it too)."""
     import queue
 
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    templates = _template_spans()
-    template_request = encode_spans(templates)
+    from exporter.sim.otlp_load import FreshBatches, template_spans
+
+    fresh = FreshBatches(template_spans(BATCH_SPANS), seed=os.getpid())
     seen: Counter = Counter()
     lock = threading.Lock()
     make = _grpc_exporter if protocol == "otlp-grpc" else _http_exporter
@@ -186,13 +125,13 @@ def flood_otlp(protocol: str, target: str, seconds: float, threads: int,
     end = time.monotonic() + seconds
 
     def generate() -> None:
-        rng, start, made = random.Random(os.getpid()), time.monotonic(), 0
+        start, made = time.monotonic(), 0
         while time.monotonic() < end:
             due = (time.monotonic() - start) * rate - made * BATCH_SPANS
             if due < BATCH_SPANS:
                 time.sleep(0.001)
                 continue
-            batch = _fresh(templates, template_request, rng)
+            batch = fresh.next()
             made += 1
             try:
                 backlog.put_nowait(batch)

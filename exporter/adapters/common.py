@@ -181,7 +181,8 @@ _COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
                ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
 _TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
               "gen_ai.response.finish_reasons")
-_READ = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
+# every key latency_batch reads, in order; ``walk`` extracts them for it (``SpanView.values``)
+LATENCY_KEYS = _READ = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
 _PLAIN = frozenset({float, int, type(None)})
 
 
@@ -202,8 +203,8 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
     from exporter.record import RequestBatch
 
     n = len(spans)
-    cols = list(zip(*[[a.get(k) for k in _READ] for a in (s.attributes for s in spans)],
-                    strict=True)) if n else [()] * len(_READ)
+    cols = list(zip(*[s.values if s.values is not None else [s.attributes.get(k) for k in _READ]
+                      for s in spans], strict=True)) if n else [()] * len(_READ)
     odd = np.zeros(n, dtype=bool)  # an unusual value: its span is decided by latency_row
     nums = []
     for j in range(len(_SECONDS_KEYS) + 2 * len(_COUNT_KEYS)):
