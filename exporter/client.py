@@ -53,6 +53,27 @@ def _retry_delay(e: grpc.RpcError) -> float | None:
     return max(0.0, d.seconds + d.nanos / 1e9)
 
 
+YIELD_ROWS = 32  # rows converted between two hand-overs of the GIL
+
+
+def _columns_yielding(rows: list[tuple]) -> tuple[RequestBatch, int]:
+    """``_columns`` a few rows at a time, handing the GIL back between pieces.
+
+    Converting token times is the sender's one long piece of Python work (~50 ns a
+    time, a single C call per piece); done for a whole batch it would hold the GIL for
+    tens of milliseconds and stall ``record()`` on the serving thread that long. A
+    ``sleep(0)`` between pieces lets a waiting thread in after at most one piece."""
+    parts, invalid = [], 0
+    for start in range(0, len(rows), YIELD_ROWS):
+        batch, bad = _columns(rows[start:start + YIELD_ROWS])
+        parts.append(batch)
+        invalid += bad
+        time.sleep(0)
+    if not parts:
+        return _columns(rows)
+    return RequestBatch.concat(parts), invalid
+
+
 def _columns(rows: list[tuple]) -> tuple[RequestBatch, int]:
     """The rows as columns, leaving out (and counting) rows that cannot be encoded: a
     name that is not a string, a count that is not an integer or overflows the wire, a
@@ -76,19 +97,25 @@ def _columns(rows: list[tuple]) -> tuple[RequestBatch, int]:
 
 class PhasewatchClient:
     def __init__(self, target: str, engine: str = "", *, flush_interval: float = 0.25,
-                 max_buffer: int = 100_000, max_batch: int = 2000, timeout: float = 5.0,
+                 max_buffer: int = 100_000, max_buffer_tokens: int = 2_000_000,
+                 max_batch: int = 2000, timeout: float = 5.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
                  channel: grpc.Channel | None = None, token: str = "", tls_ca: str = "",
                  tls_cert: str = "", tls_key: str = ""):
         """``token``: the exporter's ``--auth-token``, sent as ``authorization: Bearer``
         metadata (a wrong one is refused with UNAUTHENTICATED and not retried).
         ``tls_ca``: PEM file of the CA that signed the exporter's certificate (TLS);
-        ``tls_cert`` / ``tls_key``: this client's certificate and key (mutual TLS)."""
-        if flush_interval <= 0 or max_buffer < 1 or max_batch < 1:
-            raise ValueError("flush_interval, max_buffer and max_batch must be positive")
+        ``tls_cert`` / ``tls_key``: this client's certificate and key (mutual TLS).
+        ``max_buffer`` requests and ``max_buffer_tokens`` token emission times may wait
+        to be sent (a Python float in a list takes 32 bytes: 2M is ~64 MB; a batch being
+        retried holds as much again); past either, ``record()`` drops and counts."""
+        if flush_interval <= 0 or max_buffer < 1 or max_batch < 1 or max_buffer_tokens < 1:
+            raise ValueError("flush_interval, max_buffer, max_buffer_tokens and max_batch "
+                             "must be positive")
         self.target, self.engine = target, engine
         self._flush_interval, self._max_buffer, self._max_batch = (
             flush_interval, max_buffer, max_batch)
+        self._max_tokens, self._buffered_tokens = max_buffer_tokens, 0
         self._timeout, self._backoff0, self._backoff_max = timeout, initial_backoff, max_backoff
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
@@ -105,6 +132,7 @@ class PhasewatchClient:
         self._in_flight = 0
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._closed = False  # _closing as a plain attribute, for record()'s fast path
         self._deadline = float("inf")
         self._abandoned = False
         self._interrupt = threading.Event()
@@ -125,13 +153,18 @@ class PhasewatchClient:
         row = (model, "", finish_reason, request_id, arrival, scheduled, first_token,
                last_token, finish, prompt_tokens, cached_prompt_tokens, output_tokens,
                token_times)  # record.ROW_FIELDS order
+        try:
+            tokens = len(token_times) if token_times is not None else 0
+        except TypeError:  # not a sequence: the sender counts the row as invalid
+            tokens = 0
         with self._lock:
-            if len(self._buffer) >= self._max_buffer or self._closing.is_set():
+            if (len(self._buffer) >= self._max_buffer or self._closed
+                    or self._buffered_tokens + tokens > self._max_tokens):
                 self._dropped_unreported += 1
-                self.stats["dropped_buffer_full" if not self._closing.is_set()
-                           else "dropped_closed"] += 1
+                self.stats["dropped_closed" if self._closed else "dropped_buffer_full"] += 1
                 return False
             self._buffer.append(row)
+            self._buffered_tokens += tokens
         return True
 
     def record_request(self, r: RequestRecord) -> bool:
@@ -152,6 +185,7 @@ class PhasewatchClient:
             with self._lock:
                 rows, self._buffer = self._buffer, []
                 self._in_flight = len(rows)
+                self._buffered_tokens = 0
             for start in range(0, len(rows), self._max_batch):
                 chunk = rows[start:start + self._max_batch]
                 self._send(chunk)  # settles every row of the chunk
@@ -165,7 +199,7 @@ class PhasewatchClient:
                 return
 
     def _send(self, rows: list[tuple]) -> None:
-        batch, invalid = _columns(rows)
+        batch, invalid = _columns_yielding(rows)
         if invalid:
             self._settle(invalid, dropped_invalid=invalid)
             log.warning("dropped %d requests whose names, times or counts cannot be "
@@ -243,6 +277,8 @@ class PhasewatchClient:
         if not self._thread.is_alive():
             return
         self._deadline = time.monotonic() + timeout
+        with self._lock:
+            self._closed = True
         self._closing.set()
         self._wake.set()
         self._interrupt.set()
@@ -250,7 +286,7 @@ class PhasewatchClient:
         with self._lock:  # when close() returns, every record is accounted for
             self._abandoned = True
             lost = len(self._buffer) + self._in_flight
-            self._buffer, self._in_flight = [], 0
+            self._buffer, self._in_flight, self._buffered_tokens = [], 0, 0
             if lost:
                 self.stats["dropped_shutdown"] += lost
         self._channel.close()

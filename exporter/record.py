@@ -138,6 +138,23 @@ class RequestBatch:
         """Columns from single records (``engine`` fills records that name none)."""
         return cls.from_rows([r.row(engine) for r in records])
 
+    @classmethod
+    def concat(cls, batches: Sequence[RequestBatch]) -> RequestBatch:
+        """The rows of ``batches`` in order, as one batch (string tables joined, each
+        batch's references moved past the tables before it)."""
+        if len(batches) == 1:
+            return batches[0]
+        offsets = np.cumsum([0, *(len(b.strings) for b in batches[:-1])])
+        cols = {}
+        for name in ("model", "engine", "finish_reason", "request_id"):
+            cols[name] = np.concatenate([getattr(b, name) + np.int32(o)
+                                         for b, o in zip(batches, offsets, strict=True)])
+        for name in ("arrival", "scheduled", "first_token", "last_token", "finish",
+                     "prompt_tokens", "cached_prompt_tokens", "output_tokens", "token_gaps",
+                     "gap_counts"):
+            cols[name] = np.concatenate([getattr(b, name) for b in batches])
+        return cls(strings=[s for b in batches for s in b.strings], **cols)
+
     def strings_of(self, refs: np.ndarray) -> list[str]:
         lut = np.asarray(self.strings, dtype=object)
         return list(lut[refs])
