@@ -24,7 +24,7 @@ from exporter.grpc_server import PhasewatchService, start_grpc_server
 from exporter.history import SummaryHistory
 from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
 from exporter.lifecycle import LifecycleJoiner
-from exporter.metrics import PhasewatchCollector
+from exporter.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from exporter.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
 from exporter.otlp.http_receiver import make_otlp_handler
 from exporter.otlp.ingest import OtlpIngest
@@ -66,6 +66,16 @@ def roofline_json(r) -> dict:
             "trail": r.trail}
 
 
+class _Everything:
+    """A registry's collectors, as one collector of another registry."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._registry = registry
+
+    def collect(self):
+        return self._registry.collect()
+
+
 class Exporter:
     """Start with ``start()``; ports are read back from ``grpc_port`` / ``http_port``."""
 
@@ -100,8 +110,10 @@ class Exporter:
         self.admission = Admission(self.stats, config.max_in_flight,
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
+        # /metrics: the hot families rendered directly (HotText), then this registry's
+        # collectors; full_registry holds them all, for formats HotText does not write
         self.registry = CollectorRegistry()
-        self.registry.register(PhasewatchCollector(self.aggregator, gauges={
+        self.registry.register(SelfCollector(self.aggregator, gauges={
             "phasewatch_ingest_lifecycle_pending": (
                 "Streamed requests being joined (not yet finished).",
                 self.joiner.pending_count),
@@ -117,6 +129,11 @@ class Exporter:
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         ProcessCollector(registry=self.registry)
+        self.full_registry = CollectorRegistry()
+        self.full_registry.register(HotCollector(self.aggregator))
+        self.full_registry.register(_Everything(self.registry))
+        self.metrics_page = MetricsPage(HotText(self.aggregator), self.registry,
+                                        self.full_registry)
         self._grpc = self._otlp_grpc = None
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None
@@ -182,7 +199,7 @@ class Exporter:
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
                "/api/v1/history": self._history}
-        handler = make_handler(self.registry, api, auth=auth,
+        handler = make_handler(self.metrics_page.render, api, auth=auth,
                                ready=lambda: self._grpc is not None and not self._stop.is_set(),
                                mutual_tls=self.stats if tls and tls.mutual else None)
         self._http = HttpServer(c.http_host, c.http_port, handler, c.max_connections,

@@ -20,9 +20,6 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from exporter.auth import BearerAuth
 
 log = logging.getLogger(__name__)
@@ -46,7 +43,8 @@ def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> f
     return v
 
 
-def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], object]],
+def make_handler(metrics: Callable[[str], tuple[bytes, str]],
+                 api: dict[str, Callable[[dict], object]],
                  ready: Callable[[], bool], auth: BearerAuth | None = None,
                  mutual_tls=None):
     """``auth``: when enabled, ``/api/v1/`` needs the bearer token; /metrics and the
@@ -80,8 +78,8 @@ def make_handler(registry: CollectorRegistry, api: dict[str, Callable[[dict], ob
         def do_GET(self):
             url = urlparse(self.path)
             if url.path == "/metrics":
-                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                return self._send(200, encoder(registry), ctype)
+                body, ctype = metrics(self.headers.get("Accept", ""))
+                return self._send(200, body, ctype)
             if url.path == "/healthz":
                 return self._send(200, b"ok\n", "text/plain")
             if url.path == "/readyz":
