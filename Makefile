@@ -46,8 +46,7 @@ test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/run.py
-	$(PY) bench/dashboard_refresh.py
+	$(PY) -m bench.run
 
 proto: $(STAMP)
 	$(PY) exporter/protocol/codegen.py

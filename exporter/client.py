@@ -53,35 +53,21 @@ def _retry_delay(e: grpc.RpcError) -> float | None:
     return max(0.0, d.seconds + d.nanos / 1e9)
 
 
-YIELD_ROWS = 32  # rows converted between two hand-overs of the GIL
-
-
-def _columns_yielding(rows: list[tuple]) -> tuple[RequestBatch, int]:
-    """``_columns`` a few rows at a time, handing the GIL back between pieces.
-
-    Converting token times is the sender's one long piece of Python work (~50 ns a
-    time, a single C call per piece); done for a whole batch it would hold the GIL for
-    tens of milliseconds and stall ``record()`` on the serving thread that long. A
-    ``sleep(0)`` between pieces lets a waiting thread in after at most one piece."""
-    parts, invalid = [], 0
-    for start in range(0, len(rows), YIELD_ROWS):
-        batch, bad = _columns(rows[start:start + YIELD_ROWS])
-        parts.append(batch)
-        invalid += bad
-        time.sleep(0)
-    if not parts:
-        return _columns(rows)
-    return RequestBatch.concat(parts), invalid
+def _hand_over() -> None:
+    """Let a thread waiting for the GIL (the serving thread's ``record()``) in."""
+    time.sleep(0)
 
 
 def _columns(rows: list[tuple]) -> tuple[RequestBatch, int]:
     """The rows as columns, leaving out (and counting) rows that cannot be encoded: a
     name that is not a string, a count that is not an integer or overflows the wire, a
     time that is not a number.
-    The fast path converts all rows at once; only a failing batch is sorted row by row."""
+    The fast path converts all rows at once, handing the GIL over between pieces (a
+    batch's token times in one piece would stall ``record()`` for milliseconds); only
+    a failing batch is sorted row by row."""
     def fits(rows) -> RequestBatch | None:
         try:
-            batch = RequestBatch.from_rows(rows)
+            batch = RequestBatch.from_rows(rows, pause=_hand_over)
         except (TypeError, ValueError, OverflowError):
             return None
         if wire.encodable(batch).all() and all(isinstance(x, str) for x in batch.strings):
@@ -199,7 +185,7 @@ class PhasewatchClient:
                 return
 
     def _send(self, rows: list[tuple]) -> None:
-        batch, invalid = _columns_yielding(rows)
+        batch, invalid = _columns(rows)
         if invalid:
             self._settle(invalid, dropped_invalid=invalid)
             log.warning("dropped %d requests whose names, times or counts cannot be "

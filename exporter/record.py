@@ -17,7 +17,7 @@ Conventions (the same as the wire protocol's):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,7 @@ _FINISH_ALIASES = {
 }
 
 UNKNOWN_COUNT = -1
+TOKEN_PIECE = 8192  # token times converted between two pauses (~150 us)
 NS = 1_000_000_000
 MAX_SECONDS = 9.2e9  # |Unix seconds| that fit int64 nanoseconds
 
@@ -92,45 +93,61 @@ class RequestBatch:
         return len(self.arrival)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[tuple], times_in_ns: bool = False) -> RequestBatch:
+    def from_rows(cls, rows: Sequence[tuple], times_in_ns: bool = False,
+                  pause: Callable[[], None] | None = None) -> RequestBatch:
         """Columns from ``ROW_FIELDS`` tuples; None or 0 = absent.
 
         Times (and token times) are Unix seconds as floats, or with ``times_in_ns``
-        integer Unix ns, kept exact (the lifecycle join has them so). Token emission
-        times become gaps with one ``np.diff`` over all of them, not a loop per token.
+        integer Unix ns, kept exact (the lifecycle join has them so). Rows are
+        transposed once (``zip``) and each column converted by numpy in C; token
+        emission times become gaps with one ``np.diff`` over all of them, not a loop
+        per token. ``pause`` is called between columns and between pieces of about
+        TOKEN_PIECE token times: the client's sender passes ``sleep(0)`` so that a
+        large batch never holds the GIL for long.
         """
+        pause = pause or _nothing
         n = len(rows)
+        cols = list(zip(*rows, strict=True)) if n else [()] * len(ROW_FIELDS)
         table: dict[str, int] = {"": 0}
-        refs = [np.fromiter((table.setdefault(r[i] or "", len(table)) for r in rows),
+        refs = [np.fromiter((table.setdefault(v or "", len(table)) for v in cols[i]),
                             dtype=np.int32, count=n) for i in range(4)]
+        pause()
 
         def times(i: int) -> np.ndarray:
             if times_in_ns:
-                return np.fromiter((r[i] or 0 for r in rows), dtype=np.int64, count=n)
-            s = np.fromiter((np.nan if r[i] is None else r[i] for r in rows), dtype=float,
-                            count=n)
+                return np.array([v or 0 for v in cols[i]], dtype=np.int64).reshape(n)
+            s = np.array(cols[i], dtype=float).reshape(n)  # None -> NaN
             # NaN, infinities and times past the int64 ns range (year 2262) are absent
             ok = np.abs(s) < MAX_SECONDS
             return np.where(ok, np.round(np.where(ok, s, 0) * NS), 0).astype(np.int64)
 
         def counts(i: int) -> np.ndarray:
-            return np.fromiter((UNKNOWN_COUNT if r[i] is None else r[i] for r in rows),
-                               dtype=np.int64, count=n)
+            return np.array([UNKNOWN_COUNT if v is None else v for v in cols[i]],
+                            dtype=np.int64).reshape(n)
 
-        tt = [r[12] if r[12] is not None else () for r in rows]
+        scalars = [times(i) for i in range(4, 9)] + [counts(i) for i in range(9, 12)]
+        pause()
+        tt = [() if v is None else v for v in cols[12]]
         lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
-        flat = np.fromiter(itertools.chain.from_iterable(tt),
-                           dtype=np.int64 if times_in_ns else float, count=int(lens.sum()))
+        pieces, start, ends = [], 0, np.cumsum(lens)
+        while start < n:  # about TOKEN_PIECE token times per piece
+            stop = max(start + 1, int(np.searchsorted(ends, ends[start] + TOKEN_PIECE)))
+            pieces.append(np.fromiter(itertools.chain.from_iterable(tt[start:stop]),
+                                      dtype=np.int64 if times_in_ns else float,
+                                      count=int(lens[start:stop].sum())))
+            start = stop
+            pause()
+        flat = np.concatenate(pieces) if pieces else np.empty(0)
         owner = np.repeat(np.arange(n), lens)
         gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
         if times_in_ns:
             gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
         return cls(
             strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
-            request_id=refs[3], arrival=times(4), scheduled=times(5), first_token=times(6),
-            last_token=times(7), finish=times(8), prompt_tokens=counts(9),
-            cached_prompt_tokens=counts(10), output_tokens=counts(11), token_gaps=gaps,
-            gap_counts=np.maximum(lens - 1, 0),
+            request_id=refs[3], arrival=scalars[0], scheduled=scalars[1],
+            first_token=scalars[2], last_token=scalars[3], finish=scalars[4],
+            prompt_tokens=scalars[5], cached_prompt_tokens=scalars[6],
+            output_tokens=scalars[7], token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
         )
 
     @classmethod
@@ -138,26 +155,13 @@ class RequestBatch:
         """Columns from single records (``engine`` fills records that name none)."""
         return cls.from_rows([r.row(engine) for r in records])
 
-    @classmethod
-    def concat(cls, batches: Sequence[RequestBatch]) -> RequestBatch:
-        """The rows of ``batches`` in order, as one batch (string tables joined, each
-        batch's references moved past the tables before it)."""
-        if len(batches) == 1:
-            return batches[0]
-        offsets = np.cumsum([0, *(len(b.strings) for b in batches[:-1])])
-        cols = {}
-        for name in ("model", "engine", "finish_reason", "request_id"):
-            cols[name] = np.concatenate([getattr(b, name) + np.int32(o)
-                                         for b, o in zip(batches, offsets, strict=True)])
-        for name in ("arrival", "scheduled", "first_token", "last_token", "finish",
-                     "prompt_tokens", "cached_prompt_tokens", "output_tokens", "token_gaps",
-                     "gap_counts"):
-            cols[name] = np.concatenate([getattr(b, name) for b in batches])
-        return cls(strings=[s for b in batches for s in b.strings], **cols)
-
     def strings_of(self, refs: np.ndarray) -> list[str]:
         lut = np.asarray(self.strings, dtype=object)
         return list(lut[refs])
+
+
+def _nothing() -> None:
+    pass
 
 
 def finish_reason_codes(batch: RequestBatch) -> np.ndarray:

@@ -27,8 +27,10 @@ class ServeProcess:
     """Start with ``start()``; ``args`` are added after free-port flags (a later flag wins,
     so fixed ports can be passed to restart on the same ones)."""
 
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None):
-        self.args, self.tmp = list(args), Path(tmp)
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None):
+        """``prefix``: words run before the command (``taskset -c 0`` in the benchmark)."""
+        self.args, self.tmp, self.prefix = list(args), Path(tmp), list(prefix or [])
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
@@ -37,7 +39,7 @@ class ServeProcess:
     def start(self, timeout: float = 30.0) -> ServeProcess:
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "serve", *FREE, *self.args],
+            [*self.prefix, sys.executable, "-m", "exporter.cli", "serve", *FREE, *self.args],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -53,7 +53,10 @@ def _no_poison(m) -> None:
 def test_hostile_values_through_the_phasewatch_client(exporter):
     t0 = time.time() - 30
     cases = hostile(t0)
-    client = PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="vllm")
+    # room for the ten-million-gap request below (the default bound, 2M, would drop it
+    # and count it dropped_buffer_full, as test_client checks)
+    client = PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="vllm",
+                              max_buffer_tokens=2 * 10**7)
     for name, kw in cases:
         assert client.record(name if name != "empty everything" else "", **kw)
     ok = dict(arrival=t0, scheduled=t0 + 0.01, first_token=t0 + 0.1, last_token=t0 + 1.0,

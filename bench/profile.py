@@ -1,0 +1,119 @@
+"""``make profile``: where each ingest path spends its time, by pyinstrument.
+
+Each path runs in this process as its receiver runs it (payload bytes in, counted
+requests out), on the benchmark's own batches, under pyinstrument's statistical
+profiler; the top of each call tree is printed with each frame's share of the
+path's time, and the per-request (per-span) cost measured without the profiler.
+bench/PROFILE.md is the summary of a run of this, with what was done about it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from bench.common import CLIENT_CORE, pin
+
+
+def _export_payloads(with_gaps: bool) -> list[bytes]:
+    from bench.ingest import synthetic_batch
+    from exporter import wire
+
+    rng = np.random.default_rng(0)
+    return [wire.encode_export(synthetic_batch(rng, with_gaps), "bench") for _ in range(8)]
+
+
+def _otlp_payloads() -> list[bytes]:
+    from exporter.sim.otlp_load import FreshBatches, template_spans
+
+    fresh = FreshBatches(template_spans(), seed=1)
+    return [fresh.next().request.SerializeToString() for _ in range(400)]
+
+
+def _lifecycle_payloads() -> list[bytes]:
+    from exporter import wire
+    from exporter.lifecycle import EventKind, LifecycleEvent
+
+    out = []
+    t0 = time.time_ns() - 10**9
+    for b in range(200):
+        events = []
+        for r in range(50):
+            rid, t = f"b{b}-r{r}", t0 + r * 10**6
+            events += [
+                LifecycleEvent(rid, EventKind.ARRIVED, t, model="m", prompt_tokens=900),
+                LifecycleEvent(rid, EventKind.SCHEDULED, t + 10**6),
+                LifecycleEvent(rid, EventKind.FIRST_TOKEN, t + 5 * 10**7),
+                LifecycleEvent(rid, EventKind.TOKENS, 0, first_emission_index=1,
+                               token_times_unix_nano=tuple(t + 5 * 10**7 + k * 8 * 10**6
+                                                           for k in range(1, 100))),
+                LifecycleEvent(rid, EventKind.FINISHED, t + 10**9, output_tokens=100,
+                               finish_reason="stop", emission_count=100,
+                               last_token_unix_nano=t + 5 * 10**7 + 99 * 8 * 10**6)]
+        out.append(wire.encode_lifecycle("vllm", events))
+    return out
+
+
+def paths():
+    """(name, payloads, units per payload, unit, handler(payload)) per ingest path."""
+    from google.protobuf import json_format
+
+    from exporter import wire
+    from exporter.aggregate import Aggregator
+    from exporter.lifecycle import LifecycleJoiner
+    from exporter.otlp.ingest import OtlpIngest
+    from exporter.otlp.jsonform import parse_json_request
+    from exporter.otlp.spans import parse_request
+
+    agg = Aggregator()
+
+    def export(p: bytes) -> None:
+        batch, _ = wire.decode_export(p)
+        agg.ingest(batch, "phasewatch")
+
+    otlp = OtlpIngest(Aggregator())
+    otlp_json = OtlpIngest(Aggregator())
+    joiner = LifecycleJoiner(lambda b: agg.ingest(b, "lifecycle"), agg.stats)
+    spans = _otlp_payloads()
+    as_json = [json_format.MessageToJson(parse_request(p)).encode() for p in spans[:100]]
+    return [
+        ("phasewatch Export, 1,000 requests x ~200 token gaps", _export_payloads(True), 1000,
+         "request", export),
+        ("phasewatch Export, no token times", _export_payloads(False), 1000, "request", export),
+        ("OTLP protobuf (gRPC and HTTP), vLLM spans", spans, 512, "span",
+         lambda p: otlp.export(parse_request(p), "otlp_grpc")),
+        ("OTLP JSON (HTTP), vLLM spans", as_json, 512, "span",
+         lambda p: otlp_json.export(parse_json_request(p), "otlp_http")),
+        ("phasewatch StreamLifecycle, 50 requests x 5 events", _lifecycle_payloads(), 50,
+         "request", lambda p: joiner.add(*wire.decode_lifecycle(p)[:2])),
+    ]
+
+
+def main() -> int:
+    import pyinstrument
+
+    pin(CLIENT_CORE)
+    for name, payloads, units, unit, handle in paths():
+        for p in payloads[:4]:  # warm up
+            handle(p)
+        t0 = time.perf_counter()
+        runs = 0
+        while time.perf_counter() - t0 < 2.0:
+            handle(payloads[runs % len(payloads)])
+            runs += 1
+        per_unit = (time.perf_counter() - t0) / (runs * units) * 1e6
+        profiler = pyinstrument.Profiler(interval=0.0005)
+        profiler.start()
+        for i in range(max(runs // 2, 8)):
+            handle(payloads[i % len(payloads)])
+        profiler.stop()
+        print(f"=== {name}: {per_unit:.2f} us per {unit} ({1e6 / per_unit:,.0f} {unit}s/s, "
+              "no profiler)")
+        print(profiler.output_text(unicode=False, color=False, short_mode=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Read-side rows: /metrics render, the roofline estimator, the exporter's memory.
+
+* /metrics: ``phasewatch serve`` with 20 models (``[[models]]`` tables, each on an
+  H100, so every roofline and verdict series exists) x 3 engines, fed until every
+  label set has requests, token gaps and an estimate; then GET /metrics timed.
+  Reference: prometheus_client's own ``generate_latest`` rendering the same families
+  (parsed back from that page) from a collector that hands them over ready-made.
+* Estimator: one ``BottleneckMonitor.update()`` (window copy, the estimate for
+  every label set, verdicts) with 100,000 requests ingested over the last 30 s.
+  Reference: copying the window's columns alone, which any reader pays.
+* Memory: ``phasewatch serve`` fed 10,000 requests/s (200 token times each) by the
+  client library for 3 minutes; RSS sampled every 5 s. Growth over the last two
+  minutes is the least-squares slope times 120 s. Reference: RSS when idle.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import CLIENT_CORE, Row, pin, rss_bytes, scrape, serve, total, wait_for
+from bench.ingest import synthetic_batch
+from exporter import wire
+
+ENGINES = ("vllm", "sglang", "tgi")
+MODELS = 20
+
+
+def _models_toml() -> str:
+    from exporter import catalog
+
+    names = sorted(catalog._models())
+    out = []
+    for i in range(MODELS):
+        out.append(f'[[models]]\nmodel = "{names[i % len(names)]}"\n'
+                   f'served_model_name = "model-{i:02d}"\nhardware = "H100-SXM"\n'
+                   f"gpus = 8\n")
+    return "\n".join(out)
+
+
+def _now_batch(rng, model: str, spread_s: float = 20.0):
+    """A synthetic batch of ``model`` whose requests finished over the last seconds."""
+    b = synthetic_batch(rng, True)
+    shift = (time.time_ns() - int(spread_s * 1e9)) - int(b.arrival.min())
+    spread = rng.integers(0, int(spread_s * 1e9) - 10**9, len(b))
+    for col in ("arrival", "scheduled", "first_token", "last_token", "finish"):
+        setattr(b, col, getattr(b, col) + shift + spread)
+    b.strings[1] = model
+    return b
+
+
+def render_row(repeats: int = 40) -> Row:
+    import grpc
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    rng = np.random.default_rng(3)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "models.toml"
+        config.write_text(_models_toml())
+        ex = serve(Path(tmp), "--config", str(config), "--roofline-interval", "1")
+        try:
+            channel = grpc.insecure_channel(f"127.0.0.1:{ex.grpc_port}", options=[
+                ("grpc.max_send_message_length", 64 << 20)])
+            export = channel.unary_unary("/phasewatch.v1.Phasewatch/Export")
+            sent = 0
+            for engine in ENGINES:
+                for i in range(MODELS):
+                    export(wire.encode_export(_now_batch(rng, f"model-{i:02d}"), engine),
+                           timeout=30)
+                    sent += 1000
+            channel.close()
+            wait_for(ex.http_port, "phasewatch_ingest_accepted_total", sent)
+            deadline = time.time() + 30
+            while time.time() < deadline:  # every label set has its roofline estimate
+                page = scrape(ex.http_port)
+                if page.count("phasewatch_bottleneck_info{") >= MODELS * len(ENGINES):
+                    break
+                time.sleep(0.5)
+            url = f"http://127.0.0.1:{ex.http_port}/metrics"
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    page = r.read()
+                times.append((time.perf_counter() - t) * 1000)
+        finally:
+            ex.stop()
+    text = page.decode()
+    families = list(text_string_to_metric_families(text))
+
+    class Ready:
+        def collect(self):
+            return families
+
+    registry = CollectorRegistry()
+    registry.register(Ready())
+    ref = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        generate_latest(registry)
+        ref.append((time.perf_counter() - t) * 1000)
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    label_sets = text.count("phasewatch_bottleneck_info{")
+    return Row("metrics_render", f"/metrics render, {MODELS} models x {len(ENGINES)} engines, p95",
+               sorted(times)[int(0.95 * repeats) - 1], "ms", 50.0, "lower",
+               statistics.median(ref), "prometheus_client generate_latest, same families",
+               extra={"p50_ms": statistics.median(times), "samples": samples,
+                      "bytes": len(page), "label_sets_with_verdict": label_sets})
+
+
+def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
+    from exporter.app import Exporter
+    from exporter.config import ServeConfig
+    from exporter.deployments import ModelOptions
+
+    rng = np.random.default_rng(5)
+    config = ServeConfig(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,
+                         http_host="127.0.0.1", window_seconds=30,
+                         window_capacity=131072, roofline_interval=3600,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    with Exporter(config) as ex:
+        for _ in range(requests // 1000):
+            ex.aggregator.ingest(_now_batch(rng, "Llama-3.1-8B", spread_s=25.0), "bench")
+        window = ex.aggregator.window
+        in_window = len(window.columns()["t"])
+        ex.monitor.update()  # warm up
+        times, copies = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            results = ex.monitor.update()
+            times.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            window.columns()
+            copies.append((time.perf_counter() - t) * 1000)
+    return Row("estimator", f"roofline estimator, {in_window:,} requests in 30 s, p95",
+               sorted(times)[int(0.95 * repeats) - 1], "ms", 100.0, "lower",
+               statistics.median(copies), "copy of the window's columns alone",
+               extra={"p50_ms": statistics.median(times), "requests_in_window": in_window,
+                      "label_sets_estimated": len(results)})
+
+
+def memory_row(seconds: float = 180.0, rate: int = 10_000) -> Row:
+    from bench.client import _rows
+    from exporter.client import PhasewatchClient
+
+    rows = _rows(2000)
+    samples: list[tuple[float, int]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = serve(Path(tmp))
+        try:
+            time.sleep(1.0)
+            idle = rss_bytes(ex.proc.pid)
+            client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm")
+            stop = threading.Event()
+
+            def sampler() -> None:
+                t0 = time.monotonic()
+                while not stop.wait(5.0):
+                    samples.append((time.monotonic() - t0, rss_bytes(ex.proc.pid)))
+
+            watcher = threading.Thread(target=sampler)
+            watcher.start()
+            start, i = time.perf_counter(), 0
+            while (now := time.perf_counter()) - start < seconds:
+                due = int((now - start) * rate)
+                while i < due:
+                    kw = rows[i % len(rows)]
+                    client.record(f"model-{i % 4}", **{**kw, "request_id": f"r{i}"})
+                    i += 1
+                time.sleep(0.002)
+            stop.set()
+            watcher.join()
+            client.close(10)
+            accepted = total(scrape(ex.http_port), "phasewatch_ingest_accepted_total")
+        finally:
+            ex.stop()
+    t = np.array([s for s, _ in samples])
+    rss = np.array([r for _, r in samples]) / 2**20
+    last = t >= t[-1] - 120
+    slope = np.polyfit(t[last], rss[last], 1)[0] if last.sum() > 2 else 0.0
+    growth = slope * 120
+    peak = float(rss.max())
+    return Row("memory", f"exporter RSS at {rate:,} req/s for {seconds / 60:.0f} min (peak)",
+               peak, "MiB", 200.0, "lower", idle / 2**20, "RSS when idle",
+               also_ok=bool(growth <= 4.0),
+               extra={"growth_last_2_min_mib": growth, "growth_target_mib": 4.0,
+                      "requests_sent": i,
+                      "requests_accepted": accepted, "client_stats": dict(client.stats),
+                      "rss_mib_every_5_s": [round(x, 1) for x in rss.tolist()]})
+
+
+if __name__ == "__main__":
+    pin(CLIENT_CORE)
+    for row in (render_row(), estimator_row()):
+        print(row.as_json())
