@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-otlp test lint bench proto system-deps clean
+.PHONY: demo demo-otlp test lint bench profile proto system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ test: $(STAMP) system-deps lint
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+profile: $(STAMP)
+	$(PY) -m bench.profile
 
 proto: $(STAMP)
 	$(PY) exporter/protocol/codegen.py

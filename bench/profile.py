@@ -9,6 +9,7 @@ bench/PROFILE.md is the summary of a run of this, with what was done about it.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -22,7 +23,8 @@ def _export_payloads(with_gaps: bool) -> list[bytes]:
     from exporter import wire
 
     rng = np.random.default_rng(0)
-    return [wire.encode_export(synthetic_batch(rng, with_gaps), "bench") for _ in range(8)]
+    # batch id 0: not deduplicated, so the 8 batches can be sent again and again
+    return [wire.encode_export(synthetic_batch(rng, with_gaps), "bench") for _ in range(8)] * 100
 
 
 def _otlp_payloads() -> list[bytes]:
@@ -57,37 +59,46 @@ def _lifecycle_payloads() -> list[bytes]:
 
 
 def paths():
-    """(name, payloads, units per payload, unit, handler(payload)) per ingest path."""
-    from google.protobuf import json_format
-
+    """(name, payloads, units per payload, unit, make) per ingest path; ``make()`` gives
+    a handler(payload) with fresh state (OTLP spans are deduplicated by id)."""
     from exporter import wire
     from exporter.aggregate import Aggregator
     from exporter.lifecycle import LifecycleJoiner
     from exporter.otlp.ingest import OtlpIngest
-    from exporter.otlp.jsonform import parse_json_request
+    from exporter.otlp.jsonform import parse_json_request, request_json
     from exporter.otlp.spans import parse_request
 
-    agg = Aggregator()
+    def export():
+        agg = Aggregator()
 
-    def export(p: bytes) -> None:
-        batch, _ = wire.decode_export(p)
-        agg.ingest(batch, "phasewatch")
+        def handle(p: bytes) -> None:
+            batch, _ = wire.decode_export(p)
+            agg.ingest(batch, "phasewatch")
+        return handle
 
-    otlp = OtlpIngest(Aggregator())
-    otlp_json = OtlpIngest(Aggregator())
-    joiner = LifecycleJoiner(lambda b: agg.ingest(b, "lifecycle"), agg.stats)
+    def otlp():
+        ingest = OtlpIngest(Aggregator())
+        return lambda p: ingest.export(parse_request(p), "otlp_grpc")
+
+    def otlp_json():
+        ingest = OtlpIngest(Aggregator())
+        return lambda p: ingest.export(parse_json_request(p), "otlp_http")
+
+    def lifecycle():
+        agg = Aggregator()
+        joiner = LifecycleJoiner(lambda b: agg.ingest(b, "lifecycle"), agg.stats)
+        return lambda p: joiner.add(*wire.decode_lifecycle(p)[:2])
+
     spans = _otlp_payloads()
-    as_json = [json_format.MessageToJson(parse_request(p)).encode() for p in spans[:100]]
+    as_json = [json.dumps(request_json(parse_request(p))).encode() for p in spans[:100]]
     return [
         ("phasewatch Export, 1,000 requests x ~200 token gaps", _export_payloads(True), 1000,
          "request", export),
         ("phasewatch Export, no token times", _export_payloads(False), 1000, "request", export),
-        ("OTLP protobuf (gRPC and HTTP), vLLM spans", spans, 512, "span",
-         lambda p: otlp.export(parse_request(p), "otlp_grpc")),
-        ("OTLP JSON (HTTP), vLLM spans", as_json, 512, "span",
-         lambda p: otlp_json.export(parse_json_request(p), "otlp_http")),
+        ("OTLP protobuf (gRPC and HTTP), vLLM spans", spans, 512, "span", otlp),
+        ("OTLP JSON (HTTP), vLLM spans", as_json, 512, "span", otlp_json),
         ("phasewatch StreamLifecycle, 50 requests x 5 events", _lifecycle_payloads(), 50,
-         "request", lambda p: joiner.add(*wire.decode_lifecycle(p)[:2])),
+         "request", lifecycle),
     ]
 
 
@@ -95,23 +106,25 @@ def main() -> int:
     import pyinstrument
 
     pin(CLIENT_CORE)
-    for name, payloads, units, unit, handle in paths():
-        for p in payloads[:4]:  # warm up
+    for name, payloads, units, unit, make in paths():
+        handle = make()
+        for p in payloads[-4:]:  # warm up
             handle(p)
         t0 = time.perf_counter()
-        runs = 0
-        while time.perf_counter() - t0 < 2.0:
-            handle(payloads[runs % len(payloads)])
+        runs = 0  # each payload once at most: a repeat could be a duplicate
+        while time.perf_counter() - t0 < 2.0 and runs < len(payloads) - 4:
+            handle(payloads[runs])
             runs += 1
         per_unit = (time.perf_counter() - t0) / (runs * units) * 1e6
-        profiler = pyinstrument.Profiler(interval=0.0005)
+        handle = make()
+        profiler = pyinstrument.Profiler(interval=0.0002)
         profiler.start()
-        for i in range(max(runs // 2, 8)):
-            handle(payloads[i % len(payloads)])
+        for p in payloads[:max(runs // 2, 8)]:
+            handle(p)
         profiler.stop()
         print(f"=== {name}: {per_unit:.2f} us per {unit} ({1e6 / per_unit:,.0f} {unit}s/s, "
               "no profiler)")
-        print(profiler.output_text(unicode=False, color=False, short_mode=True))
+        print(profiler.output_text(unicode=False, color=False))
     return 0
 
 

@@ -43,7 +43,8 @@ def row_sums(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarr
         return sums, bad
     has = counts > 0
     starts = (np.cumsum(counts) - counts)[has]
-    sums[has] = np.add.reduceat(gaps, starts, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: found just below
+        sums[has] = np.add.reduceat(gaps, starts, dtype=np.float64)
     if np.isfinite(sums).all() and gaps.min() >= 0:  # the usual case: nothing to find
         return sums, bad
     row = np.repeat(np.arange(n), counts)

@@ -10,7 +10,6 @@ import urllib.request
 
 import grpc
 import pytest
-from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -140,18 +139,9 @@ def _otlp_json(payload: bytes) -> bytes:
         ExportTraceServiceRequest,
     )
 
-    msg = ExportTraceServiceRequest.FromString(payload)
-    doc = json_format.MessageToDict(msg)  # proto3 JSON: ids in base64, int64 as strings
-    import base64
+    from exporter.otlp.jsonform import request_json
 
-    def hexify(node):
-        if isinstance(node, dict):
-            return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId")
-                        else hexify(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [hexify(x) for x in node]
-        return node
-    doc = hexify(doc)
+    doc = request_json(ExportTraceServiceRequest.FromString(payload))
     doc["someFutureField"] = {"ignored": True}  # unknown fields are ignored
     return json.dumps(doc).encode()
 

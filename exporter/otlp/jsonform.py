@@ -51,6 +51,21 @@ def parse_json_request(data: bytes) -> ExportTraceServiceRequest:
     return msg
 
 
+def _base64_ids_to_hex(node):
+    if isinstance(node, dict):
+        return {k: (base64.b64decode(v).hex() if k in _ID_KEYS and isinstance(v, str)
+                    else _base64_ids_to_hex(v)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_base64_ids_to_hex(x) for x in node]
+    return node
+
+
+def request_json(msg: ExportTraceServiceRequest) -> dict:
+    """A request as an OTLP/JSON document (ids in hex), what ``parse_json_request`` reads;
+    for tests and the benchmark (``json.dumps`` it)."""
+    return _base64_ids_to_hex(json_format.MessageToDict(msg))
+
+
 def to_json(message) -> bytes:
     """A response (or google.rpc.Status) in OTLP/JSON."""
     return json_format.MessageToJson(message, indent=None).encode()
