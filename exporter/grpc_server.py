@@ -56,13 +56,22 @@ class BatchIds:
 
     def claim(self, batch_id: int | bytes) -> bool:
         """True if this id is new (and now remembered); False for a repeat."""
+        return self.claim_many([batch_id])[0]
+
+    def claim_many(self, ids: list) -> list[bool]:
+        """``claim`` for each id in order, under one lock."""
+        out = []
         with self._lock:
-            if batch_id in self._ids:
-                return False
-            self._ids[batch_id] = None
-            if len(self._ids) > self._capacity:
-                self._ids.popitem(last=False)
-            return True
+            known, cap = self._ids, self._capacity
+            for batch_id in ids:
+                if batch_id in known:
+                    out.append(False)
+                    continue
+                known[batch_id] = None
+                if len(known) > cap:
+                    known.popitem(last=False)
+                out.append(True)
+        return out
 
     def settle(self, batch_id: int | bytes, reply: bytes) -> None:
         """Remember the reply the first attempt of ``batch_id`` got."""

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 NS = 1_000_000_000
-_MAX_COUNT = 2**62  # token counts that fit the int64 columns
+_MAX_COUNT = 2**53  # token counts exact in float64 (the vectorised path) and int64
 MAX_LATENCY_S = 1e8  # ~3 years: longer is not a latency (and could overflow int64 ns)
 
 
@@ -265,28 +265,33 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         seen |= known
 
     table: dict[str, int] = {"": 0}
-    refs = {name: np.zeros(n, dtype=np.int32) for name in ("model", "reason", "id")}
-    models: dict[tuple[int, str], str] = {}  # the model rule, once per resource
     m_resp, m_req, rid, fin = (cols[len(_READ) - 4 + j] for j in range(4))
-    for i in np.flatnonzero(ok).tolist():
-        named = (m_resp[i] if type(m_resp[i]) is str and m_resp[i] else
-                 m_req[i] if type(m_req[i]) is str and m_req[i] else "")
-        key = (id(spans[i].resource), named)
+    models: dict[tuple[int, str], str] = {}  # the model rule, once per resource and name
+
+    def model_of(span, resp, req) -> str:
+        named = resp if type(resp) is str and resp else req if type(req) is str and req else ""
+        key = (id(span.resource), named)
         model = models.get(key)
         if model is None:
-            model = models[key] = ctx.model_for(spans[i], named)
-        refs["model"][i] = table.setdefault(model, len(table))
-        refs["reason"][i] = table.setdefault(first_reason(fin[i]), len(table))
-        refs["id"][i] = table.setdefault(rid[i] if type(rid[i]) is str else "", len(table))
+            model = models[key] = ctx.model_for(span, named)
+        return model
+
+    def refs(values) -> np.ndarray:
+        return np.fromiter((table.setdefault(v, len(table)) for v in values), dtype=np.int32,
+                           count=n)
+
+    model_refs = refs(map(model_of, spans, m_resp, m_req))
+    reason_refs = refs("" if v is None else first_reason(v) for v in fin)
+    id_refs = refs(v if type(v) is str else "" for v in rid)
     engine_ref = table.setdefault(engine, len(table))
 
     def unknown_as(c: np.ndarray) -> np.ndarray:
         return np.where(np.isnan(c), -1, c).astype(np.int64)
 
     batch = RequestBatch(
-        strings=list(table), model=refs["model"][ok],
+        strings=list(table), model=model_refs[ok],
         engine=np.full(int(ok.sum()), engine_ref, dtype=np.int32),
-        finish_reason=refs["reason"][ok], request_id=refs["id"][ok],
+        finish_reason=reason_refs[ok], request_id=id_refs[ok],
         arrival=times[0][ok], scheduled=times[1][ok], first_token=times[2][ok],
         last_token=times[3][ok], finish=times[4][ok],
         prompt_tokens=unknown_as(counts[0][ok]), cached_prompt_tokens=unknown_as(counts[1][ok]),

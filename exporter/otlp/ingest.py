@@ -80,16 +80,19 @@ class OtlpIngest:
             if s.name in ("infer", "prefill"):
                 links.observe(s)
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
-        groups: dict = {}  # adapter -> its claimed request spans, in order
+        requests = []
         for s in spans:
             adapter = classify(s)
             if adapter is None:
                 out.ignored += 1
-                continue
-            if len(s.trace_id) != 16 or len(s.span_id) != 8:
+            elif len(s.trace_id) != 16 or len(s.span_id) != 8:
                 refused["bad_span_id"] += 1
-                continue
-            if not self._seen.claim(s.trace_id + s.span_id):
+            else:
+                requests.append((adapter, s))
+        fresh = self._seen.claim_many([s.trace_id + s.span_id for _, s in requests])
+        groups: dict = {}  # adapter -> its claimed request spans, in order
+        for (adapter, s), new in zip(requests, fresh, strict=True):
+            if not new:
                 out.duplicates += 1
                 continue
             # a rejected span stays claimed: a retry is rejected once only
