@@ -117,12 +117,7 @@ def walk(msg: ExportTraceServiceRequest,
                 slot = slots.get(name)
                 values = None
                 if slot is None:
-                    attrs = {}
-                    for kv in s.attributes:  # attributes(), inlined: this runs per span
-                        v = kv.value
-                        kind = v.WhichOneof("value")
-                        attrs[kv.key] = (None if kind is None else any_value(v)
-                                         if kind in nested else getattr(v, kind))
+                    attrs = attributes(s.attributes)
                 else:
                     values = [None] * len(slot)
                     for kv in s.attributes:
