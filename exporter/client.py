@@ -18,6 +18,7 @@ retried batch once. ``close()`` flushes what is left within a deadline.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -54,8 +55,10 @@ def _retry_delay(e: grpc.RpcError) -> float | None:
 
 
 def _hand_over() -> None:
-    """Let a thread waiting for the GIL (the serving thread's ``record()``) in."""
-    time.sleep(0)
+    """Let a thread waiting for the GIL (the serving thread's ``record()``) in.
+    ``sched_yield`` releases the GIL for a syscall of ~0.5 us; ``time.sleep(0)`` would
+    too, but sleeps out the kernel's timer slack (~70 us here) every time."""
+    os.sched_yield()
 
 
 def _columns(rows: list[tuple]) -> tuple[RequestBatch, int]:
