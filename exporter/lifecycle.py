@@ -159,8 +159,7 @@ class LifecycleJoiner:
         if e.kind is EventKind.FIRST_TOKEN:
             outcomes.append(self._emission(p, 0, e.time_unix_nano))
         elif e.kind is EventKind.TOKENS:
-            outcomes += [self._emission(p, e.first_emission_index + j, t)
-                         for j, t in enumerate(e.token_times_unix_nano)]
+            outcomes += self._emissions(p, e.first_emission_index, e.token_times_unix_nano)
         elif e.kind is EventKind.FINISHED:
             for name in ("output_tokens", "finish_reason", "emission_count",
                          "last_token"):
@@ -182,6 +181,16 @@ class LifecycleJoiner:
             setattr(p, name, value)
             return "joined"
         return "duplicate" if current == value else "conflict"
+
+    @classmethod
+    def _emissions(cls, p: _Pending, first: int, times) -> list[str]:
+        """``_emission`` for ``times`` at ``first``, ``first + 1``, ...: one dict update when
+        they are all new and non-zero (a stream's usual TOKENS event), else one by one."""
+        indices = range(first, first + len(times))
+        if times and 0 not in times and p.emissions.keys().isdisjoint(indices):
+            p.emissions.update(zip(indices, times, strict=True))
+            return ["joined"]
+        return [cls._emission(p, i, t) for i, t in zip(indices, times, strict=True)]
 
     @staticmethod
     def _emission(p: _Pending, index: int, t: int) -> str:
