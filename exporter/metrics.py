@@ -161,8 +161,8 @@ class HotText:
 
 
 def _help(doc: str, openmetrics: bool) -> str:
-    doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
-    return doc.replace('"', '\\"') if openmetrics else doc
+    """HELP text escaped: OpenMetrics as label values, the text format without quotes."""
+    return _escape(doc) if openmetrics else doc.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 class SelfCollector(Collector):

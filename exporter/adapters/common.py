@@ -10,6 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from exporter.record import RequestBatch
+
 NS = 1_000_000_000
 _MAX_COUNT = 2**53  # token counts exact in float64 (the vectorised path) and int64
 MAX_LATENCY_S = 1e8  # ~3 years: longer is not a latency (and could overflow int64 ns)
@@ -182,7 +186,7 @@ _COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
 _TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
               "gen_ai.response.finish_reasons")
 # every key latency_batch reads, in order; ``walk`` extracts them for it (``SpanView.values``)
-LATENCY_KEYS = _READ = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
+LATENCY_KEYS = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
 _PLAIN = frozenset({float, int, type(None)})
 
 
@@ -198,13 +202,10 @@ def _reason_for(spans, i: int, engine: str, ctx) -> str:
 def latency_batch(spans, ctx: AdapterContext, engine: str):
     """``latency_row`` for every span: a ``RequestBatch`` of the spans it accepts, and the
     reason (``""`` = accepted) of every span, in order."""
-    import numpy as np
-
-    from exporter.record import RequestBatch
-
     n = len(spans)
-    cols = list(zip(*[s.values if s.values is not None else [s.attributes.get(k) for k in _READ]
-                      for s in spans], strict=True)) if n else [()] * len(_READ)
+    rows = [s.values if s.values is not None else [s.attributes.get(k) for k in LATENCY_KEYS]
+            for s in spans]
+    cols = list(zip(*rows, strict=True)) if n else [()] * len(LATENCY_KEYS)
     odd = np.zeros(n, dtype=bool)  # an unusual value: its span is decided by latency_row
     nums = []
     for j in range(len(_SECONDS_KEYS) + 2 * len(_COUNT_KEYS)):
@@ -238,14 +239,13 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         reasons[i] = _reason_for(spans, i, engine, ctx)
     ok = np.array([r == "" for r in reasons], dtype=bool) if odd.any() else np.ones(n, bool)
 
-    start = np.array([s.start_ns for s in spans], dtype=np.int64)
+    arrival = np.array([s.start_ns for s in spans], dtype=np.int64)
     end = np.array([s.end_ns for s in spans], dtype=np.int64)
 
     def after_ns(t: np.ndarray, s: np.ndarray) -> np.ndarray:  # 0 = unknown, as ``after``
         known = (t != 0) & ~np.isnan(s)
         return np.where(known, t + np.round(np.where(known, s, 0) * NS).astype(np.int64), 0)
 
-    arrival = start
     with np.errstate(over="ignore", invalid="ignore"):  # only in rows refused above
         first = after_ns(arrival, ttft)
         scheduled = np.where((first != 0) & ~np.isnan(prefill),
@@ -265,7 +265,7 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         seen |= known
 
     table: dict[str, int] = {"": 0}
-    m_resp, m_req, rid, fin = (cols[len(_READ) - 4 + j] for j in range(4))
+    m_resp, m_req, rid, fin = (cols[len(LATENCY_KEYS) - 4 + j] for j in range(4))
     models: dict[tuple[int, str], str] = {}  # the model rule, once per resource and name
 
     def model_of(span, resp, req) -> str:
