@@ -100,7 +100,7 @@ def record_rows(seconds: float = 6.0) -> list[Row]:
 
 def _record_rows(seconds: float) -> list[Row]:
     rows = _rows(2000)
-    buf = collections.deque(maxlen=2500)  # a flush interval's worth, as the client holds
+    buf = collections.deque(maxlen=512)  # at most what the client holds at this rate (flush_rows)
 
     def reference(kw: dict) -> None:
         buf.append(tuple(kw.values()))

@@ -58,6 +58,27 @@ def test_close_flushes_and_is_idempotent(exporter):
     assert client.stats["dropped_closed"] == 1
 
 
+def test_a_full_batch_is_sent_without_waiting_for_the_flush_interval(exporter):
+    """``flush_rows`` requests waiting wake the sender at once: at a high rate rows
+    leave before the serving process's garbage collector has to walk them again."""
+    client = PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="e",
+                              flush_interval=60.0, flush_rows=8)
+    try:
+        for i in range(7):
+            record(client, i)
+        time.sleep(0.3)
+        assert client.pending() == 7  # below flush_rows: they wait for the interval
+        record(client, 7)
+        deadline = time.monotonic() + 5
+        while client.stats["accepted"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.stats["accepted"] == 8 and client.pending() == 0
+        assert scrape(exporter.http_port).total(
+            "gen_ai_server_request_duration_seconds_count") == 8
+    finally:
+        client.close()
+
+
 def test_close_gives_up_at_its_deadline_when_the_exporter_never_comes():
     client = PhasewatchClient(f"127.0.0.1:{free_port()}", flush_interval=0.05,
                               initial_backoff=0.05, max_backoff=0.1)
