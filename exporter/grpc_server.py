@@ -121,6 +121,14 @@ def gated(stats, admission: Admission, protocol: str, request: bytes, context,
         return refuse(stats, protocol, e, context)
     try:
         return handle(request, context)
+    except Exception:
+        if context.code() is not None:  # the handler's own answer (context.abort)
+            raise
+        # a bug, not bad input: answered and counted, never a silent UNKNOWN
+        log.exception("%s: ingest failed on a %d-byte batch", protocol, len(request))
+        stats.inc("phasewatch_ingest_batches_total", protocol=protocol, outcome="error")
+        context.abort(grpc.StatusCode.INTERNAL, "phasewatch could not ingest this batch; "
+                      "its log has the cause")
     finally:
         admission.release(len(request))
 

@@ -12,7 +12,8 @@ from collections import Counter
 # name -> (type, help, label names). The single list of self-metrics.
 SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "phasewatch_ingest_batches_total": (
-        "counter", "Batches received, by protocol and outcome (ok, duplicate, malformed).",
+        "counter", "Batches received, by protocol and outcome (ok, duplicate, malformed, "
+        "too_large, overloaded, error: failed inside phasewatch, see its log).",
         ("protocol", "outcome")),
     "phasewatch_ingest_requests_total": (
         "counter", "Finished requests received, before validation.", ("protocol",)),

@@ -17,6 +17,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sim import otlp_shapes
 from exporter.sim.scenarios import scenario
@@ -209,6 +210,80 @@ def test_malformed_payloads_get_the_protocols_errors(exporter, records):
     assert s.value("phasewatch_ingest_rejected_total", protocol="otlp_grpc",
                    reason="undecodable_payload") == 1
     assert s.total("gen_ai_server_request_duration_seconds_count") == 0
+
+
+def _json_span(attributes: list, resource: list | None = None) -> bytes:
+    span = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1", "name": "llm_request",
+            "startTimeUnixNano": str(1_700_000_000 * NS),
+            "endTimeUnixNano": str(1_700_000_001 * NS), "attributes": attributes}
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": resource or []},
+                                          "scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+def test_hostile_json_is_a_counted_400_never_a_dropped_connection(exporter):
+    """Bodies that used to raise past the decoder (the handler closed the connection with
+    no answer and nothing was counted): nesting past the JSON parser's depth, an integer
+    past a double's range given for a double, values nested past protobuf's depth."""
+    deep_value = {"stringValue": "x"}
+    for _ in range(150):
+        deep_value = {"arrayValue": {"values": [deep_value]}}
+    bodies = [
+        b"[" * 100_000,
+        b'{"resourceSpans": ' + b"[" * 100_000,
+        _json_span([{"key": "gen_ai.latency.e2e", "value": {"doubleValue": 10 ** 400}}]),
+        _json_span([], resource=[{"key": "deep", "value": deep_value}]),
+    ]
+    for body in bodies:
+        status, ctype, reply, _ = _post(exporter, body, "application/json")
+        assert (status, ctype) == (400, "application/json"), reply[:200]
+        assert json.loads(reply)["code"] == 3  # INVALID_ARGUMENT
+    s = scrape(exporter.http_port)
+    assert s.value("phasewatch_ingest_rejected_total", protocol="otlp_http",
+                   reason="undecodable_payload") == len(bodies)
+    # a finish reason that looks like a JSON list nested past the parser's depth is kept
+    # as the string it is: the span is accepted, its label capped
+    body = _json_span([{"key": "gen_ai.latency.e2e", "value": {"doubleValue": 1.0}},
+                       {"key": "gen_ai.response.finish_reasons",
+                        "value": {"stringValue": "[" * 100_000}}])
+    assert _post(exporter, body, "application/json")[0] == 200
+    s = scrape(exporter.http_port)
+    assert s.total("gen_ai_server_request_duration_seconds_count") == 1
+    assert max(len(v) for fam in text_string_to_metric_families(s.text) for x in fam.samples
+               for v in x.labels.values()) <= 200
+
+
+def test_a_failure_inside_phasewatch_is_answered_and_counted(exporter, records, monkeypatch,
+                                                             caplog):
+    """A bug in ingest (not bad input) answers INTERNAL / HTTP 500 with the traceback in
+    the log and batches_total{outcome="error"}, never a dropped connection or a silent
+    UNKNOWN; the exporter keeps serving."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    payload = _request_bytes("vllm", records[:5])
+    monkeypatch.setattr(exporter.otlp, "export", broken)
+    from exporter.grpc_server import PhasewatchService
+
+    monkeypatch.setattr(PhasewatchService, "_export", broken)
+    status, ctype, body, _ = _post(exporter, payload, "application/x-protobuf")
+    assert (status, ctype) == (500, "application/x-protobuf")
+    assert status_pb2.Status.FromString(body).code == 13  # INTERNAL
+    for target, method in ((exporter.otlp_grpc_port,
+                            "/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
+                           (exporter.grpc_port, "/phasewatch.v1.Phasewatch/Export")):
+        with grpc.insecure_channel(f"127.0.0.1:{target}") as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary(method)(payload, timeout=5)
+            assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "injected" in caplog.text
+    s = scrape(exporter.http_port)
+    for protocol in ("otlp_http", "otlp_grpc", "phasewatch"):
+        assert s.value("phasewatch_ingest_batches_total", protocol=protocol,
+                       outcome="error") == 1
+    monkeypatch.undo()
+    assert _post(exporter, payload, "application/x-protobuf")[0] == 200
+    assert scrape(exporter.http_port).total("gen_ai_server_request_duration_seconds_count") \
+        == 5
 
 
 def test_unusable_request_spans_are_a_partial_success(exporter, records):

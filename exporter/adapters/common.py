@@ -83,7 +83,7 @@ def first_reason(value) -> str:
 
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return value
         return str(parsed[0]) if isinstance(parsed, list) and parsed else ""
     return value if isinstance(value, str) else ""

@@ -135,7 +135,12 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             except MalformedPayload as e:
                 return self._refuse(400, code_pb2.INVALID_ARGUMENT, "malformed",
                                     "undecodable_payload", str(e), reply)
-            outcome = ingest.export(msg, PROTOCOL)
+            try:
+                outcome = ingest.export(msg, PROTOCOL)
+            except Exception:  # a bug, not bad input: answered and counted
+                log.exception("%s: ingest failed on a %d-byte body", PROTOCOL, len(body))
+                return self._refuse(500, code_pb2.INTERNAL, "error", "", "phasewatch could "
+                                    "not ingest this batch; its log has the cause", reply)
             stats.inc("phasewatch_ingest_batches_total", protocol=PROTOCOL, outcome="ok")
             resp = export_response(outcome)
             body = to_json(resp) if reply == JSON else resp.SerializeToString()

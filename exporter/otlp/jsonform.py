@@ -39,14 +39,17 @@ def _hex_ids_to_base64(node):
 def parse_json_request(data: bytes) -> ExportTraceServiceRequest:
     try:
         doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        # are ValueErrors; RecursionError: nested past the parser's depth
         raise MalformedPayload(f"invalid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise MalformedPayload("an OTLP/JSON request must be a JSON object")
     msg = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(_hex_ids_to_base64(doc), msg, ignore_unknown_fields=True)
-    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as e:
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError, OverflowError,
+            RecursionError) as e:  # OverflowError: an integer past a double's range
+        # given for a double; RecursionError: values nested deeper than the stack
         raise MalformedPayload(f"not an OTLP/JSON ExportTraceServiceRequest: {e}") from None
     return msg
 
