@@ -64,8 +64,8 @@ def paths():
     from exporter import wire
     from exporter.aggregate import Aggregator
     from exporter.lifecycle import LifecycleJoiner
-    from exporter.otlp.ingest import OtlpIngest
-    from exporter.otlp.jsonform import parse_json_request, request_json
+    from exporter.otlp.ingest import EXTRACT, OtlpIngest
+    from exporter.otlp.jsonform import json_spans, request_json
     from exporter.otlp.spans import parse_request
 
     def export():
@@ -82,7 +82,7 @@ def paths():
 
     def otlp_json():
         ingest = OtlpIngest(Aggregator())
-        return lambda p: ingest.export(parse_json_request(p), "otlp_http")
+        return lambda p: ingest.export_spans(json_spans(p, EXTRACT), "otlp_http")
 
     def lifecycle():
         agg = Aggregator()

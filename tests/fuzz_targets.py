@@ -26,8 +26,8 @@ from exporter.aggregate import Aggregator
 from exporter.config import ConfigError, load_serve_config
 from exporter.hf_config import load_model_config
 from exporter.lifecycle import LifecycleJoiner
-from exporter.otlp.ingest import OtlpIngest
-from exporter.otlp.jsonform import parse_json_request
+from exporter.otlp.ingest import EXTRACT, OtlpIngest
+from exporter.otlp.jsonform import json_spans
 from exporter.otlp.spans import MalformedPayload, parse_request
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
@@ -93,7 +93,14 @@ def otlp_protobuf(data: bytes) -> None:
 
 
 def otlp_json(data: bytes) -> None:
-    _otlp(parse_json_request, data, "otlp_http")
+    """What the OTLP/HTTP receiver does with a JSON body: the direct reader, falling back
+    to protobuf's parser."""
+    try:
+        spans = json_spans(data, EXTRACT)
+    except MalformedPayload:
+        return
+    PIPE.otlp.export_spans(spans, "otlp_http")
+    PIPE.check()
 
 
 def tgi_duration(data: bytes) -> None:

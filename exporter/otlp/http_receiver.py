@@ -22,8 +22,8 @@ from exporter.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from exporter.auth import BearerAuth
 from exporter.grpc_server import MAX_MESSAGE_BYTES
 from exporter.otlp.grpc_receiver import export_response
-from exporter.otlp.ingest import OtlpIngest
-from exporter.otlp.jsonform import parse_json_request, to_json
+from exporter.otlp.ingest import EXTRACT, OtlpIngest
+from exporter.otlp.jsonform import json_spans, to_json
 from exporter.otlp.spans import MalformedPayload, parse_request
 
 log = logging.getLogger(__name__)
@@ -122,21 +122,14 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
                 admission.release(length)
 
         def _export(self, body: bytes, ctype: str, reply: str) -> None:
-            encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
             try:
-                if encoding == "gzip":
-                    body = gunzip(body, max_bytes)
-                elif encoding not in ("", "identity"):
-                    raise MalformedPayload(f"unsupported Content-Encoding {encoding!r}")
-                msg = parse_json_request(body) if ctype == JSON else parse_request(body)
+                outcome = self._ingest(body, ctype)
             except TooLarge as e:
                 return self._refuse(413, code_pb2.RESOURCE_EXHAUSTED, "too_large",
                                     "payload_too_large", str(e), reply)
             except MalformedPayload as e:
                 return self._refuse(400, code_pb2.INVALID_ARGUMENT, "malformed",
                                     "undecodable_payload", str(e), reply)
-            try:
-                outcome = ingest.export(msg, PROTOCOL)
             except Exception:  # a bug, not bad input: answered and counted
                 log.exception("%s: ingest failed on a %d-byte body", PROTOCOL, len(body))
                 return self._refuse(500, code_pb2.INTERNAL, "error", "", "phasewatch could "
@@ -145,5 +138,15 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             resp = export_response(outcome)
             body = to_json(resp) if reply == JSON else resp.SerializeToString()
             return self._reply(200, body, reply)
+
+        def _ingest(self, body: bytes, ctype: str):
+            encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding == "gzip":
+                body = gunzip(body, max_bytes)
+            elif encoding not in ("", "identity"):
+                raise MalformedPayload(f"unsupported Content-Encoding {encoding!r}")
+            if ctype == JSON:
+                return ingest.export_spans(json_spans(body, EXTRACT), PROTOCOL)
+            return ingest.export(parse_request(body), PROTOCOL)
 
     return Handler

@@ -73,7 +73,10 @@ class OtlpIngest:
 
     def export(self, request, protocol: str) -> ExportOutcome:
         """Ingest one decoded ExportTraceServiceRequest. Never raises on bad spans."""
-        spans = walk(request, EXTRACT)
+        return self.export_spans(walk(request, EXTRACT), protocol)
+
+    def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
+        """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
         out = ExportOutcome(spans=len(spans))
         links = self.context.tgi_links
         for s in spans:
