@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,9 +40,13 @@ class EventKind(enum.Enum):
     TOKENS = 4
     FINISHED = 5
 
+    # members are singletons compared by identity: hash them by identity too, in C
+    # (Enum's own __hash__ is Python, run for every event's dict lookup)
+    __hash__ = object.__hash__
 
-@dataclass(frozen=True)
-class LifecycleEvent:
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 1.5 us against
+class LifecycleEvent:   # 0.4, per event decoded. Nothing changes an event once made.
     request_id: str
     kind: EventKind
     time_unix_nano: int = 0
@@ -128,14 +132,16 @@ class LifecycleJoiner:
     def add(self, engine: str, events: list[LifecycleEvent]) -> int:
         """Apply events; completed requests go to the sink as one batch. Returns completed."""
         done: list[tuple] = []
+        outcomes: Counter = Counter()
         now = self._clock()
         with self._lock:
             for e in events:
-                outcome = self._apply(engine, e, now)
-                self._outcome(outcome)
+                outcomes[self._apply(engine, e, now)] += 1
                 p = self._pending.get(e.request_id)
                 if p is not None and p.complete():
                     done.append(self._pop(e.request_id))
+        for outcome, n in outcomes.items():
+            self._outcome(outcome, n)
         if done:
             self._sink(RequestBatch.from_rows(done, times_in_ns=True))
         return len(done)
@@ -154,8 +160,9 @@ class LifecycleJoiner:
         outcomes = [self._take(p, "model", e.model or "")]
         for name in ("prompt_tokens", "cached_prompt_tokens"):
             outcomes.append(self._take(p, name, getattr(e, name)))
-        if e.kind in _TIME_FIELD:
-            outcomes.append(self._take(p, _TIME_FIELD[e.kind], e.time_unix_nano))
+        time_field = _TIME_FIELD.get(e.kind)
+        if time_field is not None:
+            outcomes.append(self._take(p, time_field, e.time_unix_nano))
         if e.kind is EventKind.FIRST_TOKEN:
             outcomes.append(self._emission(p, 0, e.time_unix_nano))
         elif e.kind is EventKind.TOKENS:
