@@ -5,7 +5,7 @@ proto3 JSON default), enums are integers, 64-bit integers may be decimal strings
 keys are lowerCamelCase (snake_case accepted), and unknown fields are ignored.
 
 Two readers give the same spans:
-- ``json_spans`` walks the decoded JSON straight into ``SpanView``s (~10x faster
+- ``json_spans`` walks the decoded JSON straight into ``SpanView``s (~5x faster
   than building the protobuf message first). It accepts only what it can decide
   exactly as protobuf would: anything unusual (a snake_case key, a null, a float
   for an integer, bytesValue, a string that needs protobuf's checks) sends the
