@@ -112,7 +112,8 @@ class _Slow(Exception):
     """Not decided here: protobuf's parser reads the whole request instead."""
 
 
-_DIGITS = re.compile(r"-?[0-9]+\Z")
+_DIGITS = re.compile(r"-?[0-9]{1,20}\Z")  # longer is out of range (or past int()'s
+# 4,300-digit limit): protobuf's parser refuses it
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads leaves only unpaired ones
 _U32, _U64, _I64, _I32 = 1 << 32, 1 << 64, 1 << 63, 1 << 31
 _ABSENT = object()
