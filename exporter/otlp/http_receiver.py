@@ -123,7 +123,7 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
 
         def _export(self, body: bytes, ctype: str, reply: str) -> None:
             try:
-                outcome = self._ingest(body, ctype)
+                outcome = self._decode_and_ingest(body, ctype)
             except TooLarge as e:
                 return self._refuse(413, code_pb2.RESOURCE_EXHAUSTED, "too_large",
                                     "payload_too_large", str(e), reply)
@@ -139,7 +139,7 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             body = to_json(resp) if reply == JSON else resp.SerializeToString()
             return self._reply(200, body, reply)
 
-        def _ingest(self, body: bytes, ctype: str):
+        def _decode_and_ingest(self, body: bytes, ctype: str):
             encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
             if encoding == "gzip":
                 body = gunzip(body, max_bytes)
