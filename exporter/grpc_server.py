@@ -207,7 +207,14 @@ class PhasewatchService:
                                 protocol="lifecycle", reason="unknown_event_kind")
             received += len(events) + unknown
             rejected += unknown
-            completed += self._joiner.add(engine, events)
+            try:
+                completed += self._joiner.add(engine, events)
+            except Exception:  # a bug, not bad input: answered and counted, as in gated()
+                log.exception("lifecycle: joining failed on %d events", len(events))
+                self._stats.inc("phasewatch_ingest_batches_total", protocol="lifecycle",
+                                outcome="error")
+                context.abort(grpc.StatusCode.INTERNAL, "phasewatch could not join these "
+                              "events; its log has the cause")
         return wire.lifecycle_response(received, rejected, completed)
 
 

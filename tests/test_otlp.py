@@ -256,15 +256,19 @@ def test_a_failure_inside_phasewatch_is_answered_and_counted(exporter, records, 
                                                              caplog):
     """A bug in ingest (not bad input) answers INTERNAL / HTTP 500 with the traceback in
     the log and batches_total{outcome="error"}, never a dropped connection or a silent
-    UNKNOWN; the exporter keeps serving."""
+    UNKNOWN, on every ingest path (the lifecycle stream too); the exporter keeps
+    serving."""
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
     payload = _request_bytes("vllm", records[:5])
     monkeypatch.setattr(exporter.otlp, "export", broken)
+    from exporter import wire
     from exporter.grpc_server import PhasewatchService
+    from exporter.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
 
     monkeypatch.setattr(PhasewatchService, "_export", broken)
+    monkeypatch.setattr(LifecycleJoiner, "add", broken)
     status, ctype, body, _ = _post(exporter, payload, "application/x-protobuf")
     assert (status, ctype) == (500, "application/x-protobuf")
     assert status_pb2.Status.FromString(body).code == 13  # INTERNAL
@@ -275,9 +279,15 @@ def test_a_failure_inside_phasewatch_is_answered_and_counted(exporter, records, 
             with pytest.raises(grpc.RpcError) as e:
                 ch.unary_unary(method)(payload, timeout=5)
             assert e.value.code() == grpc.StatusCode.INTERNAL
+    events = [LifecycleEvent("r1", EventKind.ARRIVED, 1_700_000_000 * NS, model="m")]
+    with grpc.insecure_channel(f"127.0.0.1:{exporter.grpc_port}") as ch:
+        stream = ch.stream_unary("/phasewatch.v1.Phasewatch/StreamLifecycle")
+        with pytest.raises(grpc.RpcError) as e:
+            stream(iter([wire.encode_lifecycle("e", events)]), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INTERNAL
     assert "injected" in caplog.text
     s = scrape(exporter.http_port)
-    for protocol in ("otlp_http", "otlp_grpc", "phasewatch"):
+    for protocol in ("otlp_http", "otlp_grpc", "phasewatch", "lifecycle"):
         assert s.value("phasewatch_ingest_batches_total", protocol=protocol,
                        outcome="error") == 1
     monkeypatch.undo()
