@@ -104,7 +104,8 @@ ATTRIBUTES = ["gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
               "gen_ai.usage.cached_tokens", "validation_time", "queue_time", "inference_time",
               "time_per_token", "total_time", "model", "parameters"]
 VALUES = st.one_of(FLOATS, INT64, TEXT, st.booleans(), st.just(None),
-                   st.sampled_from(["1.5ms", "-3s", "1e999s", "NaNs", "12µs", "[\"stop\"]"]))
+                   st.sampled_from(["1.5ms", "-3s", "1e999s", "NaNs", "12µs", "[\"stop\"]",
+                                    "[" * 100_000, "[[[1]]]", "[]", "[1e999]"]))
 SPAN_NAMES = ["llm_request", "generate_stream", "generate", "chat_completions", " Req ab12",
               "infer", "prefill", "chat Llama", "other"]
 
