@@ -124,13 +124,18 @@ def gated(stats, admission: Admission, protocol: str, request: bytes, context,
     except Exception:
         if context.code() is not None:  # the handler's own answer (context.abort)
             raise
-        # a bug, not bad input: answered and counted, never a silent UNKNOWN
-        log.exception("%s: ingest failed on a %d-byte batch", protocol, len(request))
-        stats.inc("phasewatch_ingest_batches_total", protocol=protocol, outcome="error")
-        context.abort(grpc.StatusCode.INTERNAL, "phasewatch could not ingest this batch; "
-                      "its log has the cause")
+        internal_error(stats, protocol, f"a {len(request)}-byte batch", context)
     finally:
         admission.release(len(request))
+
+
+def internal_error(stats, protocol: str, what: str, context) -> None:
+    """From an ``except`` block: a bug, not bad input. Logged with its traceback, counted
+    as batches_total{outcome="error"} and answered INTERNAL, never a silent UNKNOWN."""
+    log.exception("%s: ingest failed on %s", protocol, what)
+    stats.inc("phasewatch_ingest_batches_total", protocol=protocol, outcome="error")
+    context.abort(grpc.StatusCode.INTERNAL, f"phasewatch could not ingest {what}; its log "
+                  "has the cause")
 
 
 class PhasewatchService:
@@ -209,12 +214,8 @@ class PhasewatchService:
             rejected += unknown
             try:
                 completed += self._joiner.add(engine, events)
-            except Exception:  # a bug, not bad input: answered and counted, as in gated()
-                log.exception("lifecycle: joining failed on %d events", len(events))
-                self._stats.inc("phasewatch_ingest_batches_total", protocol="lifecycle",
-                                outcome="error")
-                context.abort(grpc.StatusCode.INTERNAL, "phasewatch could not join these "
-                              "events; its log has the cause")
+            except Exception:
+                internal_error(self._stats, "lifecycle", f"{len(events)} events", context)
         return wire.lifecycle_response(received, rejected, completed)
 
 

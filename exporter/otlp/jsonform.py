@@ -122,19 +122,19 @@ _ABSENT = object()
 # what each message may hold here: its camelCase fields, less those this reader does
 # not read. Any other key (snake_case, unknown, entityRefs) goes to protobuf's parser,
 # which also applies its id rewrite to unknown fields.
-_KEYS = {name: frozenset(f.json_name for f in desc.fields) - unread
-         for name, desc, unread in (
-             ("request", ExportTraceServiceRequest.DESCRIPTOR, set()),
-             ("resource_spans", trace_pb2.ResourceSpans.DESCRIPTOR, set()),
+_UNREAD = {"resource": {"entityRefs"}}
+_KEYS = {name: frozenset(f.json_name for f in desc.fields) - _UNREAD.get(name, set())
+         for name, desc in (
+             ("request", ExportTraceServiceRequest.DESCRIPTOR),
+             ("resource_spans", trace_pb2.ResourceSpans.DESCRIPTOR),
              ("resource", trace_pb2.ResourceSpans.DESCRIPTOR.fields_by_name["resource"]
-              .message_type, {"entityRefs"}),
-             ("scope_spans", trace_pb2.ScopeSpans.DESCRIPTOR, set()),
-             ("scope", trace_pb2.ScopeSpans.DESCRIPTOR.fields_by_name["scope"].message_type,
-              set()),
-             ("span", trace_pb2.Span.DESCRIPTOR, set()),
-             ("event", trace_pb2.Span.Event.DESCRIPTOR, set()),
-             ("link", trace_pb2.Span.Link.DESCRIPTOR, set()),
-             ("status", trace_pb2.Status.DESCRIPTOR, set()))}
+              .message_type),
+             ("scope_spans", trace_pb2.ScopeSpans.DESCRIPTOR),
+             ("scope", trace_pb2.ScopeSpans.DESCRIPTOR.fields_by_name["scope"].message_type),
+             ("span", trace_pb2.Span.DESCRIPTOR),
+             ("event", trace_pb2.Span.Event.DESCRIPTOR),
+             ("link", trace_pb2.Span.Link.DESCRIPTOR),
+             ("status", trace_pb2.Status.DESCRIPTOR))}
 _KIND_NAMES = {v.name: v.number for v in trace_pb2.Span.SpanKind.DESCRIPTOR.values}
 _STATUS_NAMES = {v.name: v.number for v in trace_pb2.Status.StatusCode.DESCRIPTOR.values}
 
@@ -295,7 +295,7 @@ def fast_spans(doc: dict, extract: Mapping[str, tuple[str, ...]] | None = None
     reader leaves to protobuf's parser."""
     try:
         return _fast_spans(doc, extract or {})
-    except (_Slow, RecursionError):
+    except _Slow:  # (its recursion is bounded by _MAX_NESTING)
         return None
 
 
