@@ -26,6 +26,7 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
+from dashboard.theme import PHASES
 from exporter.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
@@ -89,7 +90,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                      "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
                      "mfu": (est.get("prefill") or {}).get("flops_utilization"),
                      "decode_batch_size": est.get("decode_batch_size"),
-                     **{f"{p}_share": share[p] for p in ("queue", "prefill", "decode")}})
+                     **{f"{p}_share": share.get(p) for p in PHASES}})
         for c in m.get("ttft_by_prompt_class", []):
             classes.append({**k, "prompt_class": c["prompt_class"],
                             "min_tokens": c["min_tokens"], "max_tokens": c["max_tokens"],
@@ -107,8 +108,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
             verdicts.append({**k, "phase": v["phase"], "resource": v["resource"],
                              "confidence": v["confidence"], "text": v["text"],
                              "levers": tuple(v["levers"]),
-                             **{f"{p}_share": share.get(p) for p in ("queue", "prefill",
-                                                                      "decode")},
+                             **{f"{p}_share": share.get(p) for p in PHASES},
                              "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
                              "mfu": (est.get("prefill") or {}).get("flops_utilization"),
                              "agreeing": 1, "reporting": 1})
@@ -160,15 +160,15 @@ def _waterfall(requests: list[dict]) -> list[dict]:
     """The newest requests as bars, placed on a shared clock ending at the newest end."""
     rows = []
     for q in requests[:WATERFALL_REQUESTS]:
-        parts = [q.get(p) for p in ("queue", "prefill", "decode")]
-        if q.get("arrival") is None or any(p is None for p in parts):
+        parts = {p: q.get(p) for p in PHASES}
+        if q.get("arrival") is None or any(parts[p] is None for p in PHASES[1:]):
             continue
+        parts["preprocess"] = parts["preprocess"] or 0.0  # unknown: inside the queue
         rows.append({**_key(q), "label": q["request_id"], "kind": "request",
-                     "arrival": q["arrival"], "queue": parts[0], "prefill": parts[1],
-                     "decode": parts[2], "prompt_tokens": q.get("prompt_tokens"),
+                     "arrival": q["arrival"], **parts, "prompt_tokens": q.get("prompt_tokens"),
                      "output_tokens": q.get("output_tokens")})
     if rows:
-        newest = max(r["arrival"] + r["queue"] + r["prefill"] + r["decode"] for r in rows)
+        newest = max(r["arrival"] + sum(r[p] for p in PHASES) for r in rows)
         for r in rows:
             r["start"] = r.pop("arrival") - newest
     return rows

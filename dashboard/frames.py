@@ -13,17 +13,20 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from dashboard.theme import PHASES
+
 KEYS = ("model", "engine", "pod")
+SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request time
 
 # One row per label set: the KPI cards.
 KPI_COLUMNS = (*KEYS, "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
                "e2e_p50", "e2e_p95", "request_rate", "prompt_tokens_per_second",
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
-               "queue_share", "prefill_share", "decode_share")
+               *SHARES)
 # One row per label set: the verdict banner. ``levers`` holds a tuple of strings;
 # ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
 VERDICT_COLUMNS = (*KEYS, "phase", "resource", "confidence", "text", "levers",
-                   "queue_share", "prefill_share", "decode_share", "mbu", "mfu",
+                   *SHARES, "mbu", "mfu",
                    "agreeing", "reporting")
 # Roofline operating points, the newest (``latest``) and the trail before it.
 POINT_COLUMNS = (*KEYS, "at", "phase", "intensity", "flops", "latest")
@@ -33,7 +36,7 @@ CEILING_COLUMNS = (*KEYS, "hardware", "ceiling", "bandwidth", "flops")
 SERIES_COLUMNS = (*KEYS, "at", "metric", "value")
 # Waterfall bars: one row per request (exporter) or one mean request per label set
 # (Prometheus, ``kind`` = "mean"); ``start`` is seconds before the newest bar's end.
-WATERFALL_COLUMNS = (*KEYS, "label", "kind", "start", "queue", "prefill", "decode",
+WATERFALL_COLUMNS = (*KEYS, "label", "kind", "start", *PHASES,
                      "prompt_tokens", "output_tokens")
 # TTFT against prompt length: per request, where the source has requests.
 PROMPT_POINT_COLUMNS = (*KEYS, "prompt_tokens", "ttft")
@@ -42,8 +45,7 @@ PROMPT_CLASS_COLUMNS = (*KEYS, "prompt_class", "min_tokens", "max_tokens", "ttft
                         "ttft_p95", "prefill_per_token_p50", "count")
 
 SERIES_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
-                  "prompt_tokens_per_second", "output_tokens_per_second", "queue_share",
-                  "prefill_share", "decode_share")
+                  "prompt_tokens_per_second", "output_tokens_per_second", *SHARES)
 
 
 def frame(columns: tuple[str, ...], rows: list[dict] | None = None) -> pd.DataFrame:

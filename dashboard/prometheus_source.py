@@ -30,10 +30,9 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
+from dashboard.theme import PHASES
 from exporter.buckets import PROMPT_CLASS_RANGES
 from exporter.verdict import LEVERS, headline
-
-PHASES = ("queue", "prefill", "decode")
 
 
 def _value(raw: str) -> float:
@@ -212,8 +211,10 @@ class PrometheusSource:
             means[tuple(key(m, pod=True).values())][m.get("phase")] = v
         rows = []
         for k, phases in sorted(means.items()):
-            if any(math.isnan(phases.get(p, math.nan)) for p in PHASES):
+            if any(math.isnan(phases.get(p, math.nan)) for p in PHASES[1:]):
                 continue
+            if math.isnan(phases.get("preprocess", math.nan)):
+                phases["preprocess"] = 0.0  # not reported: inside the queue
             model, engine, pod = k
             rows.append({"model": model, "engine": engine, "pod": pod,
                          "label": f"mean request, {pod or model}", "kind": "mean",

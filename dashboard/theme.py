@@ -1,15 +1,20 @@
 """Colours, units and the words behind the jargon: one place for the whole page.
 
 Phase colours are the Okabe-Ito colour-blind-safe palette, the same in every
-figure, the banner and the cards: queue orange, prefill blue, decode green.
+figure, the banner and the cards: preprocess sky blue, queue orange, prefill blue,
+decode green.
 """
 
 from __future__ import annotations
 
-PHASE_COLORS = {"queue": "#E69F00", "prefill": "#0072B2", "decode": "#009E73"}
-PHASES = ("queue", "prefill", "decode")
+PHASE_COLORS = {"preprocess": "#56B4E9", "queue": "#E69F00", "prefill": "#0072B2",
+                "decode": "#009E73"}
+# In the order a request passes them. preprocess is known only where the server says
+# when its engine took the request in (vLLM, TGI); elsewhere it is inside the queue.
+PHASES = ("preprocess", "queue", "prefill", "decode")
 # The banner takes the colour of the bottleneck; overhead and unknown get their own.
-RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "overhead": "#CC79A7",
+RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "frontend": PHASE_COLORS["preprocess"],
+                   "overhead": "#CC79A7",
                    "unknown": "#7F7F7F"}
 NEUTRAL = "#7F7F7F"
 ERROR = "#D55E00"
@@ -27,7 +32,7 @@ def verdict_color(phase: str | None, resource: str | None) -> str:
 # Tooltips for every term a newcomer may not know (shown on hover, dotted underline).
 GLOSSARY = {
     "TTFT": "Time to first token: from the request's arrival to its first output token "
-            "(queue + prefill).",
+            "(preprocess + queue + prefill).",
     "ITL": "Inter-token latency: every gap between consecutive output tokens, pooled over "
            "requests (stalls show in its tail).",
     "TPOT": "Time per output token: one request's decode time / (output tokens - 1).",
@@ -40,7 +45,11 @@ GLOSSARY = {
                     "(from overlapping decode intervals).",
     "arithmetic intensity": "FLOPs performed per byte moved from memory. Left of the ridge "
                             "a phase is bandwidth-bound, right of it compute-bound.",
-    "queue": "Waiting for the scheduler: arrival to scheduled.",
+    "preprocess": "Before the engine's queue: templating, tokenisation and the hand-off "
+                  "from the API server to the engine (and, for vLLM, the first output's "
+                  "trip back): arrival to queued. CPU work, not GPU.",
+    "queue": "Waiting in the engine's queue for the scheduler: queued to scheduled (from "
+             "arrival when the server does not say when it queued the request).",
     "prefill": "Reading the prompt in one parallel pass: scheduled to first token "
                "(compute-bound).",
     "decode": "Emitting tokens one step at a time: first to last token "
@@ -57,15 +66,15 @@ CAPTIONS = {
     "prompt-ttft": "Dots are requests, lines the p50/p95 of each prompt-length class. TTFT "
                    "rising along the line is longer prompts; the line itself rising is a "
                    "slower prefill or a longer queue.",
-    "ttft-series": "TTFT = queue + prefill, over the rolling window.",
+    "ttft-series": "TTFT = preprocess + queue + prefill, over the rolling window.",
     "token-latency": "ITL pools every gap between tokens (stalls show in p95); TPOT is each "
                      "request's mean decode time per token.",
     "throughput": "Prompt tokens read by prefill and output tokens written by decode, per "
                   "second.",
-    "shares": "Where request time goes: waiting (queue), reading the prompt (prefill), "
-              "writing tokens (decode).",
-    "waterfall": "Each bar is one request on a shared clock: queue, then prefill, then "
-                 "decode.",
+    "shares": "Where request time goes: the API server's work (preprocess), waiting "
+              "(queue), reading the prompt (prefill), writing tokens (decode).",
+    "waterfall": "Each bar is one request on a shared clock: preprocess, queue, prefill, "
+                 "then decode.",
 }
 
 PAGE_CSS = """

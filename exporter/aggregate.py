@@ -26,7 +26,7 @@ from exporter.record import FINISH_REASONS, RequestBatch, finish_reason_codes
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
 
-PHASE_NAMES = ("queue", "prefill", "decode")
+PHASE_NAMES = ("preprocess", "queue", "prefill", "decode")
 TOKEN_KINDS = ("prompt", "cached_prompt", "output")
 PROMPT_CLASS_LABELS = (*(label for _, label in buckets.PROMPT_CLASSES),
                        buckets.PROMPT_CLASS_UNKNOWN)
@@ -50,6 +50,7 @@ HISTOGRAMS = (
     HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES),
     HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
     HistogramSpec("decode_tps", buckets.DECODE_TOKENS_PER_SECOND),
+    HistogramSpec("clock_skew", buckets.CLOCK_SKEW),
 )
 COUNTERS = {"tokens": ("kind", TOKEN_KINDS), "requests": ("finish_reason", FINISH_REASONS)}
 
@@ -160,6 +161,9 @@ class Aggregator:
         pc = buckets.prompt_class_codes(batch.prompt_tokens)
         k_pc = len(PROMPT_CLASS_LABELS)
         h = self._hists
+        # observed for every kept request of a two-clock batch (0 = the clocks agreed)
+        two_clocks = ph.kept if batch.clock_skew_tolerance_ns else np.zeros(len(ls), bool)
+        skew = np.where(two_clocks, ph.clock_skew, np.nan)
         out = {
             "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
             "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
@@ -167,10 +171,11 @@ class Aggregator:
             "itl": _spread(gaps.series, gaps.buckets, gaps.sums, n_ls),
             "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
+            "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
         }
         k = len(PHASE_NAMES)
         series = np.concatenate([ls * k + i for i in range(k)])
-        values = np.concatenate([ph.queue, ph.prefill, ph.decode])
+        values = np.concatenate([getattr(ph, name) for name in PHASE_NAMES])
         out["phase"] = h["phase"].partial(series, values, n_ls * k)
         return out
 

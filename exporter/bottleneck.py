@@ -33,6 +33,20 @@ from exporter.window import RollingWindow
 
 log = logging.getLogger("phasewatch")
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
+FLAT_COUNTER_NOTE = ("inferred: the engine's estimated_*_per_gpu_total counter did not move "
+                     "while requests finished (vLLM exposes it at 0 unless started with "
+                     "--enable-mfu-metrics)")
+
+
+def with_cached_share(cols: dict, share: float) -> dict:
+    """``cols`` with the uncached prompt tokens of requests whose cached tokens are unknown
+    estimated from the engine's prefix-cache share of prompt tokens (vLLM's spans carry
+    no cached count; its counters do, in aggregate)."""
+    unknown = (cols["uncached"] < 0) & (cols["prompt"] >= 0)
+    if not unknown.any():
+        return cols
+    uncached = np.where(unknown, np.round(cols["prompt"] * (1.0 - share)), cols["uncached"])
+    return {**cols, "uncached": uncached.astype(cols["uncached"].dtype)}
 
 
 @dataclass
@@ -61,6 +75,8 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
         return est
     span = est.range_end - est.range_start
     inputs = dict(est.inputs)
+    for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
+        inputs[what] = FLAT_COUNTER_NOTE
     totals = {}  # what the replica moved over the range, by the engine's count
     for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
         if rate is not None:
@@ -93,6 +109,7 @@ class BottleneckMonitor:
         self._results: list[Result] = []
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._trails: dict[tuple[str, str], deque] = {}
+        self._warned: set[tuple[str, str]] = set()  # (engine URL, note) logged once
         self.updated_at: float | None = None
 
     def poll_engines(self) -> None:
@@ -110,13 +127,21 @@ class BottleneckMonitor:
             sel = ls == i
             mine = {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
+            source = self._engines.get(dep.served_name) if dep else None
+            rates = source.rates(self.span) if source else None
+            cached = rates.cached_prompt_share if rates is not None else None
+            if cached is not None:
+                mine = with_cached_share(mine, cached)
             est = estimate(mine, dep, self.span, model, engine)
             if est is None:
                 continue
-            source = self._engines.get(dep.served_name) if dep else None
-            rates = source.rates(self.span) if source else None
             if dep is not None and rates is not None:
                 est = with_engine_counters(est, dep, rates)
+                if cached is not None:
+                    est.inputs["cached_tokens"] = (  # label: the part before ":"
+                        f"engine_prefix_cache: {cached:.1%} of prompt tokens "
+                        f"({rates.cached_share_source})")
+                self._warn_flat(source, rates)
             verdict = decide(est, dep, self._verdicts.get(key))
             if verdict is not None:
                 self._verdicts[key] = verdict
@@ -129,6 +154,15 @@ class BottleneckMonitor:
             self._results = results
             self.updated_at = self._clock()
         return results
+
+    def _warn_flat(self, source: EngineMetricsSource, rates: EngineRates) -> None:
+        for what in rates.flat:
+            if (source.url, what) not in self._warned:
+                self._warned.add((source.url, what))
+                log.warning("engine metrics %s: the %s counter stays at 0 while requests "
+                            "finish; the roofline infers %s instead (start vLLM with "
+                            "--enable-mfu-metrics to use its own counts)", source.url, what,
+                            what)
 
     def results(self) -> list[Result]:
         with self._lock:

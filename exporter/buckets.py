@@ -87,8 +87,20 @@ DECODE_TOKENS_PER_SECOND = BucketSet(
     "Per-request decode tokens per second. Users: phasewatch_decode_tokens_per_second.",
 )
 
+CLOCK_SKEW = BucketSet(
+    "clock_skew", "seconds",
+    # vLLM's frontend (wall clock) and engine core (monotonic) disagree by -3.6 .. +4.8 ms
+    # per request on an idle CPU server (references.md section 9); a busy API server
+    # handling one output late can push it to tens or hundreds of ms. The first bucket
+    # holds the requests with none.
+    (1e-6, 1e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+     10.0),
+    "Disagreement between a two-clock server's frontend and engine times, absorbed per "
+    "request, 1 us .. 10 s. Users: phasewatch_clock_skew_seconds.",
+)
+
 ALL = (TTFT, TOKEN_LATENCY, REQUEST_DURATION, PHASE_DURATION, PREFILL_SECONDS_PER_TOKEN,
-       DECODE_TOKENS_PER_SECOND)
+       DECODE_TOKENS_PER_SECOND, CLOCK_SKEW)
 
 
 

@@ -164,8 +164,9 @@ def _summary_line(summary: dict) -> str:
         def ms(d: dict, q: str) -> str:
             return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
         sh = m["phase_time_share"]
-        share = "-" if sh["queue"] is None else (
-            f"queue {sh['queue']:.0%} prefill {sh['prefill']:.0%} decode {sh['decode']:.0%}")
+        share = "-" if sh["queue"] is None else " ".join(
+            f"{p} {sh[p]:.0%}" for p in ("preprocess", "queue", "prefill", "decode")
+            if sh.get(p) is not None)
         parts.append(
             f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"
             f" p99 {ms(m['ttft_seconds'], 'p99')} | ITL p50 {ms(m['itl_seconds'], 'p50')} | "

@@ -141,13 +141,18 @@ class PhasewatchClient:
 
     # ---- serving thread ------------------------------------------------------
     def record(self, model: str, *, arrival: float | None = None,
-               scheduled: float | None = None, first_token: float | None = None,
+               queued: float | None = None, scheduled: float | None = None,
+               first_token: float | None = None,
                last_token: float | None = None, finish: float | None = None,
                prompt_tokens: int | None = None, cached_prompt_tokens: int | None = None,
                output_tokens: int | None = None, finish_reason: str = "",
                request_id: str = "", token_times: Sequence[float] | None = None) -> bool:
-        """Queue one finished request (times in Unix seconds). False if it was dropped."""
-        row = (model, "", finish_reason, request_id, arrival, scheduled, first_token,
+        """Queue one finished request (times in Unix seconds). False if it was dropped.
+
+        ``arrival``: the request reached the server; ``queued`` (optional): the engine
+        took it in after templating and tokenisation (preprocess = queued - arrival);
+        ``scheduled``: it left the engine's queue."""
+        row = (model, "", finish_reason, request_id, arrival, queued, scheduled, first_token,
                last_token, finish, prompt_tokens, cached_prompt_tokens, output_tokens,
                token_times)  # record.ROW_FIELDS order
         try:
@@ -168,7 +173,7 @@ class PhasewatchClient:
 
     def record_request(self, r: RequestRecord) -> bool:
         """Queue a ``RequestRecord`` (its engine is ignored: the client's engine applies)."""
-        return self.record(r.model, arrival=r.arrival, scheduled=r.scheduled,
+        return self.record(r.model, arrival=r.arrival, queued=r.queued, scheduled=r.scheduled,
                            first_token=r.first_token, last_token=r.last_token,
                            finish=r.finish, prompt_tokens=r.prompt_tokens,
                            cached_prompt_tokens=r.cached_prompt_tokens,

@@ -11,6 +11,14 @@ phases' inferred proportions. Rates come from consecutive scrapes, a counter
 reset (engine restart) restarting the difference from zero, like PromQL's rate().
 A failed scrape is counted and leaves the previous samples alone: the estimator
 falls back to inference when the samples go stale.
+
+vLLM exposes the MFU counters even without ``--enable-mfu-metrics``, at 0 forever:
+a counter that does not move while requests finish is taken as absent, not as zero
+work (``BottleneckMonitor`` falls back to inference and says why). vLLM's spans say
+nothing of prefix-cache hits; its ``prompt_tokens_cached_total`` over
+``prompt_tokens_total`` (else ``prefix_cache_hits_total`` over
+``prefix_cache_queries_total``) gives the share of prompt tokens the cache served,
+which the estimator applies to requests whose cached tokens are unknown.
 """
 
 from __future__ import annotations
@@ -33,7 +41,11 @@ log = logging.getLogger("phasewatch")
 PREFIXES = ("vllm:", "sglang:")
 COUNTERS = {"estimated_flops_per_gpu_total": "flops",
             "estimated_read_bytes_per_gpu_total": "read_bytes",
-            "estimated_write_bytes_per_gpu_total": "write_bytes"}
+            "estimated_write_bytes_per_gpu_total": "write_bytes",
+            "prompt_tokens_total": "prompt_tokens",
+            "prompt_tokens_cached_total": "cached_tokens",
+            "prefix_cache_hits_total": "cache_hits",
+            "prefix_cache_queries_total": "cache_queries"}
 RUNNING = ("num_requests_running", "num_running_reqs")  # vLLM, SGLang
 RANK_LABELS = ("tp_rank", "pp_rank")
 MAX_PAGE_BYTES = 16 << 20
@@ -46,16 +58,24 @@ class EngineSample:
     read_bytes: float | None
     write_bytes: float | None
     running: float | None
+    prompt_tokens: float | None = None
+    cached_tokens: float | None = None
+    cache_hits: float | None = None
+    cache_queries: float | None = None
 
 
 @dataclass(frozen=True)
 class EngineRates:
-    """Per-GPU rates over a span of scrapes, summed over the engine's data-parallel ranks."""
+    """Per-GPU rates over a span of scrapes, summed over the engine's data-parallel ranks.
+    A counter that did not move over the span is None here, and named in ``flat``."""
 
     seconds: float
     flops_per_gpu: float | None
     bytes_per_gpu: float | None  # read + write
     mean_running: float | None
+    cached_prompt_share: float | None = None  # prompt tokens the prefix cache served
+    cached_share_source: str = ""  # the counters it came from
+    flat: tuple[str, ...] = ()  # "flops", "bytes": present but never moved
 
 
 def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSample:
@@ -84,7 +104,11 @@ def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSa
     for (field, _), values in groups.items():
         sums[field] = sums.get(field, 0.0) + sum(values) / len(values)
     return EngineSample(at=at, flops=sums.get("flops"), read_bytes=sums.get("read_bytes"),
-                        write_bytes=sums.get("write_bytes"), running=sums.get("running"))
+                        write_bytes=sums.get("write_bytes"), running=sums.get("running"),
+                        prompt_tokens=sums.get("prompt_tokens"),
+                        cached_tokens=sums.get("cached_tokens"),
+                        cache_hits=sums.get("cache_hits"),
+                        cache_queries=sums.get("cache_queries"))
 
 
 def _increase(values: list[float]) -> float:
@@ -141,15 +165,29 @@ class EngineMetricsSource:
             return None
         span = recent[-1].at - recent[0].at
 
-        def rate(field: str) -> float | None:
+        def increase(field: str) -> float | None:
             values = [getattr(s, field) for s in recent]
             if any(v is None for v in values):
                 return None
-            return _increase(values) / span
+            return _increase(values)
+
+        def rate(field: str) -> float | None:
+            v = increase(field)
+            return None if v is None else v / span
 
         flops, read, write = rate("flops"), rate("read_bytes"), rate("write_bytes")
+        bytes_rate = None if read is None else read + (write or 0.0)
+        flat = tuple(name for name, v in (("flops", flops), ("bytes", bytes_rate)) if v == 0)
         running = [s.running for s in recent if s.running is not None]
+        share, source = None, ""
+        for part, whole, name in (("cached_tokens", "prompt_tokens", "prompt_tokens_cached"),
+                                  ("cache_hits", "cache_queries", "prefix_cache_hits")):
+            p, w = increase(part), increase(whole)
+            if p is not None and w:
+                share, source = min(max(p / w, 0.0), 1.0), name
+                break
         return EngineRates(
-            seconds=span, flops_per_gpu=flops,
-            bytes_per_gpu=None if read is None else read + (write or 0.0),
-            mean_running=sum(running) / len(running) if running else None)
+            seconds=span, flops_per_gpu=None if flops == 0 else flops,
+            bytes_per_gpu=None if bytes_rate == 0 else bytes_rate,
+            mean_running=sum(running) / len(running) if running else None,
+            cached_prompt_share=share, cached_share_source=source, flat=flat)

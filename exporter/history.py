@@ -32,6 +32,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tpot_p95", ("tpot_seconds", "p95")),
     ("e2e_p50", ("e2e_seconds", "p50")),
     ("e2e_p95", ("e2e_seconds", "p95")),
+    ("preprocess_share", ("phase_time_share", "preprocess")),
     ("queue_share", ("phase_time_share", "queue")),
     ("prefill_share", ("phase_time_share", "prefill")),
     ("decode_share", ("phase_time_share", "decode")),

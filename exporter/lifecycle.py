@@ -39,6 +39,7 @@ class EventKind(enum.Enum):
     FIRST_TOKEN = 3
     TOKENS = 4
     FINISHED = 5
+    QUEUED = 6  # optional: the engine took the request in (after the API server's work)
 
     # members are singletons compared by identity: hash them by identity too, in C
     # (Enum's own __hash__ is Python, run for every event's dict lookup)
@@ -61,8 +62,9 @@ class LifecycleEvent:   # 0.4, per event decoded. Nothing changes an event once 
     last_token_unix_nano: int = 0
 
 
-_TIME_FIELD = {EventKind.ARRIVED: "arrival", EventKind.SCHEDULED: "scheduled",
-               EventKind.FINISHED: "finish"}
+_COUNTS = frozenset({"prompt_tokens", "cached_prompt_tokens", "output_tokens"})
+_TIME_FIELD = {EventKind.ARRIVED: "arrival", EventKind.QUEUED: "queued",
+               EventKind.SCHEDULED: "scheduled", EventKind.FINISHED: "finish"}
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Pending:
     created: float
     model: str = ""
     arrival: int = 0
+    queued: int = 0
     scheduled: int = 0
     finish: int = 0
     last_token: int = 0
@@ -103,7 +106,7 @@ class _Pending:
         if times and last and times[-1] != last:
             times = []  # the tail of the emissions never arrived: no gaps, rather than wrong ones
         return (self.model, self.engine, self.finish_reason, request_id, self.arrival,
-                self.scheduled, self.emissions.get(0, 0), last, self.finish,
+                self.queued, self.scheduled, self.emissions.get(0, 0), last, self.finish,
                 self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens, times)
 
 
@@ -181,10 +184,11 @@ class LifecycleJoiner:
 
     @staticmethod
     def _take(p: _Pending, name: str, value) -> str:
-        if value is None or value == "" or value == 0:
+        # 0 is absent for a time or an emission count, but a real token count
+        if value is None or value == "" or (value == 0 and name not in _COUNTS):
             return "empty"
         current = getattr(p, name)
-        if current is None or current == "" or current == 0:
+        if current is None or current == "" or (current == 0 and name not in _COUNTS):
             setattr(p, name, value)
             return "joined"
         return "duplicate" if current == value else "conflict"

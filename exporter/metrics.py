@@ -40,11 +40,16 @@ HISTOGRAM_NAMES: dict[str, tuple[str, str]] = {
     "itl": ("phasewatch_inter_token_latency_seconds",
             "Pooled inter-token latency: every gap between consecutive token emissions."),
     "phase": ("phasewatch_phase_duration_seconds",
-              "Time a request spent in each phase: queue, prefill, decode."),
+              "Time a request spent in each phase: preprocess (arrival to the engine's "
+              "queue), queue, prefill, decode."),
     "prefill_spt": ("phasewatch_prefill_seconds_per_token",
                     "Prefill time per uncached prompt token (length-normalised TTFT)."),
     "decode_tps": ("phasewatch_decode_tokens_per_second",
                    "Per-request decode speed: output tokens after the first per decode second."),
+    "clock_skew": ("phasewatch_clock_skew_seconds",
+                   "Disagreement between a two-clock server's frontend and engine-core times "
+                   "absorbed per request (vLLM: last token past the finish, or queued before "
+                   "the arrival); every duration is still the server's own."),
 }
 COUNTER_NAMES: dict[str, tuple[str, str]] = {
     "tokens": ("phasewatch_tokens_total",

@@ -1,8 +1,10 @@
-"""Split finished requests into queue, prefill and decode: one pure, vectorised function.
+"""Split finished requests into their phases: one pure, vectorised function.
 
 Interval endpoints (product.md, "The request record and its phases"):
 
-* queue       = scheduled   - arrival
+* preprocess  = queued      - arrival   templating, tokenisation, hand-off to the engine
+* queue       = scheduled   - queued    the engine's own queue (from arrival when queued
+                                        is unknown, as senders before ``queued`` mean it)
 * prefill     = first_token - scheduled
 * ttft        = first_token - arrival
 * decode      = last_token  - first_token
@@ -10,14 +12,26 @@ Interval endpoints (product.md, "The request record and its phases"):
 * itl         = every gap between consecutive emissions  (pooled, as vLLM's benchmark)
 * e2e         = finish      - arrival
 * decode_tps  = (output_tokens - 1) / decode             tokens after the first, per second
-* prefill_spt = prefill / (prompt_tokens - cached_prompt_tokens)
+* prefill_spt = prefill / (prompt_tokens - cached_prompt_tokens), only when both are known
 
 A value that cannot be derived honestly is NaN and counted in ``unavailable`` as
-(phase, reason); it is never invented. A request whose data contradicts itself
-(clocks out of order, negative counts or gaps, more emissions than tokens, token
-times that disagree with first/last token) is rejected whole and counted in
-``rejected`` by reason. Unknown cached prompt tokens are taken as 0: servers that
-do not report prefix-cache hits are treated as having none.
+(phase, reason); it is never invented: unknown cached prompt tokens leave
+``prefill_spt`` out rather than be taken as 0 (vLLM caches prefixes by default and
+does not say how many). A request whose data contradicts itself (clocks out of
+order, negative counts or gaps, more emissions than tokens, token times that
+disagree with first/last token) is rejected whole and counted in ``rejected`` by
+reason.
+
+Two clocks. vLLM measures arrival, first token and finish on its API server's wall
+clock, but queued, scheduled and last token are engine-core monotonic differences,
+which its adapter hangs off the first token so that every duration equals vLLM's
+own. The two timelines meet only at the first token: a time of one chain may land a
+few ms on the wrong side of a time of the other (the last token after the finish,
+when the frontend handled the first output later than the last). A batch says how
+much such disagreement it may carry (``RequestBatch.clock_skew_tolerance_ns``); within
+it the request is kept, the cross-chain intervals (preprocess, and queue measured
+from arrival) are floored at 0, and the absorbed disagreement is reported per row in
+``clock_skew``. Senders with one clock (tolerance 0) are held to the strict order.
 """
 
 from __future__ import annotations
@@ -31,13 +45,17 @@ from exporter.gaps import row_sums
 from exporter.record import NS, RequestBatch
 
 # Columns in the order a consistent request's clocks must follow.
-CLOCK_ORDER = ("arrival", "scheduled", "first_token", "last_token", "finish")
+CLOCK_ORDER = ("arrival", "queued", "scheduled", "first_token", "last_token", "finish")
+# The two chains of a two-clock record (module docstring): pairs within one chain are
+# held to the strict order, pairs across them only to the batch's skew tolerance.
+FRONTEND_CHAIN = frozenset({"arrival", "first_token", "finish"})
+ENGINE_CHAIN = frozenset({"queued", "scheduled", "first_token", "last_token"})
 # first_token + sum(gaps) may differ from last_token by float32 rounding of the gaps
 # and by the sender's clock resolution; more than this is a contradiction.
 GAP_SUM_TOLERANCE_S = 1e-3
 GAP_SUM_TOLERANCE_REL = 1e-3
 
-PHASES = ("queue", "prefill", "ttft", "decode", "tpot", "itl", "e2e", "decode_tps",
+PHASES = ("preprocess", "queue", "prefill", "ttft", "decode", "tpot", "itl", "e2e", "decode_tps",
           "prefill_spt")
 
 
@@ -46,6 +64,7 @@ class Phases:
     """Derived values, one per batch row (NaN = unavailable or rejected)."""
 
     kept: np.ndarray  # bool per row: False = rejected
+    preprocess: np.ndarray
     queue: np.ndarray
     prefill: np.ndarray
     ttft: np.ndarray
@@ -57,6 +76,7 @@ class Phases:
     uncached_prompt_tokens: np.ndarray  # int64, -1 unknown
     itl: np.ndarray  # pooled gaps (s, float32 or float64) of kept requests, row by row
     itl_counts: np.ndarray  # gaps in ``itl`` per row (0 for rejected rows)
+    clock_skew: np.ndarray  # seconds of two-clock disagreement absorbed per row (0 = none)
     rejected: Counter = field(default_factory=Counter)  # reason -> requests
     unavailable: Counter = field(default_factory=Counter)  # (phase, reason) -> requests
 
@@ -80,21 +100,41 @@ def _count_missing(unavailable: Counter, phase: str, kept: np.ndarray,
         remaining &= ~mask
 
 
-def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows) -> tuple[np.ndarray, Counter]:
-    """Rows whose data contradicts itself, by the first failing check."""
+def _disorder(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose known times are out of order, and the two-clock disagreement (s) that
+    rows within the batch's tolerance carry (module docstring)."""
+    n = len(batch)
+    tolerance = int(batch.clock_skew_tolerance_ns)
+    disorder = np.zeros(n, dtype=bool)
+    skew = np.zeros(n, dtype=np.int64)
+    present = [c for c in CLOCK_ORDER if getattr(batch, c).any()]  # an absent column: no pairs
+    for i, a_name in enumerate(present):
+        a = getattr(batch, a_name)
+        for b_name in present[i + 1:]:
+            b = getattr(batch, b_name)
+            late = np.where((a != 0) & (b != 0), a - b, 0)  # > 0: b lands before a
+            cross = not ({a_name, b_name} <= FRONTEND_CHAIN or {a_name, b_name} <= ENGINE_CHAIN)
+            if cross and tolerance:
+                disorder |= late > tolerance
+                skew = np.maximum(skew, late)
+            else:
+                disorder |= late > 0
+    return disorder, np.where(disorder, 0, np.maximum(skew, 0)) / NS
+
+
+def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
+    """Rows whose data contradicts itself, by the first failing check; and the absorbed
+    two-clock disagreement per row."""
     n = len(batch)
     checks: list[tuple[str, np.ndarray]] = []
     counts = (batch.prompt_tokens, batch.cached_prompt_tokens, batch.output_tokens)
     checks.append(("negative_token_count", np.logical_or.reduce([c < -1 for c in counts])))
     checks.append(("cached_exceeds_prompt",
                    (batch.prompt_tokens >= 0) & (batch.cached_prompt_tokens > batch.prompt_tokens)))
-    times = [getattr(batch, c) for c in CLOCK_ORDER]
-    disorder = np.zeros(n, dtype=bool)
     neg_time = np.zeros(n, dtype=bool)
-    for i, a in enumerate(times):
-        neg_time |= a < 0
-        for b in times[i + 1:]:
-            disorder |= (a != 0) & (b != 0) & (b < a)
+    for c in CLOCK_ORDER:
+        neg_time |= getattr(batch, c) < 0
+    disorder, skew = _disorder(batch)
     checks.append(("negative_timestamp", neg_time))
     checks.append(("clock_order", disorder))
     checks.append(("bad_token_gap", bad_gap_rows))
@@ -113,18 +153,21 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows) -> tuple[np.ndarray
         if new.any():
             rejected[reason] += int(new.sum())
             bad |= new
-    return ~bad, rejected
+    return ~bad, rejected, skew
 
 
 def split_phases(batch: RequestBatch) -> Phases:
     """Derive every phase of every request of ``batch``. Pure: no I/O, no state."""
     gap_sums, bad_gap_rows = row_sums(batch.token_gaps, batch.gap_counts)
-    kept, rejected = _rejections(batch, gap_sums, bad_gap_rows)
+    kept, rejected, skew = _rejections(batch, gap_sums, bad_gap_rows)
 
-    arrival, scheduled = batch.arrival, batch.scheduled
+    arrival, queued, scheduled = batch.arrival, batch.queued, batch.scheduled
     first, last, finish = batch.first_token, batch.last_token, batch.finish
     out_tok = batch.output_tokens
-    queue = _interval(scheduled, arrival)
+    # cross-chain intervals: floored at 0 (a disagreement within the tolerance, in skew)
+    preprocess = np.maximum(_interval(queued, arrival), 0.0)
+    queue = np.where(queued != 0, _interval(scheduled, queued),
+                     np.maximum(_interval(scheduled, arrival), 0.0))
     prefill = _interval(first, scheduled)
     ttft = _interval(first, arrival)
     decode = _interval(last, first)
@@ -135,12 +178,14 @@ def split_phases(batch: RequestBatch) -> Phases:
         steps = np.where(multi, out_tok - 1, 0).astype(float)
         tpot = np.where(multi, decode / steps, np.nan)
         decode_tps = np.where(multi & (decode > 0), steps / decode, np.nan)
-        cached = np.maximum(batch.cached_prompt_tokens, 0)
-        uncached = np.where(batch.prompt_tokens >= 0, batch.prompt_tokens - cached, -1)
+        cached = batch.cached_prompt_tokens
+        uncached = np.where((batch.prompt_tokens >= 0) & (cached >= 0),
+                            batch.prompt_tokens - cached, -1)
         prefill_spt = np.where(uncached > 0, prefill / uncached, np.nan)
 
-    values = dict(queue=queue, prefill=prefill, ttft=ttft, decode=decode, tpot=tpot, e2e=e2e,
-                  decode_tps=decode_tps, prefill_spt=prefill_spt)
+    values = dict(preprocess=preprocess, queue=queue, prefill=prefill, ttft=ttft,
+                  decode=decode, tpot=tpot, e2e=e2e, decode_tps=decode_tps,
+                  prefill_spt=prefill_spt)
     for v in values.values():
         v[~kept] = np.nan
 
@@ -149,8 +194,10 @@ def split_phases(batch: RequestBatch) -> Phases:
     unknown_out = out_tok < 0
     single = out_tok == 1
     no_decode = no["first_token"] | no["last_token"]
+    _count_missing(unavailable, "preprocess", kept & np.isnan(preprocess),
+                   [("no_arrival", no["arrival"]), ("no_queued", no["queued"])])
     _count_missing(unavailable, "queue", kept & np.isnan(queue),
-                   [("no_arrival", no["arrival"]), ("no_scheduled", no["scheduled"])])
+                   [("no_scheduled", no["scheduled"]), ("no_arrival", no["arrival"])])
     _count_missing(unavailable, "prefill", kept & np.isnan(prefill),
                    [("no_scheduled", no["scheduled"]), ("no_first_token", no["first_token"])])
     _count_missing(unavailable, "ttft", kept & np.isnan(ttft),
@@ -165,7 +212,9 @@ def split_phases(batch: RequestBatch) -> Phases:
             ("no_output_tokens", out_tok == 0), ("no_decode_interval", no_decode),
             ("zero_decode_time", decode == 0)])
     _count_missing(unavailable, "prefill_spt", kept & np.isnan(prefill_spt), [
-        ("no_prefill_interval", np.isnan(prefill)), ("prompt_tokens_unknown", uncached < 0),
+        ("no_prefill_interval", np.isnan(prefill)),
+        ("prompt_tokens_unknown", batch.prompt_tokens < 0),
+        ("cached_tokens_unknown", batch.cached_prompt_tokens < 0),
         ("fully_cached_prompt", uncached == 0)])
     _count_missing(unavailable, "itl", kept & (batch.gap_counts == 0), [
         ("single_output_token", single), ("no_output_tokens", out_tok == 0),
@@ -178,5 +227,6 @@ def split_phases(batch: RequestBatch) -> Phases:
         itl_counts = np.where(kept, batch.gap_counts, 0)
     return Phases(
         kept=kept, uncached_prompt_tokens=uncached.astype(np.int64), itl=itl,
-        itl_counts=itl_counts, rejected=rejected, unavailable=unavailable, **values,
+        itl_counts=itl_counts, clock_skew=np.where(kept, skew, 0.0), rejected=rejected,
+        unavailable=unavailable, **values,
     )

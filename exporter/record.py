@@ -43,6 +43,7 @@ class RequestRecord:
 
     model: str
     arrival: float | None = None
+    queued: float | None = None  # the engine took it in (after templating, tokenisation)
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -58,15 +59,16 @@ class RequestRecord:
     def row(self, engine: str = "") -> tuple:
         """This record as a ``ROW_FIELDS`` tuple."""
         return (self.model, self.engine or engine, self.finish_reason, self.request_id,
-                self.arrival, self.scheduled, self.first_token, self.last_token, self.finish,
+                self.arrival, self.queued, self.scheduled, self.first_token, self.last_token,
+                self.finish,
                 self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens,
                 self.token_times)
 
 
 # Order of the fields in a row tuple (the client buffers rows, not objects).
-ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "scheduled",
-              "first_token", "last_token", "finish", "prompt_tokens", "cached_prompt_tokens",
-              "output_tokens", "token_times")
+ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "queued",
+              "scheduled", "first_token", "last_token", "finish", "prompt_tokens",
+              "cached_prompt_tokens", "output_tokens", "token_times")
 
 
 @dataclass
@@ -88,6 +90,16 @@ class RequestBatch:
     output_tokens: np.ndarray
     token_gaps: np.ndarray  # seconds, flattened; float64 (float32 as decoded off the wire)
     gap_counts: np.ndarray  # int64 per request
+    # int64 ns: the engine took the request in (vLLM's QUEUED event). Last, with a default
+    # (all absent), so receivers that never know it build batches as before.
+    queued: np.ndarray | None = None
+    # How far (ns) a time of the frontend's clock and one of the engine's may disagree in
+    # these rows (``phases``' "Two clocks"): 0 = one clock, strict order.
+    clock_skew_tolerance_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if self.queued is None:
+            self.queued = np.zeros(len(self.arrival), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -129,10 +141,10 @@ class RequestBatch:
                             dtype=np.int64).reshape(n)
 
         scalars = []
-        for i in range(4, 12):
-            scalars.append(times(i) if i < 9 else counts(i))
+        for i in range(4, 13):
+            scalars.append(times(i) if i < 10 else counts(i))
             pause()
-        tt = [() if v is None else v for v in cols[12]]
+        tt = [() if v is None else v for v in cols[13]]
         lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
         pieces, start, ends = [], 0, np.cumsum(lens)
         while start < n:  # about TOKEN_PIECE token times per piece
@@ -149,10 +161,10 @@ class RequestBatch:
             gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
         return cls(
             strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
-            request_id=refs[3], arrival=scalars[0], scheduled=scalars[1],
-            first_token=scalars[2], last_token=scalars[3], finish=scalars[4],
-            prompt_tokens=scalars[5], cached_prompt_tokens=scalars[6],
-            output_tokens=scalars[7], token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
+            request_id=refs[3], arrival=scalars[0], queued=scalars[1], scheduled=scalars[2],
+            first_token=scalars[3], last_token=scalars[4], finish=scalars[5],
+            prompt_tokens=scalars[6], cached_prompt_tokens=scalars[7],
+            output_tokens=scalars[8], token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
         )
 
     @classmethod

@@ -63,6 +63,7 @@ import numpy as np
 
 from exporter import model_costs
 from exporter.catalog import HardwareSpec, ModelSpec
+from exporter.window import phase_time_shares
 
 # Requests whose first tokens are this close together completed prefill in the same
 # engine step (real engines stamp a whole step's outputs with one time).
@@ -213,7 +214,9 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     if not ok.any():
         inputs["prefill"] = "unavailable: " + (
             "no scheduled and first-token times" if not timed.any() else
-            "prompt tokens unknown")
+            "prompt tokens unknown" if (c["prompt"][timed] < 0).all() else
+            "cached prompt tokens unknown (the server does not say how many prompt tokens "
+            "its prefix cache served; for vLLM give --engine-metrics-url for its hit rate)")
         return None
     sched, first = sched[ok], first[ok]
     busy = union_length(sched, first, lo, hi)
@@ -235,13 +238,12 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
 
 
 def _shares(c: dict) -> dict[str, float] | None:
-    q, p, d = c["queue"], c["prefill"], c["decode"]
-    full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
-    total = q[full].sum() + p[full].sum() + d[full].sum()
-    if not full.any() or total <= 0:
+    """``window.phase_time_shares`` without the phases no request reports; None when
+    there is nothing to share."""
+    shares = phase_time_shares(c)
+    if shares["queue"] is None:
         return None
-    return {"queue": float(q[full].sum() / total), "prefill": float(p[full].sum() / total),
-            "decode": float(d[full].sum() / total)}
+    return {k: v for k, v in shares.items() if v is not None}
 
 
 def analysis_range(cols: dict[str, np.ndarray], span: float) -> tuple[float, float] | None:

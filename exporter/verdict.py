@@ -3,13 +3,16 @@
 The rules and the levers are data, here and nowhere else (product.md, "The
 roofline and the verdict"):
 
-1. The **phase** is the one with the largest share of request time (queue,
-   prefill, decode). To move away from the current verdict's phase, another
+1. The **phase** is the one with the largest share of request time (preprocess,
+   queue, prefill, decode). To move away from the current verdict's phase, another
    phase's share must exceed it by ``HYSTERESIS``.
 2. The **resource**: a dominant queue means ``capacity`` (requests wait for a
-   slot). For prefill or decode, the phase's operating point is compared with
-   both ceilings of the roofline, each taken as *achievable* (measured, or the
-   datasheet x a typical efficiency): whichever ceiling it is nearer is the
+   slot); a dominant preprocess means ``frontend``: the time goes before the
+   engine's queue (templating, tokenisation, multimodal inputs, the hand-off, the
+   first output's trip back), to the API server's CPU, not the GPU. For prefill
+   or decode, the phase's operating point is compared with both ceilings of the
+   roofline, each taken as *achievable* (measured, or the datasheet x a typical
+   efficiency): whichever ceiling it is nearer is the
    candidate (``compute`` or ``memory_bandwidth``); when even that one is used
    less than ``BOUND_FRACTION``, the time goes neither to arithmetic nor to
    memory traffic but to ``overhead`` (scheduling, launches, small batches). With
@@ -29,7 +32,7 @@ from exporter.roofline import Deployment, RooflineEstimate
 BOUND_FRACTION = 0.6  # of the achievable ceiling
 HYSTERESIS = 0.05
 MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
-RESOURCES = ("compute", "memory_bandwidth", "capacity", "overhead", "unknown")
+RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "overhead", "unknown")
 
 # Levers by (phase, resource); the first four rows are product.md's.
 LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -41,6 +44,11 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
         "larger batches", "GQA/MQA models", "higher-bandwidth GPUs"),
     ("queue", "capacity"): (
         "more replicas", "admission control", "disaggregated prefill/decode"),
+    ("preprocess", "frontend"): (
+        "more API-server processes (vLLM --api-server-count)",
+        "a fast (Rust) tokenizer and a lighter chat template",
+        "send token ids instead of text", "move multimodal preprocessing off the API server",
+        "more CPU for the serving pod"),
     ("prefill", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
     ("decode", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
     ("prefill", "memory_bandwidth"): (
@@ -51,7 +59,8 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
-                   "capacity": "capacity-bound", "overhead": "overhead-bound",
+                   "capacity": "capacity-bound", "frontend": "frontend-bound",
+                   "overhead": "overhead-bound",
                    "unknown": "of unknown limit"}
 
 
@@ -61,6 +70,8 @@ def headline(phase: str, resource: str) -> str:
     """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound"."""
     if resource == "capacity":
         return "Queue: requests wait for capacity"
+    if resource == "frontend":
+        return "Preprocess: the API server is the bottleneck"
     return f"{phase.capitalize()} is {RESOURCE_WORDS.get(resource, resource)}"
 
 
@@ -105,7 +116,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     """The verdict for one estimate, with hysteresis against ``previous``.
 
     Without a deployment (a model with no roofline configured) the phase is still
-    decided; the resource is then ``capacity`` for a dominant queue, else ``unknown``.
+    decided; the resource is then ``capacity`` for a dominant queue, ``frontend`` for
+    a dominant preprocess, else ``unknown``.
     """
     shares = est.phase_time_share
     if not shares:
@@ -120,6 +132,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         evidence["decode_batch_size"] = est.decode_batch_size
     if phase == "queue":
         resource, used, util_margin = "capacity", None, 1.0
+    elif phase == "preprocess":
+        resource, used, util_margin = "frontend", None, 1.0
     elif dep is None:
         resource, util_margin = "unknown", 0.0
     else:
@@ -162,10 +176,16 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     e = v.evidence
     share = e["phase_time_share"][v.phase]
     head = f"{v.phase.capitalize()} takes {_pct(share)} of request time"
+    shares = e["phase_time_share"]
     if v.resource == "capacity":
         return (f"{head}: requests wait for a free slot, so the service lacks capacity "
-                f"(prefill {_pct(e['phase_time_share']['prefill'])}, decode "
-                f"{_pct(e['phase_time_share']['decode'])}).")
+                f"(prefill {_pct(shares['prefill'])}, decode {_pct(shares['decode'])}).")
+    if v.resource == "frontend":
+        return (f"{head}: the time goes before the engine's queue (templating, "
+                "tokenisation, the hand-off to the engine, the first output's trip back), "
+                f"so the API server's CPU limits it, not the GPU (engine queue "
+                f"{_pct(shares['queue'])}, prefill {_pct(shares['prefill'])}, decode "
+                f"{_pct(shares['decode'])}).")
     if v.resource == "unknown":
         if dep is None:
             return (f"{head}. No roofline is configured for this model: set --model and "

@@ -30,7 +30,7 @@ from exporter.buckets import (
 from exporter.gaps import GapCounts
 from exporter.record import FINISH_REASONS, NS
 
-_RING_FLOAT = ("t", "arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
+_RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
                "scheduled_at", "first_token_at", "last_token_at", "end_at")
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
@@ -77,7 +77,8 @@ class RollingWindow:
         rows = {
             "t": np.full(int(kept.sum()), now),
             "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
-            "queue": ph.queue[kept], "prefill": ph.prefill[kept], "ttft": ph.ttft[kept],
+            "preprocess": ph.preprocess[kept], "queue": ph.queue[kept],
+            "prefill": ph.prefill[kept], "ttft": ph.ttft[kept],
             "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
             "scheduled_at": at(batch.scheduled), "first_token_at": at(batch.first_token),
             "last_token_at": at(batch.last_token),
@@ -154,7 +155,7 @@ class RollingWindow:
                 "tpot_seconds": _quantiles(ring["tpot"][sel]),
                 "e2e_seconds": _quantiles(ring["e2e"][sel]),
                 "itl_seconds": _binned_quantiles(itl[i]),
-                "phase_time_share": _shares(ring, sel),
+                "phase_time_share": phase_time_shares(ring, sel),
                 "ttft_by_prompt_class": _by_prompt_class(ring, sel),
                 "sampled_requests": int(sel.sum()),
             })
@@ -188,7 +189,8 @@ class RollingWindow:
             row = {"request_id": ids[j], "model": key[0], "engine": key[1],
                    **({"pod": key[2]} if len(key) > 2 else {}),
                    "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
-            for k in ("arrival", "queue", "prefill", "ttft", "decode", "tpot", "e2e"):
+            for k in ("arrival", "preprocess", "queue", "prefill", "ttft", "decode", "tpot",
+                      "e2e"):
                 v = float(ring[k][j])
                 row[k] = None if math.isnan(v) else v
             for k, name in (("prompt", "prompt_tokens"), ("cached", "cached_prompt_tokens"),
@@ -240,11 +242,24 @@ def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
     return out
 
 
-def _shares(ring: dict, sel: np.ndarray) -> dict:
-    q, p, d = ring["queue"][sel], ring["prefill"][sel], ring["decode"][sel]
+SHARE_PHASES = ("preprocess", "queue", "prefill", "decode")
+
+
+def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, float | None]:
+    """Each phase's share of the time requests spent in all of them, over the requests
+    (``sel``) whose queue, prefill and decode are known. A request that does not report
+    preprocess has it inside its queue (measured from arrival), so it adds 0 there;
+    preprocess is None when no request reports it. All None without such requests."""
+    sel = np.ones(len(cols["queue"]), dtype=bool) if sel is None else sel
+    q, p, d = cols["queue"][sel], cols["prefill"][sel], cols["decode"][sel]
     full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
-    total = q[full].sum() + p[full].sum() + d[full].sum()
+    pre = cols["preprocess"][sel][full]
+    parts = {"preprocess": np.nan_to_num(pre).sum(), "queue": q[full].sum(),
+             "prefill": p[full].sum(), "decode": d[full].sum()}
+    total = sum(parts.values())
     if not full.any() or total <= 0:
-        return {"queue": None, "prefill": None, "decode": None}
-    return {"queue": float(q[full].sum() / total), "prefill": float(p[full].sum() / total),
-            "decode": float(d[full].sum() / total)}
+        return dict.fromkeys(SHARE_PHASES)
+    shares = {k: float(v / total) for k, v in parts.items()}
+    if np.isnan(pre).all():
+        shares["preprocess"] = None
+    return shares

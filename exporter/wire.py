@@ -28,6 +28,7 @@ _COLUMNS = (
     ("request_id_ref", "request_id", "<u4", 0),
     ("finish_reason_ref", "finish_reason", "<u4", 0),
     ("arrival_unix_nano", "arrival", "<i8", 0),
+    ("queued_unix_nano", "queued", "<i8", 0),
     ("scheduled_unix_nano", "scheduled", "<i8", 0),
     ("first_token_unix_nano", "first_token", "<i8", 0),
     ("last_token_unix_nano", "last_token", "<i8", 0),
@@ -111,7 +112,8 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         engine=np.full(n, engine_ref, dtype=np.int32),
         finish_reason=cols["finish_reason"].astype(np.int32),
         request_id=cols["request_id"].astype(np.int32),
-        arrival=cols["arrival"].astype(np.int64), scheduled=cols["scheduled"].astype(np.int64),
+        arrival=cols["arrival"].astype(np.int64), queued=cols["queued"].astype(np.int64),
+        scheduled=cols["scheduled"].astype(np.int64),
         first_token=cols["first_token"].astype(np.int64),
         last_token=cols["last_token"].astype(np.int64), finish=cols["finish"].astype(np.int64),
         prompt_tokens=cols["prompt_tokens"].astype(np.int64),
@@ -161,12 +163,16 @@ def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
     head.strings.extend(batch.strings)
     parts = [head.SerializeToString()]
     for field, column, dtype, _ in _COLUMNS:
-        parts.append(_packed(field, getattr(batch, column), dtype))
+        values = getattr(batch, column)
+        if column == "queued" and not values.any():
+            continue  # absent for the whole batch: an empty column, as older senders send
+        parts.append(_packed(field, values, dtype))
     parts.append(_packed("token_gap_seconds", batch.token_gaps, "<f4"))
     return b"".join(parts)
 
 
 _KINDS = {pb.LifecycleEvent.ARRIVED: EventKind.ARRIVED,
+          pb.LifecycleEvent.QUEUED: EventKind.QUEUED,
           pb.LifecycleEvent.SCHEDULED: EventKind.SCHEDULED,
           pb.LifecycleEvent.FIRST_TOKEN: EventKind.FIRST_TOKEN,
           pb.LifecycleEvent.TOKENS: EventKind.TOKENS,

@@ -220,7 +220,10 @@ def panels() -> list[dict]:
                          "textMode": "name", "colorMode": "none", "graphMode": "none",
                          "justifyMode": "auto"}}, 10, 5)
     lay.add({"type": "bargauge", "title": "Share of request time per phase",
-             "description": "Each phase's summed time over all three (queue, prefill, decode).",
+             "description": "Each phase's summed time over all of them (preprocess, queue, "
+                            "prefill, decode). Preprocess shows where the server says when its "
+                            "engine took the request in (vLLM, TGI); elsewhere it is inside the "
+                            "queue.",
              "targets": [target(q(queries.PHASE_SHARE), "{{model}} {{phase}}", instant=True)],
              "fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1},
                              "overrides": phase_overrides()},
@@ -248,8 +251,9 @@ def panels() -> list[dict]:
                   f"(rate(phasewatch_phase_duration_seconds_count{{{SEL}}}[{RANGE}]))")
     lay.add(timeseries("Mean request: seconds in each phase", [target(
         phase_mean, "{{model}} {{phase}}")], "s",
-        "Mean time a request spends in queue, prefill and decode. TTFT = queue + prefill: "
-        "this says which of the two moved.", stack=True, phases=True), 12, 8)
+        "Mean time a request spends in preprocess (the API server's templating, tokenisation "
+        "and hand-off), the engine's queue, prefill and decode. TTFT = preprocess + queue + "
+        "prefill: this says which of them moved.", stack=True, phases=True), 12, 8)
     tokens = [target(k["itl_p50"], "{{model}} ITL p50", "A"),
               target(k["itl_p95"], "{{model}} ITL p95", "B"),
               target(k["tpot_p50"], "{{model}} TPOT p50", "C"),

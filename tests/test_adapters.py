@@ -27,12 +27,13 @@ VLLM_V1 = {"gen_ai.latency.time_to_first_token": 0.25, "gen_ai.latency.e2e": 1.7
 
 def test_vllm_v1_timeline():
     r = vllm.convert(span("llm_request", VLLM_V1), AdapterContext(default_model="llama"))
-    model, engine, _, rid, arrival, scheduled, first, last, finish, p, c, o, _ = r
+    model, engine, _, rid, arrival, queued, scheduled, first, last, finish, p, c, o, _ = r
     assert arrival == T0
     assert (model, engine, rid, p, c, o) == ("llama", "vllm", "cmpl-1", 900, None, 151)
-    # scheduled = first token - prefill (exact), not arrival + time in queue
-    assert (scheduled - T0, first - T0, last - T0, finish - T0) == (
-        0.15 * NS, 0.25 * NS, 1.75 * NS, 1.75 * NS)
+    # scheduled = first token - prefill (exact), not arrival + time in queue; queued =
+    # scheduled - time_in_queue (the engine's own queue), so preprocess = 0.1 s
+    assert (queued - T0, scheduled - T0, first - T0, last - T0, finish - T0) == (
+        0.10 * NS, 0.15 * NS, 0.25 * NS, 1.75 * NS, 1.75 * NS)
 
 
 def test_vllm_v0_has_no_split_and_a_model():
@@ -40,13 +41,14 @@ def test_vllm_v0_has_no_split_and_a_model():
              "gen_ai.latency.time_in_queue": 0.1, "gen_ai.response.model": "opt-125m",
              "gen_ai.usage.prompt_tokens": 10, "gen_ai.usage.completion_tokens": 20}
     r = vllm.convert(span("llm_request", attrs), AdapterContext())
-    assert r[0] == "opt-125m" and r[5] - T0 == 0.1 * NS and r[7] is None
+    # V0's time_in_queue runs from arrival: no queued time, no preprocess
+    assert r[0] == "opt-125m" and r[6] - T0 == 0.1 * NS and r[8] is None and r[5] is None
 
 
 def test_rounding_disagreements_of_a_few_ns_are_one_instant():
     attrs = dict(VLLM_V1, **{"gen_ai.latency.e2e": 1.75 - 3e-9})  # e2e a hair early
     r = vllm.convert(span("llm_request", attrs), AdapterContext())
-    assert r[8] == r[7]  # finish == last token, not 3 ns before it
+    assert r[9] == r[8]  # finish == last token, not 3 ns before it
 
 
 @pytest.mark.parametrize("attrs,reason", [
@@ -70,8 +72,8 @@ def test_sglang_root_span():
     s = span(" Req 1a2b3c4d", attrs)
     assert classify(s) is sglang
     r = sglang.convert(s, AdapterContext())
-    assert (r[0], r[1], r[2], r[10]) == ("qwen", "sglang", "length", 512)
-    assert r[5] - T0 == 0.15 * NS
+    assert (r[0], r[1], r[2], r[11]) == ("qwen", "sglang", "length", 512)
+    assert r[6] - T0 == 0.15 * NS
     assert classify(span("prefill_forward Req 1a2b3c4d")) is None  # a stage span
 
 
@@ -94,14 +96,14 @@ def test_tgi_first_token_only_through_the_linked_prefill():
     ctx = AdapterContext(tgi_links=TgiLinks())
     req = span("generate_stream", attrs, {"service.name": "text-generation-inference.router"})
     r = tgi.convert(req, ctx)
-    assert r[6] is None and r[11] == 70  # no TTFT without the link; 1.75 s / 25 ms tokens
+    assert r[7] is None and r[12] == 70  # no TTFT without the link; 1.75 s / 25 ms tokens
     batch = (b"b" * 16, b"B" * 8)
     ctx.tgi_links.observe(span("infer", parent=b"s" * 8, links=[batch]))
     ctx.tgi_links.observe(SpanView(b"b" * 16, b"P" * 8, b"B" * 8, "prefill", 1, T0,
                                    T0 + round(0.3502 * NS), {}, {}, ""))
     r = tgi.convert(req, ctx)
-    assert r[6] - T0 == round(0.3502 * NS)  # the prefill's end
-    assert r[5] - T0 == round(0.0502 * NS) and r[8] - T0 == round(2.0002 * NS)
+    assert r[7] - T0 == round(0.3502 * NS)  # the prefill's end
+    assert r[6] - T0 == round(0.0502 * NS) and r[9] - T0 == round(2.0002 * NS)
     with pytest.raises(Rejected, match="bad_duration"):
         tgi.convert(span("generate", dict(attrs, total_time="soon")), ctx)
 
@@ -116,8 +118,8 @@ def test_genai_semconv_old_and_new_names():
         s = span("chat gpt-x", attrs)
         assert classify(s) is genai
         r = genai.convert(s, AdapterContext())
-        assert (r[0], r[1], r[9], r[11]) == ("gpt-x", "otel", 30, 7)
-    assert genai.convert(span("chat", new), AdapterContext())[6] - T0 == 0.4 * NS
+        assert (r[0], r[1], r[10], r[12]) == ("gpt-x", "otel", 30, 7)
+    assert genai.convert(span("chat", new), AdapterContext())[7] - T0 == 0.4 * NS
 
 
 def test_not_requests_are_ignored():

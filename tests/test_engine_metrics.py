@@ -6,10 +6,11 @@ import http.server
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exporter import catalog
-from exporter.bottleneck import with_engine_counters
+from exporter.bottleneck import with_cached_share, with_engine_counters
 from exporter.engine_metrics import EngineMetricsSource, EngineRates, parse_page
 from exporter.roofline import Deployment, RooflineEstimate, phase_estimate
 from exporter.selfstats import SelfStats
@@ -113,3 +114,63 @@ def test_engine_counters_replace_the_inference_split_by_phase():
     assert out.decode_batch_size == pytest.approx(12.0)
     assert out.inputs["flops"] == out.inputs["bytes"] == "engine_counters"
     assert out.inputs["decode_batch"] == "engine_num_requests_running"
+
+
+def _vllm_page(flops: float, prompt: float, cached: float) -> str:
+    """The counters as vLLM 0.33 exposes them without --enable-mfu-metrics (at 0)."""
+    lines = [f'vllm:estimated_flops_per_gpu_total{{engine="0",model_name="m"}} {flops}',
+             f'vllm:estimated_read_bytes_per_gpu_total{{engine="0",model_name="m"}} {flops}',
+             f'vllm:estimated_write_bytes_per_gpu_total{{engine="0",model_name="m"}} {flops}',
+             f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {prompt}',
+             f'vllm:prompt_tokens_cached_total{{engine="0",model_name="m"}} {cached}',
+             f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {prompt}',
+             f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {cached / 2}']
+    return "\n".join(["# TYPE vllm:estimated_flops_per_gpu counter",
+                      "# TYPE vllm:estimated_read_bytes_per_gpu counter",
+                      "# TYPE vllm:estimated_write_bytes_per_gpu counter",
+                      "# TYPE vllm:prompt_tokens counter",
+                      "# TYPE vllm:prompt_tokens_cached counter",
+                      "# TYPE vllm:prefix_cache_queries counter",
+                      "# TYPE vllm:prefix_cache_hits counter", *lines]) + "\n"
+
+
+def _rates(pages: list[str]) -> EngineRates:
+    server = Pages(pages)
+    now = [1000.0]
+    src = EngineMetricsSource(server.url, "m", SelfStats(), clock=lambda: now[0])
+    try:
+        for _ in pages:
+            assert src.poll() is not None
+            now[0] += 10.0
+    finally:
+        server.close()
+    return src.rates(60.0)
+
+
+def test_counters_stuck_at_zero_while_requests_finish_are_absent_not_zero_work():
+    r = _rates([_vllm_page(0, 1000, 0), _vllm_page(0, 5000, 0)])
+    assert r.flops_per_gpu is None and r.bytes_per_gpu is None
+    assert r.flat == ("flops", "bytes")
+    dep = Deployment(LLAMA, catalog.model(LLAMA), catalog.hardware("H100", 1))
+    dec = phase_estimate(dep, 30.0, 1e15, 9e13, 10)
+    est = RooflineEstimate("m", "e", 0.0, 30.0, 1.0, 10, None, dec, 10.0, 0.008,
+                           {"queue": 0.0, "prefill": 0.1, "decode": 0.9}, {})
+    out = with_engine_counters(est, dep, r)
+    assert out.decode.flops == dec.flops and out.decode.source == dec.source  # inferred
+    assert out.decode.bandwidth_utilization > 0  # not the MBU 0 of a counter at 0
+    assert "--enable-mfu-metrics" in out.inputs["flops"]
+    assert out.inputs["flops"].split(":")[0] == "inferred"  # the bounded label value
+
+
+def test_prefix_cache_share_fills_unknown_cached_tokens_for_the_estimator():
+    r = _rates([_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200)])
+    assert r.cached_prompt_share == pytest.approx(0.25)  # 1000 of 4000 new prompt tokens
+    assert r.cached_share_source == "prompt_tokens_cached"
+    cols = {"prompt": np.array([400, 1000, -1]), "uncached": np.array([-1, 100, -1])}
+    out = with_cached_share(cols, r.cached_prompt_share)
+    assert out["uncached"].tolist() == [300, 100, -1]  # known counts and unknown prompts kept
+    no_cached_counter = [p.replace("vllm:prompt_tokens_cached_total", "x_other")
+                         for p in (_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200))]
+    r = _rates(no_cached_counter)
+    assert r.cached_share_source == "prefix_cache_hits"
+    assert r.cached_prompt_share == pytest.approx(0.125)

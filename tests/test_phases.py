@@ -11,9 +11,14 @@ from exporter.record import RequestBatch, RequestRecord
 T = 1_700_000_000.0
 
 
+def near(x: float):
+    return pytest.approx(x, abs=1e-6)  # float epoch seconds resolve ~0.24 us
+
+
 def one(**kw) -> tuple:
     base = dict(model="m", arrival=T, scheduled=T + 0.1, first_token=T + 0.5,
-                last_token=T + 1.5, finish=T + 1.6, prompt_tokens=1000, output_tokens=11)
+                last_token=T + 1.5, finish=T + 1.6, prompt_tokens=1000,
+                cached_prompt_tokens=0, output_tokens=11)
     base.update(kw)
     ph = split_phases(RequestBatch.from_records([RequestRecord(**base)]))
     return ph, {k: float(getattr(ph, k)[0]) for k in
@@ -31,7 +36,52 @@ def test_full_record_gives_every_phase():
     assert v["e2e"] == pytest.approx(1.6)
     assert v["decode_tps"] == pytest.approx(10.0)
     assert v["prefill_spt"] == pytest.approx(0.4 / 1000)
-    assert not ph.rejected and not ph.unavailable
+    assert not ph.rejected
+    assert ph.unavailable == {("preprocess", "no_queued"): 1}  # queue runs from arrival
+
+
+def test_queued_splits_preprocess_from_the_engine_queue():
+    ph, v = one(queued=T + 0.03)
+    assert float(ph.preprocess[0]) == near(0.03)
+    assert v["queue"] == near(0.07)  # scheduled - queued, not - arrival
+    assert float(ph.preprocess[0]) + v["queue"] + v["prefill"] == near(v["ttft"])
+    assert not ph.rejected and ("preprocess", "no_queued") not in ph.unavailable
+
+
+def test_unknown_cached_tokens_leave_prefill_per_token_out_rather_than_guess_zero():
+    ph, v = one(cached_prompt_tokens=None)
+    assert math.isnan(v["prefill_spt"])
+    assert ph.unavailable[("prefill_spt", "cached_tokens_unknown")] == 1
+    assert int(ph.uncached_prompt_tokens[0]) == -1
+    assert v["prefill"] == near(0.4)  # the interval itself is still known
+
+
+def _two_clocks(tolerance_s: float, **kw):
+    batch = RequestBatch.from_records([RequestRecord(**{**dict(
+        model="m", arrival=T, queued=T + 0.01, scheduled=T + 0.02, first_token=T + 0.5,
+        last_token=T + 1.5, finish=T + 1.6, prompt_tokens=10, output_tokens=11), **kw})])
+    batch.clock_skew_tolerance_ns = round(tolerance_s * 1e9)
+    return split_phases(batch)
+
+
+def test_two_clock_disagreement_within_the_tolerance_is_kept_and_reported():
+    # vLLM: the last token (engine clock) 4 ms after the finish (frontend clock)
+    ph = _two_clocks(1.0, finish=T + 1.496)
+    assert ph.kept.all() and not ph.rejected
+    assert float(ph.decode[0]) == near(1.0)  # the engine's own decode, exact
+    assert float(ph.e2e[0]) == near(1.496)  # the frontend's own e2e, exact
+    assert float(ph.clock_skew[0]) == near(0.004)
+    # the engine took it in "before" it arrived: preprocess floors at 0, queue stays exact
+    ph = _two_clocks(1.0, queued=T - 0.002)
+    assert float(ph.preprocess[0]) == 0.0 and float(ph.queue[0]) == near(0.022)
+    assert float(ph.clock_skew[0]) == near(0.002)
+
+
+def test_two_clock_disagreement_past_the_tolerance_or_within_one_chain_is_rejected():
+    assert _two_clocks(1.0, finish=T + 0.4).rejected == {"clock_order": 1}  # before 1st token
+    assert _two_clocks(1.0, last_token=T + 2.7).rejected == {"clock_order": 1}  # 1.1 s late
+    assert _two_clocks(1.0, scheduled=T + 0.005).rejected == {"clock_order": 1}  # same chain
+    assert _two_clocks(0.0, finish=T + 1.496).rejected == {"clock_order": 1}  # one clock
 
 
 def test_one_output_token_has_no_tpot_and_no_itl():
@@ -73,6 +123,7 @@ def test_token_times_give_pooled_itl_and_absent_times_are_counted():
 
 @pytest.mark.parametrize("kw,reason", [
     (dict(scheduled=T - 0.1), "clock_order"),
+    (dict(queued=T + 0.2), "clock_order"),  # queued after scheduled
     (dict(first_token=T + 2.0), "clock_order"),  # first token after the last
     (dict(finish=T + 1.0), "clock_order"),
     (dict(cached_prompt_tokens=2000), "cached_exceeds_prompt"),

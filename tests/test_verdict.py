@@ -118,3 +118,15 @@ def test_prefill_chunks_in_decode_steps_count_toward_compute():
     assert v.resource == "memory_bandwidth"
     assert "40% of the achievable FLOP/s" in v.text
     assert "of the FLOPs in its steps are prefill chunks sharing them" in v.text
+
+
+def test_a_dominant_preprocess_is_the_api_server_not_the_engine_queue():
+    # vLLM with a CPU-bound API server: TTFT is mostly templating and tokenisation while
+    # the engine's own queue is empty (the old split called this "queue / capacity")
+    e = est((0.0, 0.05, 0.30))
+    e.phase_time_share = {"preprocess": 0.65, "queue": 0.0, "prefill": 0.05, "decode": 0.30}
+    v = decide(e, DEP)
+    assert (v.phase, v.resource) == ("preprocess", "frontend")
+    assert v.levers == LEVERS[("preprocess", "frontend")]
+    assert any("API-server" in lever for lever in v.levers)
+    assert "API server" in v.text and "engine queue 0%" in v.text

@@ -130,11 +130,19 @@ class AdapterContext:
 # is rounded on its own: e2e and prefill + decode may disagree by a few nanoseconds.
 # Within this much, a later time that lands before an earlier one is the same instant.
 ROUNDING_NS = 1000
+# vLLM's TTFT and e2e are its API server's wall-clock figures, its queue, prefill and
+# decode engine-core monotonic differences (vllm/v1/metrics/stats.py): rebuilt as times,
+# the last token can land after the finish (measured -3.6 .. +4.8 ms on an idle CPU
+# server; a busy frontend that handles the first output late makes it more). Up to this
+# much the request is kept with every duration vLLM's own, and the disagreement is
+# counted (phasewatch_clock_skew_seconds); past it the times contradict each other.
+TWO_CLOCK_TOLERANCE_NS = 10 * NS
 
 
 def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, scheduled,
-        first_token, last_token, finish, prompt, cached, output) -> tuple:
-    times = [arrival, scheduled, first_token, last_token, finish]
+        first_token, last_token, finish, prompt, cached, output, *, queued=None) -> tuple:
+    """A ``record.ROW_FIELDS`` tuple (times in integer ns, None = unknown)."""
+    times = [arrival, queued, scheduled, first_token, last_token, finish]
     latest = None
     for i, t in enumerate(times):
         if t is None:
@@ -147,9 +155,17 @@ def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, s
 
 
 def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
-    """A row from the ``gen_ai.latency.*`` attributes vLLM and SGLang share (float seconds
-    from the span's start = arrival). Scheduled is first token - prefill when both are
-    sent (exact), else arrival + ``time_in_queue`` when that is (vLLM V0)."""
+    """A row from the ``gen_ai.latency.*`` attributes vLLM and SGLang share (float seconds;
+    the span starts at arrival).
+
+    Every duration the server sent is kept exactly: first token = arrival + TTFT and
+    finish = arrival + e2e (vLLM's frontend clock); scheduled = first token - prefill,
+    queued = scheduled - ``time_in_queue`` and last token = first token + decode (its
+    engine core's intervals, hung off the first token). So the engine's queue is vLLM's
+    own ``time_in_queue`` (= ``vllm:request_queue_time_seconds``), and what TTFT holds
+    beyond queue and prefill (templating, tokenisation, hand-off, the first output's
+    trip back) is preprocess. Without a prefill attribute (vLLM V0, whose
+    ``time_in_queue`` runs from arrival), scheduled = arrival + ``time_in_queue``."""
     a = span.attributes
     ttft = seconds(a, "gen_ai.latency.time_to_first_token")
     e2e = seconds(a, "gen_ai.latency.e2e")
@@ -161,8 +177,9 @@ def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
                        "or e2e")
     arrival = span.start_ns or None
     first = after(arrival, ttft)
-    scheduled = (first - round(prefill * NS) if first is not None and prefill is not None
-                 else after(arrival, queue))
+    engine_chain = first is not None and prefill is not None
+    scheduled = first - round(prefill * NS) if engine_chain else after(arrival, queue)
+    queued = scheduled - round(queue * NS) if engine_chain and queue is not None else None
     return row(
         ctx.model_for(span, text(a, "gen_ai.response.model", "gen_ai.request.model")), engine,
         first_reason(a.get("gen_ai.response.finish_reasons")), text(a, "gen_ai.request.id"),
@@ -170,7 +187,8 @@ def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
         after(arrival, e2e) if e2e is not None else span.end_ns or None,
         count(a, "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
         count(a, "gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
-        count(a, "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
+        count(a, "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"),
+        queued=queued)
 
 
 # ---- many latency spans at once ---------------------------------------------------------
@@ -246,14 +264,18 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         known = (t != 0) & ~np.isnan(s)
         return np.where(known, t + np.round(np.where(known, s, 0) * NS).astype(np.int64), 0)
 
+    def before_ns(t: np.ndarray, s: np.ndarray) -> np.ndarray:  # t - s, 0 = unknown
+        known = (t != 0) & ~np.isnan(s)
+        return np.where(known, t - np.round(np.where(known, s, 0) * NS).astype(np.int64), 0)
+
     with np.errstate(over="ignore", invalid="ignore"):  # only in rows refused above
         first = after_ns(arrival, ttft)
-        scheduled = np.where((first != 0) & ~np.isnan(prefill),
-                             first - np.round(np.where(np.isnan(prefill), 0, prefill) * NS)
-                             .astype(np.int64), after_ns(arrival, queue))
+        engine_chain = (first != 0) & ~np.isnan(prefill)  # as ``latency_row``
+        scheduled = np.where(engine_chain, before_ns(first, prefill), after_ns(arrival, queue))
+        queued = np.where(engine_chain, before_ns(scheduled, queue), 0)
         last = after_ns(first, decode)
         finish = np.where(~np.isnan(e2e), after_ns(arrival, e2e), end)
-    times = [arrival, scheduled, first, last, finish]
+    times = [arrival, queued, scheduled, first, last, finish]
     latest = np.zeros(n, dtype=np.int64)  # as ``row``: rounding-level disorder is one instant
     seen = np.zeros(n, dtype=bool)
     for t in times:
@@ -292,8 +314,9 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         strings=list(table), model=model_refs[ok],
         engine=np.full(int(ok.sum()), engine_ref, dtype=np.int32),
         finish_reason=reason_refs[ok], request_id=id_refs[ok],
-        arrival=times[0][ok], scheduled=times[1][ok], first_token=times[2][ok],
-        last_token=times[3][ok], finish=times[4][ok],
+        arrival=times[0][ok], queued=times[1][ok], scheduled=times[2][ok],
+        first_token=times[3][ok], last_token=times[4][ok], finish=times[5][ok],
+        clock_skew_tolerance_ns=TWO_CLOCK_TOLERANCE_NS,
         prompt_tokens=unknown_as(counts[0][ok]), cached_prompt_tokens=unknown_as(counts[1][ok]),
         output_tokens=unknown_as(counts[2][ok]), token_gaps=np.empty(0),
         gap_counts=np.zeros(int(ok.sum()), dtype=np.int64))

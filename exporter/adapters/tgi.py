@@ -101,11 +101,12 @@ def convert(span, ctx) -> tuple:
     total, inference = _duration(a, "total_time"), _duration(a, "inference_time")
     if total is None or inference is None:
         raise Rejected("no_timing_fields", f"{span.name} span without total/inference time")
-    validation = _duration(a, "validation_time") or 0.0
+    validation = _duration(a, "validation_time")
     queue = _duration(a, "queue_time")
     per_token = _duration(a, "time_per_token")
     arrival = span.start_ns or None
-    scheduled = after(arrival, validation + queue) if queue is not None else None
+    queued = after(arrival, validation)  # validation (tokenisation) is TGI's preprocess
+    scheduled = after(queued or arrival, queue)
     output = round(inference / per_token) if per_token else None
     first = ctx.tgi_links.first_token(span) if ctx.tgi_links else None
     last = after(scheduled, inference)
@@ -113,4 +114,4 @@ def convert(span, ctx) -> tuple:
         first = None  # a link to the wrong batch: leave TTFT out rather than invent it
     return row(ctx.model_for(span), ENGINE, "", "", arrival, scheduled, first,
                last, after(arrival, total), None, None,
-               output)
+               output, queued=queued)
