@@ -189,6 +189,8 @@ def shares_figure(series: pd.DataFrame) -> dict:
     data = []
     for p in PHASES:
         m = mine[mine["metric"] == f"{p}_share"].sort_values("at")
+        if m.empty:  # preprocess, from a server that does not report it
+            continue
         data.append({"type": "scatter", "mode": "lines", "stackgroup": "shares",
                      "name": p + suffix, "x": _dates(m["at"]), "y": m["value"].tolist(),
                      "line": {"color": PHASE_COLORS[p], "width": 0.5},
@@ -214,7 +216,9 @@ def waterfall_figure(waterfall: pd.DataFrame) -> dict:
     base = df["start"].astype(float).to_numpy()
     data = []
     for p in PHASES:
-        width = df[p].astype(float).to_numpy()
+        width = np.nan_to_num(df[p].astype(float).to_numpy())
+        if p == "preprocess" and not width.any():
+            continue  # a server that does not report it: inside the queue
         data.append({"type": "bar", "orientation": "h", "name": p, "y": labels,
                      "x": width.tolist(), "base": base.tolist(),
                      "marker": {"color": PHASE_COLORS[p]},

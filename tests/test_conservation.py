@@ -11,12 +11,14 @@ from tests.conftest import scrape
 
 def expected_from_records(records):
     """Independent arithmetic on the records (plain Python, not the phase split)."""
-    e = dict(n=len(records), ttft=0.0, e2e=0.0, queue=0.0, prefill=0.0, decode=0.0,
+    e = dict(n=len(records), ttft=0.0, e2e=0.0, preprocess=0.0, queue=0.0, prefill=0.0,
+             decode=0.0,
              tpot=0.0, tpot_n=0, gaps=0, gap_sum=0.0, prompt=0, cached=0, output=0)
     for r in records:
         e["ttft"] += r.first_token - r.arrival
         e["e2e"] += r.finish - r.arrival
-        e["queue"] += r.scheduled - r.arrival
+        e["preprocess"] += r.queued - r.arrival
+        e["queue"] += r.scheduled - r.queued
         e["prefill"] += r.first_token - r.scheduled
         e["decode"] += r.last_token - r.first_token
         if r.output_tokens > 1:
@@ -63,7 +65,7 @@ def test_counts_and_sums_survive_the_trip(exporter, records):
     assert n == e["n"] and close(s, e["e2e"])
     n, s = hist("gen_ai_server_time_per_output_token_seconds")
     assert n == e["tpot_n"] and close(s, e["tpot"])
-    for phase in ("queue", "prefill", "decode"):
+    for phase in ("preprocess", "queue", "prefill", "decode"):
         n, s = hist("phasewatch_phase_duration_seconds", phase=phase)
         assert n == e["n"] and close(s, e[phase]), phase
     n, s = hist("phasewatch_inter_token_latency_seconds")

@@ -102,6 +102,7 @@ def test_one_request_is_one_waterfall_bar_and_one_scatter_point():
     assert k["decode_share"] == pytest.approx(0.5 / 0.8, abs=1e-4)
 
     fig = figures.waterfall_figure(snap.waterfall)
+    # no queued time in this record: no preprocess bar (it is inside the queue)
     assert [t["name"] for t in fig["data"]] == ["queue", "prefill", "decode"]
     widths = [t["x"][0] for t in fig["data"]]
     assert widths == pytest.approx([0.1, 0.2, 0.5], abs=1e-5)
@@ -162,7 +163,10 @@ def test_series_figures_draw_one_line_per_model_and_metric(many):
     assert sorted(t["name"] for t in fig["data"]) == sorted(
         f"TTFT {q} · {m}/vllm" for m in MODELS for q in ("p50", "p95"))
     shares = figures.shares_figure(snap.series)
-    assert [t["stackgroup"] for t in shares["data"]] == ["shares"] * 3
+    # the simulated engine reports when its engine queued each request: four phases
+    assert [t["name"].split(" ·")[0] for t in shares["data"]] == [
+        "preprocess", "queue", "prefill", "decode"]
+    assert [t["stackgroup"] for t in shares["data"]] == ["shares"] * 4
     assert "pick one" in shares["layout"]["title"]["text"]
 
 

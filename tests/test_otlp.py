@@ -56,6 +56,7 @@ def _sums(s, engine: str) -> dict:
     return {
         "ttft": hist("gen_ai_server_time_to_first_token_seconds"),
         "e2e": hist("gen_ai_server_request_duration_seconds"),
+        "preprocess": hist("phasewatch_phase_duration_seconds", phase="preprocess"),
         "queue": hist("phasewatch_phase_duration_seconds", phase="queue"),
         "prefill": hist("phasewatch_phase_duration_seconds", phase="prefill"),
         "decode": hist("phasewatch_phase_duration_seconds", phase="decode"),
@@ -107,9 +108,12 @@ def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport,
 def test_tgi_duration_strings_and_linked_prefill(exporter, records, transport):
     _send("tgi", _grpc(exporter) if transport == "grpc" else _http(exporter), records)
     s = scrape(exporter.http_port)
-    # TGI's request span starts before validation (0.2 ms here): arrival is earlier
-    _assert_matches(_sums(s, "tgi"), {k: v for k, v in _expected(records, 0.0002).items()
-                                      if k != "prompt"})
+    # TGI's request span starts before validation (0.2 ms here): arrival is earlier, and
+    # validation (tokenisation) is the preprocess phase, apart from the queue
+    want = {k: v for k, v in _expected(records, 0.0002).items() if k != "prompt"}
+    want["queue"] = (len(records), sum(r.scheduled - r.arrival for r in records))
+    want["preprocess"] = (len(records), 0.0002 * len(records))
+    _assert_matches(_sums(s, "tgi"), want)
     # batch, prefill and infer spans are not requests: ignored, not errors
     assert s.value("phasewatch_otlp_spans_total", protocol=f"otlp_{transport}",
                    outcome="ignored") == 3 * len(records)

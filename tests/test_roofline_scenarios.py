@@ -28,7 +28,7 @@ PAIRS = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H200", 4),
          ("Mixtral-8x7B", "H200", 2)]
 EXPECTED = {"chat": ("decode", "memory_bandwidth"), "rag": ("prefill", "compute"),
             "long_generation": ("decode", "memory_bandwidth"), "overload": ("queue", "capacity"),
-            "tiny_batch": ("decode", "overhead")}
+            "tiny_batch": ("decode", "overhead"), "api_bound": ("preprocess", "frontend")}
 # Long requests need a longer run: the range ends a 90th-percentile request time
 # before the newest request, and the run must reach a steady state first.
 DURATION = {"long_generation": 150.0, "rag": 150.0}

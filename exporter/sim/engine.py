@@ -45,10 +45,15 @@ class EngineConfig:
     flops_efficiency: float | None = None
     compute_dtype: str = "bf16"
     response_overhead: float = 0.0005  # s from the last token to the response completing
+    # s from arrival at the API server to the engine's queue: chat template, tokenisation
+    # and the hand-off to the engine core (vLLM's QUEUED event), the preprocess phase
+    preprocess: float = 0.002
 
     def __post_init__(self):
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_batched_tokens must be positive")
+        if self.preprocess < 0 or self.response_overhead < 0:
+            raise ValueError("preprocess and response_overhead must not be negative")
         for name in ("bandwidth_efficiency", "flops_efficiency"):
             v = getattr(self, name)
             if v is not None and not 0 < v <= 1:
@@ -62,6 +67,7 @@ class _Seq:
     prompt: int
     cached: int
     output: int
+    queued: float = 0.0  # arrival + preprocess
     scheduled: float | None = None
     prefilled: int = 0  # prompt tokens in the KV cache
     emissions: list[float] = field(default_factory=list)
@@ -144,7 +150,7 @@ class SimEngine:
             nonlocal serial
             prompt, cached, output = wl.draw(self._rng)
             waiting.append(_Seq(f"{self.name}-{serial}", at, prompt, cached, output,
-                                prefilled=cached))
+                                queued=at + cfg.preprocess, prefilled=cached))
             serial += 1
 
         if wl.concurrency:
@@ -155,10 +161,10 @@ class SimEngine:
                 while next_arrival <= t:
                     new_request(next_arrival)
                     next_arrival += self._rng.exponential(1.0 / wl.rate)
-            ready = bool(waiting) and waiting[0].arrival <= t
+            ready = bool(waiting) and waiting[0].queued <= t
             if not running and not ready:
                 # Idle until the next request arrives (open or closed loop).
-                t = min(x for x in (next_arrival, waiting[0].arrival if waiting else None)
+                t = min(x for x in (next_arrival, waiting[0].queued if waiting else None)
                         if x is not None)
                 continue
             decoding = [s for s in running if s.prefilled >= s.prompt]
@@ -169,7 +175,7 @@ class SimEngine:
                     n = min(s.prompt - s.prefilled, budget)
                     chunks.append((s, n))
                     budget -= n
-            while (waiting and waiting[0].arrival <= t and budget > 0
+            while (waiting and waiting[0].queued <= t and budget > 0
                    and len(running) < cfg.max_num_seqs):
                 s = waiting.popleft()
                 s.scheduled = t
@@ -214,7 +220,8 @@ class SimEngine:
         times = [epoch + x for x in s.emissions]
         return RequestRecord(
             model=self.model.name, engine=self.name.split("-")[0], request_id=s.rid,
-            arrival=epoch + s.arrival, scheduled=epoch + s.scheduled, first_token=times[0],
+            arrival=epoch + s.arrival, queued=epoch + s.queued, scheduled=epoch + s.scheduled,
+            first_token=times[0],
             last_token=times[-1], finish=times[-1] + self.config.response_overhead,
             prompt_tokens=s.prompt, cached_prompt_tokens=s.cached, output_tokens=s.output,
             finish_reason="stop", token_times=times)

@@ -43,7 +43,8 @@ def emit_vllm(tracer, r: RequestRecord) -> None:
         span.set_attribute("gen_ai.latency.time_to_first_token", r.first_token - r.arrival)
         # vLLM's e2e runs to the engine step that finished the request: its last token
         span.set_attribute("gen_ai.latency.e2e", r.last_token - r.arrival)
-        span.set_attribute("gen_ai.latency.time_in_queue", r.scheduled - r.arrival)
+        # the engine core's own queue: scheduled - queued (vllm/v1/metrics/stats.py)
+        span.set_attribute("gen_ai.latency.time_in_queue", r.scheduled - (r.queued or r.arrival))
         span.set_attribute("gen_ai.usage.prompt_tokens", r.prompt_tokens)
         span.set_attribute("gen_ai.usage.completion_tokens", r.output_tokens)
         span.set_attribute("gen_ai.latency.time_in_model_prefill", r.first_token - r.scheduled)

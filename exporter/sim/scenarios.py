@@ -56,6 +56,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(no CUDA graphs, ~8 ms of launch overhead per step). Far below both ceilings.",
              Workload(Lengths(64, 0.3, 8, 512), Lengths(32, 0.3, 2, 128), concurrency=2),
              EngineConfig(step_overhead=0.008)),
+    Scenario("api_bound", "CPU-bound API server: heavy chat templates and multimodal inputs "
+             "take 0.5 s to preprocess before the engine's queue, at a light load with short "
+             "answers. The engine is idle; preprocess dominates TTFT and request time.",
+             Workload(Lengths(800, 0.5, 16, 4096), Lengths(40, 0.3, 4, 128), rate=4.0),
+             EngineConfig(preprocess=0.5)),
 )}
 
 
