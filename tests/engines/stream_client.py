@@ -60,6 +60,7 @@ def plan(count: int, seed: int, eos_token_id: int) -> list[dict]:
             # greedy (0) only for n=1: vLLM refuses n>1 with greedy sampling
             "temperature": rng.choice((0.0, 0.7, 1.0) if n == 1 else (0.7, 1.0)),
             "top_p": rng.choice((1.0, 0.9)),
+            "seed": seed * 1000 + i,  # vLLM's per-request sampling seed: repeatable outputs
             "logit_bias": {str(eos_token_id): 6.0 if stop_early else -100.0},
             "x_request_id": None if i % 7 == 0 else f"pw-{seed}-{i:03d}",
         })
@@ -83,7 +84,8 @@ def _extra(obj, name: str):
 async def one(client, model: str, p: dict) -> dict:
     headers = {"X-Request-Id": p["x_request_id"]} if p["x_request_id"] else {}
     common = dict(model=model, max_tokens=p["max_tokens"], temperature=p["temperature"],
-                  top_p=p["top_p"], n=p["n"], logit_bias=p["logit_bias"], stream=True,
+                  top_p=p["top_p"], n=p["n"], seed=p["seed"], logit_bias=p["logit_bias"],
+                  stream=True,
                   stream_options={"include_usage": True}, extra_headers=headers,
                   extra_body={"return_token_ids": True})
     rec = {**p, "chunks": [], "response_id": None, "usage": None, "error": None}
