@@ -183,8 +183,9 @@ class Aggregator:
     def _token_counts(batch: RequestBatch, kept: np.ndarray, ls: np.ndarray, n_ls: int):
         cols = (batch.prompt_tokens, batch.cached_prompt_tokens, batch.output_tokens)
         out = np.zeros((n_ls, len(cols)))
+        once = kept & ~batch.prompt_shared  # a shared prompt was counted with its first sequence
         for j, col in enumerate(cols):
-            known = kept & (col >= 0)
+            known = (once if j < 2 else kept) & (col >= 0)
             out[:, j] = np.bincount(ls[known], weights=col[known], minlength=n_ls)
         return out
 

@@ -181,6 +181,9 @@ def split_phases(batch: RequestBatch) -> Phases:
         cached = batch.cached_prompt_tokens
         uncached = np.where((batch.prompt_tokens >= 0) & (cached >= 0),
                             batch.prompt_tokens - cached, -1)
+        # a further sequence of a parallel-sampling request reads the prompt its first
+        # sequence already put in the KV cache
+        uncached = np.where(batch.prompt_shared & (batch.prompt_tokens >= 0), 0, uncached)
         prefill_spt = np.where(uncached > 0, prefill / uncached, np.nan)
 
     values = dict(preprocess=preprocess, queue=queue, prefill=prefill, ttft=ttft,
@@ -214,6 +217,7 @@ def split_phases(batch: RequestBatch) -> Phases:
     _count_missing(unavailable, "prefill_spt", kept & np.isnan(prefill_spt), [
         ("no_prefill_interval", np.isnan(prefill)),
         ("prompt_tokens_unknown", batch.prompt_tokens < 0),
+        ("prompt_shared", batch.prompt_shared),
         ("cached_tokens_unknown", batch.cached_prompt_tokens < 0),
         ("fully_cached_prompt", uncached == 0)])
     _count_missing(unavailable, "itl", kept & (batch.gap_counts == 0), [

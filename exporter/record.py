@@ -96,10 +96,17 @@ class RequestBatch:
     # How far (ns) a time of the frontend's clock and one of the engine's may disagree in
     # these rows (``phases``' "Two clocks"): 0 = one clock, strict order.
     clock_skew_tolerance_ns: int = 0
+    # bool per row: a further sequence of a parallel-sampling request (vLLM n > 1 sends
+    # one span per sequence, each with the whole prompt): its prompt was read once, by
+    # the request's first sequence, so it is not counted again (tokens, prompt rates,
+    # prefill work); its prompt_tokens still say how long the prompt was (prompt class).
+    prompt_shared: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.queued is None:
             self.queued = np.zeros(len(self.arrival), dtype=np.int64)
+        if self.prompt_shared is None:
+            self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
 
     def __len__(self) -> int:
         return len(self.arrival)

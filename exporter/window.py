@@ -94,9 +94,11 @@ class RollingWindow:
         counts = np.zeros((n_ls, 3))
         k_ls = ls[kept]
         counts[:, 0] = np.bincount(k_ls, minlength=n_ls)
+        once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
         for j, col in ((1, batch.prompt_tokens), (2, batch.output_tokens)):
             c = col[kept]
-            counts[:, j] = np.bincount(k_ls[c >= 0], weights=c[c >= 0], minlength=n_ls)
+            counted = (c >= 0) & once if j == 1 else c >= 0
+            counts[:, j] = np.bincount(k_ls[counted], weights=c[counted], minlength=n_ls)
         with self._lock:
             self._write_ring(rows, ids)
             slot = self._slot_for(int(now), n_ls)

@@ -207,3 +207,29 @@ def test_latency_batch_equals_latency_row_span_by_span(adapter):
             assert batch.strings_of(getattr(batch, col)) == want.strings_of(getattr(want, col))
 
     check()
+
+
+def test_parallel_sampling_counts_the_prompt_once_across_exports():
+    from exporter.aggregate import Aggregator
+
+    ctx = AdapterContext(default_model="m")
+    agg = Aggregator()
+    # vLLM 0.32 (measured): n=3 gives three spans in three traces, one request id, one
+    # arrival, the whole prompt on each, and gen_ai.request.n = 1 on each
+    seq = dict(VLLM_V1, **{"gen_ai.request.n": 1, "gen_ai.request.id": "cmpl-7-0"})
+    first, _ = vllm.convert_many([span("llm_request", seq, span_id=b"a" * 8),
+                                  span("llm_request", seq, span_id=b"b" * 8),
+                                  span("llm_request", VLLM_V1, span_id=b"c" * 8)], ctx)
+    later, _ = vllm.convert_many([span("llm_request", seq, span_id=b"d" * 8)], ctx)
+    assert first.prompt_shared.tolist() == [False, True, False]
+    assert later.prompt_shared.tolist() == [True]
+    # the same id at another arrival is another request (a client reusing X-Request-Id)
+    again, _ = vllm.convert_many([span("llm_request", seq, start=T0 + NS, end=T0 + 3 * NS,
+                                       span_id=b"e" * 8)], ctx)
+    assert again.prompt_shared.tolist() == [False]
+    for b in (first, later, again):
+        agg.ingest(b, "test")
+    snap = agg.snapshot()
+    prompt, cached, output = snap.counters["tokens"][0]
+    assert (prompt, output) == (3 * 900, 5 * 151)  # the n=3 prompt once, outputs each
+    assert snap.counters["requests"].sum() == 5  # every sequence is a request, as vLLM's

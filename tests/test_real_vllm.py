@@ -630,12 +630,15 @@ def test_preprocess_is_ttft_less_queue_and_prefill(run):
 
 def test_token_totals_equal(run):
     t = comparisons(run)["tokens"]
-    assert t["prompt"]["spans"] == t["prompt"]["vllm"] == t["prompt"]["phasewatch"], t
     assert t["output"]["spans"] == t["output"]["vllm"] == t["output"]["phasewatch"], t
     assert t["output"]["client_usage"] == t["output"]["spans"], t
-    # n=2: the client's usage counts the prompt once, vLLM (spans and counter) per sequence
+    # n=2: vLLM (spans and counter) counts the whole prompt per sequence; the client's
+    # usage and phasewatch count it once per request, as it was sent and read
+    assert t["prompt"]["spans"] == t["prompt"]["vllm"], t
     extra = sum((r["n"] - 1) * r["usage"]["prompt_tokens"] for r in run.client["requests"])
+    assert extra > 0, "the workload has n=2 requests"
     assert t["prompt"]["client_usage"] + extra == t["prompt"]["spans"], t
+    assert t["prompt"]["phasewatch"] == t["prompt"]["client_usage"], t
 
 
 def test_per_request_figures_equal_spans(run):

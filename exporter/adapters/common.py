@@ -8,6 +8,8 @@ the receiver counts it and reports it in ``partial_success``. Rows are
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,6 +98,41 @@ def after(t: int | None, s: float | None) -> int | None:
     return t + round(s * NS)
 
 
+class ParallelSamples:
+    """The request spans seen lately, to tell the sequences of one parallel-sampling
+    request apart from separate requests. Bounded.
+
+    vLLM answers a request with ``n`` > 1 with n ``llm_request`` spans, one per sequence,
+    each in a trace of its own, all with the request's ``gen_ai.request.id``, its
+    arrival as start time and the whole prompt's token count, and (vLLM 0.32, measured)
+    ``gen_ai.request.n`` = 1 on each: only that shared (id, arrival, prompt) marks them.
+    They may arrive in different exports. The first sequence seen carries the prompt;
+    the others are marked ``prompt_shared``. The newest ``capacity`` keys are kept: a
+    sequence arriving after that many other requests counts its prompt again.
+    """
+
+    def __init__(self, capacity: int = 65536):
+        self._capacity = capacity
+        self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def shared(self, keys: list[tuple]) -> list[bool]:
+        """For each (request id, arrival ns, prompt tokens): was it seen before?"""
+        out = []
+        with self._lock:
+            seen = self._seen
+            for key in keys:
+                if key in seen:
+                    seen.move_to_end(key)
+                    out.append(True)
+                else:
+                    seen[key] = None
+                    out.append(False)
+            while len(seen) > self._capacity:
+                seen.popitem(last=False)
+        return out
+
+
 @dataclass
 class AdapterContext:
     """Configuration the adapters consult: how to name the model of a span.
@@ -111,6 +148,7 @@ class AdapterContext:
     default_model: str = ""
     service_models: dict[str, str] = field(default_factory=dict)
     tgi_links: object = None  # adapters.tgi.TgiLinks, set by the receiver
+    samples: ParallelSamples = field(default_factory=ParallelSamples)
 
     def model_for(self, span, attribute_model: str = "") -> str:
         if attribute_model:
@@ -288,6 +326,12 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
 
     table: dict[str, int] = {"": 0}
     m_resp, m_req, rid, fin = (cols[len(LATENCY_KEYS) - 4 + j] for j in range(4))
+    with_id = [i for i in np.flatnonzero(ok).tolist() if type(rid[i]) is str and rid[i]]
+    shared = np.zeros(n, dtype=bool)
+    if with_id:  # parallel sampling's sequences: one request id, arrival and prompt
+        starts, prompts = arrival.tolist(), np.nan_to_num(counts[0], nan=-1).tolist()
+        shared[with_id] = ctx.samples.shared([(rid[i], starts[i], prompts[i])
+                                              for i in with_id])
     models: dict[tuple[int, str], str] = {}  # the model rule, once per resource and name
 
     def model_of(span, resp, req) -> str:
@@ -319,5 +363,5 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         clock_skew_tolerance_ns=TWO_CLOCK_TOLERANCE_NS,
         prompt_tokens=unknown_as(counts[0][ok]), cached_prompt_tokens=unknown_as(counts[1][ok]),
         output_tokens=unknown_as(counts[2][ok]), token_gaps=np.empty(0),
-        gap_counts=np.zeros(int(ok.sum()), dtype=np.int64))
+        gap_counts=np.zeros(int(ok.sum()), dtype=np.int64), prompt_shared=shared[ok])
     return batch, reasons
