@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.adapters import AdapterContext, Rejected, classify, genai, sglang, tgi, vllm
-from exporter.adapters.tgi import TgiLinks, parse_duration
+from exporter.adapters import (
+    AdapterContext,
+    Rejected,
+    classify,
+    genai,
+    remember,
+    sglang,
+    tgi,
+    vllm,
+)
+from exporter.adapters.tgi import parse_duration
+from exporter.adapters.traces import TraceParts
 from exporter.otlp.spans import SpanView
 
 NS = 1_000_000_000
@@ -90,22 +100,39 @@ def test_not_rust_durations(bad):
         parse_duration(bad)
 
 
-def test_tgi_first_token_only_through_the_linked_prefill():
+def test_tgi_first_token_and_token_times_from_its_own_trace():
     attrs = {"total_time": "2.0002s", "validation_time": "200µs", "queue_time": "50ms",
              "inference_time": "1.75s", "time_per_token": "25ms"}
-    ctx = AdapterContext(tgi_links=TgiLinks())
+    ctx = AdapterContext(trace_parts=TraceParts())
     req = span("generate_stream", attrs, {"service.name": "text-generation-inference.router"})
     r = tgi.convert(req, ctx)
-    assert r[7] is None and r[12] == 70  # no TTFT without the link; 1.75 s / 25 ms tokens
-    batch = (b"b" * 16, b"B" * 8)
-    ctx.tgi_links.observe(span("infer", parent=b"s" * 8, links=[batch]))
-    ctx.tgi_links.observe(SpanView(b"b" * 16, b"P" * 8, b"B" * 8, "prefill", 1, T0,
-                                   T0 + round(0.3502 * NS), {}, {}, ""))
+    assert r[7] is None and r[12] == 70  # no TTFT without its child spans; 1.75 s / 25 ms
+    assert (r[5] - T0, r[6] - T0) == (round(0.0002 * NS), round(0.0502 * NS))  # the fields
+    router = {"code.namespace": "text_generation_router_v3::backend"}
+    child = dict(parent=b"S" * 8)
+    queued = span("queued", router, start=T0 + 300_000, end=T0 + 50_300_000,
+                  span_id=b"q" * 8, **child)
+    tokens = [T0 + round(0.3502 * NS) + i * 25_000_000 for i in range(70)]
+    gens = [span("send_generation", router, start=t, end=t + 1000, span_id=i.to_bytes(8, "big"),
+                 **child) for i, t in enumerate(tokens)]
+    for s in [queued, *gens, gens[5]]:  # a repeated span (a retried export) adds nothing
+        assert remember(s, ctx.trace_parts)
+    assert not remember(span("queued", {}, span_id=b"x" * 8), ctx.trace_parts)  # not TGI's
     r = tgi.convert(req, ctx)
-    assert r[7] - T0 == round(0.3502 * NS)  # the prefill's end
-    assert r[6] - T0 == round(0.0502 * NS) and r[9] - T0 == round(2.0002 * NS)
+    assert (r[5] - T0, r[6] - T0) == (300_000, 50_300_000)  # the queue's own span
+    assert r[7] == tokens[0] and r[8] == tokens[-1] and r[13] == tokens
+    assert len(ctx.trace_parts) == 0  # taken
     with pytest.raises(Rejected, match="bad_duration"):
         tgi.convert(span("generate", dict(attrs, total_time="soon")), ctx)
+
+
+def test_tgi_inner_spans_without_fields_are_not_requests():
+    service = {"service.name": "text-generation-inference.router"}
+    for name in ("generate", "generate_stream", "compat_generate"):
+        assert classify(span(name, {"code.namespace": "text_generation_router::infer"},
+                            service)) is None
+    assert classify(span("vertex_compatibility", {"total_time": "1s", "inference_time": "1s"},
+                         service)) is tgi
 
 
 def test_genai_semconv_old_and_new_names():
@@ -230,6 +257,6 @@ def test_parallel_sampling_counts_the_prompt_once_across_exports():
     for b in (first, later, again):
         agg.ingest(b, "test")
     snap = agg.snapshot()
-    prompt, cached, output = snap.counters["tokens"][0]
+    prompt, _, output = snap.counters["tokens"][0]
     assert (prompt, output) == (3 * 900, 5 * 151)  # the n=3 prompt once, outputs each
     assert snap.counters["requests"].sum() == 5  # every sequence is a request, as vLLM's

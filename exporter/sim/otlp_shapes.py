@@ -9,9 +9,11 @@ otlp`` and by the tests as real clients.
   started at arrival, float-second latencies, no model attribute.
 * SGLang: the root span ``" Req <rid[:8]>"`` with ``gen_ai.*`` latencies, cached
   tokens and finish reasons as a JSON list.
-* TGI: the router's ``generate_stream`` span with Rust ``Duration`` strings, its
-  ``infer`` child linked (follows-from) to a ``batch`` span whose ``prefill`` child
-  ends at the first token.
+* TGI v3.3.7 (from its source; ``tests/fixtures/otlp/engines/tgi-3.3.7-from-source``):
+  the router's handler span ``generate_stream`` with Rust ``Duration`` strings, and in
+  its trace ``schedule`` > ``queued`` (enqueue -> scheduled) and ``infer`` (linked to
+  the step's root ``batch`` span) > one ``send_generation`` per token; every span is
+  INTERNAL and names its Rust module in ``code.namespace``.
 """
 
 from __future__ import annotations
@@ -84,29 +86,36 @@ def rust_duration(seconds: float) -> str:
     return f"{ns}ns"
 
 
-def emit_tgi(tracer, r: RequestRecord, validation: float = 0.0002) -> None:
-    arrival = r.arrival - validation
-    batch = tracer.start_span("batch", start_time=_ns(r.scheduled),
-                              context=trace.set_span_in_context(trace.INVALID_SPAN))
-    batch.set_attribute("batch_size", 1)
-    prefill = tracer.start_span("prefill", start_time=_ns(r.scheduled),
-                                context=trace.set_span_in_context(batch))
-    prefill.set_attribute("id", 0)
-    prefill.set_attribute("size", 1)
-    prefill.end(end_time=_ns(r.first_token))
-    request = tracer.start_span("generate_stream", kind=SpanKind.SERVER, start_time=_ns(arrival),
+def emit_tgi(tracer, r: RequestRecord) -> None:
+    """One request as TGI's router traces it (one batch span for the whole request:
+    the real router opens one per engine step, which phasewatch does not read)."""
+    arrival, queued = r.arrival, r.queued or r.arrival
+    router = {"code.namespace": "text_generation_router::server"}
+    backend = {"code.namespace": "text_generation_router_v3::backend"}
+    request = tracer.start_span("generate_stream", start_time=_ns(arrival), attributes=router,
                                 context=trace.set_span_in_context(trace.INVALID_SPAN))
-    infer = tracer.start_span("infer", start_time=_ns(r.scheduled),
-                              context=trace.set_span_in_context(request),
-                              links=[Link(batch.get_span_context())])
-    infer.end(end_time=_ns(r.last_token))
-    batch.end(end_time=_ns(r.last_token))
+    in_request = trace.set_span_in_context(request)
+    schedule = tracer.start_span("schedule", start_time=_ns(queued), attributes=backend,
+                                 context=in_request)
+    in_schedule = trace.set_span_in_context(schedule)
+    tracer.start_span("queued", start_time=_ns(queued), context=in_schedule, attributes={
+        "code.namespace": "text_generation_router_v3::queue"}).end(end_time=_ns(r.scheduled))
+    batch = tracer.start_span("batch", start_time=_ns(r.scheduled), attributes={
+        **backend, "batch_size": "1"}, context=trace.set_span_in_context(trace.INVALID_SPAN))
+    infer = tracer.start_span("infer", start_time=_ns(r.scheduled), attributes=backend,
+                              context=in_schedule, links=[Link(batch.get_span_context())])
+    for t in r.token_times or (r.first_token, r.last_token):
+        tracer.start_span("send_generation", start_time=_ns(t), attributes=backend,
+                          context=trace.set_span_in_context(infer)).end(end_time=_ns(t) + 1000)
+    infer.end(end_time=_ns(r.last_token) + 2000)
+    batch.end(end_time=_ns(r.last_token) + 2000)
+    schedule.end(end_time=_ns(r.last_token) + 3000)
     inference = r.last_token - r.scheduled
     request.set_attribute("parameters", f"GenerateParameters {{ max_new_tokens: Some("
                                         f"{r.output_tokens}) }}")
     request.set_attribute("total_time", rust_duration(r.finish - arrival))
-    request.set_attribute("validation_time", rust_duration(validation))
-    request.set_attribute("queue_time", rust_duration(r.scheduled - r.arrival))
+    request.set_attribute("validation_time", rust_duration(queued - arrival))
+    request.set_attribute("queue_time", rust_duration(r.scheduled - queued))
     request.set_attribute("inference_time", rust_duration(inference))
     request.set_attribute("time_per_token", rust_duration(inference / r.output_tokens))
     request.set_attribute("seed", "None")
@@ -182,7 +191,9 @@ class OtlpSink:
             raise ValueError(f"unknown OTLP protocol {protocol!r}")
         self.shape = shape
         self.stats: Counter = Counter()
-        self._tp = provider(shape, _Counting(exporter, self.stats), schedule_delay_millis=200)
+        # TGI's shape is one span per token: a queue deep enough for bursts of them
+        self._tp = provider(shape, _Counting(exporter, self.stats), schedule_delay_millis=200,
+                            max_queue_size=65536)
         self._tracer = tracer_for(self._tp, shape)
         self._emit = EMIT[shape]
 
