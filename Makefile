@@ -78,3 +78,24 @@ real-engines: $(STAMP) engines-venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+
+# Engine fixtures (tests/fixtures/otlp/engines/): vLLM's and SGLang's own tracing code,
+# driven with a known ground truth by tests/engines/*_spans.py and exporting to a local
+# OTLP receiver, in a virtualenv of their own. Not run by `make test`: the committed
+# fixtures are what tests/test_engine_fixtures.py replays.
+ENGINE_FIX_VENV  := .venv-engine-fixtures
+ENGINE_FIX_STAMP := $(ENGINE_FIX_VENV)/.installed
+
+$(ENGINE_FIX_STAMP): tests/engines/requirements-engine-fixtures.txt
+	$(PYTHON) -m venv $(ENGINE_FIX_VENV)
+	echo '*' > $(ENGINE_FIX_VENV)/.gitignore
+	$(ENGINE_FIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ENGINE_FIX_VENV)/bin/python -m pip install --quiet 'torch==2.13.0+cpu' \
+		|| $(ENGINE_FIX_VENV)/bin/python -m pip install --quiet torch
+	$(ENGINE_FIX_VENV)/bin/python -m pip install --quiet --no-deps vllm==0.33.0
+	$(ENGINE_FIX_VENV)/bin/python -m pip install --quiet -r tests/engines/requirements-engine-fixtures.txt
+	touch $@
+
+.PHONY: engine-fixtures
+engine-fixtures: $(ENGINE_FIX_STAMP)
+	$(ENGINE_FIX_VENV)/bin/python tests/engines/vllm033_spans.py
