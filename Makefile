@@ -96,6 +96,20 @@ $(ENGINE_FIX_STAMP): tests/engines/requirements-engine-fixtures.txt
 	$(ENGINE_FIX_VENV)/bin/python -m pip install --quiet -r tests/engines/requirements-engine-fixtures.txt
 	touch $@
 
+# SGLang's observability modules import torchvision on the way: a virtualenv of its own
+# with the registry's torch and torchvision (large CUDA builds; no GPU is needed).
+SGLANG_FIX_VENV  := .venv-engine-fixtures-sglang
+SGLANG_FIX_STAMP := $(SGLANG_FIX_VENV)/.installed
+
+$(SGLANG_FIX_STAMP): tests/engines/requirements-sglang-fixtures.txt
+	$(PYTHON) -m venv $(SGLANG_FIX_VENV)
+	echo '*' > $(SGLANG_FIX_VENV)/.gitignore
+	$(SGLANG_FIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_FIX_VENV)/bin/python -m pip install --quiet --no-deps sglang==0.5.23
+	$(SGLANG_FIX_VENV)/bin/python -m pip install --quiet -r tests/engines/requirements-sglang-fixtures.txt
+	touch $@
+
 .PHONY: engine-fixtures
-engine-fixtures: $(ENGINE_FIX_STAMP)
+engine-fixtures: $(ENGINE_FIX_STAMP) $(SGLANG_FIX_STAMP)
 	$(ENGINE_FIX_VENV)/bin/python tests/engines/vllm033_spans.py
+	$(SGLANG_FIX_VENV)/bin/python tests/engines/sglang_spans.py

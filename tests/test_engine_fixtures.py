@@ -269,3 +269,135 @@ def test_vllm_pause_abort_spans(exporter, vllm_truth, transport):
     assert_hist(phase(s, "prefill"), [a["gen_ai.latency.time_in_model_prefill"]
                                       for a in produced], "prefill")
     assert len(scen["requests"]) == len(spans)
+
+
+# ---- SGLang 0.5.23 ------------------------------------------------------------------------
+SGLANG = ENGINES / "sglang-0.5.23"
+SGLANG_SETS = ("unified-level3", "unified-level1", "disagg-level3", "disagg-level1")
+
+
+@pytest.fixture(scope="module")
+def sglang_truth() -> dict:
+    return json.loads((SGLANG / "truth.json").read_text())
+
+
+def client_role(r: dict) -> dict:
+    """The role whose root the client's stream came from: unified, or decode."""
+    return r["roles"].get("unified") or r["roles"]["decode"]
+
+
+def prefill_role(r: dict) -> dict:
+    return r["roles"].get("unified") or r["roles"]["prefill"]
+
+
+def root_attrs(role: dict) -> dict:
+    (root,) = role["sglang_root"]
+    return root["attributes"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_fixture_is_what_truth_says(sglang_truth, name, transport):
+    """Roots in the captured bytes are the ones truth.json records, and their latency
+    attributes are SGLang's formulas over the fed instants (req_time_stats.py
+    convert_to_gen_ai_span_attrs): the fixture is sound."""
+    s = sglang_truth["sets"][name]
+    spans = spans_in(SGLANG / name / transport)
+    roots = {(attrs_of(sp)["rid"], sp.name.split(" Req ")[0] or "unified"): attrs_of(sp)
+             for _, _, sp in spans if " Req " in sp.name}
+    want = {(rid, role): root_attrs(rr) for rid, r in s["requests"].items()
+            for role, rr in r["roles"].items()}
+    assert roots == want
+    for r in s["requests"].values():
+        for rr in r["roles"].values():
+            a, ex = root_attrs(rr), rr["exact"]
+            for key, exact in (("time_to_first_token", "ttft_s"), ("e2e", "e2e_s"),
+                               ("time_in_model_decode", "decode_s"),
+                               ("time_in_model_prefill", "prefill_s"),
+                               ("time_in_model_inference", "inference_s")):
+                assert a[f"gen_ai.latency.{key}"] == pytest.approx(ex[exact], abs=US), key
+    level = s["trace_level"]
+    for r in s["requests"].values():
+        for rr in r["roles"].values():
+            loops = rr["spans"]["by_name"].get("decode_loop", 0)
+            assert loops == (rr["exact"]["decode_steps"] if level >= 3 else 0)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_each_request_counted_once(exporter, sglang_truth, name, transport):
+    """Every root accepted, and a disaggregated request (a `prefill Req` and a
+    `decode Req` root with one rid) counted once."""
+    s = sglang_truth["sets"][name]
+    n_roots = sum(len(r["roles"]) for r in s["requests"].values())
+    replies = replay(exporter, SGLANG / name / transport, transport)
+    sc = scrape(exporter.http_port)
+    no_rejections(sc, replies, n_roots)
+    assert sc.total("phasewatch_requests_total", engine="sglang") == len(s["requests"])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_ttft_e2e_are_the_client_facing_roots(exporter, sglang_truth, name, transport):
+    """TTFT, e2e and decode: SGLang's own root attributes, of the root the client's
+    stream came from (unified, or the decode server's), to 1 us per request."""
+    s = sglang_truth["sets"][name]
+    replay(exporter, SGLANG / name / transport, transport)
+    sc = scrape(exporter.http_port)
+    roots = [root_attrs(client_role(r)) for r in s["requests"].values()]
+    assert_hist(hist(sc, "gen_ai_server_time_to_first_token_seconds", engine="sglang"),
+                [a["gen_ai.latency.time_to_first_token"] for a in roots], "ttft")
+    assert_hist(hist(sc, "gen_ai_server_request_duration_seconds", engine="sglang"),
+                [a["gen_ai.latency.e2e"] for a in roots], "e2e")
+    assert_hist(phase(sc, "decode"), [a["gen_ai.latency.time_in_model_decode"]
+                                      for a in roots], "decode")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_queue_and_prefill_from_stage_spans(exporter, sglang_truth, name, transport):
+    """Queue = the `prefill_waiting` span, prefill = the `prefill_forward` span (which
+    spans every chunk of a chunked prefill); not the root's time_in_model_prefill, which
+    runs from the API server's dispatch and so holds the scheduler's wait."""
+    s = sglang_truth["sets"][name]
+    replay(exporter, SGLANG / name / transport, transport)
+    sc = scrape(exporter.http_port)
+    pre = [prefill_role(r)["exact"] for r in s["requests"].values()]
+    assert_hist(phase(sc, "queue"), [e["queue_s"] for e in pre], "queue")
+    assert_hist(phase(sc, "prefill"), [e["prefill_forward_s"] for e in pre], "prefill")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_pooled_itl_from_decode_loop_spans(exporter, sglang_truth, name, transport):
+    """Level 3: one `decode_loop` span per decode step is one inter-token gap, pooled.
+    Level 1 sends no per-step spans: no ITL observations."""
+    s = sglang_truth["sets"][name]
+    replay(exporter, SGLANG / name / transport, transport)
+    sc = scrape(exporter.http_port)
+    got = hist(sc, "phasewatch_inter_token_latency_seconds", engine="sglang")
+    if s["trace_level"] < 3:
+        assert got[0] == 0
+        return
+    ex = [client_role(r)["exact"] for r in s["requests"].values()]
+    steps = sum(e["decode_steps"] for e in ex)
+    assert got[0] == steps, f"{got[0]:g} ITL observations, want {steps} decode steps"
+    assert got[1] == pytest.approx(sum(e["itl_sum_s"] for e in ex), rel=0, abs=steps * US)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", SGLANG_SETS)
+def test_sglang_tokens(exporter, sglang_truth, name, transport):
+    """Prompt and cached prompt tokens once per request (the prefill side's), output
+    tokens from the client-facing root. A client-aborted request's root carries no
+    usage attributes (set_finished_time without span_attrs): it counts no tokens."""
+    s = sglang_truth["sets"][name]
+    replay(exporter, SGLANG / name / transport, transport)
+    sc = scrape(exporter.http_port)
+    done = [r for r in s["requests"].values() if r["finish"] != "abort"]
+    assert sc.total("phasewatch_tokens_total", engine="sglang", kind="prompt") == sum(
+        r["prompt_tokens"] for r in done)
+    assert sc.total("phasewatch_tokens_total", engine="sglang", kind="cached_prompt") == sum(
+        r["cached_prompt_tokens"] for r in done)
+    assert sc.total("phasewatch_tokens_total", engine="sglang", kind="output") == sum(
+        client_role(r)["completion_tokens"] for r in done)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+VLLM_VERSION = "0.33.0"
 SEED = 330
 # The frontend wall clock at t = 0 (2026-11-02T09:00:00Z) and the engine core's
 # time.monotonic() at the same instant (about three days of uptime).
@@ -611,6 +612,18 @@ def fixture_json(obj) -> str:
     return enc(obj, "") + "\n"
 
 
+def line_of(obj, needle: str) -> str:
+    """file:line of the first line of ``obj``'s source holding ``needle``."""
+    import vllm
+
+    root = Path(vllm.__file__).parent.parent
+    src, start = inspect.getsourcelines(obj)
+    for i, line in enumerate(src):
+        if needle in line:
+            return f"{Path(inspect.getsourcefile(obj)).relative_to(root)}:{start + i}"
+    raise RuntimeError(f"{needle!r} not in {obj}")
+
+
 def _where(obj) -> str:
     import vllm
 
@@ -621,6 +634,7 @@ def _where(obj) -> str:
 
 
 def write_readme(out: Path, summary: dict) -> None:
+    import vllm
     import vllm.tracing
     import vllm.tracing.otel
     from vllm.v1.engine.output_processor import OutputProcessor
@@ -628,6 +642,39 @@ def write_readme(out: Path, summary: dict) -> None:
     from vllm.v1.metrics.stats import IterationStats
 
     w = _where
+    dt = OutputProcessor.do_tracing
+    uo = IterationStats.update_from_output
+    formulas = "\n".join(f"- {a}: `{f}` ({line_of(o, n)})" for a, f, o, n in (
+        ("span start", "int(arrival_time * 1e9)", dt, "arrival_time_ns ="),
+        ("span end", "time_ns() when instrument_manual ends it (no end_time given)",
+         vllm.tracing.otel.manual_instrument_otel, "span.end()"),
+        ("`gen_ai.latency.time_to_first_token`",
+         "first_token_latency = iteration_timestamp of the first output's step - "
+         "arrival_time (frontend wall clock)", uo, "first_token_latency = self._time_since"),
+        ("`gen_ai.latency.e2e`", "iteration_timestamp - arrival_time (the finishing step, "
+         "frontend wall clock)", dt, "e2e_time ="),
+        ("`gen_ai.latency.time_in_queue`", "scheduled_ts - queued_ts (engine monotonic)", dt,
+         "queued_time ="),
+        ("`gen_ai.latency.time_in_model_prefill`", "first_token_ts - scheduled_ts", dt,
+         "prefill_time ="),
+        ("`gen_ai.latency.time_in_model_decode`", "last_token_ts - first_token_ts", dt,
+         "decode_time ="),
+        ("`gen_ai.latency.time_in_model_inference`", "last_token_ts - scheduled_ts", dt,
+         "inference_time ="),
+        ("first/last_token_ts", "engine_core_timestamp of the step (EngineCoreOutputs."
+         "timestamp); last_token_ts moves on every output, even one with no tokens", uo,
+         "req_stats.last_token_ts = engine_core_timestamp"),
+        ("queued_ts / scheduled_ts", "the QUEUED / first SCHEDULED event's timestamp",
+         IterationStats.update_from_events, "req_stats.scheduled_ts = event.timestamp"),
+        ("`gen_ai.usage.prompt_tokens`", "len(prompt_token_ids), on every sequence's span",
+         dt, "prompt_length ="),
+        ("`gen_ai.usage.completion_tokens`", "num_generation_tokens (this sequence)", dt,
+         "metrics.num_generation_tokens"),
+        ("`gen_ai.request.top_p/max_tokens/temperature/n`",
+         "set only when truthy; n is the child's (1) for n > 1", dt, "if req_state.top_p"),
+        ("no span for a client abort", "abort_requests removes the state; do_tracing runs "
+         "only for a finish seen by process_outputs", OutputProcessor.process_outputs,
+         "self.do_tracing(")))
     text = f"""# vLLM {importlib.metadata.version('vllm')}: its own `llm_request` spans
 
 Generated {datetime.date.today().isoformat()} by `tests/engines/vllm033_spans.py`
@@ -661,6 +708,22 @@ partial outputs, finish reasons) and sets the clocks: `time.time` as
 the span. Frontend wall clock t=0 is {WALL0} (2026-11-02T09:00:00Z), the engine's
 monotonic clock reads {MONO0} then.
 
+## vLLM's formulas (what each span field is)
+
+{formulas}
+
+## What the spans look like
+
+One `llm_request` span (kind SERVER, scope `vllm.tracing.otel`, 128-bit trace id)
+per finished sequence, a root unless the request carried a W3C `traceparent` (then its
+parent is the client's span). An n = 2 request gives two spans with the same
+`gen_ai.request.id`, each with the full prompt and `gen_ai.request.n` = 1. No model,
+finish reason, cached-token or per-token attributes. Resource: `service.name` =
+`unknown_service:python` (no `OTEL_SERVICE_NAME`), `vllm.instrumenting_module_name` =
+`vllm.llm_engine`, `vllm.process_id`, `service.instance.id` (random), `telemetry.sdk.*`.
+The hostile steps (a frontend busy 5-9 ms on every 7th engine step) make arrival + TTFT +
+decode land up to ~7 ms past arrival + e2e for some requests, and before it for others.
+
 ## Files
 
 - `<scenario>/grpc/NNN.pb`: the `ExportTraceServiceRequest` bytes each gRPC Export call
@@ -686,9 +749,9 @@ monotonic clock reads {MONO0} then.
 def summary_text(summary: dict) -> str:
     lines = []
     for name, s in summary.items():
-        lines.append(f"- `{name}`: {s['requests']} requests, {s['spans']} `llm_request` "
-                     f"spans, {s['exports']} export request(s) per protocol; "
-                     f"client-aborted (no span): {s['aborted']}")
+        lines.append(f"- `{name}`: {s['requests']} request ids ({s['aborted']} aborted by "
+                     f"the client: no span), {s['spans']} `llm_request` spans, "
+                     f"{s['exports']} export request(s) per protocol")
     return "\n".join(lines)
 
 
@@ -708,6 +771,9 @@ def main() -> None:
 
     from fixture_sink import GrpcSink, HttpSink
 
+    if importlib.metadata.version("vllm") != VLLM_VERSION:
+        raise SystemExit(f"vllm {importlib.metadata.version('vllm')} installed, "
+                         f"want {VLLM_VERSION}: make engine-fixtures builds the virtualenv")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     truth = {"engine": "vllm", "version": importlib.metadata.version("vllm"), "seed": SEED,
