@@ -26,7 +26,7 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
-from dashboard.theme import PHASES
+from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from exporter.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
@@ -161,9 +161,10 @@ def _waterfall(requests: list[dict]) -> list[dict]:
     rows = []
     for q in requests[:WATERFALL_REQUESTS]:
         parts = {p: q.get(p) for p in PHASES}
-        if q.get("arrival") is None or any(parts[p] is None for p in PHASES[1:]):
+        if q.get("arrival") is None or any(parts[p] is None for p in REQUIRED_PHASES):
             continue
-        parts["preprocess"] = parts["preprocess"] or 0.0  # unknown: inside the queue
+        for p in OPTIONAL_PHASES:  # unknown preprocess is inside the queue; no transfer
+            parts[p] = parts[p] or 0.0
         rows.append({**_key(q), "label": q["request_id"], "kind": "request",
                      "arrival": q["arrival"], **parts, "prompt_tokens": q.get("prompt_tokens"),
                      "output_tokens": q.get("output_tokens")})

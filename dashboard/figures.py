@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from dashboard.theme import CEILING_STYLES, PHASE_COLORS, PHASES
+from dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
 
 DASHES = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
 SECONDS_AXIS = {"tickformat": "~s", "ticksuffix": "s", "rangemode": "tozero"}
@@ -189,7 +189,7 @@ def shares_figure(series: pd.DataFrame) -> dict:
     data = []
     for p in PHASES:
         m = mine[mine["metric"] == f"{p}_share"].sort_values("at")
-        if m.empty:  # preprocess, from a server that does not report it
+        if m.empty:  # preprocess or kv_transfer, from a server that does not report it
             continue
         data.append({"type": "scatter", "mode": "lines", "stackgroup": "shares",
                      "name": p + suffix, "x": _dates(m["at"]), "y": m["value"].tolist(),
@@ -217,8 +217,8 @@ def waterfall_figure(waterfall: pd.DataFrame) -> dict:
     data = []
     for p in PHASES:
         width = np.nan_to_num(df[p].astype(float).to_numpy())
-        if p == "preprocess" and not width.any():
-            continue  # a server that does not report it: inside the queue
+        if p in OPTIONAL_PHASES and not width.any():
+            continue  # a server that does not report it (preprocess: inside the queue)
         data.append({"type": "bar", "orientation": "h", "name": p, "y": labels,
                      "x": width.tolist(), "base": base.tolist(),
                      "marker": {"color": PHASE_COLORS[p]},

@@ -30,7 +30,7 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
-from dashboard.theme import PHASES
+from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from exporter.buckets import PROMPT_CLASS_RANGES
 from exporter.verdict import LEVERS, headline
 
@@ -211,10 +211,11 @@ class PrometheusSource:
             means[tuple(key(m, pod=True).values())][m.get("phase")] = v
         rows = []
         for k, phases in sorted(means.items()):
-            if any(math.isnan(phases.get(p, math.nan)) for p in PHASES[1:]):
+            if any(math.isnan(phases.get(p, math.nan)) for p in REQUIRED_PHASES):
                 continue
-            if math.isnan(phases.get("preprocess", math.nan)):
-                phases["preprocess"] = 0.0  # not reported: inside the queue
+            for p in OPTIONAL_PHASES:  # not reported: inside the queue, or no transfer
+                if math.isnan(phases.get(p, math.nan)):
+                    phases[p] = 0.0
             model, engine, pod = k
             rows.append({"model": model, "engine": engine, "pod": pod,
                          "label": f"mean request, {pod or model}", "kind": "mean",

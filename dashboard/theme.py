@@ -2,19 +2,22 @@
 
 Phase colours are the Okabe-Ito colour-blind-safe palette, the same in every
 figure, the banner and the cards: preprocess sky blue, queue orange, prefill blue,
-decode green.
+KV transfer yellow, decode green.
 """
 
 from __future__ import annotations
 
 PHASE_COLORS = {"preprocess": "#56B4E9", "queue": "#E69F00", "prefill": "#0072B2",
-                "decode": "#009E73"}
+                "kv_transfer": "#F0E442", "decode": "#009E73"}
 # In the order a request passes them. preprocess is known only where the server says
-# when its engine took the request in (vLLM, TGI); elsewhere it is inside the queue.
-PHASES = ("preprocess", "queue", "prefill", "decode")
+# when its engine took the request in (vLLM, TGI, SGLang); elsewhere it is inside the
+# queue. kv_transfer exists only for disaggregated prefill/decode (SGLang).
+PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
+OPTIONAL_PHASES = ("preprocess", "kv_transfer")  # absent = 0 in a request's bar
+REQUIRED_PHASES = tuple(p for p in PHASES if p not in OPTIONAL_PHASES)
 # The banner takes the colour of the bottleneck; overhead and unknown get their own.
 RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "frontend": PHASE_COLORS["preprocess"],
-                   "overhead": "#CC79A7",
+                   "interconnect": PHASE_COLORS["kv_transfer"], "overhead": "#CC79A7",
                    "unknown": "#7F7F7F"}
 NEUTRAL = "#7F7F7F"
 ERROR = "#D55E00"
@@ -52,6 +55,9 @@ GLOSSARY = {
              "arrival when the server does not say when it queued the request).",
     "prefill": "Reading the prompt in one parallel pass: scheduled to first token "
                "(compute-bound).",
+    "kv_transfer": "Disaggregated prefill/decode only: the KV cache the prefill server "
+                   "filled, sent to the decode server (SGLang's prefill_transfer_kv_cache), "
+                   "between prefill and the first token. Network-bound.",
     "decode": "Emitting tokens one step at a time: first to last token "
               "(memory-bandwidth-bound).",
     "confidence": "How sure the verdict is: sample size, margins between phases and "

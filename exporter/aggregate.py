@@ -26,7 +26,7 @@ from exporter.record import FINISH_REASONS, RequestBatch, finish_reason_codes
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
 
-PHASE_NAMES = ("preprocess", "queue", "prefill", "decode")
+PHASE_NAMES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
 TOKEN_KINDS = ("prompt", "cached_prompt", "output")
 PROMPT_CLASS_LABELS = (*(label for _, label in buckets.PROMPT_CLASSES),
                        buckets.PROMPT_CLASS_UNKNOWN)
@@ -92,6 +92,7 @@ class _Histogram:
 class IngestResult:
     accepted: int
     rejected: Counter
+    kept: np.ndarray | None = None  # bool per row of the batch: accepted
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Aggregator:
         accepted = int(kept.sum())
         self.stats.inc("phasewatch_ingest_accepted_total", accepted, protocol=protocol)
         if not accepted:
-            return IngestResult(0, ph.rejected)
+            return IngestResult(0, ph.rejected, kept)
 
         ls = self.labels.rows(batch, pods)
         n_ls = len(self.labels)
@@ -154,7 +155,7 @@ class Aggregator:
                 self._counters[key] = _grow_rows(self._counters[key], n_ls)
                 self._counters[key][:n_ls] += delta
         self.window.add(batch, ph, ls, n_ls, reasons, gaps)
-        return IngestResult(accepted, ph.rejected)
+        return IngestResult(accepted, ph.rejected, ph.kept)
 
     def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int,
                   gaps: GapCounts):

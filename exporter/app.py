@@ -102,7 +102,8 @@ class Exporter:
             emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
         self.otlp = OtlpIngest(self.aggregator, AdapterContext(
             default_model=config.default_model or single,
-            service_models=config.service_models()), emitter=emitter)
+            service_models=config.service_models()), emitter=emitter,
+            join_wait=config.otlp_join_wait)
         self.joiner = LifecycleJoiner(
             lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
@@ -117,6 +118,9 @@ class Exporter:
             "phasewatch_ingest_lifecycle_pending": (
                 "Streamed requests being joined (not yet finished).",
                 self.joiner.pending_count),
+            "phasewatch_otlp_join_pending": (
+                "SGLang requests waiting for their stage spans or other role "
+                "(--otlp-join-wait).", lambda: len(self.otlp.pending)),
             "phasewatch_ingest_in_flight": (
                 "Ingest calls being decoded and ingested now, across receivers "
                 "(--max-in-flight bounds it).", self.admission.in_flight),
@@ -256,6 +260,10 @@ class Exporter:
                 self.joiner.sweep()
             except Exception:  # a bug here must not kill the sweeper silently
                 log.exception("lifecycle sweep failed")
+            try:
+                self.otlp.sweep()
+            except Exception:
+                log.exception("OTLP join sweep failed")
 
     def _roofline_loop(self) -> None:
         while not self._stop.wait(self.config.roofline_interval):

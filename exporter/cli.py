@@ -150,9 +150,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"{delivered}; mean decode batch "
           f"{truth['decode_seqs'].mean() if len(truth['start']) else 0:.1f}")
     if args.protocol != "phasewatch":
-        spans = 4 if client.shape == "tgi" else 1  # TGI: request, infer, batch, prefill
-        ok = client.stats["exported"] == spans * len(engine.finished) and not client.stats[
-            "failed"]
+        ok = client.stats["exported"] == client.stats["spans"] and not client.stats["failed"]
         print(f"{client.stats['exported']} spans exported, {client.stats['failed']} failed")
         return 0 if ok else 1
     return 0 if client.stats["sent"] == len(engine.finished) else 1
@@ -165,7 +163,7 @@ def _summary_line(summary: dict) -> str:
             return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
         sh = m["phase_time_share"]
         share = "-" if sh["queue"] is None else " ".join(
-            f"{p} {sh[p]:.0%}" for p in ("preprocess", "queue", "prefill", "decode")
+            f"{p} {sh[p]:.0%}" for p in ("preprocess", "queue", "prefill", "kv_transfer", "decode")
             if sh.get(p) is not None)
         parts.append(
             f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"

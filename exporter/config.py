@@ -75,6 +75,9 @@ SERVE_OPTIONS = (
            "most recent requests kept for window quantiles and the waterfall", 1, 10_000_000),
     Option("max_series", int, 256, "cap on distinct (model, engine) label sets; the rest "
            "go to model=\"__overflow__\"", 2, 100_000),
+    Option("otlp_join_wait", float, 10.0, "seconds an SGLang request span waits for its "
+           "scheduler's stage spans (another process) and its other disaggregated role "
+           "before it is counted with what came", 0, 3600),
     Option("lifecycle_ttl", float, 600.0,
            "seconds before an unfinished streamed request is evicted (counted)", 1, 86400),
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
@@ -144,6 +147,7 @@ class ServeConfig:
     window_seconds: float = 30.0
     window_capacity: int = 65536
     max_series: int = 256
+    otlp_join_wait: float = 10.0
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000

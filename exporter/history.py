@@ -35,6 +35,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("preprocess_share", ("phase_time_share", "preprocess")),
     ("queue_share", ("phase_time_share", "queue")),
     ("prefill_share", ("phase_time_share", "prefill")),
+    ("kv_transfer_share", ("phase_time_share", "kv_transfer")),
     ("decode_share", ("phase_time_share", "decode")),
 )
 

@@ -85,9 +85,12 @@ class _Pending:
     finished_at: float | None = None
     emissions: dict[int, int] = field(default_factory=dict)
 
-    def complete(self) -> bool:
-        """Every event a full report has is in: no need to wait for the grace period."""
+    def complete(self, expect_queued: bool = False) -> bool:
+        """Every event a full report has is in: no need to wait for the grace period.
+        ``expect_queued``: its sender reports QUEUED (an optional event), so wait for it."""
         if self.finished_at is None or not self.arrival or not self.scheduled:
+            return False
+        if expect_queued and not self.queued:
             return False
         if self.emission_count:
             return len(self.emissions) >= self.emission_count
@@ -124,6 +127,8 @@ class LifecycleJoiner:
         self._lock = threading.Lock()
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._completed: OrderedDict[str, None] = OrderedDict()
+        # engines that have sent a QUEUED event: their requests wait for theirs
+        self._sends_queued: set[str] = set()
 
     def pending_count(self) -> int:
         with self._lock:
@@ -140,8 +145,10 @@ class LifecycleJoiner:
         with self._lock:
             for e in events:
                 outcomes[self._apply(engine, e, now)] += 1
+                if e.kind is EventKind.QUEUED and e.time_unix_nano:
+                    self._sends_queued.add(engine)
                 p = self._pending.get(e.request_id)
-                if p is not None and p.complete():
+                if p is not None and p.complete(p.engine in self._sends_queued):
                     done.append(self._pop(e.request_id))
         for outcome, n in outcomes.items():
             self._outcome(outcome, n)

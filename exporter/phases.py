@@ -5,7 +5,9 @@ Interval endpoints (product.md, "The request record and its phases"):
 * preprocess  = queued      - arrival   templating, tokenisation, hand-off to the engine
 * queue       = scheduled   - queued    the engine's own queue (from arrival when queued
                                         is unknown, as senders before ``queued`` mean it)
-* prefill     = first_token - scheduled
+* prefill     = first_token - scheduled (- kv_transfer, when known)
+* kv_transfer = the batch's ``kv_transfer`` column: a disaggregated request's KV cache
+                sent from the prefill server, between prefill and first token
 * ttft        = first_token - arrival
 * decode      = last_token  - first_token
 * tpot        = decode / (output_tokens - 1)             only when output_tokens > 1
@@ -55,8 +57,8 @@ ENGINE_CHAIN = frozenset({"queued", "scheduled", "first_token", "last_token"})
 GAP_SUM_TOLERANCE_S = 1e-3
 GAP_SUM_TOLERANCE_REL = 1e-3
 
-PHASES = ("preprocess", "queue", "prefill", "ttft", "decode", "tpot", "itl", "e2e", "decode_tps",
-          "prefill_spt")
+PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode", "tpot", "itl", "e2e",
+          "decode_tps", "prefill_spt")
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Phases:
     preprocess: np.ndarray
     queue: np.ndarray
     prefill: np.ndarray
+    kv_transfer: np.ndarray
     ttft: np.ndarray
     decode: np.ndarray
     tpot: np.ndarray
@@ -143,7 +146,9 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
                        batch.output_tokens - 1, 0))))
     both = (batch.first_token != 0) & (batch.last_token != 0) & (batch.gap_counts > 0)
     span = (batch.last_token - batch.first_token) / NS
-    tol = GAP_SUM_TOLERANCE_S + GAP_SUM_TOLERANCE_REL * np.abs(span)
+    # two clocks: emissions timed by the engine, first/last token by the frontend
+    tol = (GAP_SUM_TOLERANCE_S + GAP_SUM_TOLERANCE_REL * np.abs(span)
+           + batch.clock_skew_tolerance_ns / NS)
     checks.append(("token_times_inconsistent", both & (np.abs(gap_sums - span) > tol)))
 
     rejected = Counter()
@@ -168,7 +173,8 @@ def split_phases(batch: RequestBatch) -> Phases:
     preprocess = np.maximum(_interval(queued, arrival), 0.0)
     queue = np.where(queued != 0, _interval(scheduled, queued),
                      np.maximum(_interval(scheduled, arrival), 0.0))
-    prefill = _interval(first, scheduled)
+    kv_transfer = np.where(batch.kv_transfer >= 0, batch.kv_transfer, np.nan)
+    prefill = _interval(first, scheduled) - np.nan_to_num(kv_transfer)
     ttft = _interval(first, arrival)
     decode = _interval(last, first)
     e2e = _interval(finish, arrival)
@@ -186,7 +192,8 @@ def split_phases(batch: RequestBatch) -> Phases:
         uncached = np.where(batch.prompt_shared & (batch.prompt_tokens >= 0), 0, uncached)
         prefill_spt = np.where(uncached > 0, prefill / uncached, np.nan)
 
-    values = dict(preprocess=preprocess, queue=queue, prefill=prefill, ttft=ttft,
+    values = dict(preprocess=preprocess, queue=queue, prefill=prefill,
+                  kv_transfer=kv_transfer, ttft=ttft,
                   decode=decode, tpot=tpot, e2e=e2e, decode_tps=decode_tps,
                   prefill_spt=prefill_spt)
     for v in values.values():

@@ -101,12 +101,19 @@ class RequestBatch:
     # the request's first sequence, so it is not counted again (tokens, prompt rates,
     # prefill work); its prompt_tokens still say how long the prompt was (prompt class).
     prompt_shared: np.ndarray | None = None
+    # float64 seconds per row, NaN = none or unknown: a disaggregated request's KV-cache
+    # transfer from its prefill server, between the prefill and the first token (SGLang's
+    # ``prefill_transfer_kv_cache``). ``scheduled`` is then first token - transfer -
+    # prefill, so the prefill phase is ``first_token - scheduled - kv_transfer``.
+    kv_transfer: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.queued is None:
             self.queued = np.zeros(len(self.arrival), dtype=np.int64)
         if self.prompt_shared is None:
             self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
+        if self.kv_transfer is None:
+            self.kv_transfer = np.full(len(self.arrival), np.nan)
 
     def __len__(self) -> int:
         return len(self.arrival)

@@ -43,6 +43,12 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "OTLP spans received, by protocol and outcome: request (accepted), ignored "
         "(not a request: startup or batch spans), duplicate (a retried export), rejected.",
         ("protocol", "outcome")),
+    "phasewatch_otlp_joined_requests_total": (
+        "counter", "Requests whose spans come from several processes or roles (SGLang: the "
+        "tokenizer's root, the scheduler's stage spans, disaggregated prefill and decode "
+        "roots), by how the join ended: complete; waited (counted after --otlp-join-wait "
+        "with parts missing); capacity (counted early: too many requests waiting).",
+        ("outcome",)),
     "phasewatch_engine_scrapes_total": (
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
         "(ok, http_error, unreachable, unparsable).", ("url", "result")),

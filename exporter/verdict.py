@@ -32,7 +32,8 @@ from exporter.roofline import Deployment, RooflineEstimate
 BOUND_FRACTION = 0.6  # of the achievable ceiling
 HYSTERESIS = 0.05
 MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
-RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "overhead", "unknown")
+RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
+             "unknown")
 
 # Levers by (phase, resource); the first four rows are product.md's.
 LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -49,6 +50,11 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
         "a fast (Rust) tokenizer and a lighter chat template",
         "send token ids instead of text", "move multimodal preprocessing off the API server",
         "more CPU for the serving pod"),
+    ("kv_transfer", "interconnect"): (
+        "a faster KV transport (RDMA / NIXL / Mooncake instead of TCP)",
+        "prefill and decode servers on the same node or NVLink domain",
+        "KV-cache quantization (fewer bytes to send)", "prefix caching on the decode side",
+        "fewer prefill servers per decode server if the transfer queue backs up"),
     ("prefill", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
     ("decode", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
     ("prefill", "memory_bandwidth"): (
@@ -60,10 +66,16 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
 
 RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
                    "capacity": "capacity-bound", "frontend": "frontend-bound",
+                   "interconnect": "interconnect-bound",
                    "overhead": "overhead-bound",
                    "unknown": "of unknown limit"}
 
 
+
+
+def phase_name(phase: str) -> str:
+    """A phase as a sentence starts with it: "Prefill", "KV transfer"."""
+    return "KV transfer" if phase == "kv_transfer" else phase.capitalize()
 
 
 def headline(phase: str, resource: str) -> str:
@@ -72,7 +84,9 @@ def headline(phase: str, resource: str) -> str:
         return "Queue: requests wait for capacity"
     if resource == "frontend":
         return "Preprocess: the API server is the bottleneck"
-    return f"{phase.capitalize()} is {RESOURCE_WORDS.get(resource, resource)}"
+    if resource == "interconnect":
+        return "KV transfer: the prefill-to-decode link is the bottleneck"
+    return f"{phase_name(phase)} is {RESOURCE_WORDS.get(resource, resource)}"
 
 
 @dataclass
@@ -134,6 +148,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         resource, used, util_margin = "capacity", None, 1.0
     elif phase == "preprocess":
         resource, used, util_margin = "frontend", None, 1.0
+    elif phase == "kv_transfer":
+        resource, used, util_margin = "interconnect", None, 1.0
     elif dep is None:
         resource, util_margin = "unknown", 0.0
     else:
@@ -175,7 +191,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     """One or two plain sentences: the verdict and its evidence."""
     e = v.evidence
     share = e["phase_time_share"][v.phase]
-    head = f"{v.phase.capitalize()} takes {_pct(share)} of request time"
+    head = f"{phase_name(v.phase)} takes {_pct(share)} of request time"
     shares = e["phase_time_share"]
     if v.resource == "capacity":
         return (f"{head}: requests wait for a free slot, so the service lacks capacity "
@@ -185,6 +201,11 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
                 "tokenisation, the hand-off to the engine, the first output's trip back), "
                 f"so the API server's CPU limits it, not the GPU (engine queue "
                 f"{_pct(shares['queue'])}, prefill {_pct(shares['prefill'])}, decode "
+                f"{_pct(shares['decode'])}).")
+    if v.resource == "interconnect":
+        return (f"{head}: a disaggregated request's KV cache travels from the prefill "
+                "server to the decode server, so the link between them limits time to "
+                f"first token, not either GPU (prefill {_pct(shares['prefill'])}, decode "
                 f"{_pct(shares['decode'])}).")
     if v.resource == "unknown":
         if dep is None:

@@ -30,8 +30,8 @@ from exporter.buckets import (
 from exporter.gaps import GapCounts
 from exporter.record import FINISH_REASONS, NS
 
-_RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "ttft", "decode", "tpot", "e2e",
-               "scheduled_at", "first_token_at", "last_token_at", "end_at")
+_RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
+               "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at")
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
@@ -78,7 +78,8 @@ class RollingWindow:
             "t": np.full(int(kept.sum()), now),
             "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
             "preprocess": ph.preprocess[kept], "queue": ph.queue[kept],
-            "prefill": ph.prefill[kept], "ttft": ph.ttft[kept],
+            "prefill": ph.prefill[kept], "kv_transfer": ph.kv_transfer[kept],
+            "ttft": ph.ttft[kept],
             "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
             "scheduled_at": at(batch.scheduled), "first_token_at": at(batch.first_token),
             "last_token_at": at(batch.last_token),
@@ -191,8 +192,8 @@ class RollingWindow:
             row = {"request_id": ids[j], "model": key[0], "engine": key[1],
                    **({"pod": key[2]} if len(key) > 2 else {}),
                    "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
-            for k in ("arrival", "preprocess", "queue", "prefill", "ttft", "decode", "tpot",
-                      "e2e"):
+            for k in ("arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft",
+                      "decode", "tpot", "e2e"):
                 v = float(ring[k][j])
                 row[k] = None if math.isnan(v) else v
             for k, name in (("prompt", "prompt_tokens"), ("cached", "cached_prompt_tokens"),
@@ -244,24 +245,28 @@ def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
     return out
 
 
-SHARE_PHASES = ("preprocess", "queue", "prefill", "decode")
+SHARE_PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
+OPTIONAL_PHASES = ("preprocess", "kv_transfer")  # not every server reports them
 
 
 def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, float | None]:
     """Each phase's share of the time requests spent in all of them, over the requests
     (``sel``) whose queue, prefill and decode are known. A request that does not report
-    preprocess has it inside its queue (measured from arrival), so it adds 0 there;
-    preprocess is None when no request reports it. All None without such requests."""
+    preprocess has it inside its queue (measured from arrival), so it adds 0 there; one
+    without a KV transfer (not disaggregated) had none. An optional phase no request
+    reports is None. All None without such requests."""
     sel = np.ones(len(cols["queue"]), dtype=bool) if sel is None else sel
     q, p, d = cols["queue"][sel], cols["prefill"][sel], cols["decode"][sel]
     full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
-    pre = cols["preprocess"][sel][full]
-    parts = {"preprocess": np.nan_to_num(pre).sum(), "queue": q[full].sum(),
-             "prefill": p[full].sum(), "decode": d[full].sum()}
+    optional = {k: cols[k][sel][full] for k in OPTIONAL_PHASES}
+    parts = {"preprocess": np.nan_to_num(optional["preprocess"]).sum(), "queue": q[full].sum(),
+             "prefill": p[full].sum(), "kv_transfer": np.nan_to_num(optional["kv_transfer"]).sum(),
+             "decode": d[full].sum()}
     total = sum(parts.values())
     if not full.any() or total <= 0:
         return dict.fromkeys(SHARE_PHASES)
-    shares = {k: float(v / total) for k, v in parts.items()}
-    if np.isnan(pre).all():
-        shares["preprocess"] = None
+    shares = {k: float(parts[k] / total) for k in SHARE_PHASES}
+    for k, v in optional.items():
+        if np.isnan(v).all():
+            shares[k] = None
     return shares

@@ -221,9 +221,10 @@ def panels() -> list[dict]:
                          "justifyMode": "auto"}}, 10, 5)
     lay.add({"type": "bargauge", "title": "Share of request time per phase",
              "description": "Each phase's summed time over all of them (preprocess, queue, "
-                            "prefill, decode). Preprocess shows where the server says when its "
-                            "engine took the request in (vLLM, TGI); elsewhere it is inside the "
-                            "queue.",
+                            "prefill, kv_transfer, decode). Preprocess shows where the server "
+                            "says when its engine took the request in (vLLM, TGI, SGLang); "
+                            "elsewhere it is inside the queue. kv_transfer: disaggregated "
+                            "prefill/decode only (SGLang).",
              "targets": [target(q(queries.PHASE_SHARE), "{{model}} {{phase}}", instant=True)],
              "fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1},
                              "overrides": phase_overrides()},
@@ -252,8 +253,9 @@ def panels() -> list[dict]:
     lay.add(timeseries("Mean request: seconds in each phase", [target(
         phase_mean, "{{model}} {{phase}}")], "s",
         "Mean time a request spends in preprocess (the API server's templating, tokenisation "
-        "and hand-off), the engine's queue, prefill and decode. TTFT = preprocess + queue + "
-        "prefill: this says which of them moved.", stack=True, phases=True), 12, 8)
+        "and hand-off), the engine's queue, prefill, the KV transfer of a disaggregated "
+        "request, and decode. TTFT = preprocess + queue + prefill (+ kv_transfer): this says "
+        "which of them moved.", stack=True, phases=True), 12, 8)
     tokens = [target(k["itl_p50"], "{{model}} ITL p50", "A"),
               target(k["itl_p95"], "{{model}} ITL p95", "B"),
               target(k["tpot_p50"], "{{model}} TPOT p50", "C"),

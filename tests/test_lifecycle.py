@@ -25,6 +25,7 @@ def events_of(r) -> list[LifecycleEvent]:
         LifecycleEvent(r.request_id, EventKind.ARRIVED, ns(r.arrival), model=r.model,
                        prompt_tokens=r.prompt_tokens,
                        cached_prompt_tokens=r.cached_prompt_tokens),
+        LifecycleEvent(r.request_id, EventKind.QUEUED, ns(r.queued)),
         LifecycleEvent(r.request_id, EventKind.SCHEDULED, ns(r.scheduled)),
         LifecycleEvent(r.request_id, EventKind.FIRST_TOKEN, ns(t[0])),
         LifecycleEvent(r.request_id, EventKind.FINISHED, ns(r.finish),

@@ -72,9 +72,10 @@ def _sums(s, engine: str) -> dict:
 
 
 def _expected(records, arrival_shift: float = 0.0, e2e_to_last_token: bool = False,
-              queued: bool = True) -> dict:
+              queued: bool = True, decode_to_finish: bool = False) -> dict:
     """Sums from the records; ``queued``: the server reports when its engine queued the
-    request (vLLM, TGI), so the queue runs from there and preprocess is apart."""
+    request (vLLM, TGI, SGLang's stage spans), so the queue runs from there and preprocess
+    is apart; ``decode_to_finish``: the server's decode runs to the finish (SGLang)."""
     n = len(records)
     queue_from = [r.queued if queued else r.arrival - arrival_shift for r in records]
     return {
@@ -83,7 +84,8 @@ def _expected(records, arrival_shift: float = 0.0, e2e_to_last_token: bool = Fal
                        + arrival_shift for r in records)),
         "queue": (n, sum(r.scheduled - q for r, q in zip(records, queue_from, strict=True))),
         "prefill": (n, sum(r.first_token - r.scheduled for r in records)),
-        "decode": (n, sum(r.last_token - r.first_token for r in records)),
+        "decode": (n, sum((r.finish if decode_to_finish else r.last_token) - r.first_token
+                          for r in records)),
         "prompt": sum(r.prompt_tokens for r in records),
         "output": sum(r.output_tokens for r in records),
     }
@@ -104,12 +106,12 @@ def _assert_matches(got: dict, want: dict) -> None:
 def test_sdk_exporters_carry_vllm_and_sglang_spans(exporter, records, transport, shape):
     _send(shape, _grpc(exporter) if transport == "grpc" else _http(exporter), records)
     s = scrape(exporter.http_port)
-    want = _expected(records, e2e_to_last_token=shape == "vllm", queued=shape == "vllm")
+    want = _expected(records, e2e_to_last_token=shape == "vllm",
+                     decode_to_finish=shape == "sglang")
     _assert_matches(_sums(s, shape), want)
-    if shape == "vllm":  # TTFT - queue - prefill: the time before the engine's queue
-        n = len(records)
-        assert _sums(s, shape)["preprocess"] == pytest.approx(
-            (n, sum(r.queued - r.arrival for r in records)), abs=n * 1e-6)
+    n = len(records)  # TTFT - queue - prefill: the time before the engine's queue
+    assert _sums(s, shape)["preprocess"] == pytest.approx(
+        (n, sum(r.queued - r.arrival for r in records)), abs=n * 1e-6)
     protocol = f"otlp_{transport}"
     assert s.value("phasewatch_otlp_spans_total", protocol=protocol,
                    outcome="request") == len(records)

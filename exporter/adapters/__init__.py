@@ -21,8 +21,8 @@ __all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify", "remember"]
 
 def remember(span, parts) -> bool:
     """Keep what a request needs from one of its child spans; True if ``span`` was one."""
-    if span.name not in CHILD_SPAN_NAMES:
-        return False
+    if span.name not in CHILD_SPAN_NAMES and "Scheduler" not in span.name:
+        return False  # (SGLang's scheduler thread spans carry its host and pid in the name)
     return any(a.remember(span, parts) for a in WITH_CHILD_SPANS)
 
 

@@ -3,11 +3,13 @@
 Some servers put a request's timeline in child spans rather than on the request span:
 TGI's ``queued`` and one ``send_generation`` per token (the only first-token time it
 sends), SGLang's ``prefill_waiting``, ``prefill_forward`` and one ``decode_loop`` per
-step. A span ends after its children, and OTLP batch processors export spans in the
-order they end, so the children reach the exporter in the same export as the request
-span or an earlier one. ``TraceParts`` keeps what the adapters need of them (a few
-times per span, never attributes or text) per trace until the request span takes
-them.
+step. A span ends after its children, and a batch processor exports a process's spans
+in the order they end, so children from the request span's own process reach the
+exporter in the same export or an earlier one (TGI's router). Children from another
+process (SGLang's scheduler, under the tokenizer's root) may come later: those roots
+wait for them (``adapters.sglang.PendingRoots``). ``TraceParts`` keeps what the
+adapters need of them (a few times per span, never attributes or text) per trace
+until the request span takes them.
 
 Bounded: at most ``max_traces`` traces and ``max_parts`` parts in all; past either the
 oldest trace is dropped and counted (``evicted``), as are the parts of traces whose
@@ -59,11 +61,20 @@ class TraceParts:
             self._parts -= sum(len(p) for p in trace.values())
         return {kind: list(parts.values()) for kind, parts in trace.items()}
 
-    def peek(self, trace_id: bytes) -> dict[str, list]:
-        """As ``take``, leaving the parts in place (a trace two request spans share)."""
+    def take_raw(self, trace_id: bytes) -> dict[str, dict[bytes, object]]:
+        """As ``take``, keeping each part's span id: kind -> span id -> value."""
+        with self._lock:
+            trace = self._traces.pop(trace_id, None)
+            if trace is None:
+                return {}
+            self._parts -= sum(len(p) for p in trace.values())
+        return trace
+
+    def peek_raw(self, trace_id: bytes) -> dict[str, dict[bytes, object]]:
+        """As ``take_raw``, leaving the parts in place (copies)."""
         with self._lock:
             trace = self._traces.get(trace_id)
-            return {} if trace is None else {k: list(p.values()) for k, p in trace.items()}
+            return {} if trace is None else {k: dict(p) for k, p in trace.items()}
 
     def drain_evictions(self) -> tuple[int, int]:
         """(traces, parts) dropped since the last call."""

@@ -1,12 +1,16 @@
 """The path every OTLP receiver shares: spans -> adapters -> one batch -> the aggregator.
 
-Per export: TGI's ``infer``/``prefill`` spans are remembered for linking; each
-span is classified (``adapters.classify``); spans that are not requests are
-ignored; request spans are deduplicated by (trace id, span id) over a bounded
-window, so a retried export counts once; an adapter's ``Rejected`` is counted with
-its reason; the rest become one ``RequestBatch`` per adapter (vLLM's and SGLang's
-converted column by column over the whole export). The outcome feeds OTLP's
-``partial_success``: rejected spans and a message naming the reasons.
+Per export: each span is classified (``adapters.classify``); child spans a request
+needs (TGI's ``queued``/``send_generation``, SGLang's stage and scheduler spans) are
+remembered by trace (``TraceParts``); other spans that are not requests are ignored;
+request spans are deduplicated by (trace id, span id) over a bounded window, so a
+retried export counts once; an adapter's ``Rejected`` is counted with its reason; the
+rest become one ``RequestBatch`` per adapter (vLLM's converted column by column over
+the whole export). SGLang's roots wait in ``PendingRoots`` for their stage spans and
+their other role; they are counted by the export that completes them or by ``sweep``
+once ``join_wait`` seconds have passed. The outcome feeds OTLP's ``partial_success``:
+rejected spans and a message naming the reasons (a waiting root's later rejection is
+in the counters only).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.adapters import AdapterContext, Rejected, classify, remember, vllm
-from exporter.adapters.common import LATENCY_KEYS
+import numpy as np
+
+from exporter.adapters import AdapterContext, Rejected, classify, remember, sglang, vllm
+from exporter.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
 from exporter.adapters.traces import TraceParts
 from exporter.aggregate import Aggregator
 from exporter.grpc_server import BatchIds
@@ -63,11 +69,13 @@ def pod_of(resource: dict) -> str:
 
 class OtlpIngest:
     def __init__(self, aggregator: Aggregator, context: AdapterContext | None = None,
-                 dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None):
+                 dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None,
+                 join_wait: float = sglang.HOLD_S):
         self._agg = aggregator
         self.stats = aggregator.stats
         self.context = context or AdapterContext()
         self.context.trace_parts = TraceParts()
+        self.pending = sglang.PendingRoots(hold=join_wait)
         self._seen = BatchIds(dedupe_capacity)
         self.emitter = emitter  # otlp.reemit.PhaseSpanEmitter, or None
 
@@ -81,10 +89,12 @@ class OtlpIngest:
         parts = self.context.trace_parts
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []
+        touched = set()  # traces that gained child spans or waiting roots
         for s in spans:  # all child spans first: their request span may be in this export
             adapter = classify(s)
             if adapter is None:
-                remember(s, parts)
+                if remember(s, parts):
+                    touched.add(s.trace_id)
                 out.ignored += 1
             elif len(s.trace_id) != 16 or len(s.span_id) != 8:
                 refused["bad_span_id"] += 1
@@ -103,26 +113,84 @@ class OtlpIngest:
                 refused["timestamp_out_of_range"] += 1
             else:
                 groups.setdefault(adapter, []).append(s)
-        batches = [self._convert(adapter, group, refused) for adapter, group in groups.items()]
+        batches = []
+        for adapter, group in groups.items():
+            if adapter is sglang:  # waits for its stage spans and other role
+                reasons = self.pending.park(group, protocol)
+                refused.update(r for r in reasons if r)
+                touched.update(s.trace_id for s, r in zip(group, reasons, strict=True) if not r)
+            else:
+                batches.append(self._convert(adapter, group, refused))
         out.rejected.update(refused)
-        with_pod = "pod" in self._agg.labels.names
         for batch, kept in batches:
             if not kept:
                 continue
-            try:
-                result = self._agg.ingest(batch, protocol,
-                                          [pod_of(s.resource) for s in kept] if with_pod
-                                          else None)
-            except Exception:
-                for s in kept:  # let the client's retry through
-                    self._seen.release(s.trace_id + s.span_id)
-                raise
+            result = self._ingest(batch, kept, protocol, [[s] for s in kept])
             out.accepted += result.accepted
             out.rejected.update(result.rejected)
-            if self.emitter is not None:
-                self.emitter.emit([(s.trace_id, s.span_id) for s in kept], batch)
+        for proto, (batch, roots) in self._joined(self.pending.ready(self.context,
+                                                                     touched)).items():
+            result = self._ingest(batch, [r[0] for r in roots], proto, roots)
+            if proto == protocol:
+                out.accepted += sum(len(r) for r, k in zip(roots, result.kept, strict=True)
+                                    if k)
+                out.rejected.update(result.rejected)
+            else:  # roots that came over another receiver: counted there
+                self._count_joined(proto, roots, result)
         self._count(out, refused, protocol)
         return out
+
+    def _count_joined(self, protocol: str, roots: list, result) -> None:
+        """spans_total for joined requests counted outside the export they came in."""
+        for outcome, want in (("request", True), ("rejected", False)):
+            n = sum(len(r) for r, k in zip(roots, result.kept, strict=True) if bool(k) == want)
+            if n:
+                self.stats.inc("phasewatch_otlp_spans_total", n, protocol=protocol,
+                               outcome=outcome)
+
+    def _ingest(self, batch: RequestBatch, kept: list, protocol: str, roots: list):
+        """``kept[i]`` is the span that row ``i`` came from (its pod, its re-emitted
+        phases); ``roots[i]`` every request span of the row (released for a retry)."""
+        with_pod = "pod" in self._agg.labels.names
+        try:
+            result = self._agg.ingest(batch, protocol,
+                                      [pod_of(s.resource) for s in kept] if with_pod else None)
+        except Exception:
+            for rs in roots:  # let the client's retry through
+                for s in rs:
+                    self._seen.release(s.trace_id + s.span_id)
+            raise
+        if result.kept is None:
+            result.kept = np.zeros(len(batch), dtype=bool)
+        if self.emitter is not None:
+            self.emitter.emit([(s.trace_id, s.span_id) for s in kept], batch)
+        return result
+
+    def _joined(self, released: list) -> dict:
+        """Released SGLang requests as one batch per protocol: protocol -> (batch, the
+        root spans of each row, client-facing first)."""
+        by_proto: dict[str, list] = {}
+        for r in released:
+            by_proto.setdefault(r.protocol, []).append(r)
+        if released:
+            outcomes = Counter(r.outcome for r in released)
+            for outcome, n in outcomes.items():
+                self.stats.inc("phasewatch_otlp_joined_requests_total", n, outcome=outcome)
+        out = {}
+        for proto, rs in by_proto.items():
+            batch = RequestBatch.from_rows([r.row for r in rs], times_in_ns=True)
+            batch.kv_transfer = np.array([r.kv_transfer for r in rs], dtype=np.float64)
+            batch.clock_skew_tolerance_ns = TWO_CLOCK_TOLERANCE_NS
+            out[proto] = (batch, [r.spans for r in rs])
+        return out
+
+    def sweep(self) -> int:
+        """Count the waiting SGLang requests whose wait is over; how many."""
+        released = self.pending.ready(self.context)
+        for proto, (batch, roots) in self._joined(released).items():
+            self._count_joined(proto, roots, self._ingest(batch, [r[0] for r in roots], proto,
+                                                          roots))
+        return len(released)
 
     def _convert(self, adapter, spans: list, refused: Counter):
         """One adapter's spans as a batch of the ones it accepts, and those spans."""

@@ -7,8 +7,9 @@ otlp`` and by the tests as real clients.
 
 * vLLM V1 (``vllm/v1/engine/output_processor.py``): one ``llm_request`` SERVER span
   started at arrival, float-second latencies, no model attribute.
-* SGLang: the root span ``" Req <rid[:8]>"`` with ``gen_ai.*`` latencies, cached
-  tokens and finish reasons as a JSON list.
+* SGLang 0.5.23 (``tests/fixtures/otlp/engines/sglang-0.5.23``): the tokenizer's root
+  span ``" Req <rid[:8]>"`` with ``gen_ai.*`` latencies, cached tokens and finish
+  reasons as a JSON list; thread spans and the scheduler's stage spans under it.
 * TGI v3.3.7 (from its source; ``tests/fixtures/otlp/engines/tgi-3.3.7-from-source``):
   the router's handler span ``generate_stream`` with Rust ``Duration`` strings, and in
   its trace ``schedule`` > ``queued`` (enqueue -> scheduled) and ``infer`` (linked to
@@ -18,12 +19,13 @@ otlp`` and by the tests as real clients.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
@@ -58,21 +60,51 @@ def emit_vllm(tracer, r: RequestRecord) -> None:
 
 
 def emit_sglang(tracer, r: RequestRecord) -> None:
-    rid = r.request_id.encode().hex()[:8]
-    with tracer.start_as_current_span(f" Req {rid}", start_time=_ns(r.arrival),
-                                      end_on_exit=False) as span:
-        span.set_attribute("gen_ai.latency.time_to_first_token", r.first_token - r.arrival)
-        span.set_attribute("gen_ai.latency.e2e", r.finish - r.arrival)
-        span.set_attribute("gen_ai.latency.time_in_model_prefill", r.first_token - r.scheduled)
-        span.set_attribute("gen_ai.latency.time_in_model_decode", r.last_token - r.first_token)
-        span.set_attribute("gen_ai.latency.time_in_model_inference", r.last_token - r.scheduled)
-        span.set_attribute("gen_ai.usage.prompt_tokens", r.prompt_tokens)
-        span.set_attribute("gen_ai.usage.completion_tokens", r.output_tokens)
-        span.set_attribute("gen_ai.usage.cached_tokens", r.cached_prompt_tokens or 0)
-        span.set_attribute("gen_ai.request.id", r.request_id)
-        span.set_attribute("gen_ai.response.model", r.model)
-        span.set_attribute("gen_ai.response.finish_reasons", json.dumps([r.finish_reason]))
-        span.end(end_time=_ns(r.finish))
+    """One request as SGLang 0.5.23 traces it unified at SGLANG_TRACE_LEVEL 3
+    (``tests/fixtures/otlp/engines/sglang-0.5.23``): all INTERNAL; the tokenizer's root
+    ``" Req <rid[:8]>"``; under it a thread span per process (``thread_label``), and
+    under those the stages: ``tokenize``, ``prefill_waiting`` (queued -> scheduled),
+    ``prefill_forward`` (scheduled -> first token) and one ``decode_loop`` per step."""
+    rid = r.request_id.encode().hex()[:32]
+    arrival, queued = _ns(r.arrival), _ns(r.queued or r.arrival)
+    scheduled, first, last, finish = (_ns(t) for t in (r.scheduled, r.first_token,
+                                                       r.last_token, r.finish))
+    root = tracer.start_span(f" Req {rid[:8]}", start_time=arrival,
+                             context=trace.set_span_in_context(trace.INVALID_SPAN),
+                             attributes={"rid": rid, "module": "sglang::request"})
+    in_root = trace.set_span_in_context(root)
+    tok = tracer.start_span("Tokenizer(host:sim | pid:1)", start_time=arrival, context=in_root,
+                            attributes={"thread_label": "Tokenizer", "pid": 1})
+    tracer.start_span("tokenize", start_time=arrival, context=trace.set_span_in_context(
+        tok)).end(end_time=queued)
+    tok.end(end_time=queued)
+    sched = tracer.start_span("Scheduler [TP 0]  [PP 0] (host:sim | pid:2)", start_time=queued,
+                              context=in_root, attributes={"thread_label": "Scheduler",
+                                                           "pid": 2, "tp_rank": 0})
+    in_sched = trace.set_span_in_context(sched)
+    tracer.start_span("prefill_waiting", start_time=queued, context=in_sched).end(
+        end_time=scheduled)
+    tracer.start_span("prefill_forward", start_time=scheduled, context=in_sched).end(
+        end_time=first)
+    times = [_ns(t) for t in r.token_times] if r.token_times else [first, last]
+    for i, (a, b) in enumerate(itertools.pairwise(times)):
+        tracer.start_span("decode_loop", start_time=a, context=in_sched,
+                          attributes={"decode_ct": i}).end(end_time=b)
+    sched.end(end_time=last)
+    for key, value in (
+            ("gen_ai.latency.time_to_first_token", r.first_token - r.arrival),
+            ("gen_ai.latency.e2e", r.finish - r.arrival),
+            # SGLang's: from the API server's dispatch, so it holds the scheduler's queue
+            ("gen_ai.latency.time_in_model_prefill", r.first_token - (r.queued or r.arrival)),
+            ("gen_ai.latency.time_in_model_decode", r.finish - r.first_token),
+            ("gen_ai.latency.time_in_model_inference", r.finish - (r.queued or r.arrival)),
+            ("gen_ai.usage.prompt_tokens", r.prompt_tokens),
+            ("gen_ai.usage.completion_tokens", r.output_tokens),
+            ("gen_ai.usage.cached_tokens", r.cached_prompt_tokens or 0),
+            ("gen_ai.request.id", r.request_id), ("gen_ai.response.model", r.model),
+            ("gen_ai.response.finish_reasons", json.dumps([r.finish_reason]))):
+        root.set_attribute(key, value)
+    root.end(end_time=finish)
 
 
 def rust_duration(seconds: float) -> str:
@@ -158,12 +190,23 @@ class _Counting(SpanExporter):
         return self._inner.force_flush(timeout_millis)
 
 
+class _Ended(SpanProcessor):
+    """Counts the spans the shapes made (``stats["spans"]``), to compare with those the
+    exporter delivered."""
+
+    def __init__(self, stats: Counter):
+        self._stats = stats
+
+    def on_end(self, span) -> None:
+        self._stats["spans"] += 1
+
+
 class OtlpSink:
     """Finished simulated requests out as spans through the SDK's own OTLP exporter.
 
     ``protocol`` is ``otlp-grpc`` (target ``host:port``) or ``otlp-http`` (target a
-    ``http://host:port/v1/traces`` URL). ``stats``: ``sent`` requests emitted,
-    ``exported`` / ``failed`` spans the exporter delivered or gave up on.
+    ``http://host:port/v1/traces`` URL). ``stats``: ``sent`` requests emitted, ``spans``
+    made for them, ``exported`` / ``failed`` spans the exporter delivered or gave up on.
     """
 
     def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = "",
@@ -194,6 +237,7 @@ class OtlpSink:
         # TGI's shape is one span per token: a queue deep enough for bursts of them
         self._tp = provider(shape, _Counting(exporter, self.stats), schedule_delay_millis=200,
                             max_queue_size=65536)
+        self._tp.add_span_processor(_Ended(self.stats))
         self._tracer = tracer_for(self._tp, shape)
         self._emit = EMIT[shape]
 
