@@ -226,17 +226,18 @@ def raw_otlp_walk(payloads: list[bytes], seconds: float = 3.0) -> float:
     return _rate(one, seconds)
 
 
-def otlp_rate(make_exporter, templates, seconds: float, done, in_flight: int = 3
-              ) -> float:
+def otlp_rate(make_exporter, templates, seconds: float, done, in_flight: int = 3,
+              seed: int = 0) -> float:
     """Spans/s from ``in_flight`` SDK exporters sending fresh vLLM batches back to back;
     ``done(total)`` waits until the server has counted them (``done(None)``: its count
-    before)."""
+    before). ``seed``: the first of the exporters' id streams (runs against one server
+    take different ones, or their ids repeat and count as retries)."""
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     from exporter.sim.otlp_load import FreshBatches
 
     exporters = [make_exporter() for _ in range(in_flight)]
-    fresh = [FreshBatches(templates, seed=k) for k in range(in_flight)]
+    fresh = [FreshBatches(templates, seed=seed + k) for k in range(in_flight)]
     assert exporters[0].export(fresh[0].next()) == SpanExportResult.SUCCESS  # warm up
     base = done(None)
     failed = []
@@ -289,7 +290,8 @@ def otlp_rows() -> list[Row]:
                         f"http://127.0.0.1:{ex.otlp_http_port}/v1/traces")
                 c0 = cpu_seconds(ex.proc.pid)
                 t0 = time.perf_counter()
-                rate = otlp_rate(make, templates, SECONDS, done)
+                rate = otlp_rate(make, templates, SECONDS, done,
+                                 seed=0 if protocol == "otlp_grpc" else 50)
                 cpu[protocol] = (cpu_seconds(ex.proc.pid) - c0, time.perf_counter() - t0)
                 if protocol == "otlp_grpc":
                     rows.append(Row("otlp_grpc", "OTLP/gRPC, SDK exporter, vLLM spans", rate,
@@ -327,9 +329,53 @@ def otlp_rows() -> list[Row]:
     return rows
 
 
+def sglang_rows() -> list[Row]:
+    """SGLang's own span trees (the simulator's emitter, as SGLang 0.5.23 makes them):
+    the tokenizer's root, thread spans and the scheduler's stage spans, joined per
+    request. Level 3 adds one decode_loop span per output token (16 here); level 1 is
+    the recommended setting. Spans/s and requests/s over OTLP/gRPC, beside the vLLM
+    row's load (one span per request)."""
+    from exporter.sim.otlp_load import FreshBatches, grpc_exporter, template_spans
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = serve(Path(tmp))
+        try:
+            for level in (3, 1):
+                templates = template_spans(shape="sglang", level=level)
+                per_request = len(templates) / sum(" Req " in s.name for s in templates)
+                fresh = FreshBatches(templates, seed=99)
+                raw = raw_otlp_walk([fresh.next().request.SerializeToString()
+                                     for _ in range(16)])
+
+                def done(want, port=ex.http_port, per_request=per_request):
+                    name = "phasewatch_otlp_spans_total"  # outcome=request: one per root
+                    if want is None:
+                        return total(scrape(port), name, protocol="otlp_grpc",
+                                     outcome="request") * per_request
+                    return wait_for(port, name, round(want / per_request),
+                                    protocol="otlp_grpc", outcome="request")
+
+                rate = otlp_rate(lambda: grpc_exporter(f"127.0.0.1:{ex.otlp_grpc_port}"),
+                                 templates, SECONDS, done, seed=100 * level)
+                joined = total(scrape(ex.http_port), "phasewatch_otlp_joined_requests_total",
+                               outcome="waited")
+                rows.append(Row(f"otlp_sglang_l{level}",
+                                f"OTLP/gRPC, SGLang level-{level} trees "
+                                f"({per_request:.0f} spans/request)", rate, "spans/s",
+                                10_000, "higher", raw,
+                                "raw decode + attribute walk, same batches", extra={
+                                    "requests_per_s": rate / per_request,
+                                    "spans_per_request": per_request,
+                                    "joins_waited": joined}))
+        finally:
+            ex.stop()
+    return rows
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
-    for r in [*export_rows(rng), *otlp_rows()]:
+    for r in [*export_rows(rng), *otlp_rows(), *sglang_rows()]:
         print(r.as_json())
 
 

@@ -7,7 +7,8 @@ Rows (module: what it measures):
 
 * ingest: phasewatch Export (with and without token gaps), OTLP/gRPC and OTLP/HTTP
   from the OpenTelemetry SDK's exporters, and phasewatch against the baseline
-  exporter (bench/baseline_exporter.py) per server CPU-second;
+  exporter (bench/baseline_exporter.py) per server CPU-second; SGLang's span trees
+  (trace levels 3 and 1: spans/s and requests/s, the join of roots and stage spans);
 * client: record() on the serving thread (exporter up, and down), and a request's
   finish -> visible in /metrics;
 * surfaces: /metrics render, the roofline estimator, exporter memory under load;
@@ -33,6 +34,7 @@ from bench.common import CLIENT_CORE, ROOT, Row, pin
 SECTIONS = {
     "export": lambda: ingest.export_rows(np.random.default_rng(0)),
     "otlp": ingest.otlp_rows,
+    "sglang": ingest.sglang_rows,
     "record": client.record_rows,
     "visible": lambda: [client.visibility_row()],
     "render": lambda: [surfaces.render_row()],

@@ -195,6 +195,20 @@ def test_sglang_disaggregated_roles_are_one_request_with_a_kv_transfer():
     assert snap.counters["tokens"].sum(axis=0).tolist()[0] == 900  # the prompt, once
 
 
+def test_sglang_late_role_is_refused_not_counted_twice():
+    """A disaggregated request counted after the wait with one role: its other role,
+    arriving later still, is refused with a reason, not counted as a second request."""
+    ing, now = _ingest()
+    p_root, p_thread, p_kids = sglang_tree("prefill", trace=b"p" * 16, steps=0,
+                                           root_id=b"P" * 8, kv=True)
+    d_root, d_thread, d_kids = sglang_tree("decode", trace=b"d" * 16, root_id=b"D" * 8)
+    ing.export_spans([*p_kids, p_thread, p_root], "otlp_grpc")
+    now[0] = 11.0
+    assert ing.sweep() == 1 and _requests(ing) == 1
+    out = ing.export_spans([*d_kids, d_thread, d_root], "otlp_grpc")
+    assert out.rejected == {"late_role": 1} and _requests(ing) == 1
+
+
 def test_sglang_waiting_roots_are_bounded():
     ing, _ = _ingest()
     ing.pending.max_pending = 2

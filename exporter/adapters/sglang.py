@@ -231,6 +231,9 @@ class PendingRoots:
         self._lock = threading.Lock()
         self._by_rid: OrderedDict[str, dict[str, Root]] = OrderedDict()
         self._by_trace: dict[bytes, set[str]] = {}
+        # disaggregated requests counted with one role missing: the late role is refused
+        # (``late_role``) rather than counted as a second request
+        self._one_role: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         with self._lock:
@@ -247,8 +250,11 @@ class PendingRoots:
                 except Rejected as e:
                     reasons.append(e.reason)
                     continue
-                reasons.append("")
                 rid, role = rid_of(s), role_of(s)
+                if role and rid in self._one_role:
+                    reasons.append("late_role")
+                    continue
+                reasons.append("")
                 roles = self._by_rid.setdefault(rid, {})
                 if role in roles:  # the same request's root again, as a new span
                     rid = f"{rid}#{s.span_id.hex()}"
@@ -259,19 +265,23 @@ class PendingRoots:
 
     def ready(self, ctx, traces=(), force: bool = False) -> list[Released]:
         """Requests complete now (checking those in ``traces``, the traces that gained
-        parts or roots), those past ``hold`` seconds, and the oldest past capacity."""
+        parts or roots), those past ``hold`` seconds (all with ``force``), and the
+        oldest past capacity. Waiting requests are kept oldest first, so the expired
+        ones are found without looking at the rest."""
         now = self._clock()
         out = []
         with self._lock:
-            rids = {r for t in traces for r in self._by_trace.get(t, ())}
-            for rid in list(self._by_rid):
-                roles = self._by_rid[rid]
-                due = force or min(r.since for r in roles.values()) + self.hold <= now
-                if rid in rids or due:
-                    if self._complete(roles, ctx.trace_parts):
+            for t in traces:
+                for rid in list(self._by_trace.get(t, ())):
+                    roles = self._by_rid.get(rid)
+                    if roles is not None and self._complete(roles, ctx.trace_parts):
                         out.append(self._release(rid, ctx, "complete"))
-                    elif due:
-                        out.append(self._release(rid, ctx, "waited"))
+            while self._by_rid:
+                rid, roles = next(iter(self._by_rid.items()))
+                if not force and min(r.since for r in roles.values()) + self.hold > now:
+                    break
+                done = self._complete(roles, ctx.trace_parts)
+                out.append(self._release(rid, ctx, "complete" if done else "waited"))
             while len(self._by_rid) > self.max_pending:
                 out.append(self._release(next(iter(self._by_rid)), ctx, "capacity"))
         return out
@@ -292,6 +302,10 @@ class PendingRoots:
                     del self._by_trace[r.span.trace_id]
             r.claim(ctx.trace_parts)
         client = roles.get("") or roles.get("decode") or roles["prefill"]
+        if "" not in roles and len(roles) == 1:
+            self._one_role[rid] = None
+            if len(self._one_role) > self.max_pending:
+                self._one_role.popitem(last=False)
         row_, kv = row_of(roles, ctx)
         spans = [client.span, *(r.span for r in roles.values() if r is not client)]
         return Released(row_, kv, spans, client.protocol, outcome)

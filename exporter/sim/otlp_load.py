@@ -24,8 +24,11 @@ class Batch(list):
     request = None
 
 
-def template_spans(n: int = VLLM_BATCH_SPANS, tokens: int = 16, seed: int = 7):
-    """``n`` finished vLLM ``llm_request`` spans from the simulator's emitter."""
+def template_spans(n: int = VLLM_BATCH_SPANS, tokens: int = 16, seed: int = 7,
+                   shape: str = "vllm", **emit):
+    """Finished requests' spans from the simulator's emitter: ``n`` vLLM ``llm_request``
+    spans, or for another ``shape`` (SGLang's trees) as many requests' spans as fit in
+    ``n`` spans; ``emit``: the emitter's options (SGLang's ``level``)."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from exporter.record import RequestRecord
@@ -34,18 +37,23 @@ def template_spans(n: int = VLLM_BATCH_SPANS, tokens: int = 16, seed: int = 7):
     rng = random.Random(seed)
     now = time.time()
     mem = InMemorySpanExporter()
-    tp = otlp_shapes.provider("vllm", mem, max_export_batch_size=n)
-    tracer = otlp_shapes.tracer_for(tp, "vllm")
+    tp = otlp_shapes.provider(shape, mem, max_export_batch_size=n, max_queue_size=4 * n)
+    tracer = otlp_shapes.tracer_for(tp, shape)
     for i in range(n):
         t0 = now - 5 + rng.random()
         first = t0 + 0.02 + 0.1 * rng.random()
         last = first + 0.02 * (tokens - 1)
-        otlp_shapes.emit_vllm(tracer, RequestRecord(
-            model="", engine="vllm", request_id=f"req-{i}", arrival=t0, scheduled=t0 + 0.01,
-            first_token=first, last_token=last, finish=last + 0.001,
+        before = len(mem.get_finished_spans())
+        otlp_shapes.EMIT[shape](tracer, RequestRecord(
+            model="", engine=shape, request_id=f"req-{i}", arrival=t0, queued=t0 + 0.002,
+            scheduled=t0 + 0.01, first_token=first, last_token=last, finish=last + 0.001,
             prompt_tokens=200 + i % 800, cached_prompt_tokens=0, output_tokens=tokens,
-            finish_reason="stop"))
-    tp.force_flush()
+            finish_reason="stop", token_times=[first + 0.02 * k for k in range(tokens)]),
+            **emit)
+        tp.force_flush()
+        if len(mem.get_finished_spans()) > n:  # this request's spans do not fit: drop them
+            tp.shutdown()
+            return mem.get_finished_spans()[:before]
     tp.shutdown()
     return mem.get_finished_spans()
 
@@ -67,11 +75,18 @@ class FreshBatches:
         request = type(self._request)()
         request.CopyFrom(self._request)
         rand = self._rng.randbytes
+        traces: dict[bytes, bytes] = {}  # a request's tree keeps its shape under new ids
+        spans: dict[bytes, bytes] = {b"": b""}
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 for span in ss.spans:
-                    span.trace_id = rand(16)
-                    span.span_id = rand(8)
+                    old = span.trace_id
+                    span.trace_id = traces.get(old) or traces.setdefault(old, rand(16))
+                    sid = span.span_id
+                    span.span_id = spans.get(sid) or spans.setdefault(sid, rand(8))
+                    if span.parent_span_id:
+                        p = span.parent_span_id
+                        span.parent_span_id = spans.get(p) or spans.setdefault(p, rand(8))
         batch = Batch(self._templates)
         batch.request = request
         return batch

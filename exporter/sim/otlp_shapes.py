@@ -59,12 +59,13 @@ def emit_vllm(tracer, r: RequestRecord) -> None:
         span.end(end_time=_ns(r.last_token))
 
 
-def emit_sglang(tracer, r: RequestRecord) -> None:
-    """One request as SGLang 0.5.23 traces it unified at SGLANG_TRACE_LEVEL 3
+def emit_sglang(tracer, r: RequestRecord, level: int = 3) -> None:
+    """One request as SGLang 0.5.23 traces it unified at SGLANG_TRACE_LEVEL ``level``
     (``tests/fixtures/otlp/engines/sglang-0.5.23``): all INTERNAL; the tokenizer's root
     ``" Req <rid[:8]>"``; under it a thread span per process (``thread_label``), and
     under those the stages: ``tokenize``, ``prefill_waiting`` (queued -> scheduled),
-    ``prefill_forward`` (scheduled -> first token) and one ``decode_loop`` per step."""
+    ``prefill_forward`` (scheduled -> first token) and, at level 3, one ``decode_loop``
+    per step."""
     rid = r.request_id.encode().hex()[:32]
     arrival, queued = _ns(r.arrival), _ns(r.queued or r.arrival)
     scheduled, first, last, finish = (_ns(t) for t in (r.scheduled, r.first_token,
@@ -87,7 +88,7 @@ def emit_sglang(tracer, r: RequestRecord) -> None:
     tracer.start_span("prefill_forward", start_time=scheduled, context=in_sched).end(
         end_time=first)
     times = [_ns(t) for t in r.token_times] if r.token_times else [first, last]
-    for i, (a, b) in enumerate(itertools.pairwise(times)):
+    for i, (a, b) in enumerate(itertools.pairwise(times) if level >= 3 else ()):
         tracer.start_span("decode_loop", start_time=a, context=in_sched,
                           attributes={"decode_ct": i}).end(end_time=b)
     sched.end(end_time=last)
