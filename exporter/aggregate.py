@@ -22,7 +22,7 @@ from exporter.buckets import WINDOW_INDEX
 from exporter.gaps import GapBins, GapCounts
 from exporter.labels import LabelSets
 from exporter.phases import Phases, split_phases
-from exporter.record import FINISH_REASONS, RequestBatch, finish_reason_codes
+from exporter.record import FINISH_REASONS, NS, RequestBatch, finish_reason_codes
 from exporter.selfstats import SelfStats
 from exporter.window import RollingWindow
 
@@ -156,6 +156,13 @@ class Aggregator:
                 self._counters[key][:n_ls] += delta
         self.window.add(batch, ph, ls, n_ls, reasons, gaps)
         return IngestResult(accepted, ph.rejected, ph.kept)
+
+    def add_steps(self, steps: list[tuple]) -> None:
+        """Engine-reported decode steps: (model, engine, pod, start ns, end ns, requests)
+        each, into the window for the roofline's decode batch."""
+        ls = np.array([self.labels.index(m, e, p) for m, e, p, *_ in steps], dtype=np.int64)
+        cols = np.array([s[3:] for s in steps], dtype=np.float64).reshape(-1, 3)
+        self.window.add_steps(ls, cols[:, 0] / NS, cols[:, 1] / NS, cols[:, 2])
 
     def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int,
                   gaps: GapCounts):

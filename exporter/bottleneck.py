@@ -118,6 +118,7 @@ class BottleneckMonitor:
 
     def update(self) -> list[Result]:
         cols = self._window.columns(LOOKBACK_SPANS * self.span)
+        steps = self._window.steps(LOOKBACK_SPANS * self.span)
         pairs = self._labels.pairs()
         results = []
         ls = cols["ls"]
@@ -132,7 +133,9 @@ class BottleneckMonitor:
             cached = rates.cached_prompt_share if rates is not None else None
             if cached is not None:
                 mine = with_cached_share(mine, cached)
-            est = estimate(mine, dep, self.span, model, engine)
+            own = steps["ls"] == i
+            est = estimate(mine, dep, self.span, model, engine,
+                           {k: v[own] for k, v in steps.items()} if own.any() else None)
             if est is None:
                 continue
             if dep is not None and rates is not None:

@@ -87,6 +87,10 @@ class LabelSets:
                             reason="too_many_series")
         return idx
 
+    def index(self, model: str, engine: str, pod: str = "") -> int:
+        """The label-set index of one (model, engine[, pod]), with the same caps."""
+        return self._lookup(model, engine, pod if "pod" in self.names else None, 1)
+
     def rows(self, batch: RequestBatch, pods: np.ndarray | None = None) -> np.ndarray:
         """Label-set index of every row; a Python step per distinct set, not per row.
 

@@ -170,8 +170,30 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
         arithmetic_intensity=flops / nbytes if nbytes else math.inf, requests=n, source=source)
 
 
-def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
+def _reported_steps(steps: dict | None, lo: float, hi: float):
+    """(mean requests per step, mean step seconds) of the engine's own decode steps in
+    [lo, hi] (TGI's), each weighted by its fraction inside; None without any."""
+    if steps is None or not len(steps["start"]):
+        return None
+    s, e, size = steps["start"], steps["end"], steps["size"]
+    inside = (e > lo) & (s < hi) & (size > 0) & (e > s)
+    if not inside.any():
+        return None
+    f = inside_fraction(s[inside], e[inside], lo, hi)
+    if f.sum() <= 0:
+        return None
+    return (float((size[inside] * f).sum() / f.sum()),
+            float(((e - s)[inside] * f).sum() / f.sum()))
+
+
+def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
+            steps: dict | None = None):
     m = dep.model
+    reported = _reported_steps(steps, lo, hi)
+    if reported is not None:  # the engine's own steps: the requests in each forward
+        inputs["decode_batch"] = "engine_decode_steps"
+    # without a decode estimate the engine's batch and step are still reported
+    none = (None, *reported) if reported is not None else (None, None, None)
     first, last = c["first_token_at"], c["last_token_at"]
     timed = ~np.isnan(first) & ~np.isnan(last) & (last > lo) & (first < hi)
     ok = timed & (c["steps"] > 0) & (c["prompt"] >= 0) & (c["output"] > 1)
@@ -181,28 +203,31 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
             "prompt tokens unknown (each step reads the KV cache of the whole context)"
             if not (timed & (c["prompt"] >= 0)).any() else
             "no request with more than one output token")
-        return None, None, None
+        return none
     first, last = first[ok], last[ok]
-    steps, prompt, out = c["steps"][ok].astype(float), c["prompt"][ok], c["output"][ok]
+    n_tokens, prompt, out = c["steps"][ok].astype(float), c["prompt"][ok], c["output"][ok]
     busy = union_length(first, last, lo, hi)
     f = inside_fraction(first, last, lo, hi)
     duration = (last - first) * f
     if busy <= 0 or duration.sum() <= 0:
         inputs["decode"] = "unavailable: decode intervals have no length in the range"
-        return None, None, None
+        return none
     timed = c["timed"][ok]
     inputs["decode_steps"] = ("token_gaps" if timed.all() else
                               "tpot" if not timed.any() else "token_gaps+tpot")
-    inputs["decode_batch"] = "overlapping_decode_intervals"
-    step = duration.sum() / (steps * f).sum()
-    batch = duration.sum() / busy
+    if reported is not None:
+        batch, step = reported
+    else:
+        inputs["decode_batch"] = "overlapping_decode_intervals"
+        step = duration.sum() / (n_tokens * f).sum()
+        batch = duration.sum() / busy
     n_steps = busy / step
-    context = steps * (prompt + out / 2.0) * f  # context tokens read over the decode steps
+    context = n_tokens * (prompt + out / 2.0) * f  # context tokens read over the decode steps
     kv = model_costs.kv_bytes_per_token(m) * context.sum()
     weights = n_steps * float(model_costs.weight_bytes_read(m, batch))
     tokens = (out - 1) * f
     flops = 2.0 * m.active_params * tokens.sum() + model_costs.attention_flops_per_context_token(
-        m) * float((context * (out - 1) / steps).sum())
+        m) * float((context * (out - 1) / n_tokens).sum())
     return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum())), batch, step
 
 
@@ -272,7 +297,7 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
 
 
 def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model: str,
-                 engine: str) -> RooflineEstimate:
+                 engine: str, steps: dict | None = None) -> RooflineEstimate:
     end = cols["end_at"]
     inputs: dict[str, str] = {}
     decode = batch = step = prefill = None
@@ -280,7 +305,7 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
     if dep is None:
         inputs["roofline"] = "no deployment configured for this model"
     else:
-        decode, batch, step = _decode(dep, cols, lo, hi, inputs)
+        decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
         prefill = _prefill(dep, cols, lo, hi, inputs)
         overlap = _overlap(cols, lo, hi, prefill, decode)
         if overlap > 0:
@@ -298,11 +323,14 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
 
 
 def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
-             model: str = "", engine: str = "") -> RooflineEstimate | None:
+             model: str = "", engine: str = "", steps: dict | None = None
+             ) -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
 
     ``cols`` are ``RollingWindow.columns()`` arrays restricted to one label set,
-    read ``LOOKBACK_SPANS`` ranges back. Without a deployment only the range and
+    read ``LOOKBACK_SPANS`` ranges back; ``steps``, ``RollingWindow.steps()`` of the
+    same label set: decode steps the engine reported (TGI), whose sizes are the decode
+    batch when any fall in the range. Without a deployment only the range and
     the phase time shares are filled in. Returns None when there is nothing to
     estimate from (no request end times, or a range of zero length).
 
@@ -313,10 +341,11 @@ def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
     bounds = analysis_range(cols, span)
     if bounds is None or bounds[1] <= bounds[0]:
         return None
-    est = _estimate_in(cols, dep, *bounds, model, engine)
+    est = _estimate_in(cols, dep, *bounds, model, engine, steps)
     newest = float(np.nanmax(cols["end_at"]))
     if dep is not None and (est.decode is None or est.prefill is None) and newest > bounds[1]:
-        wider = _estimate_in(cols, dep, max(newest - span, bounds[0]), newest, model, engine)
+        wider = _estimate_in(cols, dep, max(newest - span, bounds[0]), newest, model, engine,
+                             steps)
         if (wider.decode is not None) + (wider.prefill is not None) > (
                 est.decode is not None) + (est.prefill is not None):
             wider.inputs["range"] = "to_newest_request"

@@ -36,6 +36,10 @@ _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", 
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
+# start and end (Unix s) and the requests in it
+_STEP_COLUMNS = ("t", "ls", "start", "end", "size")
+STEP_CAPACITY = 65536
 
 
 class RollingWindow:
@@ -58,6 +62,8 @@ class RollingWindow:
         self._slot_second = np.full(self._slots, -1, dtype=np.int64)
         self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
+        self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
+        self._step_head = 0
 
     # ---- writing -------------------------------------------------------------
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
@@ -105,6 +111,30 @@ class RollingWindow:
             slot = self._slot_for(int(now), n_ls)
             self._slice_counts[slot, :n_ls] += counts
             self._slice_itl[slot, gaps.series] += gaps.window.astype(np.int32)
+
+    def add_steps(self, ls: np.ndarray, start: np.ndarray, end: np.ndarray,
+                  size: np.ndarray) -> None:
+        """Decode steps an engine reported (label set, start and end in Unix seconds,
+        requests in the step), for the roofline's decode batch."""
+        n = min(len(ls), STEP_CAPACITY)
+        now = self._clock()
+        with self._lock:
+            pos = (self._step_head + np.arange(n)) % STEP_CAPACITY
+            for k, v in (("t", np.full(n, now)), ("ls", ls), ("start", start), ("end", end),
+                         ("size", size)):
+                self._steps[k][pos] = np.asarray(v, dtype=float)[-n:]
+            self._step_head = (self._step_head + n) % STEP_CAPACITY
+
+    def steps(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+        """The reported decode steps ingested in the last ``seconds`` (default: the
+        window), as ``columns`` does for requests; ``ls`` as integers."""
+        now = self._clock()
+        span = seconds or self.seconds
+        with self._lock:
+            sel = ~np.isnan(self._steps["t"]) & (self._steps["t"] >= now - span)
+            out = {k: v[sel] for k, v in self._steps.items()}
+        out["ls"] = out["ls"].astype(np.int64)
+        return out
 
     def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
         n = len(ids)

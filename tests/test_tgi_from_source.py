@@ -13,8 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from exporter import catalog
+from exporter.roofline import Deployment
 from tests.conftest import scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
@@ -96,3 +99,43 @@ def test_generated_text_is_never_kept(exporter):
                        "/api/v1/status")]
     for canary in truth["canaries_never_to_store"]:
         assert all(canary not in page for page in pages), canary
+
+
+@pytest.mark.parametrize("scenario", ["chunking", "no_chunking"])
+def test_decode_steps_give_the_roofline_a_real_batch(scenario):
+    """Each decode step's sharded-client ``decode{size}`` span is the engine's own batch:
+    phasewatch keeps one step per decode step of the truth with its forward's size, and
+    the roofline takes its decode batch from them (not from overlapping requests)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from exporter.aggregate import Aggregator
+    from exporter.otlp.ingest import OtlpIngest
+    from exporter.roofline import estimate
+
+    truth = json.loads((FIXTURE / "truth.json").read_text())["scenarios"][scenario]
+    agg = Aggregator()
+    ingest = OtlpIngest(agg)
+    for path in sorted(FIXTURE.glob(f"{scenario}-export-*.pb")):
+        ingest.export(ExportTraceServiceRequest.FromString(path.read_bytes()), "otlp_grpc")
+    steps = agg.window.steps()
+    want = [st for st in truth["steps"] if st["kind"] == "decode"]
+    assert want and len(steps["size"]) == len(want)
+    order = np.argsort(steps["start"])
+    assert steps["size"][order].tolist() == [len(st["forward_requests"]) for st in want]
+    for got_start, got_end, st in zip(steps["start"][order], steps["end"][order], want,
+                                      strict=True):
+        assert st["start_ns"] / NS <= got_start < got_end <= st["forward_end_ns"] / NS + US
+    dep = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"),
+                     catalog.hardware("H100-SXM"))
+    est = estimate(agg.window.columns(), dep, 30.0, "m", "tgi", steps)
+    assert est.inputs["decode_batch"] == "engine_decode_steps"
+    # TGI sends no prompt tokens, so no decode bytes, but the batch is the engine's own
+    # over the estimator's range: each step weighted by its share inside it
+    lo, hi = est.range_start, est.range_end
+    w = [max(0.0, min(hi, st["forward_end_ns"] / NS) - max(lo, st["start_ns"] / NS))
+         / ((st["forward_end_ns"] - st["start_ns"]) / NS) for st in want]
+    assert sum(w) > 0
+    mean = sum(wi * len(st["forward_requests"]) for wi, st in zip(w, want, strict=True)) / sum(w)
+    assert est.decode_batch_size == pytest.approx(mean, rel=0.02)

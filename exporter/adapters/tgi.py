@@ -17,7 +17,9 @@ Read from TGI's source at v3.3.7 (references.md section 9; the spans of
   its children, so they reach the exporter no later than the handler span, and
   ``TraceParts`` holds them until it does.
 * Each engine step is a new root ``batch`` trace (``prefill``/``decode`` children),
-  linked to the requests' ``infer`` spans; phasewatch does not need them.
+  linked to the requests' ``infer`` spans. Of a decode step phasewatch reads the
+  sharded client's ``decode`` span (``decode_step``): its ``size`` is the requests in
+  the forward, its interval the forward, a real decode batch for the roofline.
 
 ``send_generation`` carries the generated text (``generation``): it is never read.
 Without the child spans (a collector that drops them) TTFT and the token times are
@@ -67,6 +69,25 @@ def remember(span, parts) -> bool:
     value = (span.start_ns, span.end_ns) if kind == "tgi_queued" else span.start_ns
     parts.add(span.trace_id, kind, span.span_id, value)
     return True
+
+
+def decode_step(span) -> tuple[int, int, int] | None:
+    """(start ns, end ns, requests) of a TGI decode forward (the sharded client's
+    ``decode{size}``, one per step whatever the shard count), else None."""
+    if span.name != "decode":
+        return None
+    a = span.attributes
+    namespace = a.get("code.namespace")
+    if not (isinstance(namespace, str) and namespace.startswith("text_generation_router")
+            and namespace.endswith("::sharded_client")):
+        return None
+    try:
+        size = int(a.get("size"))
+    except (TypeError, ValueError):
+        return None
+    if size <= 0 or span.end_ns <= span.start_ns:
+        return None
+    return span.start_ns, span.end_ns, size
 
 
 def matches(span) -> bool:
