@@ -44,8 +44,9 @@ GLOSSARY = {
            "datasheet peak memory bandwidth.",
     "MFU": "Model FLOPs utilization: FLOP/s prefill performed over the GPUs' datasheet dense "
            "peak.",
-    "decode batch": "Estimated mean number of requests decoding together in one step "
-                    "(from overlapping decode intervals).",
+    "decode batch": "Mean number of requests decoding together in one step: the engine's "
+                    "own steps where it reports them (TGI), else estimated from "
+                    "overlapping decode intervals.",
     "arithmetic intensity": "FLOPs performed per byte moved from memory. Left of the ridge "
                             "a phase is bandwidth-bound, right of it compute-bound.",
     "preprocess": "Before the engine's queue: templating, tokenisation and the hand-off "
