@@ -83,7 +83,8 @@ def page_outputs(snap: Snapshot, last_ok: float | None = None,
         return [state, dash.no_update, *[dash.no_update] * len(GRAPHS),
                 f"{stamp}: {snap.error.message}"]
     body = [state] if state is not None else panels.banners(snap)
-    cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
+    cards = ([*panels.kpi_cards(snap.kpis), panels.bench_compare(snap.kpis, snap.source)]
+             if not snap.kpis.empty else [])
     figs = build_figures(snap)
     took = (time.perf_counter() - started) * 1000
     footer = (f"Updated {stamp} from {snap.source} {snap.target}; window "

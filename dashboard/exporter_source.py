@@ -14,6 +14,8 @@ from dashboard.frames import (
     CEILING_COLUMNS,
     KEYS,
     KPI_COLUMNS,
+    LATENCIES,
+    LATENCY_STATS,
     POINT_COLUMNS,
     PROMPT_CLASS_COLUMNS,
     PROMPT_POINT_COLUMNS,
@@ -83,7 +85,11 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
         est = (roof.get(tuple(k.values())) or {}).get("estimate") or {}
         share = m["phase_time_share"]
         kpis.append({**k, **{f"{name}_{q}": m[f"{name}_seconds"].get(q)
-                             for name in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p95")},
+                             for name in LATENCIES for q in LATENCY_STATS},
+                     "requests_in_range": m.get("requests_in_window"),
+                     "prompt_tokens_in_range": m.get("prompt_tokens_in_window"),
+                     "output_tokens_in_range": m.get("output_tokens_in_window"),
+                     "range_seconds": summary.get("covered_seconds"),
                      "request_rate": m["request_rate"],
                      "prompt_tokens_per_second": m["prompt_tokens_per_second"],
                      "output_tokens_per_second": m["output_tokens_per_second"],

@@ -18,11 +18,15 @@ from dashboard.theme import PHASES
 KEYS = ("model", "engine", "pod")
 SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request time
 
-# One row per label set: the KPI cards.
-KPI_COLUMNS = (*KEYS, "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
-               "e2e_p50", "e2e_p95", "request_rate", "prompt_tokens_per_second",
+# One row per label set: the KPI cards and the ``vllm bench serve`` comparison (mean and
+# percentiles of each latency; requests and tokens that finished in ``range_seconds``).
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
+KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
+               "request_rate", "prompt_tokens_per_second",
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
-               *SHARES)
+               "requests_in_range", "prompt_tokens_in_range", "output_tokens_in_range",
+               "range_seconds", *SHARES)
 # One row per label set: the verdict banner. ``levers`` holds a tuple of strings;
 # ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
 VERDICT_COLUMNS = (*KEYS, "phase", "resource", "confidence", "text", "levers",

@@ -9,8 +9,9 @@ import time
 import pandas as pd
 from dash import html
 
-from dashboard.frames import Snapshot
+from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot
 from dashboard.theme import GLOSSARY, PHASES, verdict_color
+from exporter import benchtext
 from exporter.verdict import headline
 
 SOURCE_NAMES = {"exporter": "Exporter", "prometheus": "Prometheus"}
@@ -128,6 +129,36 @@ CARDS = (
     (("MFU", " (prefill)"), "mfu", percent_text),
     (("decode batch", ""), "decode_batch_size", number_text),
 )
+
+
+def _known(v):
+    """A frame value as a number, or None (NaN, None)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def bench_compare(kpis: pd.DataFrame, source: str) -> html.Details:
+    """Each label set's figures as ``vllm bench serve`` prints a run (mean, median,
+    P50/P90/P99 of TTFT, TPOT, ITL and E2EL in ms), to set beside a benchmark's."""
+    blocks = []
+    for _, r in kpis.iterrows():
+        figures = {"requests": _known(r["requests_in_range"]),
+                   "duration_s": _known(r["range_seconds"]),
+                   "prompt_tokens": _known(r["prompt_tokens_in_range"]),
+                   "output_tokens": _known(r["output_tokens_in_range"]),
+                   **{k: {s: _known(r[f"{k}_{s}"]) for s in LATENCY_STATS} for k in LATENCIES}}
+        span = figures["duration_s"]
+        title = f"phasewatch {_who(r)} ({source}" + (
+            f", last {span:.0f} s)" if span else ")")
+        blocks.append(html.Pre(benchtext.render(title, figures)))
+    return html.Details(
+        [html.Summary("Compare with vllm bench serve: the same rows, names and units "
+                      "(requests that finished in the range, as the server saw them)"),
+         html.Div(blocks, className="pw-bench-blocks")],
+        id="bench-compare", className="pw-bench")
 
 
 def kpi_cards(kpis: pd.DataFrame) -> list:

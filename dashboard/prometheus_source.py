@@ -40,6 +40,19 @@ def _value(raw: str) -> float:
     return v if math.isfinite(v) else math.nan
 
 
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Prometheus duration (``30s``, ``5m``, ``1h30m``); ValueError if not one."""
+    import re
+
+    parts = re.findall(r"(\d+)(ms|[smhdwy])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return float(sum(int(n) * _UNITS[u] for n, u in parts))
+
+
 class PrometheusSource:
     name = "prometheus"
 
@@ -48,6 +61,7 @@ class PrometheusSource:
                  pod_label: str = "pod", clock=time.time):
         self.url = base_url(url, "http://prometheus:9090")
         self.rate_range = rate_range
+        self.range_seconds = duration_seconds(rate_range)
         self.timeout = timeout
         self.history_seconds = history_seconds
         self.trail_seconds = trail_seconds
@@ -125,9 +139,9 @@ class PrometheusSource:
                 kpis[tuple(key(metric).values())][name] = v
         for metric, v in r["share"]:
             kpis[tuple(key(metric).values())][f"{metric.get('phase')}_share"] = v
-        kpi_rows = [{**dict(zip(KEYS, k, strict=True)), **v} for k, v in kpis.items()
-                    if any(not math.isnan(x) for x in v.values())]
-        snap = Snapshot("prometheus", self.url, fetched_at=now,
+        kpi_rows = [{**dict(zip(KEYS, k, strict=True)), **v, "range_seconds": self.range_seconds}
+                    for k, v in kpis.items() if any(not math.isnan(x) for x in v.values())]
+        snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds, fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
                         verdicts=frame(VERDICT_COLUMNS, self._verdicts(r, kpis, key)),
                         points=frame(POINT_COLUMNS, self._points(r, key, now)),

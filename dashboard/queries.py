@@ -25,10 +25,27 @@ def quantile(metric: str, q: float, by: str = BY) -> str:
             f"(rate({metric}_bucket{{sel}}[{{range}}])))")
 
 
+def mean(metric: str, by: str = BY) -> str:
+    """The exact mean over the range: summed seconds over observations."""
+    return (f"sum by ({by}) (rate({metric}_sum{{sel}}[{{range}}])) / "
+            f"sum by ({by}) (rate({metric}_count{{sel}}[{{range}}]))")
+
+
+def increase(metric: str, sel_and: str = "") -> str:
+    return (f"sum by ({BY}) (increase({metric}{{sel_and}}{sel_and}}}[{{range}}]))" if sel_and
+            else f"sum by ({BY}) (increase({metric}{{sel}}[{{range}}]))")
+
+
 # KPI cards (instant queries), one series per (model, engine).
+# Mean, p50, p90, p95, p99 of each: the cards and the ``vllm bench serve`` comparison.
 KPIS: dict[str, str] = {
     **{f"{name}_{p}": quantile(metric, q)
-       for name, metric in HISTOGRAMS.items() for p, q in (("p50", 0.5), ("p95", 0.95))},
+       for name, metric in HISTOGRAMS.items()
+       for p, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))},
+    **{f"{name}_mean": mean(metric) for name, metric in HISTOGRAMS.items()},
+    "requests_in_range": increase("phasewatch_requests_total"),
+    "prompt_tokens_in_range": increase("phasewatch_tokens_total", 'kind="prompt"'),
+    "output_tokens_in_range": increase("phasewatch_tokens_total", 'kind="output"'),
     "request_rate": f"sum by ({BY}) (rate(phasewatch_requests_total{{sel}}[{{range}}]))",
     "prompt_tokens_per_second":
         f'sum by ({BY}) (rate(phasewatch_tokens_total{{sel_and}}kind="prompt"}}[{{range}}]))',

@@ -36,10 +36,16 @@ def verdict_color(phase: str | None, resource: str | None) -> str:
 GLOSSARY = {
     "TTFT": "Time to first token: from the request's arrival to its first output token "
             "(preprocess + queue + prefill).",
-    "ITL": "Inter-token latency: every gap between consecutive output tokens, pooled over "
-           "requests (stalls show in its tail).",
-    "TPOT": "Time per output token: one request's decode time / (output tokens - 1).",
-    "e2e": "End-to-end latency: arrival to the last token.",
+    "ITL": "Inter-token latency: every gap between consecutive emissions (streamed chunks; "
+           "a chunk may carry several tokens), pooled over requests, as vLLM's benchmark "
+           "itl and aiperf's inter-chunk latency; stalls show in its tail. aiperf's and "
+           "guidellm's \"ITL\" is what phasewatch calls TPOT.",
+    "TPOT": "Time per output token: one request's decode time / (output tokens - 1), as "
+            "vLLM's benchmark TPOT (aiperf and guidellm call it ITL; guidellm's \"TPOT\" "
+            "divides the whole request time, TTFT included, by the output tokens).",
+    "e2e": "End-to-end latency: arrival to the request's finish (its response ended). "
+           "vLLM's e2e ends at the last token, guidellm's at the stream's end; the JSON "
+           "API gives both where the server reports both (e2e_to_last_token_seconds).",
     "MBU": "Model bandwidth utilization: bytes decode moved per second over the GPUs' "
            "datasheet peak memory bandwidth.",
     "MFU": "Model FLOPs utilization: FLOP/s prefill performed over the GPUs' datasheet dense "
@@ -111,6 +117,10 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-card .pw-card-title { font-size: 12px; color: #555; }
 .pw-card .pw-card-value { font-size: 20px; font-weight: 600; }
 .pw-card .pw-card-sub { font-size: 11px; color: #777; }
+.pw-bench { grid-column: 1 / -1; background: #fff; border-radius: 6px; padding: 8px 12px; }
+.pw-bench summary { cursor: pointer; font-size: 13px; color: #333; }
+.pw-bench-blocks { display: flex; flex-wrap: wrap; gap: 12px; }
+.pw-bench pre { font-size: 12px; margin: 8px 0 0; }
 .pw-term { text-decoration: underline dotted; cursor: help; }
 .pw-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr));
            gap: 10px; }

@@ -12,6 +12,7 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from exporter import benchtext
 from exporter.adapters import AdapterContext
 from exporter.admission import Admission
 from exporter.aggregate import Aggregator
@@ -155,6 +156,22 @@ class Exporter:
         seconds = query_number(qs, "window", window.seconds, 1, window.seconds)
         return window.summary(self.aggregator.labels.pairs(), seconds)
 
+    def _bench(self, qs: dict) -> dict:
+        """The window as ``vllm bench serve`` prints a run, per (model, engine)."""
+        s = self._summary(qs)
+        out = []
+        for m in s["models"]:
+            figures = {"requests": m["requests_in_window"], "duration_s": s["covered_seconds"],
+                       "prompt_tokens": m["prompt_tokens_in_window"],
+                       "output_tokens": m["output_tokens_in_window"],
+                       **{k: m[f"{k}_seconds"] for k in ("ttft", "tpot", "itl", "e2e")}}
+            who = "/".join(v for v in (m["model"], m["engine"], m.get("pod")) if v)
+            out.append({"model": m["model"], "engine": m["engine"],
+                        **({"pod": m["pod"]} if "pod" in m else {}), "figures": figures,
+                        "text": benchtext.render(
+                            f"phasewatch {who}, last {s['covered_seconds']:.0f} s", figures)})
+        return {"window_seconds": s["window_seconds"], "models": out}
+
     def _requests(self, qs: dict) -> dict:
         limit = int(query_number(qs, "limit", 200, 1, MAX_RECENT))
         model = qs.get("model", [None])[0]
@@ -202,7 +219,7 @@ class Exporter:
             start_grpc_server, service, c.grpc_host, c.grpc_port, auth, "phasewatch", tls)
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
-               "/api/v1/history": self._history}
+               "/api/v1/history": self._history, "/api/v1/bench": self._bench}
         handler = make_handler(self.metrics_page.render, api, auth=auth,
                                ready=lambda: self._grpc is not None and not self._stop.is_set(),
                                mutual_tls=self.stats if tls and tls.mutual else None)

@@ -5,6 +5,8 @@ JSON API (for the dashboard):
 * ``GET /api/v1/requests?limit=N&model=NAME``: the newest requests with their phases;
 * ``GET /api/v1/roofline?model=NAME``: deployment, estimate, verdict and trail per model;
 * ``GET /api/v1/history?seconds=S``: the summary's figures sampled on the roofline timer;
+* ``GET /api/v1/bench?window=SECONDS``: the window as ``vllm bench serve`` prints a run
+  (``exporter.benchtext``), its text and figures per (model, engine);
 * ``GET /api/v1/status``: ingest totals and the bound ports.
 """
 

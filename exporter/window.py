@@ -62,6 +62,7 @@ class RollingWindow:
         self._slot_second = np.full(self._slots, -1, dtype=np.int64)
         self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
+        self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
         self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
         self._step_head = 0
 
@@ -111,6 +112,7 @@ class RollingWindow:
             slot = self._slot_for(int(now), n_ls)
             self._slice_counts[slot, :n_ls] += counts
             self._slice_itl[slot, gaps.series] += gaps.window.astype(np.int32)
+            self._slice_itl_sum[slot, gaps.series] += gaps.sums
 
     def add_steps(self, ls: np.ndarray, start: np.ndarray, end: np.ndarray,
                   size: np.ndarray) -> None:
@@ -153,11 +155,13 @@ class RollingWindow:
             extra = n_ls - self._slice_counts.shape[1]
             self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
             self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
+            self._slice_itl_sum = np.pad(self._slice_itl_sum, ((0, 0), (0, extra)))
         slot = second % self._slots
         if self._slot_second[slot] != second:
             self._slot_second[slot] = second
             self._slice_counts[slot] = 0
             self._slice_itl[slot] = 0
+            self._slice_itl_sum[slot] = 0
         return slot
 
     # ---- reading -------------------------------------------------------------
@@ -169,6 +173,7 @@ class RollingWindow:
             live = self._slot_second > int(now) - math.ceil(span)
             counts = self._slice_counts[live].sum(axis=0)
             itl = self._slice_itl[live].sum(axis=0, dtype=np.int64)
+            itl_sum = self._slice_itl_sum[live].sum(axis=0)
             in_window = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
             ring = {k: v[in_window] for k, v in self._ring.items()}
         elapsed = max(min(span, now - self._started), 1e-9)
@@ -181,13 +186,18 @@ class RollingWindow:
             models.append({
                 "model": model, "engine": engine, **({"pod": key[2]} if len(key) > 2 else {}),
                 "requests_in_window": int(counts[i, 0]),
+                "prompt_tokens_in_window": int(counts[i, 1]),
+                "output_tokens_in_window": int(counts[i, 2]),
                 "request_rate": counts[i, 0] / elapsed,
                 "prompt_tokens_per_second": counts[i, 1] / elapsed,
                 "output_tokens_per_second": counts[i, 2] / elapsed,
                 "ttft_seconds": _quantiles(ring["ttft"][sel]),
                 "tpot_seconds": _quantiles(ring["tpot"][sel]),
                 "e2e_seconds": _quantiles(ring["e2e"][sel]),
-                "itl_seconds": _binned_quantiles(itl[i]),
+                # vLLM's e2e: arrival to the last token (e2e above runs to the finish)
+                "e2e_to_last_token_seconds": _quantiles(
+                    ring["last_token_at"][sel] - ring["arrival"][sel]),
+                "itl_seconds": _binned_quantiles(itl[i], itl_sum[i]),
                 "phase_time_share": phase_time_shares(ring, sel),
                 "ttft_by_prompt_class": _by_prompt_class(ring, sel),
                 "sampled_requests": int(sel.sum()),
@@ -235,21 +245,26 @@ class RollingWindow:
 
 
 def _quantiles(values: np.ndarray) -> dict:
+    """Mean, p50/p90/p95/p99 (numpy's linear interpolation, as ``vllm bench serve``'s
+    ``np.percentile``) and count of the known values."""
     v = values[~np.isnan(values)]
     if v.size == 0:
-        return {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
     qs = np.quantile(v, QUANTILES)
-    return {f"p{round(q * 100)}": float(x) for q, x in zip(QUANTILES, qs, strict=True)} | {
+    return {"mean": float(v.mean())} | {
+        f"p{round(q * 100)}": float(x) for q, x in zip(QUANTILES, qs, strict=True)} | {
         "count": int(v.size)}
 
 
-def _binned_quantiles(counts: np.ndarray) -> dict:
+def _binned_quantiles(counts: np.ndarray, total_seconds: float) -> dict:
+    """Quantiles from the window's log-linear bins (each the bin's geometric middle)
+    and the exact mean from the gaps' summed seconds."""
     total = int(counts.sum())
     if total == 0:
-        return {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
     cum = np.cumsum(counts)
     lo, hi = WINDOW_INDEX.bounds()
-    out = {}
+    out = {"mean": float(total_seconds / total)}
     for q in QUANTILES:
         b = int(np.searchsorted(cum, q * total, side="left"))
         b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends

@@ -144,7 +144,7 @@ def test_model_filter_and_exporter_outage(browser):
             labels = {y for t in waterfall for y in t["y"]}
             return (banners and {b["model"] for b in banners} == {"Qwen2.5-7B"}
                     and labels and all(str(y).startswith("sglang-") for y in labels)
-                    and "vllm" not in browser.text("#cards"))
+                    and "/vllm" not in browser.text("#cards"))  # no vLLM label set
 
         browser.wait_for(only_qwen, 30, "figures filtered to Qwen2.5-7B")
         assert {b["phase"] for b in browser.banners()} == {"prefill"}

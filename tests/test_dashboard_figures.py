@@ -237,3 +237,26 @@ def test_frames_keep_their_columns_after_selection(many):
         assert list(getattr(picked, name).columns) == list(getattr(snap, name).columns)
         assert getattr(picked, name).empty
     assert picked.empty and len(picked.labels) == len(snap.labels)
+
+
+def test_bench_compare_lays_out_the_kpis_as_vllm_bench_serve():
+    """The "Compare with vllm bench serve" block: one per label set, vLLM's rows and
+    units (ms), unknown figures as "-", never a made-up 0."""
+    from dashboard.frames import KPI_COLUMNS, LATENCIES, LATENCY_STATS, frame
+
+    row = {"model": "m", "engine": "vllm", "pod": "", "requests_in_range": 120.0,
+           "prompt_tokens_in_range": 24_000.0, "output_tokens_in_range": 6_000.0,
+           "range_seconds": 60.0,
+           **{f"{k}_{s}": 0.001 * (i + 1) * (j + 1)
+              for i, k in enumerate(LATENCIES) for j, s in enumerate(LATENCY_STATS)}}
+    row["itl_p99"] = float("nan")
+    details = panels.bench_compare(frame(KPI_COLUMNS, [row]), "prometheus")
+    (pre,) = details.children[1].children
+    lines = dict(line.split(":", 1) for line in pre.children.splitlines() if ":" in line)
+    assert lines["Successful requests"].strip() == "120"
+    assert float(lines["Request throughput (req/s)"]) == pytest.approx(2.0)
+    assert float(lines["Total Token throughput (tok/s)"]) == pytest.approx(500.0)
+    assert float(lines["Mean TTFT (ms)"]) == pytest.approx(1.0)
+    assert float(lines["P99 E2EL (ms)"]) == pytest.approx(4 * 5.0)
+    assert lines["P99 ITL (ms)"].strip() == "-"
+    assert "m/vllm (prometheus, last 60 s)" in lines["Source"]

@@ -72,3 +72,47 @@ def test_bad_api_calls_get_a_clear_error(exporter, path, code):
         get(exporter.http_port, path)
     assert e.value.code == code
     assert "error" in json.load(e.value)
+
+
+def test_means_and_the_vllm_bench_layout(loaded):
+    """The summary has each latency's mean beside p50/p90/p95/p99 (vLLM's benchmark
+    prints mean, median and p99); /api/v1/bench lays the window out as `vllm bench
+    serve` prints a run, with the same figures, computed here from the records with
+    vLLM's own definitions (np.mean / np.percentile over requests; ITL pooled)."""
+    import numpy as np
+
+    exporter, records = loaded
+    with get(exporter.http_port, "/api/v1/summary") as r:
+        (m,) = json.load(r)["models"]
+    ttft = [x.first_token - x.arrival for x in records]
+    tpot = [(x.last_token - x.first_token) / (x.output_tokens - 1) for x in records
+            if x.output_tokens > 1]
+    e2e = [x.finish - x.arrival for x in records]
+    itl = [float(g) for x in records for g in np.diff(x.token_times)]
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+        got = m[f"{name}_seconds"]
+        assert got["count"] == len(values)
+        # 1 us: the records' float epoch seconds travel as integer ns
+        assert got["mean"] == pytest.approx(np.mean(values), abs=1e-6)
+        for q in (50, 90, 99):
+            assert got[f"p{q}"] == pytest.approx(np.percentile(values, q), abs=1e-6)
+    assert m["itl_seconds"]["count"] == len(itl)
+    assert m["itl_seconds"]["mean"] == pytest.approx(np.mean(itl), abs=1e-6)
+    assert m["prompt_tokens_in_window"] == sum(x.prompt_tokens for x in records)
+    assert m["output_tokens_in_window"] == sum(x.output_tokens for x in records)
+
+    with get(exporter.http_port, "/api/v1/bench") as r:
+        (b,) = json.load(r)["models"]
+    lines = dict(line.split(":", 1) for line in b["text"].splitlines() if ":" in line)
+    assert b["text"].startswith("============ Serving Benchmark Result ============")
+    assert int(lines["Successful requests"]) == len(records)
+    assert float(lines["Mean TTFT (ms)"]) == pytest.approx(np.mean(ttft) * 1000, abs=0.006)
+    assert float(lines["Median TTFT (ms)"]) == pytest.approx(np.median(ttft) * 1000,
+                                                             abs=0.006)
+    assert float(lines["P99 TPOT (ms)"]) == pytest.approx(np.percentile(tpot, 99) * 1000,
+                                                          abs=0.006)
+    assert float(lines["Mean E2EL (ms)"]) == pytest.approx(np.mean(e2e) * 1000, abs=0.006)
+    assert float(lines["Mean ITL (ms)"]) == pytest.approx(np.mean(itl) * 1000, abs=0.006)
+    for row in ("Total input tokens", "Total generated tokens", "Request throughput (req/s)",
+                "Output token throughput (tok/s)", "P90 ITL (ms)"):
+        assert row in lines
