@@ -89,7 +89,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                      "requests_in_range": m.get("requests_in_window"),
                      "prompt_tokens_in_range": m.get("prompt_tokens_in_window"),
                      "output_tokens_in_range": m.get("output_tokens_in_window"),
-                     "range_seconds": summary.get("covered_seconds"),
+                     "range_seconds": m.get("covered_seconds", summary.get("covered_seconds")),
                      "request_rate": m["request_rate"],
                      "prompt_tokens_per_second": m["prompt_tokens_per_second"],
                      "output_tokens_per_second": m["output_tokens_per_second"],

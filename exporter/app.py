@@ -161,7 +161,7 @@ class Exporter:
         s = self._summary(qs)
         out = []
         for m in s["models"]:
-            figures = {"requests": m["requests_in_window"], "duration_s": s["covered_seconds"],
+            figures = {"requests": m["requests_in_window"], "duration_s": m["covered_seconds"],
                        "prompt_tokens": m["prompt_tokens_in_window"],
                        "output_tokens": m["output_tokens_in_window"],
                        **{k: m[f"{k}_seconds"] for k in ("ttft", "tpot", "itl", "e2e")}}
@@ -169,7 +169,7 @@ class Exporter:
             out.append({"model": m["model"], "engine": m["engine"],
                         **({"pod": m["pod"]} if "pod" in m else {}), "figures": figures,
                         "text": benchtext.render(
-                            f"phasewatch {who}, last {s['covered_seconds']:.0f} s", figures)})
+                            f"phasewatch {who}, last {m['covered_seconds']:.0f} s", figures)})
         return {"window_seconds": s["window_seconds"], "models": out}
 
     def _requests(self, qs: dict) -> dict:

@@ -8,9 +8,16 @@ Two bounded structures, both indexed by label set (model, engine):
   fine log-linear histogram of pooled ITL gaps, so rates are exact whatever the
   load and ITL quantiles need no per-gap storage.
 
-Membership is by ingest time (the exporter's clock), like Prometheus's rate():
-senders' clocks may be skewed or simulated. Memory is fixed by ``capacity``,
-``seconds`` and the label-set cap, never by load.
+Membership is by the requests' own clock: each request counts in the second it
+finished (its finish, else its last token; its ingest time when it has neither), and
+a label set's window ends at its newest finish plus the wall time since that label
+set's last ingest. Live, that is now; a replay or a burst that delivers a minute of
+requests in a few seconds is rated over the minute its requests span (rates follow
+the requests' finish times, not their arrival at phasewatch); when traffic stops the
+window keeps moving and the rates fall to 0. A label set's rates divide by the
+window, or by how long its requests' clock has been covered when that is shorter.
+Slices are kept per label set, so senders whose clocks disagree do not mix. Memory is
+fixed by ``capacity``, ``seconds`` and the label-set cap, never by load.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from exporter.gaps import GapCounts
 from exporter.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
-               "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at")
+               "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at",
+               "done_at")  # done_at: the second the request counts in (module docstring)
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
@@ -59,7 +67,12 @@ class RollingWindow:
         self._head = 0  # next write position
         self._size = 0
         self._slots = math.ceil(self.seconds) + 2
-        self._slot_second = np.full(self._slots, -1, dtype=np.int64)
+        # per (slot, label set): the requests' second it holds (-1: none)
+        self._slot_second = np.full((self._slots, 0), -1, dtype=np.int64)
+        # per label set: newest and first done_at seen, wall time of its last ingest
+        self._newest = np.zeros(0)
+        self._first = np.zeros(0)
+        self._last_ingest = np.zeros(0)
         self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
         self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
@@ -98,21 +111,72 @@ class RollingWindow:
             "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
             "timed": (steps > 0).astype(np.int64),
         }
+        done = rows["end_at"]
+        done = np.where(np.isnan(done), now, done)
+        rows["done_at"] = done
         ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
-        counts = np.zeros((n_ls, 3))
         k_ls = ls[kept]
-        counts[:, 0] = np.bincount(k_ls, minlength=n_ls)
         once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
-        for j, col in ((1, batch.prompt_tokens), (2, batch.output_tokens)):
-            c = col[kept]
-            counted = (c >= 0) & once if j == 1 else c >= 0
-            counts[:, j] = np.bincount(k_ls[counted], weights=c[counted], minlength=n_ls)
+        prompt, output = batch.prompt_tokens[kept], out
+        values = np.stack([np.ones(len(k_ls)),
+                           np.where((prompt >= 0) & once, prompt, 0),
+                           np.where(output >= 0, output, 0)], axis=1)
+        second = np.floor(done).astype(np.int64)
         with self._lock:
             self._write_ring(rows, ids)
-            slot = self._slot_for(int(now), n_ls)
-            self._slice_counts[slot, :n_ls] += counts
-            self._slice_itl[slot, gaps.series] += gaps.window.astype(np.int32)
-            self._slice_itl_sum[slot, gaps.series] += gaps.sums
+            self._grow(n_ls)
+            for i in np.unique(k_ls).tolist():
+                mine = k_ls == i
+                self._newest[i] = max(self._newest[i], float(done[mine].max()))
+                first = float(done[mine].min())
+                self._first[i] = first if self._first[i] == 0 else min(self._first[i], first)
+                self._last_ingest[i] = now
+            # each request in the slot of the second it finished, per label set
+            key = second * n_ls + k_ls
+            uniq, inverse = np.unique(key, return_inverse=True)
+            sums = np.zeros((len(uniq), 3))
+            np.add.at(sums, inverse.reshape(-1), values)
+            for (k, row) in zip(uniq.tolist(), sums, strict=True):
+                sec, i = divmod(k, n_ls)
+                slot = self._slot_for(sec, i)
+                if slot is not None:
+                    self._slice_counts[slot, i] += row
+            # a batch's gaps go to each label set's newest second in it
+            for j, i in enumerate(gaps.series.tolist()):
+                mine = k_ls == i
+                if not mine.any():
+                    continue
+                slot = self._slot_for(int(second[mine].max()), i)
+                if slot is not None:
+                    self._slice_itl[slot, i] += gaps.window[j].astype(np.int32)
+                    self._slice_itl_sum[slot, i] += gaps.sums[j]
+
+    def _grow(self, n_ls: int) -> None:
+        extra = n_ls - self._slice_counts.shape[1]
+        if extra <= 0:
+            return
+        self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
+        self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
+        self._slice_itl_sum = np.pad(self._slice_itl_sum, ((0, 0), (0, extra)))
+        self._slot_second = np.pad(self._slot_second, ((0, 0), (0, extra)),
+                                   constant_values=-1)
+        for name in ("_newest", "_first", "_last_ingest"):
+            setattr(self, name, np.pad(getattr(self, name), (0, extra)))
+
+    def _slot_for(self, second: int, i: int) -> int | None:
+        """Label set ``i``'s slot for ``second``, emptied if it held an older second;
+        None when ``second`` is older than the slots still hold (counted in no rate)."""
+        slot = second % self._slots
+        held = self._slot_second[slot, i]
+        if held == second:
+            return slot
+        if held > second:
+            return None
+        self._slot_second[slot, i] = second
+        self._slice_counts[slot, i] = 0
+        self._slice_itl[slot, i] = 0
+        self._slice_itl_sum[slot, i] = 0
+        return slot
 
     def add_steps(self, ls: np.ndarray, start: np.ndarray, end: np.ndarray,
                   size: np.ndarray) -> None:
@@ -150,41 +214,40 @@ class RollingWindow:
         self._head = (self._head + n) % self.capacity
         self._size = min(self.capacity, self._size + n)
 
-    def _slot_for(self, second: int, n_ls: int) -> int:
-        if n_ls > self._slice_counts.shape[1]:
-            extra = n_ls - self._slice_counts.shape[1]
-            self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
-            self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
-            self._slice_itl_sum = np.pad(self._slice_itl_sum, ((0, 0), (0, extra)))
-        slot = second % self._slots
-        if self._slot_second[slot] != second:
-            self._slot_second[slot] = second
-            self._slice_counts[slot] = 0
-            self._slice_itl[slot] = 0
-            self._slice_itl_sum[slot] = 0
-        return slot
-
     # ---- reading -------------------------------------------------------------
     def summary(self, label_sets: list[tuple], seconds: float | None = None) -> dict:
-        """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares."""
+        """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares, over the
+        ``seconds`` (at most the window) ending at its requests' clock's now (module
+        docstring)."""
         now = self._clock()
         span = min(seconds or self.seconds, self.seconds)
+        uptime = now - self._started
         with self._lock:
-            live = self._slot_second > int(now) - math.ceil(span)
-            counts = self._slice_counts[live].sum(axis=0)
-            itl = self._slice_itl[live].sum(axis=0, dtype=np.int64)
-            itl_sum = self._slice_itl_sum[live].sum(axis=0)
-            in_window = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
+            n = self._slice_counts.shape[1]
+            # each label set's window end on its requests' clock
+            end = self._newest + (now - self._last_ingest)
+            live = ((self._slot_second > np.floor(end - span)) & (self._slot_second <= end)
+                    & (self._slot_second >= 0))
+            counts = (self._slice_counts * live[:, :, None]).sum(axis=0)
+            itl = (self._slice_itl * live[:, :, None]).sum(axis=0, dtype=np.int64)
+            itl_sum = (self._slice_itl_sum * live).sum(axis=0)
+            covered = np.minimum(span, np.maximum(end - self._first, min(span, uptime)))
+            ring_ls = self._ring["ls"]
+            known = ~np.isnan(self._ring["t"]) & (ring_ls < n)
+            lo = np.full(len(ring_ls), np.inf)
+            lo[known] = end[ring_ls[known]] - span
+            in_window = known & (self._ring["done_at"] > lo)
             ring = {k: v[in_window] for k, v in self._ring.items()}
-        elapsed = max(min(span, now - self._started), 1e-9)
         models = []
         for i, key in enumerate(label_sets):
             model, engine = key[:2]
             sel = ring["ls"] == i
-            if i >= counts.shape[0] or (counts[i, 0] == 0 and not sel.any()):
+            if i >= n or (counts[i, 0] == 0 and not sel.any()):
                 continue
+            elapsed = max(float(covered[i]), 1e-9)
             models.append({
                 "model": model, "engine": engine, **({"pod": key[2]} if len(key) > 2 else {}),
+                "covered_seconds": elapsed,
                 "requests_in_window": int(counts[i, 0]),
                 "prompt_tokens_in_window": int(counts[i, 1]),
                 "output_tokens_in_window": int(counts[i, 2]),
@@ -202,8 +265,10 @@ class RollingWindow:
                 "ttft_by_prompt_class": _by_prompt_class(ring, sel),
                 "sampled_requests": int(sel.sum()),
             })
-        return {"window_seconds": span, "covered_seconds": elapsed, "generated_at": now,
-                "ring_capacity": self.capacity, "models": models}
+        shown = [m["covered_seconds"] for m in models]
+        return {"window_seconds": span,
+                "covered_seconds": max(shown) if shown else max(min(span, uptime), 1e-9),
+                "generated_at": now, "ring_capacity": self.capacity, "models": models}
 
     def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
         """Copies of the ring's columns for requests ingested in the last ``seconds``

@@ -1,0 +1,70 @@
+"""The rolling window's rates follow the requests' own finish times."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.aggregate import Aggregator
+from exporter.record import RequestBatch, RequestRecord
+from exporter.window import RollingWindow
+
+T0 = 1_790_000_000.0
+
+
+def records(rate: float, seconds: float, start: float = T0) -> list[RequestRecord]:
+    """A steady workload: ``rate`` requests a second for ``seconds``, 10 output tokens."""
+    out = []
+    for k in range(int(rate * seconds)):
+        a = start + k / rate
+        out.append(RequestRecord(model="m", engine="e", request_id=f"r{k}", arrival=a,
+                                 scheduled=a + 0.01, first_token=a + 0.05,
+                                 last_token=a + 0.5, finish=a + 0.5, prompt_tokens=100,
+                                 cached_prompt_tokens=0, output_tokens=10,
+                                 finish_reason="stop"))
+    return out
+
+
+def fed(recs: list[RequestRecord], wall: list[float], per_batch: int = 50,
+        advance: float = 0.1) -> Aggregator:
+    agg = Aggregator(window=RollingWindow(seconds=30, clock=lambda: wall[0]))
+    for i in range(0, len(recs), per_batch):
+        agg.ingest(RequestBatch.from_records(recs[i:i + per_batch]), "phasewatch")
+        wall[0] += advance
+    return agg
+
+
+def summary(agg: Aggregator) -> dict:
+    (m,) = agg.window.summary(agg.labels.pairs())["models"]
+    return m
+
+
+def test_a_replay_is_rated_over_its_own_time_not_its_delivery():
+    """A minute of a 5 req/s workload delivered in 1.2 s (a replay, a burst): 5 req/s
+    over the last 30 s of the requests' clock, not 300 / 1.2 s."""
+    wall = [2_000_000_000.0]  # phasewatch's clock: nothing to do with the requests'
+    m = summary(fed(records(5, 60), wall))
+    assert m["request_rate"] == pytest.approx(5.0, rel=0.05)
+    assert m["output_tokens_per_second"] == pytest.approx(50.0, rel=0.05)
+    assert m["covered_seconds"] == pytest.approx(30.0)
+    assert m["ttft_seconds"]["count"] == pytest.approx(150, abs=5)  # the same 30 s
+
+
+def test_live_traffic_rates_and_stopped_traffic_falls_to_zero():
+    """Live (finish times on phasewatch's clock): the rate over the last 30 s; once
+    traffic stops the window moves on and the rate falls to 0."""
+    wall = [T0 + 60.5]
+    agg = fed(records(5, 60), wall, per_batch=300, advance=0.0)
+    assert summary(agg)["request_rate"] == pytest.approx(5.0, rel=0.05)
+    wall[0] += 15  # 15 s without requests: half the window is empty
+    assert summary(agg)["request_rate"] == pytest.approx(2.5, rel=0.1)
+    wall[0] += 20
+    assert agg.window.summary(agg.labels.pairs())["models"] == []
+
+
+def test_a_young_workload_divides_by_what_its_clock_covered():
+    """10 s of requests into a fresh exporter: rated over 10 s, not 30."""
+    wall = [T0 + 10.5]
+    agg = Aggregator(window=RollingWindow(seconds=30, clock=lambda: wall[0]))
+    agg.window._started = T0  # up as long as the traffic
+    agg.ingest(RequestBatch.from_records(records(4, 10)), "phasewatch")
+    assert summary(agg)["request_rate"] == pytest.approx(4.0, rel=0.1)
