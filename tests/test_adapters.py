@@ -129,6 +129,22 @@ def test_sglang_stage_spans_give_queue_prefill_and_token_times():
     assert len(ctx.trace_parts) == 0  # taken
 
 
+def test_sglang_stages_of_two_scheduler_ranks_are_not_added_up():
+    """Two scheduler processes (tensor-parallel ranks) tracing the same request: the
+    stages are one rank's, not the sum of both."""
+    ctx = AdapterContext(trace_parts=TraceParts())
+    root, thread, kids = sglang_tree()
+    rank1 = SpanView(thread.trace_id, b"rank1thr", thread.parent_span_id, thread.name, 1,
+                     thread.start_ns + 1, thread.end_ns, {"thread_label": "Scheduler"}, {}, "")
+    twins = [SpanView(k.trace_id, b"r1" + k.span_id[2:], rank1.span_id, k.name, 1,
+                      k.start_ns + 1, k.end_ns, k.attributes, {}, "") for k in kids]
+    for k in [*kids, thread, *twins, rank1]:
+        remember(k, ctx.trace_parts)
+    r = sglang.convert(root, ctx)
+    assert (r[7] - r[6], r[6] - r[5]) == (100 * MS, 50 * MS)  # prefill, queue: once
+    assert len(r[13]) == 4
+
+
 def _ingest():
     from exporter.aggregate import Aggregator
     from exporter.otlp.ingest import OtlpIngest

@@ -127,6 +127,9 @@ def _own(parts: dict, root_id: bytes) -> dict[str, dict]:
     stage -> thread span) reaches one. A trace may hold both roles' roots (a client's
     ``traceparent``)."""
     threads = {sid: v for sid, v in parts.get(SCHEDULER, {}).items() if v[0] == root_id}
+    if len(threads) > 1:  # several scheduler ranks traced one request: one rank's stages
+        sid = min(threads, key=lambda k: (threads[k][1], k))
+        threads = {sid: threads[sid]}
     parent_of = {sid: v[0] for k in CHILD_SPANS.values() for sid, v in parts.get(k, {}).items()}
     out: dict[str, dict] = {SCHEDULER: threads}
     for kind in CHILD_SPANS.values():
