@@ -280,7 +280,8 @@ def run(tmp_path_factory) -> Run:
         client = json.loads(out.read_text())
         timings["client"] = time.monotonic() - t
         errors = [(r["index"], r["error"]) for r in client["requests"] if r["error"]]
-        assert errors == [], f"{len(errors)} requests failed, first: {errors[:5]}"
+        assert errors == [], (f"{len(errors)} requests failed, first: {errors[:5]}; vLLM's "
+                              "log ends:\n" + (tmp / "vllm.log").read_text()[-6000:])
         sequences = sum(r["n"] for r in client["requests"])
 
         # vLLM records a request's stats in the output loop beside its last chunk.
