@@ -134,8 +134,9 @@ class RollingWindow:
             # each request in the slot of the second it finished, per label set
             key = second * n_ls + k_ls
             uniq, inverse = np.unique(key, return_inverse=True)
-            sums = np.zeros((len(uniq), 3))
-            np.add.at(sums, inverse.reshape(-1), values)
+            inverse = inverse.reshape(-1)
+            sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
+                             for j in range(3)], axis=1)
             for (k, row) in zip(uniq.tolist(), sums, strict=True):
                 sec, i = divmod(k, n_ls)
                 slot = self._slot_for(sec, i)
