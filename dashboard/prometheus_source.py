@@ -61,7 +61,10 @@ class PrometheusSource:
                  pod_label: str = "pod", clock=time.time):
         self.url = base_url(url, "http://prometheus:9090")
         self.rate_range = rate_range
-        self.range_seconds = duration_seconds(rate_range)
+        try:  # a range Prometheus refuses is reported by the first query, naming it
+            self.range_seconds: float | None = duration_seconds(rate_range)
+        except ValueError:
+            self.range_seconds = None
         self.timeout = timeout
         self.history_seconds = history_seconds
         self.trail_seconds = trail_seconds
@@ -141,7 +144,8 @@ class PrometheusSource:
             kpis[tuple(key(metric).values())][f"{metric.get('phase')}_share"] = v
         kpi_rows = [{**dict(zip(KEYS, k, strict=True)), **v, "range_seconds": self.range_seconds}
                     for k, v in kpis.items() if any(not math.isnan(x) for x in v.values())]
-        snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds, fetched_at=now,
+        snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds or 0.0,
+                        fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
                         verdicts=frame(VERDICT_COLUMNS, self._verdicts(r, kpis, key)),
                         points=frame(POINT_COLUMNS, self._points(r, key, now)),
