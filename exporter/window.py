@@ -229,9 +229,16 @@ class RollingWindow:
             end = self._newest + (now - self._last_ingest)
             live = ((self._slot_second > np.floor(end - span)) & (self._slot_second <= end)
                     & (self._slot_second >= 0))
-            counts = (self._slice_counts * live[:, :, None]).sum(axis=0)
-            itl = (self._slice_itl * live[:, :, None]).sum(axis=0, dtype=np.int64)
-            itl_sum = (self._slice_itl_sum * live).sum(axis=0)
+            # summed slot by slot: no temporary the size of all slots (a few MB at the
+            # label cap, which the allocator would keep)
+            counts = np.zeros((n, 3))
+            itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
+            itl_sum = np.zeros(n)
+            for slot in np.flatnonzero(live.any(axis=1)).tolist():
+                m = live[slot]
+                counts[m] += self._slice_counts[slot, m]
+                itl[m] += self._slice_itl[slot, m]
+                itl_sum[m] += self._slice_itl_sum[slot, m]
             covered = np.minimum(span, np.maximum(end - self._first, min(span, uptime)))
             ring_ls = self._ring["ls"]
             known = ~np.isnan(self._ring["t"]) & (ring_ls < n)
