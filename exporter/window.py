@@ -9,7 +9,8 @@ Two bounded structures, both indexed by label set (model, engine):
   load and ITL quantiles need no per-gap storage.
 
 Membership is by the requests' own clock: each request counts in the second it
-finished (its finish, else its last token; its ingest time when it has neither), and
+finished (its finish, else its last token; its ingest time when it has neither or
+when that is more than ``FUTURE_TOLERANCE_S`` past the exporter's clock), and
 a label set's window ends at its newest finish plus the wall time since that label
 set's last ingest. Live, that is now; a replay or a burst that delivers a minute of
 requests in a few seconds is rated over the minute its requests span (rates follow
@@ -47,6 +48,7 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
+FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
 STEP_CAPACITY = 65536
 
 
@@ -112,7 +114,10 @@ class RollingWindow:
             "timed": (steps > 0).astype(np.int64),
         }
         done = rows["end_at"]
-        done = np.where(np.isnan(done), now, done)
+        # unknown, or later than the exporter's clock allows (a sender clock ahead, a
+        # simulated or bogus time): counted at ingest, so it cannot move its label set's
+        # window into the future and empty it
+        done = np.where(np.isnan(done) | (done > now + FUTURE_TOLERANCE_S), now, done)
         rows["done_at"] = done
         ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
         k_ls = ls[kept]

@@ -68,3 +68,14 @@ def test_a_young_workload_divides_by_what_its_clock_covered():
     agg.window._started = T0  # up as long as the traffic
     agg.ingest(RequestBatch.from_records(records(4, 10)), "phasewatch")
     assert summary(agg)["request_rate"] == pytest.approx(4.0, rel=0.1)
+
+
+def test_one_future_finish_does_not_empty_the_window():
+    """A request stamped in the far future (a bogus clock) counts at its ingest time:
+    the label set's window stays where its other requests are."""
+    wall = [T0 + 60.5]
+    recs = records(5, 60)
+    bogus = recs[-1]
+    recs[-1] = RequestRecord(**{**bogus.__dict__, "finish": T0 + 10 * 365 * 86400.0})
+    agg = fed(recs, wall, per_batch=300, advance=0.0)
+    assert summary(agg)["request_rate"] == pytest.approx(5.0, rel=0.05)
