@@ -8,6 +8,7 @@ concurrently; the first failure becomes the snapshot's error, naming the query
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +46,6 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y":
 
 def duration_seconds(text: str) -> float:
     """Seconds in a Prometheus duration (``30s``, ``5m``, ``1h30m``); ValueError if not one."""
-    import re
-
     parts = re.findall(r"(\d+)(ms|[smhdwy])", text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"not a Prometheus duration: {text!r}")

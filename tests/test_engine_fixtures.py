@@ -432,3 +432,42 @@ def test_sglang_tokens(exporter, sglang_truth, name, transport):
         r["cached_prompt_tokens"] for r in read)
     assert sc.total("phasewatch_tokens_total", engine="sglang", kind="output") == sum(
         client_role(r)["completion_tokens"] for r in done)
+
+
+@pytest.mark.parametrize("name", ["unified-level3", "disagg-level1"])
+def test_sglang_roots_before_their_stage_spans(exporter, sglang_truth, name):
+    """SGLang's tokenizer and scheduler export on their own, so a root may reach
+    phasewatch before its stage spans: the captured spans re-sent in that order (every
+    root first, in its own export, then the rest) give the same figures, and nothing is
+    counted before its stages have come."""
+    s = sglang_truth["sets"][name]
+    roots, rest = ExportTraceServiceRequest(), ExportTraceServiceRequest()
+    for p in _bodies(SGLANG / name / "grpc"):
+        req = ExportTraceServiceRequest.FromString(p.read_bytes())
+        for rs in req.resource_spans:
+            for target in (roots, rest):
+                out = target.resource_spans.add(resource=rs.resource)
+                for ss in rs.scope_spans:
+                    sink = out.scope_spans.add(scope=ss.scope)
+                    sink.spans.extend(sp for sp in ss.spans
+                                      if (" Req " in sp.name) == (target is roots))
+    with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}") as ch:
+        export = ch.unary_unary(EXPORT, request_serializer=None,
+                                response_deserializer=ExportTraceServiceResponse.FromString)
+        export(roots.SerializeToString(), timeout=30)
+        early = scrape(exporter.http_port)
+        assert early.total("phasewatch_requests_total", engine="sglang") == 0
+        assert early.total("phasewatch_otlp_join_pending") == len(s["requests"])
+        export(rest.SerializeToString(), timeout=30)
+    sc = scrape(exporter.http_port)
+    assert sc.total("phasewatch_requests_total", engine="sglang") == len(s["requests"])
+    assert sc.total("phasewatch_otlp_joined_requests_total", outcome="complete") == len(
+        s["requests"])
+    spans = [sp for _, _, sp in spans_in(SGLANG / name / "grpc")]
+    for which, stage in (("queue", "prefill_waiting"), ("prefill", "prefill_forward")):
+        assert_hist(phase(sc, which), [
+            (sp.end_time_unix_nano - sp.start_time_unix_nano) / 1e9 for sp in spans
+            if sp.name == stage], which)
+    assert_hist(hist(sc, "gen_ai_server_time_to_first_token_seconds", engine="sglang"),
+                [root_attrs(client_role(r))["gen_ai.latency.time_to_first_token"]
+                 for r in s["requests"].values()], "ttft")

@@ -15,8 +15,10 @@ ADAPTERS = (vllm, sglang, tgi, genai)  # most specific first
 # adapters whose request's timeline is in child spans (``traces.TraceParts``)
 WITH_CHILD_SPANS = tuple(a for a in ADAPTERS if hasattr(a, "remember"))
 CHILD_SPAN_NAMES = frozenset(n for a in WITH_CHILD_SPANS for n in a.CHILD_SPANS)
+# adapters that read engine steps (the requests in each forward) from their own spans
+WITH_STEPS = tuple(a for a in ADAPTERS if hasattr(a, "decode_step"))
 
-__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify", "remember"]
+__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify", "decode_step", "remember"]
 
 
 def remember(span, parts) -> bool:
@@ -24,6 +26,15 @@ def remember(span, parts) -> bool:
     if span.name not in CHILD_SPAN_NAMES and "Scheduler" not in span.name:
         return False  # (SGLang's scheduler thread spans carry its host and pid in the name)
     return any(a.remember(span, parts) for a in WITH_CHILD_SPANS)
+
+
+def decode_step(span) -> tuple[str, int, int, int] | None:
+    """(engine, start ns, end ns, requests) when ``span`` is an engine's decode step."""
+    for a in WITH_STEPS:
+        step = a.decode_step(span)
+        if step is not None:
+            return (a.ENGINE, *step)
+    return None
 
 
 def classify(span):

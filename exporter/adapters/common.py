@@ -238,13 +238,14 @@ def latency_row(span, ctx: AdapterContext, engine: str) -> tuple:
 _SECONDS_KEYS = ("gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
                  "gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
                  "gen_ai.latency.time_in_model_decode")
-_COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+# (prompt, cached prompt, output) tokens: each read from the first of its keys present
+COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
                ("gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
                ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
 _TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
               "gen_ai.response.finish_reasons")
 # every key latency_batch reads, in order; ``walk`` extracts them for it (``SpanView.values``)
-LATENCY_KEYS = (*_SECONDS_KEYS, *(k for pair in _COUNT_KEYS for k in pair), *_TEXT_KEYS)
+LATENCY_KEYS = (*_SECONDS_KEYS, *(k for pair in COUNT_KEYS for k in pair), *_TEXT_KEYS)
 _PLAIN = frozenset({float, int, type(None)})
 
 
@@ -266,7 +267,7 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
     cols = list(zip(*rows, strict=True)) if n else [()] * len(LATENCY_KEYS)
     odd = np.zeros(n, dtype=bool)  # an unusual value: its span is decided by latency_row
     nums = []
-    for j in range(len(_SECONDS_KEYS) + 2 * len(_COUNT_KEYS)):
+    for j in range(len(_SECONDS_KEYS) + 2 * len(COUNT_KEYS)):
         col = cols[j]
         try:
             if not set(map(type, col)) <= _PLAIN:
@@ -285,7 +286,7 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
     for a in secs:  # not finite, negative or too long: latency_row's reasons, in its order
         odd |= np.isinf(a) | (a < 0) | (a > MAX_LATENCY_S)
     counts = []
-    for k in range(len(_COUNT_KEYS)):
+    for k in range(len(COUNT_KEYS)):
         first, second = nums[len(_SECONDS_KEYS) + 2 * k], nums[len(_SECONDS_KEYS) + 2 * k + 1]
         c = np.where(np.isnan(first), second, first)
         odd |= (c < 0) | (c != np.floor(c)) & ~np.isnan(c) | (c >= _MAX_COUNT)

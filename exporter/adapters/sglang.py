@@ -52,6 +52,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from exporter.adapters.common import (
+    COUNT_KEYS,
     NS,
     Rejected,
     count,
@@ -112,9 +113,7 @@ def check(span) -> None:
     a = span.attributes
     ttft, e2e = (seconds(a, k) for k in LATENCY[:2])
     seconds(a, LATENCY[2])
-    for keys in (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
-                 ("gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
-                 ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")):
+    for keys in COUNT_KEYS:
         count(a, *keys)
     if ttft is None and e2e is None:
         raise Rejected("no_latency_attributes", f"{span.name!r} without time_to_first_token "
@@ -144,10 +143,15 @@ def _total(parts: dict) -> int | None:
     return sum(end - start for _, start, end in parts.values()) if parts else None
 
 
+def _client(roles: dict):
+    """The root the client's stream came from: unified, else the decode server's."""
+    return roles.get("") or roles.get("decode") or roles.get("prefill")
+
+
 def row_of(roles: dict, ctx) -> tuple[tuple, float]:
     """A ``record.ROW_FIELDS`` row for one request from its roots (role -> ``Root``), and
     its KV transfer in seconds (NaN = none or unknown)."""
-    client = roles.get("") or roles.get("decode") or roles.get("prefill")
+    client = _client(roles)
     pre = roles.get("") or roles.get("prefill")
     s, a = client.span, client.span.attributes
     ttft, e2e, decode = (seconds(a, k) for k in LATENCY)
@@ -167,13 +171,12 @@ def row_of(roles: dict, ctx) -> tuple[tuple, float]:
     if first is not None and steps:
         t0 = steps[0][1]
         tokens = [first] + [first + end - t0 for _, _, end in steps]
-    pa = pre.span.attributes if pre else a
+    pa = pre.span.attributes if pre else a  # the prompt: the server that read it
+    prompt_keys, cached_keys, output_keys = COUNT_KEYS
     out = row(ctx.model_for(s, text(a, "gen_ai.response.model", "gen_ai.request.model")),
               ENGINE, first_reason(a.get("gen_ai.response.finish_reasons")),
               text(a, "gen_ai.request.id", "rid"), arrival, scheduled, first, last, finish,
-              count(pa, "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
-              count(pa, "gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
-              count(a, "gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"),
+              count(pa, *prompt_keys), count(pa, *cached_keys), count(a, *output_keys),
               queued=queued, token_times=tokens)
     return out, (kv / NS if kv is not None else float("nan"))
 
@@ -304,7 +307,7 @@ class PendingRoots:
                 if not rids:
                     del self._by_trace[r.span.trace_id]
             r.claim(ctx.trace_parts)
-        client = roles.get("") or roles.get("decode") or roles["prefill"]
+        client = _client(roles)
         if "" not in roles and len(roles) == 1:
             self._one_role[rid] = None
             if len(self._one_role) > self.max_pending:

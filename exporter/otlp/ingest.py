@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.adapters import AdapterContext, Rejected, classify, remember, sglang, tgi, vllm
+from exporter.adapters import (
+    AdapterContext,
+    Rejected,
+    classify,
+    decode_step,
+    remember,
+    sglang,
+    vllm,
+)
 from exporter.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
 from exporter.adapters.traces import TraceParts
 from exporter.aggregate import Aggregator
@@ -90,16 +98,17 @@ class OtlpIngest:
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []
         touched = set()  # traces that gained child spans or waiting roots
-        steps = []  # engine-reported decode steps (TGI)
+        steps = []  # engine-reported decode steps (TGI's)
         with_pod = "pod" in self._agg.labels.names
         for s in spans:  # all child spans first: their request span may be in this export
             adapter = classify(s)
             if adapter is None:
                 if remember(s, parts):
                     touched.add(s.trace_id)
-                elif (step := tgi.decode_step(s)) is not None:
-                    steps.append((self.context.model_for(s), tgi.ENGINE,
-                                  pod_of(s.resource) if with_pod else "", *step))
+                elif (step := decode_step(s)) is not None:
+                    engine, *times = step
+                    steps.append((self.context.model_for(s), engine,
+                                  pod_of(s.resource) if with_pod else "", *times))
                 out.ignored += 1
             elif len(s.trace_id) != 16 or len(s.span_id) != 8:
                 refused["bad_span_id"] += 1
