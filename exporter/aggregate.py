@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter import buckets
+from exporter import buckets, native
 from exporter.buckets import WINDOW_INDEX
 from exporter.gaps import GapBins, GapCounts
 from exporter.labels import LabelSets
@@ -40,14 +40,22 @@ class HistogramSpec:
     buckets: buckets.BucketSet
     sub_label: str | None = None
     sub_values: tuple[str, ...] = ("",)
+    # also kept as a native histogram (exporter.native), for the latency figures
+    # whose percentiles people compare with their benchmarks
+    native: native.NativeLayout | None = None
 
 
 HISTOGRAMS = (
-    HistogramSpec("ttft", buckets.TTFT, "prompt_class", PROMPT_CLASS_LABELS),
-    HistogramSpec("tpot", buckets.TOKEN_LATENCY),
-    HistogramSpec("e2e", buckets.REQUEST_DURATION),
-    HistogramSpec("itl", buckets.TOKEN_LATENCY),
-    HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES),
+    HistogramSpec("ttft", buckets.TTFT, "prompt_class", PROMPT_CLASS_LABELS,
+                  native.NativeLayout.around(buckets.TTFT)),
+    HistogramSpec("tpot", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("e2e", buckets.REQUEST_DURATION,
+                  native=native.NativeLayout.around(buckets.REQUEST_DURATION)),
+    HistogramSpec("itl", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES,
+                  native.NativeLayout.around(buckets.PHASE_DURATION)),
     HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
     HistogramSpec("decode_tps", buckets.DECODE_TOKENS_PER_SECOND),
     HistogramSpec("clock_skew", buckets.CLOCK_SKEW),
@@ -65,9 +73,11 @@ class _Histogram:
         self.k = len(spec.sub_values)
         self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
         self.sums = np.zeros(0)
+        self.native = None if spec.native is None else native.NativeCounts(spec.native)
 
     def partial(self, series: np.ndarray, values: np.ndarray, n_series: int):
-        """Counts and sums of one batch (unlocked). NaN values are skipped."""
+        """Counts, sums and native counts (or None) of one batch (unlocked). NaN values
+        are skipped."""
         ok = ~np.isnan(values)
         series, values = series[ok], values[ok]
         nb = len(self.edges) + 1
@@ -75,9 +85,14 @@ class _Histogram:
         flat = series * nb + self.bucket_of(values)
         counts = np.bincount(flat, minlength=n_series * nb).reshape(n_series, nb)
         sums = np.bincount(series, weights=values, minlength=n_series)
-        return counts, sums
+        part = (None if self.spec.native is None
+                else native.count(self.spec.native, series, values, n_series))
+        return counts, sums, part
 
-    def add(self, counts: np.ndarray, sums: np.ndarray) -> None:
+    def add(self, counts: np.ndarray, sums: np.ndarray,
+            part: native.Partial | None = None) -> None:
+        if part is not None and self.native is not None:
+            self.native.add(part)
         n = counts.shape[0]
         if n > self.counts.shape[0]:
             grown = np.zeros((n, self.counts.shape[1]), dtype=np.int64)
@@ -103,6 +118,9 @@ class Snapshot:
     label_names: tuple[str, ...]  # ("model", "engine") or with "pod"
     histograms: dict[str, tuple[HistogramSpec, np.ndarray, np.ndarray]]
     counters: dict[str, np.ndarray]  # [series, k]
+    # key -> (first column, counts [rows, columns]) of the native histograms; rows as
+    # the classic counts' rows
+    natives: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
 
 
 class Aggregator:
@@ -116,7 +134,8 @@ class Aggregator:
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
         # token gaps are binned once for the ITL histogram and the window together
-        self._itl_bins = GapBins(self._hists["itl"].edges, WINDOW_INDEX)
+        itl = self._hists["itl"]
+        self._itl_bins = GapBins(itl.edges, WINDOW_INDEX, itl.spec.native.bounds)
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
 
     def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
@@ -149,8 +168,8 @@ class Aggregator:
         requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
                                minlength=n_ls * len(FINISH_REASONS)).reshape(n_ls, -1)
         with self._lock:
-            for key, (counts, sums) in partials.items():
-                self._hists[key].add(counts, sums)
+            for key, (counts, sums, part) in partials.items():
+                self._hists[key].add(counts, sums, part)
             for key, delta in (("tokens", tokens), ("requests", requests)):
                 self._counters[key] = _grow_rows(self._counters[key], n_ls)
                 self._counters[key][:n_ls] += delta
@@ -176,7 +195,8 @@ class Aggregator:
             "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
             "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
             "e2e": h["e2e"].partial(ls, ph.e2e, n_ls),
-            "itl": _spread(gaps.series, gaps.buckets, gaps.sums, n_ls),
+            "itl": (*_spread(gaps.series, gaps.buckets, gaps.sums, n_ls),
+                    _native_rows(gaps.series, gaps.native, n_ls)),
             "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
             "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
@@ -200,8 +220,9 @@ class Aggregator:
     def snapshot(self) -> Snapshot:
         with self._lock:
             hists = {k: (h.spec, h.counts.copy(), h.sums.copy()) for k, h in self._hists.items()}
+            natives = {k: h.native.copy() for k, h in self._hists.items() if h.native}
             counters = {k: v.copy() for k, v in self._counters.items()}
-        return Snapshot(self.labels.pairs(), self.labels.names, hists, counters)
+        return Snapshot(self.labels.pairs(), self.labels.names, hists, counters, natives)
 
 
 def _spread(series: np.ndarray, counts: np.ndarray, sums: np.ndarray, n_ls: int):
@@ -211,6 +232,17 @@ def _spread(series: np.ndarray, counts: np.ndarray, sums: np.ndarray, n_ls: int)
     full_sums = np.zeros(n_ls)
     full_sums[series] = sums
     return full, full_sums
+
+
+def _native_rows(series: np.ndarray, counts: np.ndarray, n_ls: int) -> native.Partial:
+    """Batch-local native counts (last column: above the top bound, counted in the
+    top bucket), cut to the columns used, as rows of all ``n_ls`` label sets."""
+    counts = counts.copy()
+    counts[:, -2] += counts[:, -1]
+    part = native.trim(counts[:, :-1])
+    full = np.zeros((n_ls, part.counts.shape[1]), dtype=np.int64)
+    full[series] = part.counts
+    return native.Partial(full, part.lo)
 
 
 def _grow_rows(a: np.ndarray, n: int) -> np.ndarray:

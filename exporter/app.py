@@ -21,6 +21,7 @@ from exporter.bottleneck import BottleneckMonitor
 from exporter.config import ServeConfig
 from exporter.deployments import Deployments, resolve
 from exporter.engine_metrics import EngineMetricsSource
+from exporter.exposition import HotProto
 from exporter.grpc_server import PhasewatchService, start_grpc_server
 from exporter.history import SummaryHistory
 from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
@@ -138,7 +139,7 @@ class Exporter:
         self.full_registry.register(HotCollector(self.aggregator))
         self.full_registry.register(_Everything(self.registry))
         self.metrics_page = MetricsPage(HotText(self.aggregator), self.registry,
-                                        self.full_registry)
+                                        self.full_registry, HotProto(self.aggregator))
         self._grpc = self._otlp_grpc = None
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None

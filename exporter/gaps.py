@@ -9,8 +9,9 @@ the per-gap work:
   whole-batch check (sum finite, minimum >= 0) says there is one;
 * ``GapBins.count`` bins the gaps of the kept requests once, into a fine
   log-linear index (1,024 bins per octave, read straight from the float bits as
-  HDR Histogram and DDSketch do), and derives from that one histogram both the
-  exact Prometheus ITL buckets and the rolling window's coarser bins.
+  HDR Histogram and DDSketch do), and derives from that one histogram the exact
+  Prometheus ITL buckets, the native histogram's exponential buckets and the
+  rolling window's coarser bins.
 
 Exactness: the window's bins are unions of 64 fine bins (their edges coincide by
 construction). A Prometheus bound (``le``, inclusive) falls inside a fine bin for
@@ -65,12 +66,58 @@ class GapCounts:
     buckets: np.ndarray  # int64 [len(series), len(bounds) + 1]
     sums: np.ndarray  # float64 [len(series)]
     window: np.ndarray  # int64 [len(series), window.size]
+    # int64 [len(series), len(native_bounds) + 1] (last column: above the top), or
+    # [len(series), 0] without native bounds
+    native: np.ndarray
+
+
+class _Placement:
+    """Where the fine bins fall among one set of bounds (``le``, inclusive): the bound
+    index of each fine bin, and which bins straddle a bound (their gaps are placed one
+    by one). Underflow -> index 0, overflow -> len(bounds)."""
+
+    def __init__(self, bounds: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+        if not (bounds[0] >= lo[0] and bounds[-1] < hi[-1]):
+            raise ValueError("bounds must lie inside the window index's range")
+        self.bounds = bounds
+        self.nb = len(bounds) + 1
+        first = np.searchsorted(bounds, lo, side="left")
+        last = np.searchsorted(bounds, hi, side="left")
+        self.bucket = np.concatenate([[0], first, [len(bounds)]]).astype(np.int64)
+        self.straddle = np.concatenate([[False], first != last, [False]])
+        self.straddle_bins = np.flatnonzero(self.straddle)
+
+    def from_dense(self, dense: np.ndarray, gaps: np.ndarray, fine: np.ndarray,
+                   local: np.ndarray | None) -> np.ndarray:
+        """Counts [series, nb] from the fine histogram ``dense`` [series, fine bins]."""
+        s, nb = dense.shape[0], self.nb
+        spread = dense.copy()
+        spread[:, self.straddle_bins] = 0
+        cell = (np.arange(s)[:, None] * nb + self.bucket[None, :]).ravel()
+        out = np.bincount(cell, weights=spread.ravel(), minlength=s * nb)
+        out = out.astype(np.int64).reshape(s, nb)
+        if dense[:, self.straddle_bins].any():
+            at = np.flatnonzero(self.straddle.take(fine))
+            exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
+            cell = exact if local is None else local[at] * nb + exact
+            out += np.bincount(cell, minlength=out.size).reshape(out.shape)
+        return out
+
+    def per_gap(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray,
+                s: int) -> np.ndarray:
+        """Counts [series, nb], looking each gap's bucket up directly."""
+        bucket = self.bucket.take(fine)
+        straddle = self.straddle.take(fine)
+        bucket[straddle] = np.searchsorted(self.bounds, gaps[straddle], side="left")
+        return np.bincount(local * self.nb + bucket, minlength=s * self.nb).reshape(s, -1)
 
 
 class GapBins:
-    """Count gaps into Prometheus buckets ``bounds`` and the bins of ``window`` at once."""
+    """Count gaps into Prometheus buckets ``bounds`` and the bins of ``window`` at once,
+    and into ``native_bounds`` (a native histogram's bucket bounds) when given."""
 
-    def __init__(self, bounds: np.ndarray, window: LogLinearIndex):
+    def __init__(self, bounds: np.ndarray, window: LogLinearIndex,
+                 native_bounds: np.ndarray | None = None):
         sub = FINE_MANTISSA_BITS - (52 - window.shift)
         if sub < 0:
             raise ValueError("the window index is finer than the fine index")
@@ -87,15 +134,11 @@ class GapBins:
         raw = np.arange(self._base, top + 1, dtype=np.int64)
         lo = (raw << self._shift64).view(np.float64)
         hi = (((raw + 1) << self._shift64) - 1).view(np.float64)
-        if not (self.bounds[0] >= lo[0] and self.bounds[-1] < hi[-1]):
-            raise ValueError("Prometheus bounds must lie inside the window index's range")
-        first = np.searchsorted(self.bounds, lo, side="left")
-        last = np.searchsorted(self.bounds, hi, side="left")
-        # bucket of each fine bin (a straddling bin gets its lower bucket, and its
-        # gaps are placed one by one); underflow -> bucket 0, overflow -> +Inf
-        self._bucket = np.concatenate([[0], first, [len(self.bounds)]]).astype(np.int64)
-        self._straddle = np.concatenate([[False], first != last, [False]])
-        self._straddle_bins = np.flatnonzero(self._straddle)
+        self._classic = _Placement(self.bounds, lo, hi)
+        self.native_bounds = None if native_bounds is None else np.asarray(
+            native_bounds, dtype=np.float64)
+        self._native = (None if self.native_bounds is None
+                        else _Placement(self.native_bounds, lo, hi))
         self._window_of = np.concatenate(
             [[0], (np.arange(len(raw)) >> sub) + 1, [window.size - 1]]).astype(np.int64)
 
@@ -114,11 +157,13 @@ class GapBins:
         """Count ``gaps`` (non-negative, finite) of which ``row_counts[i]`` belong to a
         row of label set ``row_series[i]``."""
         nb = len(self.bounds) + 1
+        nn = 0 if self._native is None else self._native.nb
         used = np.unique(row_series[row_counts > 0])
         s = len(used)
         if gaps.size == 0 or s == 0:
             return GapCounts(used, np.zeros((s, nb), np.int64), np.zeros(s),
-                             np.zeros((s, self.window.size), np.int64))
+                             np.zeros((s, self.window.size), np.int64),
+                             np.zeros((s, nn), np.int64))
         fine = self.index(gaps)
         if s == 1:
             local = None
@@ -126,32 +171,21 @@ class GapBins:
         else:
             local = np.repeat(np.searchsorted(used, row_series), row_counts)
             sums = np.bincount(local, weights=gaps, minlength=s)
+        native = np.zeros((s, nn), np.int64)
         if s * self.size <= _MAX_DENSE_CELLS:
             keys = fine if local is None else local * self.size + fine
             dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
-            spread = dense.copy()
-            spread[:, self._straddle_bins] = 0
-            cell = (np.arange(s)[:, None] * nb + self._bucket[None, :]).ravel()
-            buckets = np.bincount(cell, weights=spread.ravel(), minlength=s * nb)
-            buckets = buckets.astype(np.int64).reshape(s, nb)
+            buckets = self._classic.from_dense(dense, gaps, fine, local)
+            if self._native is not None:
+                native = self._native.from_dense(dense, gaps, fine, local)
             cell = (np.arange(s)[:, None] * self.window.size + self._window_of[None, :]).ravel()
             window = np.bincount(cell, weights=dense.ravel(), minlength=s * self.window.size)
             window = window.astype(np.int64).reshape(s, -1)
-            if dense[:, self._straddle_bins].any():
-                self._place_exactly(buckets, gaps, fine, local, nb)
         else:  # many series in one batch: look each gap's bucket and bin up directly
-            bucket = self._bucket.take(fine)
-            straddle = self._straddle.take(fine)
-            bucket[straddle] = np.searchsorted(self.bounds, gaps[straddle], side="left")
-            buckets = np.bincount(local * nb + bucket, minlength=s * nb).reshape(s, nb)
+            buckets = self._classic.per_gap(gaps, fine, local, s)
+            if self._native is not None:
+                native = self._native.per_gap(gaps, fine, local, s)
             w = self.window.size
             window = np.bincount(local * w + self._window_of.take(fine),
                                  minlength=s * w).reshape(s, w)
-        return GapCounts(used, buckets, sums, window)
-
-    def _place_exactly(self, buckets: np.ndarray, gaps: np.ndarray, fine: np.ndarray,
-                       local: np.ndarray | None, nb: int) -> None:
-        at = np.flatnonzero(self._straddle.take(fine))
-        exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
-        cell = exact if local is None else local[at] * nb + exact
-        buckets += np.bincount(cell, minlength=buckets.size).reshape(buckets.shape)
+        return GapCounts(used, buckets, sums, window, native)

@@ -89,12 +89,12 @@ class HotCollector(Collector):
             name, doc = COUNTER_NAMES[key]
             fam = CounterMetricFamily(name, doc, labels=[*base, label])
             arr = snap.counters[key]
-            for i, j in _counter_cells(key, arr):
+            for i, j in counter_cells(key, arr):
                 fam.add_metric([*pairs[i], values[j]], float(arr[i, j]))
             yield fam
 
 
-def _counter_cells(key: str, arr: np.ndarray) -> list[tuple[int, int]]:
+def counter_cells(key: str, arr: np.ndarray) -> list[tuple[int, int]]:
     """Which (label set, value) cells a counter shows: token kinds always, finish reasons
     once seen."""
     return [(i, j) for i in range(arr.shape[0]) for j in range(arr.shape[1])
@@ -159,7 +159,7 @@ class HotText:
             out.append(f"# HELP {family} {_help(doc, openmetrics)}\n"
                        f"# TYPE {family} counter\n")
             arr = snap.counters[key]
-            for i, j in _counter_cells(key, arr):
+            for i, j in counter_cells(key, arr):
                 out.append(f'{name}{{{sets[i]},{label}="{values[j]}"}} '
                            f"{_number(float(arr[i, j]))}\n")
         return "".join(out).encode()
@@ -192,13 +192,20 @@ class SelfCollector(Collector):
 
 class MetricsPage:
     """The /metrics body for an ``Accept`` header: text 0.0.4 and OpenMetrics 1.0.0 (what
-    Prometheus asks for) are ``HotText`` followed by ``rest``; any other format goes
-    through prometheus_client's own encoder over ``full``."""
+    Prometheus asks for) are ``HotText`` followed by ``rest``; the protobuf format
+    (what Prometheus asks for with native histograms on) is ``exporter.exposition``'s,
+    the hot families with their native histograms followed by ``rest``; any other
+    format goes through prometheus_client's own encoder over ``full``."""
 
-    def __init__(self, hot: HotText, rest, full):
-        self._hot, self._rest, self._full = hot, rest, full
+    def __init__(self, hot: HotText, rest, full, proto=None):
+        self._hot, self._rest, self._full, self._proto = hot, rest, full, proto
 
     def render(self, accept: str) -> tuple[bytes, str]:
+        from exporter import exposition
+
+        if self._proto is not None and exposition.wants_protobuf(accept):
+            families = self._proto.families() + exposition.registry_families(self._rest)
+            return exposition.delimited(families), exposition.CONTENT_TYPE
         encoder, ctype = choose_encoder(accept)
         if ctype == CONTENT_TYPE_PLAIN_0_0_4:
             return self._hot.render(False) + generate_latest(self._rest), ctype

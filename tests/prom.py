@@ -23,10 +23,12 @@ def free_port() -> int:
 class PrometheusServer:
     def __init__(self, tmp: Path, targets: list[str], scrape_interval: str = "1s",
                  target_labels: dict[str, dict[str, str]] | None = None,
-                 rule_files: list[Path] = ()):
+                 rule_files: list[Path] = (), native_histograms: bool = False):
         """``target_labels``: extra labels per target, as Kubernetes service discovery
         adds ``pod`` to every series of a sidecar's scrape. ``rule_files`` are evaluated
-        every ``scrape_interval``."""
+        every ``scrape_interval``. ``native_histograms``: start with
+        ``--enable-feature=native-histograms`` (Prometheus then scrapes protobuf)."""
+        self.native_histograms = native_histograms
         self.binary = require_binary("prometheus", "the real-Prometheus tests scrape with it")
         self.tmp = tmp
         self.port = free_port()
@@ -51,7 +53,8 @@ class PrometheusServer:
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.config}",
              f"--storage.tsdb.path={self.tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
+             *(["--enable-feature=native-histograms"] if self.native_histograms else [])],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

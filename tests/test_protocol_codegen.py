@@ -1,12 +1,16 @@
-"""The committed phasewatch_pb2.py must be what protoc makes of the committed .proto."""
+"""The committed *_pb2.py modules must be what protoc makes of the committed .proto files."""
 
 import pathlib
+
+import pytest
 
 from exporter.protocol import codegen
 
 
-def test_generated_code_is_fresh(tmp_path: pathlib.Path):
-    out = tmp_path / "phasewatch_pb2.py"
-    codegen.generate(out)
-    assert out.read_text() == codegen.TARGET.read_text(), (
-        "exporter/protocol/phasewatch_pb2.py is stale: run `make proto` and commit it")
+@pytest.mark.parametrize("proto", sorted(codegen.MODULES))
+def test_generated_code_is_fresh(tmp_path: pathlib.Path, proto: str):
+    target = codegen.MODULES[proto]
+    out = tmp_path / target.name
+    codegen.generate(out, proto)
+    assert out.read_text() == target.read_text(), (
+        f"exporter/protocol/{target.name} is stale: run `make proto` and commit it")

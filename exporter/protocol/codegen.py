@@ -1,8 +1,10 @@
-"""Generate the Python protocol module from ``proto/phasewatch/v1/phasewatch.proto``.
+"""Generate the Python message modules from ``proto/phasewatch/v1/*.proto``.
 
-The generated ``phasewatch_pb2.py`` is committed (so installing phasewatch needs no
-protoc), and ``tests/test_protocol_codegen.py`` regenerates it into a temporary
-directory and fails when the committed copy is stale. Regenerate with
+``phasewatch.proto`` (the event protocol) becomes ``phasewatch_pb2.py``;
+``exposition.proto`` (Prometheus's protobuf exposition, for native histograms)
+becomes ``exposition_pb2.py``. Both are committed (so installing phasewatch needs no
+protoc), and ``tests/test_protocol_codegen.py`` regenerates them into a temporary
+directory and fails when a committed copy is stale. Regenerate with
 ``make proto``. Only message types are generated: the service is wired with
 grpcio's generic handlers (see ``exporter.grpc_server``) so that ``Export`` can
 decode its payload itself, straight into numpy columns.
@@ -17,22 +19,31 @@ import tempfile
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO_ROOT / "proto"
-PROTO_FILE = "phasewatch/v1/phasewatch.proto"
-TARGET = pathlib.Path(__file__).resolve().parent / "phasewatch_pb2.py"
+HERE = pathlib.Path(__file__).resolve().parent
+# .proto under proto/ -> the committed module beside this file
+MODULES = {
+    "phasewatch/v1/phasewatch.proto": HERE / "phasewatch_pb2.py",
+    "phasewatch/v1/exposition.proto": HERE / "exposition_pb2.py",
+}
+PROTO_FILE, TARGET = next(iter(MODULES.items()))  # the event protocol
 
 
-def generate(out_file: pathlib.Path) -> None:
-    """Run protoc (from grpcio-tools) and write the message module to ``out_file``."""
+def generate(out_file: pathlib.Path, proto_file: str = PROTO_FILE) -> None:
+    """Run protoc (from grpcio-tools) on ``proto_file`` and write its message module
+    to ``out_file``."""
     from grpc_tools import protoc  # dev dependency, imported only here
 
     with tempfile.TemporaryDirectory() as tmp:
         rc = protoc.main(
-            ["protoc", f"-I{PROTO_ROOT}", f"--python_out={tmp}", str(PROTO_ROOT / PROTO_FILE)]
+            ["protoc", f"-I{PROTO_ROOT}", f"--python_out={tmp}", str(PROTO_ROOT / proto_file)]
         )
         if rc != 0:
-            raise RuntimeError(f"protoc failed with exit code {rc} on {PROTO_FILE}")
-        shutil.copyfile(pathlib.Path(tmp) / "phasewatch/v1/phasewatch_pb2.py", out_file)
+            raise RuntimeError(f"protoc failed with exit code {rc} on {proto_file}")
+        made = pathlib.Path(tmp) / proto_file.replace(".proto", "_pb2.py")
+        shutil.copyfile(made, out_file)
 
 
 if __name__ == "__main__":
-    generate(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else TARGET)
+    out_dir = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    for proto, target in MODULES.items():
+        generate(out_dir / target.name if out_dir else target, proto)
