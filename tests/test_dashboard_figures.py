@@ -224,7 +224,9 @@ def test_queries_render_the_selection_and_escape_regex_values():
     assert q == ('sum by (model, engine) (rate(phasewatch_tokens_total{' + sel +
                  ',kind="output"}[1m]))')
     bare = queries.render(queries.KPIS["ttft_p95"], "", "5m")
-    assert bare == ("histogram_quantile(0.95, sum by (model, engine, le) (rate("
+    assert bare == ("histogram_quantile(0.95, sum by (model, engine) (rate("
+                    "gen_ai_server_time_to_first_token_seconds_native[5m]))) or "
+                    "histogram_quantile(0.95, sum by (model, engine, le) (rate("
                     "gen_ai_server_time_to_first_token_seconds_bucket[5m])))")
     assert queries.render(queries.LABEL_SETS, "", "1m", pod_label="kubernetes_pod") == (
         "count by (model, engine, kubernetes_pod) (phasewatch_requests_total)")
