@@ -16,7 +16,8 @@ set's last ingest. Live, that is now; a replay or a burst that delivers a minute
 requests in a few seconds is rated over the minute its requests span (rates follow
 the requests' finish times, not their arrival at phasewatch); when traffic stops the
 window keeps moving and the rates fall to 0. A label set's rates divide by the
-window, or by how long its requests' clock has been covered when that is shorter.
+window, or by how long its requests' clock has been covered (from the earliest
+arrival of its requests to the window's end) when that is shorter.
 Slices are kept per label set, so senders whose clocks disagree do not mix. Memory is
 fixed by ``capacity``, ``seconds`` and the label-set cap, never by load.
 """
@@ -71,7 +72,8 @@ class RollingWindow:
         self._slots = math.ceil(self.seconds) + 2
         # per (slot, label set): the requests' second it holds (-1: none)
         self._slot_second = np.full((self._slots, 0), -1, dtype=np.int64)
-        # per label set: newest and first done_at seen, wall time of its last ingest
+        # per label set: newest done_at, earliest arrival (else done_at), wall time of
+        # its last ingest
         self._newest = np.zeros(0)
         self._first = np.zeros(0)
         self._last_ingest = np.zeros(0)
@@ -119,6 +121,10 @@ class RollingWindow:
         # window into the future and empty it
         done = np.where(np.isnan(done) | (done > now + FUTURE_TOLERANCE_S), now, done)
         rows["done_at"] = done
+        # when the label set's covered time began: its earliest arrival (a benchmark's
+        # run, as aiperf times it, from the first request), else its earliest finish
+        arrival = rows["arrival"]
+        began = np.where(np.isnan(arrival), done, np.minimum(arrival, done))
         ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
         k_ls = ls[kept]
         once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
@@ -133,7 +139,7 @@ class RollingWindow:
             for i in np.unique(k_ls).tolist():
                 mine = k_ls == i
                 self._newest[i] = max(self._newest[i], float(done[mine].max()))
-                first = float(done[mine].min())
+                first = float(began[mine].min())
                 self._first[i] = first if self._first[i] == 0 else min(self._first[i], first)
                 self._last_ingest[i] = now
             # each request in the slot of the second it finished, per label set
