@@ -11,7 +11,8 @@ Rows (module: what it measures):
   (trace levels 3 and 1: spans/s and requests/s, the join of roots and stage spans);
 * client: record() on the serving thread (exporter up, and down), and a request's
   finish -> visible in /metrics;
-* surfaces: /metrics render, the roofline estimator, exporter memory under load;
+* surfaces: /metrics render (text, and protobuf with native histograms: render time and
+  series added), the roofline estimator, exporter memory under load;
 * dashboard_refresh: a dashboard refresh's server time.
 
     python -m bench.run [--only KEY[,KEY...]]   # keys: the row keys in results.json
@@ -37,7 +38,7 @@ SECTIONS = {
     "sglang": ingest.sglang_rows,
     "record": client.record_rows,
     "visible": lambda: [client.visibility_row()],
-    "render": lambda: [surfaces.render_row()],
+    "render": surfaces.render_row,
     "estimator": lambda: [surfaces.estimator_row()],
     "dashboard": lambda: [dashboard_refresh.dashboard_row()],
     "memory": lambda: [surfaces.memory_row()],

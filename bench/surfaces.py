@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.common import CLIENT_CORE, Row, pin, rss_bytes, scrape, serve, total, wait_for
 from bench.ingest import synthetic_batch
-from exporter import wire
+from exporter import exposition, wire
 
 ENGINES = ("vllm", "sglang", "tgi")
 MODELS = 20
@@ -55,7 +55,7 @@ def _now_batch(rng, model: str, spread_s: float = 20.0):
     return b
 
 
-def render_row(repeats: int = 40) -> Row:
+def render_row(repeats: int = 40) -> list[Row]:
     import grpc
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -85,12 +85,19 @@ def render_row(repeats: int = 40) -> Row:
                     break
                 time.sleep(0.5)
             url = f"http://127.0.0.1:{ex.http_port}/metrics"
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                with urllib.request.urlopen(url, timeout=30) as r:
-                    page = r.read()
-                times.append((time.perf_counter() - t) * 1000)
+            times, proto_times = [], []
+            for _ in range(repeats):  # text and protobuf pages, alternately
+                for accept, into in ((exposition.PROMETHEUS_CLASSIC_ACCEPT, times),
+                                     (exposition.PROMETHEUS_NATIVE_ACCEPT, proto_times)):
+                    req = urllib.request.Request(url, headers={"Accept": accept})
+                    t = time.perf_counter()
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        body = r.read()
+                    into.append((time.perf_counter() - t) * 1000)
+                    if into is times:
+                        page = body
+                    else:
+                        proto_page = body
         finally:
             ex.stop()
     text = page.decode()
@@ -109,11 +116,30 @@ def render_row(repeats: int = 40) -> Row:
         ref.append((time.perf_counter() - t) * 1000)
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     label_sets = text.count("phasewatch_bottleneck_info{")
-    return Row("metrics_render", f"/metrics render, {MODELS} models x {len(ENGINES)} engines, p95",
-               sorted(times)[int(0.95 * repeats) - 1], "ms", 50.0, "lower",
-               statistics.median(ref), "prometheus_client generate_latest, same families",
-               extra={"p50_ms": statistics.median(times), "samples": samples,
-                      "bytes": len(page), "label_sets_with_verdict": label_sets})
+    natives = _native_series(proto_page)
+    p95 = sorted(times)[int(0.95 * repeats) - 1]
+    proto_p95 = sorted(proto_times)[int(0.95 * repeats) - 1]
+    rows = [Row("metrics_render", f"/metrics render, {MODELS} models x {len(ENGINES)} engines, "
+                "p95", p95, "ms", 50.0, "lower",
+                statistics.median(ref), "prometheus_client generate_latest, same families",
+                extra={"p50_ms": statistics.median(times), "samples": samples,
+                       "bytes": len(page), "label_sets_with_verdict": label_sets}),
+            # Native histograms: what a Prometheus with them on scrapes (protobuf, the
+            # classic families plus one native series per latency histogram and label
+            # set), beside the text page of the same scrape loop.
+            Row("metrics_render_native", "/metrics protobuf with native histograms, same, p95",
+                proto_p95, "ms", 50.0, "lower", p95, "the text page (classic only), same run",
+                ratio_better="lower",
+                extra={"p50_ms": statistics.median(proto_times), "bytes": len(proto_page),
+                       "series_text": samples, "series_native_added": natives,
+                       "series_ratio": round((samples + natives) / samples, 3)})]
+    return rows
+
+
+def _native_series(body: bytes) -> int:
+    """Native histogram series on a protobuf page (one per metric of a _native family)."""
+    return sum(len(f.metric) for f in exposition.read_delimited(body)
+               if f.name.endswith(exposition.NATIVE_SUFFIX))
 
 
 def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
@@ -199,5 +225,5 @@ def memory_row(seconds: float = 180.0, rate: int = 10_000) -> Row:
 
 if __name__ == "__main__":
     pin(CLIENT_CORE)
-    for row in (render_row(), estimator_row()):
+    for row in (*render_row(), estimator_row()):
         print(row.as_json())

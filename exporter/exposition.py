@@ -80,6 +80,34 @@ def delimited(families) -> bytes:
     return b"".join(parts)
 
 
+def read_delimited(body: bytes) -> list:
+    """The MetricFamily messages of a delimited protobuf page (for tests and tools)."""
+    out, i = [], 0
+    while i < len(body):
+        n, shift = 0, 0
+        while True:
+            b = body[i]
+            i += 1
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        out.append(pb.MetricFamily.FromString(body[i:i + n]))
+        i += n
+    return out
+
+
+# Accept headers Prometheus 2.42 sends (captured): with native histograms on, and off.
+PROMETHEUS_NATIVE_ACCEPT = (
+    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+    "encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,"
+    "application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,"
+    "*/*;q=0.1")
+PROMETHEUS_CLASSIC_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
 def _labels(metric, names, values) -> None:
     for n, v in zip(names, values, strict=True):
         pair = metric.label.add()
@@ -92,6 +120,26 @@ class HotProto:
 
     def __init__(self, aggregator: Aggregator):
         self._agg = aggregator
+        # (histogram, native?, label values) -> a serialized Metric holding the labels
+        # and what never changes (bucket bounds; schema and zero threshold), merged in
+        # with one call per series and scrape
+        self._templates: dict[tuple, bytes] = {}
+
+    def _template(self, spec, is_native: bool, names: list[str], values: list[str]) -> bytes:
+        key = (spec.key, is_native, *values)
+        got = self._templates.get(key)
+        if got is None:
+            if len(self._templates) > 100_000:  # label sets churned: start again
+                self._templates.clear()
+            m = pb.Metric(label=[pb.LabelPair(name=n, value=v)
+                                 for n, v in zip(names, values, strict=True)])
+            if is_native:
+                m.histogram.schema = native.SCHEMA
+                m.histogram.zero_threshold = spec.native.zero_threshold
+            else:
+                m.histogram.bucket.extend(pb.Bucket(upper_bound=b) for b in spec.buckets.bounds)
+            got = self._templates[key] = m.SerializeToString()
+        return got
 
     def families(self) -> list:
         snap = self._agg.snapshot()
@@ -103,41 +151,32 @@ class HotProto:
             names = base + ([spec.sub_label] if spec.sub_label else [])
             k = len(spec.sub_values)
             rows = np.flatnonzero(counts.sum(axis=1)).tolist()
-
-            def values(row, k=k, spec=spec):
-                pair = pairs[row // k]
-                return [*pair, spec.sub_values[row % k]] if spec.sub_label else list(pair)
-
-            classic = pb.MetricFamily(name=name, help=doc, type=pb.HISTOGRAM)
-            bounds = spec.buckets.bounds
+            labels = [[*pairs[row // k], spec.sub_values[row % k]] if spec.sub_label
+                      else list(pairs[row // k]) for row in rows]
             cum = np.cumsum(counts, axis=1)
-            for row in rows:
+            classic = pb.MetricFamily(name=name, help=doc, type=pb.HISTOGRAM)
+            for row, values in zip(rows, labels, strict=True):
                 m = classic.metric.add()
-                _labels(m, names, values(row))
+                m.MergeFromString(self._template(spec, False, names, values))
                 h = m.histogram
                 h.sample_count, h.sample_sum = int(cum[row, -1]), float(sums[row])
-                for bound, c in zip(bounds, cum[row, :-1].tolist(), strict=True):
-                    b = h.bucket.add()
-                    b.upper_bound, b.cumulative_count = bound, c
+                for b, c in zip(h.bucket, cum[row, :-1].tolist(), strict=True):
+                    b.cumulative_count = c
             out.append(classic)
             if spec.native is None:
                 continue
             lo, ncounts = snap.natives[spec.key]
+            encoded = native.encode(spec.native, ncounts, lo)
             fam = pb.MetricFamily(name=native_name(name), help=doc + " Native histogram "
                                   f"(schema {native.SCHEMA}).", type=pb.HISTOGRAM)
-            for row in rows:
+            for row, values in zip(rows, labels, strict=True):
                 m = fam.metric.add()
-                _labels(m, names, values(row))
+                m.MergeFromString(self._template(spec, True, names, values))
                 h = m.histogram
                 h.sample_count, h.sample_sum = int(cum[row, -1]), float(sums[row])
-                h.schema = native.SCHEMA
-                h.zero_threshold = spec.native.zero_threshold
-                own = ncounts[row] if row < ncounts.shape[0] else np.zeros(0, np.int64)
-                zero, spans, deltas = native.spans(spec.native, own, lo)
+                zero, spans, deltas = encoded[row] if row < len(encoded) else (0, [], [])
                 h.zero_count = zero
-                for offset, length in spans:
-                    span = h.positive_span.add()
-                    span.offset, span.length = offset, length
+                h.positive_span.extend(pb.BucketSpan(offset=o, length=n) for o, n in spans)
                 h.positive_delta.extend(deltas)
             out.append(fam)
         for key, (label, kinds) in COUNTERS.items():

@@ -18,13 +18,8 @@ from exporter.protocol import exposition_pb2 as pb
 from exporter.record import RequestBatch, RequestRecord
 from tests.test_exposition import _aggregator
 
-# What Prometheus 2.42 sends with --enable-feature=native-histograms (captured).
-NATIVE_ACCEPT = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-                 "encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,"
-                 "application/openmetrics-text;version=0.0.1;q=0.75,"
-                 "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
-CLASSIC_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-"
-                  "text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+NATIVE_ACCEPT = exposition.PROMETHEUS_NATIVE_ACCEPT
+CLASSIC_ACCEPT = exposition.PROMETHEUS_CLASSIC_ACCEPT
 
 
 def _key_by_definition(v: float) -> int:
@@ -81,12 +76,13 @@ def _decode(zero: int, spans: list, deltas: list, kmin: int) -> dict[int, int]:
 
 @pytest.mark.parametrize("lo", [0, 7])
 def test_spans_and_deltas_give_back_every_count(lo):
+    """One series, and the same series among others (all rows are encoded at once)."""
     layout = native.NativeLayout(-40, 40)
     rng = np.random.default_rng(lo)
     row = np.zeros(50, np.int64)
     row[rng.choice(50, 15, replace=False)] = rng.integers(1, 1000, 15)
     row[[20, 22, 26]] = [5, 6, 7]  # gaps of 1 and 3 empty buckets
-    zero, spans, deltas = native.spans(layout, row, lo)
+    zero, spans, deltas = native.encode(layout, row[None, :], lo)[0]
     want = {layout.kmin + lo + c: int(n) for c, n in enumerate(row) if n and lo + c >= 1}
     if lo == 0 and row[0]:
         want["zero"] = int(row[0])
@@ -126,20 +122,7 @@ def test_itl_gaps_get_the_same_native_buckets_as_one_by_one(dtype, series):
 
 def _page(agg: Aggregator) -> dict[str, pb.MetricFamily]:
     body = exposition.delimited(exposition.HotProto(agg).families())
-    out, i = {}, 0
-    while i < len(body):
-        n, shift = 0, 0
-        while True:
-            b = body[i]
-            i += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        fam = pb.MetricFamily.FromString(body[i:i + n])
-        i += n
-        out[fam.name] = fam
-    return out
+    return {f.name: f for f in exposition.read_delimited(body)}
 
 
 def test_protobuf_page_holds_the_text_pages_samples_and_the_native_histograms():
@@ -242,19 +225,7 @@ def test_metrics_endpoint_answers_prometheus_native_accept(exporter):
             pages[accept] = (r.headers["Content-Type"], r.read())
     ctype, body = pages[NATIVE_ACCEPT]
     assert ctype == exposition.CONTENT_TYPE
-    names = set()
-    i = 0
-    while i < len(body):
-        n, shift = 0, 0
-        while True:
-            b = body[i]
-            i += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        names.add(pb.MetricFamily.FromString(body[i:i + n]).name)
-        i += n
+    names = {f.name for f in exposition.read_delimited(body)}
     text_names = {s.name.removesuffix("_created") for f in parse_text(
         pages[CLASSIC_ACCEPT][1].decode().replace("# EOF\n", "")) for s in f.samples}
     # every family of the text page (counters by their _total name), plus the natives
@@ -268,3 +239,16 @@ def test_metrics_endpoint_answers_prometheus_native_accept(exporter):
              for n in text_names}
     missing = {n for n in plain if n not in names and n + "_total" not in names}
     assert not missing, missing
+
+
+def test_many_series_encode_as_each_alone():
+    layout = native.NativeLayout(-40, 40)
+    rng = np.random.default_rng(9)
+    counts = rng.integers(0, 3, (12, 60)) * (rng.random((12, 60)) < 0.2)
+    counts[4] = 0  # a series with nothing filled
+    counts[7, 0] = 5  # a zero bucket
+    for lo in (0, 3):
+        together = native.encode(layout, counts, lo)
+        alone = [native.encode(layout, row[None, :], lo)[0] for row in counts]
+        assert together == alone
+        assert together[4] == (0, [], [])
