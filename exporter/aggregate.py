@@ -54,6 +54,8 @@ HISTOGRAMS = (
                   native=native.NativeLayout.around(buckets.REQUEST_DURATION)),
     HistogramSpec("itl", buckets.TOKEN_LATENCY,
                   native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("itl_per_token", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
     HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES,
                   native.NativeLayout.around(buckets.PHASE_DURATION)),
     HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
@@ -201,6 +203,11 @@ class Aggregator:
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
             "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
         }
+        if ph.token_itl is None:  # one token per emission throughout: the same counts
+            out["itl_per_token"] = out["itl"]
+        else:
+            out["itl_per_token"] = h["itl_per_token"].partial(
+                np.repeat(ls, ph.token_itl_counts), ph.token_itl, n_ls)
         k = len(PHASE_NAMES)
         series = np.concatenate([ls * k + i for i in range(k)])
         values = np.concatenate([getattr(ph, name) for name in PHASE_NAMES])

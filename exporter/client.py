@@ -11,7 +11,8 @@ retried batch once. ``close()`` flushes what is left within a deadline.
     client = PhasewatchClient("localhost:50051", engine="vllm")
     client.record("Llama-3.1-8B", arrival=t0, scheduled=t1, first_token=t2,
                   last_token=t3, finish=t4, prompt_tokens=812, output_tokens=128,
-                  token_times=emission_times, finish_reason="stop")
+                  token_times=emission_times, token_counts=tokens_per_emission,
+                  finish_reason="stop")
     client.close()
 """
 
@@ -146,15 +147,24 @@ class PhasewatchClient:
                last_token: float | None = None, finish: float | None = None,
                prompt_tokens: int | None = None, cached_prompt_tokens: int | None = None,
                output_tokens: int | None = None, finish_reason: str = "",
-               request_id: str = "", token_times: Sequence[float] | None = None) -> bool:
+               request_id: str = "", token_times: Sequence[float] | None = None,
+               token_counts: Sequence[int] | None = None) -> bool:
         """Queue one finished request (times in Unix seconds). False if it was dropped.
 
         ``arrival``: the request reached the server; ``queued`` (optional): the engine
         took it in after templating and tokenisation (preprocess = queued - arrival);
-        ``scheduled``: it left the engine's queue."""
+        ``scheduled``: it left the engine's queue.
+
+        ``token_times``: one time per **emission**, the first token's first: each
+        streamed chunk (SSE event) as the client saw it, or each token where tokens are
+        sent one by one. ITL is the gaps between emissions, pooled (vLLM's benchmark
+        ``itl``). ``token_counts`` (optional, one per emission): the tokens each carried
+        (multi-token chunks, speculative decoding); with them ITL is also reported per
+        token (each gap spread over the tokens of the emission it ends). Counts that do
+        not fit the emissions or the output tokens reject the request (counted)."""
         row = (model, "", finish_reason, request_id, arrival, queued, scheduled, first_token,
                last_token, finish, prompt_tokens, cached_prompt_tokens, output_tokens,
-               token_times)  # record.ROW_FIELDS order
+               token_times, token_counts)  # record.ROW_FIELDS order
         try:
             tokens = len(token_times) if token_times is not None else 0
         except TypeError:  # not a sequence: the sender counts the row as invalid
@@ -178,7 +188,8 @@ class PhasewatchClient:
                            finish=r.finish, prompt_tokens=r.prompt_tokens,
                            cached_prompt_tokens=r.cached_prompt_tokens,
                            output_tokens=r.output_tokens, finish_reason=r.finish_reason,
-                           request_id=r.request_id, token_times=r.token_times)
+                           request_id=r.request_id, token_times=r.token_times,
+                           token_counts=r.token_counts)
 
     # ---- background ----------------------------------------------------------
     def _run(self) -> None:

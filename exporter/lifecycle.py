@@ -56,6 +56,7 @@ class LifecycleEvent:   # 0.4, per event decoded. Nothing changes an event once 
     cached_prompt_tokens: int | None = None
     first_emission_index: int = 0
     token_times_unix_nano: tuple[int, ...] = ()
+    token_counts: tuple[int, ...] = ()  # aligned with the emissions' times; () = unknown
     output_tokens: int | None = None
     finish_reason: str = ""
     emission_count: int = 0
@@ -84,6 +85,7 @@ class _Pending:
     emission_count: int = 0
     finished_at: float | None = None
     emissions: dict[int, int] = field(default_factory=dict)
+    emission_tokens: dict[int, int] = field(default_factory=dict)  # where senders said
 
     def complete(self, expect_queued: bool = False) -> bool:
         """Every event a full report has is in: no need to wait for the grace period.
@@ -108,9 +110,15 @@ class _Pending:
         last = self.last_token or (times[-1] if times and self.emission_count else 0)
         if times and last and times[-1] != last:
             times = []  # the tail of the emissions never arrived: no gaps, rather than wrong ones
+        # tokens per emission where every emission after the first has its count (the
+        # first's is not needed: its gap is TTFT's)
+        counts = None
+        if times and all(i in self.emission_tokens for i in range(1, len(times))):
+            counts = [self.emission_tokens.get(i, 1) for i in range(len(times))]
         return (self.model, self.engine, self.finish_reason, request_id, self.arrival,
                 self.queued, self.scheduled, self.emissions.get(0, 0), last, self.finish,
-                self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens, times)
+                self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens, times,
+                counts)
 
 
 class LifecycleJoiner:
@@ -175,8 +183,13 @@ class LifecycleJoiner:
             outcomes.append(self._take(p, time_field, e.time_unix_nano))
         if e.kind is EventKind.FIRST_TOKEN:
             outcomes.append(self._emission(p, 0, e.time_unix_nano))
+            first = 0
         elif e.kind is EventKind.TOKENS:
             outcomes += self._emissions(p, e.first_emission_index, e.token_times_unix_nano)
+            first = e.first_emission_index
+        if e.token_counts and e.kind in (EventKind.FIRST_TOKEN, EventKind.TOKENS):
+            for i, c in enumerate(e.token_counts):
+                p.emission_tokens.setdefault(first + i, int(c))
         elif e.kind is EventKind.FINISHED:
             for name in ("output_tokens", "finish_reason", "emission_count",
                          "last_token"):

@@ -38,7 +38,13 @@ HISTOGRAM_NAMES: dict[str, tuple[str, str]] = {
              "(last_token - first_token) / (output_tokens - 1)."),
     "e2e": ("gen_ai_server_request_duration_seconds", "End-to-end request duration."),
     "itl": ("phasewatch_inter_token_latency_seconds",
-            "Pooled inter-token latency: every gap between consecutive token emissions."),
+            "Pooled inter-token latency per emission: every gap between consecutive "
+            "emissions (streamed chunks), as vLLM's benchmark itl."),
+    "itl_per_token": ("phasewatch_inter_token_latency_per_token_seconds",
+                      "Pooled inter-token latency per token: each gap between emissions "
+                      "spread evenly over the tokens of the emission ending it (multi-token "
+                      "chunks, speculative decoding); the same as per emission where every "
+                      "emission carries one token."),
     "phase": ("phasewatch_phase_duration_seconds",
               "Time a request spent in each phase: preprocess (arrival to the engine's "
               "queue), queue, prefill, decode."),

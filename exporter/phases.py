@@ -80,6 +80,13 @@ class Phases:
     itl: np.ndarray  # pooled gaps (s, float32 or float64) of kept requests, row by row
     itl_counts: np.ndarray  # gaps in ``itl`` per row (0 for rejected rows)
     clock_skew: np.ndarray  # seconds of two-clock disagreement absorbed per row (0 = none)
+    # ITL per token: each gap spread evenly over the tokens of the emission ending it
+    # (a gap of 30 ms ending a 3-token chunk is 3 tokens of 10 ms), row by row, and
+    # how many values per row (0: unavailable or rejected). None: the same as ``itl``
+    # and ``itl_counts`` (one token per emission throughout), the usual case.
+    token_itl: np.ndarray | None = None
+    token_itl_counts: np.ndarray | None = None
+    gap_sums: np.ndarray | None = None  # float64 seconds of each row's gaps
     rejected: Counter = field(default_factory=Counter)  # reason -> requests
     unavailable: Counter = field(default_factory=Counter)  # (phase, reason) -> requests
 
@@ -144,6 +151,10 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
     checks.append(("token_gaps_exceed_output",
                    (batch.output_tokens >= 0) & (batch.gap_counts > np.maximum(
                        batch.output_tokens - 1, 0))))
+    if batch.gap_tokens.any():
+        bad_counts, exceed = _token_count_checks(batch)
+        checks.append(("bad_token_counts", bad_counts))
+        checks.append(("token_counts_exceed_output", exceed))
     both = (batch.first_token != 0) & (batch.last_token != 0) & (batch.gap_counts > 0)
     span = (batch.last_token - batch.first_token) / NS
     # two clocks: emissions timed by the engine, first/last token by the frontend
@@ -159,6 +170,48 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
             rejected[reason] += int(new.sum())
             bad |= new
     return ~bad, rejected, skew
+
+
+def _token_count_checks(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: its per-emission token counts are unusable (below 1, beyond int32, or
+    given for some of its emissions only), or claim more tokens after the first
+    emission than its output tokens allow."""
+    n = len(batch)
+    owner = np.repeat(np.arange(n), batch.gap_counts)
+    gt = batch.gap_tokens
+    known = np.bincount(owner, weights=gt > 0, minlength=n)
+    broken = np.bincount(owner, weights=(gt < 0) | (gt >= 1 << 31), minlength=n) > 0
+    bad = broken | ((known > 0) & (known < batch.gap_counts))
+    total = np.bincount(owner, weights=np.where(gt > 0, gt, 0), minlength=n)
+    exceed = (batch.output_tokens >= 0) & (known > 0) & (total > batch.output_tokens - 1)
+    return bad, exceed
+
+
+def _token_itl(batch: RequestBatch, kept: np.ndarray, unavailable: Counter):
+    """ITL per token (``Phases.token_itl``) and its values per row; (None, None) when it
+    is the per-emission ITL (every kept row with gaps has one token per emission)."""
+    out_tok, gaps_n = batch.output_tokens, batch.gap_counts
+    one_each = gaps_n == out_tok - 1
+    with_gaps = kept & (gaps_n > 0)
+    gt = batch.gap_tokens
+    if not gt.any():
+        missing = with_gaps & ~one_each
+        if not missing.any():
+            return None, None
+        known = np.zeros(len(batch), dtype=bool)
+    else:
+        owner = np.repeat(np.arange(len(batch)), gaps_n)
+        known = np.bincount(owner, weights=gt > 0, minlength=len(batch)) > 0
+        missing = with_gaps & ~known & ~one_each
+    _count_missing(unavailable, "itl_per_token", missing, [
+        ("output_tokens_unknown", out_tok < 0), ("token_counts_unknown", np.ones_like(kept))])
+    use = with_gaps & ~missing
+    keep_gap = np.repeat(use, gaps_n)
+    gaps = np.asarray(batch.token_gaps, dtype=np.float64)[keep_gap]
+    k = np.where(gt > 0, gt, 1)[keep_gap]
+    per_row = np.bincount(np.repeat(np.arange(len(batch)), gaps_n)[keep_gap], weights=k,
+                          minlength=len(batch)).astype(np.int64)
+    return np.repeat(gaps / k, k), per_row
 
 
 def split_phases(batch: RequestBatch) -> Phases:
@@ -236,8 +289,10 @@ def split_phases(batch: RequestBatch) -> Phases:
     else:
         itl = batch.token_gaps[np.repeat(kept, batch.gap_counts)]
         itl_counts = np.where(kept, batch.gap_counts, 0)
+    token_itl, token_itl_counts = _token_itl(batch, kept, unavailable)
     return Phases(
         kept=kept, uncached_prompt_tokens=uncached.astype(np.int64), itl=itl,
         itl_counts=itl_counts, clock_skew=np.where(kept, skew, 0.0), rejected=rejected,
-        unavailable=unavailable, **values,
+        unavailable=unavailable, token_itl=token_itl, token_itl_counts=token_itl_counts,
+        gap_sums=gap_sums, **values,
     )

@@ -54,7 +54,12 @@ class RequestRecord:
     finish_reason: str = ""
     request_id: str = ""
     engine: str = ""
-    token_times: Sequence[float] | None = None  # emission times, first token first
+    # one time per emission (a streamed chunk, or one token when each is sent alone),
+    # the first token's first
+    token_times: Sequence[float] | None = None
+    # optional, aligned with token_times: the tokens each emission carried (a
+    # multi-token chunk, speculative decoding); None = unknown
+    token_counts: Sequence[int] | None = None
 
     def row(self, engine: str = "") -> tuple:
         """This record as a ``ROW_FIELDS`` tuple."""
@@ -62,13 +67,13 @@ class RequestRecord:
                 self.arrival, self.queued, self.scheduled, self.first_token, self.last_token,
                 self.finish,
                 self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens,
-                self.token_times)
+                self.token_times, self.token_counts)
 
 
 # Order of the fields in a row tuple (the client buffers rows, not objects).
 ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "queued",
               "scheduled", "first_token", "last_token", "finish", "prompt_tokens",
-              "cached_prompt_tokens", "output_tokens", "token_times")
+              "cached_prompt_tokens", "output_tokens", "token_times", "token_counts")
 
 
 @dataclass
@@ -106,6 +111,10 @@ class RequestBatch:
     # ``prefill_transfer_kv_cache``). ``scheduled`` is then first token - transfer -
     # prefill, so the prefill phase is ``first_token - scheduled - kv_transfer``.
     kv_transfer: np.ndarray | None = None
+    # int64, one per token_gaps entry: tokens carried by the emission that ends the gap;
+    # 0 = unknown (all of a request's, or none), -1 = the sender's counts did not fit
+    # its emissions (the request is rejected)
+    gap_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.queued is None:
@@ -114,6 +123,8 @@ class RequestBatch:
             self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
         if self.kv_transfer is None:
             self.kv_transfer = np.full(len(self.arrival), np.nan)
+        if self.gap_tokens is None:
+            self.gap_tokens = np.zeros(len(self.token_gaps), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -173,12 +184,18 @@ class RequestBatch:
         gaps = np.diff(flat)[owner[1:] == owner[:-1]] if flat.size > 1 else np.empty(0)
         if times_in_ns:
             gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
+        gap_counts = np.maximum(lens - 1, 0)
+        # token_counts: the last field, which rows built without it (the span
+        # adapters' rows: no engine span has it) leave out
+        gap_tokens = _gap_tokens(cols[14] if len(cols) > 14 else (None,) * n, lens,
+                                 gap_counts)
         return cls(
             strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
             request_id=refs[3], arrival=scalars[0], queued=scalars[1], scheduled=scalars[2],
             first_token=scalars[3], last_token=scalars[4], finish=scalars[5],
             prompt_tokens=scalars[6], cached_prompt_tokens=scalars[7],
-            output_tokens=scalars[8], token_gaps=gaps, gap_counts=np.maximum(lens - 1, 0),
+            output_tokens=scalars[8], token_gaps=gaps, gap_counts=gap_counts,
+            gap_tokens=gap_tokens,
         )
 
     @classmethod
@@ -193,6 +210,22 @@ class RequestBatch:
 
 def _nothing() -> None:
     pass
+
+
+def _gap_tokens(counts: Sequence, emissions: np.ndarray, gap_counts: np.ndarray) -> np.ndarray:
+    """Per gap: the tokens of the emission ending it, from per-emission counts (None =
+    unknown: 0s; not one per emission: -1s, so the request is rejected)."""
+    out = np.zeros(int(gap_counts.sum()), dtype=np.int64)
+    if all(c is None for c in counts):
+        return out
+    at = 0
+    for c, n, g in zip(counts, emissions.tolist(), gap_counts.tolist(), strict=True):
+        if c is not None and g:
+            arr = np.asarray(list(c))
+            ok = len(arr) == n and arr.dtype.kind in "iu"
+            out[at:at + g] = arr[1:] if ok else -1
+        at += g
+    return out
 
 
 def finish_reason_codes(batch: RequestBatch) -> np.ndarray:

@@ -49,6 +49,7 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
+_COLUMNS = 5  # per slice: requests, prompt, output tokens, per-token ITL tokens, seconds
 FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
 STEP_CAPACITY = 65536
 
@@ -77,7 +78,8 @@ class RollingWindow:
         self._newest = np.zeros(0)
         self._first = np.zeros(0)
         self._last_ingest = np.zeros(0)
-        self._slice_counts = np.zeros((self._slots, 0, 3))  # requests, prompt, output
+        # requests, prompt tokens, output tokens, and ITL per token: tokens, seconds
+        self._slice_counts = np.zeros((self._slots, 0, _COLUMNS))
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
         self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
         self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
@@ -129,9 +131,12 @@ class RollingWindow:
         k_ls = ls[kept]
         once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
         prompt, output = batch.prompt_tokens[kept], out
+        per_token = (ph.itl_counts if ph.token_itl_counts is None
+                     else ph.token_itl_counts)[kept]
         values = np.stack([np.ones(len(k_ls)),
                            np.where((prompt >= 0) & once, prompt, 0),
-                           np.where(output >= 0, output, 0)], axis=1)
+                           np.where(output >= 0, output, 0),
+                           per_token, np.where(per_token > 0, ph.gap_sums[kept], 0.0)], axis=1)
         second = np.floor(done).astype(np.int64)
         with self._lock:
             self._write_ring(rows, ids)
@@ -147,7 +152,7 @@ class RollingWindow:
             uniq, inverse = np.unique(key, return_inverse=True)
             inverse = inverse.reshape(-1)
             sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
-                             for j in range(3)], axis=1)
+                             for j in range(_COLUMNS)], axis=1)
             for (k, row) in zip(uniq.tolist(), sums, strict=True):
                 sec, i = divmod(k, n_ls)
                 slot = self._slot_for(sec, i)
@@ -242,7 +247,7 @@ class RollingWindow:
                     & (self._slot_second >= 0))
             # summed slot by slot: no temporary the size of all slots (a few MB at the
             # label cap, which the allocator would keep)
-            counts = np.zeros((n, 3))
+            counts = np.zeros((n, _COLUMNS))
             itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
             itl_sum = np.zeros(n)
             for slot in np.flatnonzero(live.any(axis=1)).tolist():
@@ -280,6 +285,11 @@ class RollingWindow:
                 "e2e_to_last_token_seconds": _quantiles(
                     ring["last_token_at"][sel] - ring["arrival"][sel]),
                 "itl_seconds": _binned_quantiles(itl[i], itl_sum[i]),
+                # each gap spread over the tokens of the emission ending it (multi-token
+                # chunks); percentiles: phasewatch_inter_token_latency_per_token_seconds
+                "itl_per_token_seconds": {
+                    "mean": counts[i, 4] / counts[i, 3] if counts[i, 3] else None,
+                    "count": int(counts[i, 3])},
                 "phase_time_share": phase_time_shares(ring, sel),
                 "ttft_by_prompt_class": _by_prompt_class(ring, sel),
                 "sampled_requests": int(sel.sum()),

@@ -104,6 +104,12 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         raise MalformedBatch("gap_count_mismatch",
                              f"token_gap_count sums to {int(counts.sum())} but "
                              f"{gaps.size} gaps were sent")
+    gap_tokens = None
+    if len(msg.token_gap_tokens):
+        gap_tokens = np.asarray(msg.token_gap_tokens, dtype=np.int64)
+        if gap_tokens.size != gaps.size:
+            raise MalformedBatch("gap_tokens_mismatch",
+                                 f"{gap_tokens.size} token_gap_tokens for {gaps.size} gaps")
     engine_ref = len(strings)
     strings.append(msg.engine)
     batch = RequestBatch(
@@ -120,6 +126,7 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         cached_prompt_tokens=cols["cached_prompt_tokens"].astype(np.int64),
         output_tokens=cols["output_tokens"].astype(np.int64),
         token_gaps=gaps, gap_counts=counts,  # float32, as sent
+        gap_tokens=gap_tokens,
     )
     return batch, meta
 
@@ -150,7 +157,19 @@ def encodable(batch: RequestBatch) -> np.ndarray:
     for column in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"):
         a = getattr(batch, column)
         ok &= (a >= -(1 << 31)) & (a < 1 << 31)
-    return ok & (batch.gap_counts < 1 << 32)
+    ok &= batch.gap_counts < 1 << 32
+    big = batch.gap_tokens >= 1 << 32
+    if big.any():  # a token count the wire cannot carry: that row cannot be sent
+        ok &= _rows_without(batch, big)
+    return ok
+
+
+def _rows_without(batch: RequestBatch, bad_gap: np.ndarray) -> np.ndarray:
+    """Rows none of whose gaps is flagged in ``bad_gap``."""
+    owner = np.repeat(np.arange(len(batch)), batch.gap_counts)
+    ok = np.ones(len(batch), dtype=bool)
+    ok[owner[bad_gap]] = False
+    return ok
 
 
 def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
@@ -168,6 +187,10 @@ def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
             continue  # absent for the whole batch: an empty column, as older senders send
         parts.append(_packed(field, values, dtype))
     parts.append(_packed("token_gap_seconds", batch.token_gaps, "<f4"))
+    if batch.gap_tokens.any():  # absent when no request has counts (as older senders send)
+        # -1 (counts that did not fit) travels as 2**32 - 1: rejected there as here
+        parts.append(_packed("token_gap_tokens", batch.gap_tokens.astype("<i8")
+                             .astype("<u4"), "<u4"))
     return b"".join(parts)
 
 
@@ -200,6 +223,7 @@ def decode_lifecycle(data: bytes) -> tuple[str, list[LifecycleEvent], int]:
             cached_prompt_tokens=e.cached_prompt_tokens if e.has_cached_prompt_tokens else None,
             first_emission_index=e.first_emission_index,
             token_times_unix_nano=tuple(e.token_times_unix_nano),
+            token_counts=tuple(e.token_counts),
             output_tokens=e.output_tokens if kind is EventKind.FINISHED else None,
             finish_reason=e.finish_reason, emission_count=e.emission_count,
             last_token_unix_nano=e.last_token_unix_nano,
@@ -218,7 +242,8 @@ def encode_lifecycle(engine: str, events: list[LifecycleEvent]) -> bytes:
             cached_prompt_tokens=e.cached_prompt_tokens or 0,
             has_cached_prompt_tokens=e.cached_prompt_tokens is not None,
             first_emission_index=e.first_emission_index,
-            token_times_unix_nano=e.token_times_unix_nano, output_tokens=e.output_tokens or 0,
+            token_times_unix_nano=e.token_times_unix_nano, token_counts=e.token_counts,
+            output_tokens=e.output_tokens or 0,
             finish_reason=e.finish_reason, emission_count=e.emission_count,
             last_token_unix_nano=e.last_token_unix_nano)
     return msg.SerializeToString()
