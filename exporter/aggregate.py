@@ -163,8 +163,12 @@ class Aggregator:
 
         ls = self.labels.rows(batch, pods)
         n_ls = len(self.labels)
-        gaps = self._itl_bins.count(ph.itl, ls, ph.itl_counts)
-        partials = self._partials(batch, ph, ls, n_ls, gaps)
+        left = ph.token_itl_left_out
+        # per token, when no request gave its tokens per emission: the gaps of the rows
+        # whose emissions are one token each, counted in the same pass
+        gaps, token_gaps = self._itl_bins.count(
+            ph.itl, ls, ph.itl_counts, left if left is not None and left.any() else None)
+        partials = self._partials(batch, ph, ls, n_ls, gaps, token_gaps)
         tokens = self._token_counts(batch, kept, ls, n_ls)
         reasons = finish_reason_codes(batch)
         requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
@@ -186,7 +190,7 @@ class Aggregator:
         self.window.add_steps(ls, cols[:, 0] / NS, cols[:, 1] / NS, cols[:, 2])
 
     def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int,
-                  gaps: GapCounts):
+                  gaps: GapCounts, token_gaps: GapCounts | None):
         pc = buckets.prompt_class_codes(batch.prompt_tokens)
         k_pc = len(PROMPT_CLASS_LABELS)
         h = self._hists
@@ -203,8 +207,10 @@ class Aggregator:
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
             "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
         }
-        if ph.token_itl is None:  # one token per emission throughout: the same counts
-            out["itl_per_token"] = out["itl"]
+        if ph.token_itl is None:  # per emission, less the rows of multi-token emissions
+            out["itl_per_token"] = out["itl"] if token_gaps is None else (
+                *_spread(token_gaps.series, token_gaps.buckets, token_gaps.sums, n_ls),
+                _native_rows(token_gaps.series, token_gaps.native, n_ls))
         else:
             out["itl_per_token"] = h["itl_per_token"].partial(
                 np.repeat(ls, ph.token_itl_counts), ph.token_itl, n_ls)

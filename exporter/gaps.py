@@ -71,6 +71,12 @@ class GapCounts:
     native: np.ndarray
 
 
+def _runs(lut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal values of a non-decreasing ``lut`` starts, and its value."""
+    starts = np.flatnonzero(np.diff(lut, prepend=lut[0] - 1))
+    return starts, lut[starts]
+
+
 class _Placement:
     """Where the fine bins fall among one set of bounds (``le``, inclusive): the bound
     index of each fine bin, and which bins straddle a bound (their gaps are placed one
@@ -86,18 +92,23 @@ class _Placement:
         self.bucket = np.concatenate([[0], first, [len(bounds)]]).astype(np.int64)
         self.straddle = np.concatenate([[False], first != last, [False]])
         self.straddle_bins = np.flatnonzero(self.straddle)
+        # the bucket index never decreases along the fine bins: each bucket's fine bins
+        # are one run, summed by one reduceat
+        self.run_starts, self.run_buckets = _runs(self.bucket)
 
     def from_dense(self, dense: np.ndarray, gaps: np.ndarray, fine: np.ndarray,
-                   local: np.ndarray | None) -> np.ndarray:
-        """Counts [series, nb] from the fine histogram ``dense`` [series, fine bins]."""
+                   local: np.ndarray | None, only: np.ndarray | None = None) -> np.ndarray:
+        """Counts [series, nb] from the fine histogram ``dense`` [series, fine bins] of
+        ``gaps`` (those flagged in ``only``, when given)."""
         s, nb = dense.shape[0], self.nb
         spread = dense.copy()
         spread[:, self.straddle_bins] = 0
-        cell = (np.arange(s)[:, None] * nb + self.bucket[None, :]).ravel()
-        out = np.bincount(cell, weights=spread.ravel(), minlength=s * nb)
-        out = out.astype(np.int64).reshape(s, nb)
+        out = np.zeros((s, nb), dtype=np.int64)
+        out[:, self.run_buckets] = np.add.reduceat(spread, self.run_starts, axis=1)
         if dense[:, self.straddle_bins].any():
             at = np.flatnonzero(self.straddle.take(fine))
+            if only is not None:
+                at = at[only[at]]
             exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
             cell = exact if local is None else local[at] * nb + exact
             out += np.bincount(cell, minlength=out.size).reshape(out.shape)
@@ -141,6 +152,7 @@ class GapBins:
                         else _Placement(self.native_bounds, lo, hi))
         self._window_of = np.concatenate(
             [[0], (np.arange(len(raw)) >> sub) + 1, [window.size - 1]]).astype(np.int64)
+        self._window_runs = _runs(self._window_of)
 
     def index(self, gaps: np.ndarray) -> np.ndarray:
         """Fine bin of each gap (float32 or float64; negative values land in bin 0)."""
@@ -152,19 +164,23 @@ class GapBins:
             raw = (g.view(np.int64) >> self._shift64) - (self._base - 1)
         return np.clip(raw, 0, self.size - 1, out=raw)
 
-    def count(self, gaps: np.ndarray, row_series: np.ndarray,
-              row_counts: np.ndarray) -> GapCounts:
+    def count(self, gaps: np.ndarray, row_series: np.ndarray, row_counts: np.ndarray,
+              leave_out: np.ndarray | None = None) -> tuple[GapCounts, GapCounts | None]:
         """Count ``gaps`` (non-negative, finite) of which ``row_counts[i]`` belong to a
-        row of label set ``row_series[i]``."""
+        row of label set ``row_series[i]``. With ``leave_out`` (bool per row), also the
+        counts of the other rows' gaps alone (the window's bins left empty), from the
+        same pass."""
         nb = len(self.bounds) + 1
         nn = 0 if self._native is None else self._native.nb
         used = np.unique(row_series[row_counts > 0])
         s = len(used)
         if gaps.size == 0 or s == 0:
-            return GapCounts(used, np.zeros((s, nb), np.int64), np.zeros(s),
-                             np.zeros((s, self.window.size), np.int64),
-                             np.zeros((s, nn), np.int64))
+            empty = GapCounts(used, np.zeros((s, nb), np.int64), np.zeros(s),
+                              np.zeros((s, self.window.size), np.int64),
+                              np.zeros((s, nn), np.int64))
+            return empty, (None if leave_out is None else empty)
         fine = self.index(gaps)
+        keep = None if leave_out is None else np.repeat(~leave_out, row_counts)
         if s == 1:
             local = None
             sums = np.array([gaps.sum(dtype=np.float64)])
@@ -172,20 +188,43 @@ class GapBins:
             local = np.repeat(np.searchsorted(used, row_series), row_counts)
             sums = np.bincount(local, weights=gaps, minlength=s)
         native = np.zeros((s, nn), np.int64)
+        part = None
         if s * self.size <= _MAX_DENSE_CELLS:
             keys = fine if local is None else local * self.size + fine
             dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
             buckets = self._classic.from_dense(dense, gaps, fine, local)
             if self._native is not None:
                 native = self._native.from_dense(dense, gaps, fine, local)
-            cell = (np.arange(s)[:, None] * self.window.size + self._window_of[None, :]).ravel()
-            window = np.bincount(cell, weights=dense.ravel(), minlength=s * self.window.size)
-            window = window.astype(np.int64).reshape(s, -1)
+            window = np.zeros((s, self.window.size), dtype=np.int64)
+            window[:, self._window_runs[1]] = np.add.reduceat(dense, self._window_runs[0],
+                                                              axis=1)
+            if keep is not None:
+                kept = dense - np.bincount(keys[~keep], minlength=s * self.size).reshape(
+                    s, self.size)
+                part = GapCounts(
+                    used, self._classic.from_dense(kept, gaps, fine, local, keep),
+                    _sums(gaps, local, keep, s), np.zeros((s, self.window.size), np.int64),
+                    native if self._native is None
+                    else self._native.from_dense(kept, gaps, fine, local, keep))
         else:  # many series in one batch: look each gap's bucket and bin up directly
+            if local is None:
+                local = np.zeros(gaps.size, dtype=np.int64)
             buckets = self._classic.per_gap(gaps, fine, local, s)
             if self._native is not None:
                 native = self._native.per_gap(gaps, fine, local, s)
             w = self.window.size
             window = np.bincount(local * w + self._window_of.take(fine),
                                  minlength=s * w).reshape(s, w)
-        return GapCounts(used, buckets, sums, window, native)
+            if keep is not None:
+                part = GapCounts(
+                    used, self._classic.per_gap(gaps[keep], fine[keep], local[keep], s),
+                    _sums(gaps, local, keep, s), np.zeros((s, w), np.int64),
+                    native if self._native is None
+                    else self._native.per_gap(gaps[keep], fine[keep], local[keep], s))
+        return GapCounts(used, buckets, sums, window, native), part
+
+
+def _sums(gaps: np.ndarray, local: np.ndarray | None, keep: np.ndarray, s: int) -> np.ndarray:
+    if local is None:
+        return np.array([gaps[keep].sum(dtype=np.float64)])
+    return np.bincount(local[keep], weights=gaps[keep], minlength=s)

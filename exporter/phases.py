@@ -82,10 +82,12 @@ class Phases:
     clock_skew: np.ndarray  # seconds of two-clock disagreement absorbed per row (0 = none)
     # ITL per token: each gap spread evenly over the tokens of the emission ending it
     # (a gap of 30 ms ending a 3-token chunk is 3 tokens of 10 ms), row by row, and
-    # how many values per row (0: unavailable or rejected). None: the same as ``itl``
-    # and ``itl_counts`` (one token per emission throughout), the usual case.
+    # how many values per row (0: unavailable or rejected). None when no request of the
+    # batch gave tokens per emission: then it is ``itl`` less the rows marked in
+    # ``token_itl_left_out`` (emissions of several tokens, how many each unknown).
     token_itl: np.ndarray | None = None
     token_itl_counts: np.ndarray | None = None
+    token_itl_left_out: np.ndarray | None = None
     gap_sums: np.ndarray | None = None  # float64 seconds of each row's gaps
     rejected: Counter = field(default_factory=Counter)  # reason -> requests
     unavailable: Counter = field(default_factory=Counter)  # (phase, reason) -> requests
@@ -188,23 +190,25 @@ def _token_count_checks(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _token_itl(batch: RequestBatch, kept: np.ndarray, unavailable: Counter):
-    """ITL per token (``Phases.token_itl``) and its values per row; (None, None) when it
-    is the per-emission ITL (every kept row with gaps has one token per emission)."""
+    """ITL per token: (values, values per row) where some request gave its tokens per
+    emission; else (None, rows left out): per token is then per emission for every
+    request whose emissions are one token each (gaps = output tokens - 1), and the
+    requests whose emissions carried several tokens (unknown how many each) are left
+    out, so their gaps are binned once more only to be taken back out."""
     out_tok, gaps_n = batch.output_tokens, batch.gap_counts
     one_each = gaps_n == out_tok - 1
     with_gaps = kept & (gaps_n > 0)
     gt = batch.gap_tokens
-    if not gt.any():
-        missing = with_gaps & ~one_each
-        if not missing.any():
-            return None, None
-        known = np.zeros(len(batch), dtype=bool)
-    else:
+    if gt.any():
         owner = np.repeat(np.arange(len(batch)), gaps_n)
         known = np.bincount(owner, weights=gt > 0, minlength=len(batch)) > 0
-        missing = with_gaps & ~known & ~one_each
+    else:
+        known = np.zeros(len(batch), dtype=bool)
+    missing = with_gaps & ~known & ~one_each
     _count_missing(unavailable, "itl_per_token", missing, [
         ("output_tokens_unknown", out_tok < 0), ("token_counts_unknown", np.ones_like(kept))])
+    if not known.any():
+        return None, missing
     use = with_gaps & ~missing
     keep_gap = np.repeat(use, gaps_n)
     gaps = np.asarray(batch.token_gaps, dtype=np.float64)[keep_gap]
@@ -289,10 +293,15 @@ def split_phases(batch: RequestBatch) -> Phases:
     else:
         itl = batch.token_gaps[np.repeat(kept, batch.gap_counts)]
         itl_counts = np.where(kept, batch.gap_counts, 0)
-    token_itl, token_itl_counts = _token_itl(batch, kept, unavailable)
+    token_itl, by_row = _token_itl(batch, kept, unavailable)
+    if token_itl is None:
+        token_itl_left_out = by_row
+        token_itl_counts = np.where(by_row, 0, itl_counts)
+    else:
+        token_itl_left_out, token_itl_counts = None, by_row
     return Phases(
         kept=kept, uncached_prompt_tokens=uncached.astype(np.int64), itl=itl,
         itl_counts=itl_counts, clock_skew=np.where(kept, skew, 0.0), rejected=rejected,
         unavailable=unavailable, token_itl=token_itl, token_itl_counts=token_itl_counts,
-        gap_sums=gap_sums, **values,
+        token_itl_left_out=token_itl_left_out, gap_sums=gap_sums, **values,
     )

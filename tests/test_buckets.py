@@ -80,7 +80,7 @@ def test_gap_bins_equal_searchsorted_and_the_window_index(dtype, n_series):
     counts[::7] = 0  # rows without gaps
     counts[0] += values.size - counts.sum()
     row_series = rng.integers(0, n_series, 500) * 3 + 5  # sparse label-set ids
-    got = GapBins(b, buckets.WINDOW_INDEX).count(values, row_series, counts)
+    got, _ = GapBins(b, buckets.WINDOW_INDEX).count(values, row_series, counts)
     series_of_gap = np.repeat(row_series, counts)
     assert got.series.tolist() == sorted(set(row_series[counts > 0].tolist()))
     v64 = values.astype(np.float64)

@@ -112,7 +112,7 @@ def test_itl_gaps_get_the_same_native_buckets_as_one_by_one(dtype, series):
     gaps[:200] = layout.bounds[100:300].astype(dtype)  # on the boundaries
     row_counts = np.full(100, 300)
     row_series = np.arange(100) % series
-    got = bins.count(gaps, row_series, row_counts)
+    got, _ = bins.count(gaps, row_series, row_counts)
     local = np.repeat(row_series, row_counts)
     cols = np.searchsorted(layout.bounds, gaps.astype(np.float64), side="left")
     for j, s in enumerate(got.series):
@@ -252,3 +252,31 @@ def test_many_series_encode_as_each_alone():
         alone = [native.encode(layout, row[None, :], lo)[0] for row in counts]
         assert together == alone
         assert together[4] == (0, [], [])
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("series", [1, 3])
+def test_counts_of_the_rows_kept_equal_counting_them_alone(dense, series, monkeypatch):
+    """GapBins.count(leave_out=...) gives, from one pass, what counting only the other
+    rows' gaps gives (the per-token ITL of requests whose emissions are one token)."""
+    import exporter.gaps as gaps_mod
+
+    if not dense:
+        monkeypatch.setattr(gaps_mod, "_MAX_DENSE_CELLS", 1)
+    layout = native.NativeLayout.around(TOKEN_LATENCY)
+    bins = GapBins(np.asarray(TOKEN_LATENCY.bounds), WINDOW_INDEX, layout.bounds)
+    rng = np.random.default_rng(11)
+    row_counts = rng.integers(0, 200, 60)
+    gaps = np.exp(rng.normal(np.log(0.02), 1.5, int(row_counts.sum())))
+    gaps[:100] = layout.bounds[50:150]  # on boundaries
+    row_series = np.arange(60) % series
+    leave_out = rng.random(60) < 0.4
+    whole, part = bins.count(gaps, row_series, row_counts, leave_out)
+    alone, none = bins.count(gaps[np.repeat(~leave_out, row_counts)],
+                             row_series[~leave_out], row_counts[~leave_out])
+    assert none is None
+    np.testing.assert_array_equal(whole.series, part.series)
+    at = np.searchsorted(part.series, alone.series)
+    np.testing.assert_array_equal(part.buckets[at], alone.buckets)
+    np.testing.assert_array_equal(part.native[at], alone.native)
+    np.testing.assert_allclose(part.sums[at], alone.sums, rtol=1e-12)
