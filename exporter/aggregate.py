@@ -167,7 +167,8 @@ class Aggregator:
         # per token, when no request gave its tokens per emission: the gaps of the rows
         # whose emissions are one token each, counted in the same pass
         gaps, token_gaps = self._itl_bins.count(
-            ph.itl, ls, ph.itl_counts, left if left is not None and left.any() else None)
+            ph.itl, ls, ph.itl_counts, left if left is not None and left.any() else None,
+            ph.gap_sums)
         partials = self._partials(batch, ph, ls, n_ls, gaps, token_gaps)
         tokens = self._token_counts(batch, kept, ls, n_ls)
         reasons = finish_reason_codes(batch)

@@ -96,21 +96,28 @@ class _Placement:
         # are one run, summed by one reduceat
         self.run_starts, self.run_buckets = _runs(self.bucket)
 
-    def from_dense(self, dense: np.ndarray, gaps: np.ndarray, fine: np.ndarray,
-                   local: np.ndarray | None, only: np.ndarray | None = None) -> np.ndarray:
+    def straddlers(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray | None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The gaps lying in a fine bin that straddles a bound, and the (series, bucket)
+        cell each belongs to, placed by searchsorted."""
+        at = np.flatnonzero(self.straddle.take(fine))
+        exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
+        return at, (exact if local is None else local[at] * self.nb + exact)
+
+    def from_dense(self, dense: np.ndarray, straddlers, only: np.ndarray | None = None
+                   ) -> np.ndarray:
         """Counts [series, nb] from the fine histogram ``dense`` [series, fine bins] of
-        ``gaps`` (those flagged in ``only``, when given)."""
+        the gaps (those flagged in ``only``, when given); ``straddlers``: a callable
+        giving ``self.straddlers(...)`` of those gaps, called only when needed."""
         s, nb = dense.shape[0], self.nb
         spread = dense.copy()
         spread[:, self.straddle_bins] = 0
         out = np.zeros((s, nb), dtype=np.int64)
         out[:, self.run_buckets] = np.add.reduceat(spread, self.run_starts, axis=1)
         if dense[:, self.straddle_bins].any():
-            at = np.flatnonzero(self.straddle.take(fine))
+            at, cell = straddlers()
             if only is not None:
-                at = at[only[at]]
-            exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
-            cell = exact if local is None else local[at] * nb + exact
+                cell = cell[only[at]]
             out += np.bincount(cell, minlength=out.size).reshape(out.shape)
         return out
 
@@ -165,11 +172,12 @@ class GapBins:
         return np.clip(raw, 0, self.size - 1, out=raw)
 
     def count(self, gaps: np.ndarray, row_series: np.ndarray, row_counts: np.ndarray,
-              leave_out: np.ndarray | None = None) -> tuple[GapCounts, GapCounts | None]:
+              leave_out: np.ndarray | None = None, row_sums: np.ndarray | None = None
+              ) -> tuple[GapCounts, GapCounts | None]:
         """Count ``gaps`` (non-negative, finite) of which ``row_counts[i]`` belong to a
-        row of label set ``row_series[i]``. With ``leave_out`` (bool per row), also the
-        counts of the other rows' gaps alone (the window's bins left empty), from the
-        same pass."""
+        row of label set ``row_series[i]``. With ``leave_out`` (bool per row) and
+        ``row_sums`` (each row's gaps summed), also the counts of the other rows' gaps
+        alone (the window's bins left empty), from the same pass."""
         nb = len(self.bounds) + 1
         nn = 0 if self._native is None else self._native.nb
         used = np.unique(row_series[row_counts > 0])
@@ -192,9 +200,18 @@ class GapBins:
         if s * self.size <= _MAX_DENSE_CELLS:
             keys = fine if local is None else local * self.size + fine
             dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
-            buckets = self._classic.from_dense(dense, gaps, fine, local)
+            memo: dict = {}
+
+            def found(placement: _Placement):  # straddling gaps, found once per placement
+                def get():
+                    if placement not in memo:
+                        memo[placement] = placement.straddlers(gaps, fine, local)
+                    return memo[placement]
+                return get
+
+            buckets = self._classic.from_dense(dense, found(self._classic))
             if self._native is not None:
-                native = self._native.from_dense(dense, gaps, fine, local)
+                native = self._native.from_dense(dense, found(self._native))
             window = np.zeros((s, self.window.size), dtype=np.int64)
             window[:, self._window_runs[1]] = np.add.reduceat(dense, self._window_runs[0],
                                                               axis=1)
@@ -202,10 +219,11 @@ class GapBins:
                 kept = dense - np.bincount(keys[~keep], minlength=s * self.size).reshape(
                     s, self.size)
                 part = GapCounts(
-                    used, self._classic.from_dense(kept, gaps, fine, local, keep),
-                    _sums(gaps, local, keep, s), np.zeros((s, self.window.size), np.int64),
+                    used, self._classic.from_dense(kept, found(self._classic), keep),
+                    _sums(row_series, used, leave_out, row_sums, row_counts),
+                    np.zeros((s, self.window.size), np.int64),
                     native if self._native is None
-                    else self._native.from_dense(kept, gaps, fine, local, keep))
+                    else self._native.from_dense(kept, found(self._native), keep))
         else:  # many series in one batch: look each gap's bucket and bin up directly
             if local is None:
                 local = np.zeros(gaps.size, dtype=np.int64)
@@ -218,13 +236,16 @@ class GapBins:
             if keep is not None:
                 part = GapCounts(
                     used, self._classic.per_gap(gaps[keep], fine[keep], local[keep], s),
-                    _sums(gaps, local, keep, s), np.zeros((s, w), np.int64),
+                    _sums(row_series, used, leave_out, row_sums, row_counts),
+                    np.zeros((s, w), np.int64),
                     native if self._native is None
                     else self._native.per_gap(gaps[keep], fine[keep], local[keep], s))
         return GapCounts(used, buckets, sums, window, native), part
 
 
-def _sums(gaps: np.ndarray, local: np.ndarray | None, keep: np.ndarray, s: int) -> np.ndarray:
-    if local is None:
-        return np.array([gaps[keep].sum(dtype=np.float64)])
-    return np.bincount(local[keep], weights=gaps[keep], minlength=s)
+def _sums(row_series: np.ndarray, used: np.ndarray, leave_out: np.ndarray,
+          row_sums: np.ndarray, row_counts: np.ndarray) -> np.ndarray:
+    """Per series: the summed gaps of the rows not left out, from the rows' sums."""
+    take = ~leave_out & (row_counts > 0)
+    return np.bincount(np.searchsorted(used, row_series[take]), weights=row_sums[take],
+                       minlength=len(used))
