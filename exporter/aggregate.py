@@ -71,7 +71,8 @@ class _Histogram:
     def __init__(self, spec: HistogramSpec):
         self.spec = spec
         self.edges = spec.buckets.array()
-        self.bucket_of = buckets.Bucketer(self.edges)
+        self.bucket_of = buckets.Bucketer(self.edges, *(
+            () if spec.native is None else (spec.native.bounds,)))
         self.k = len(spec.sub_values)
         self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
         self.sums = np.zeros(0)
@@ -84,11 +85,12 @@ class _Histogram:
         series, values = series[ok], values[ok]
         nb = len(self.edges) + 1
         # A value equal to a bound falls in that bound's bucket (Prometheus "le").
-        flat = series * nb + self.bucket_of(values)
+        found = self.bucket_of.every(values)
+        flat = series * nb + found[0]
         counts = np.bincount(flat, minlength=n_series * nb).reshape(n_series, nb)
         sums = np.bincount(series, weights=values, minlength=n_series)
         part = (None if self.spec.native is None
-                else native.count(self.spec.native, series, values, n_series))
+                else native.count(self.spec.native, series, values, n_series, found[1]))
         return counts, sums, part
 
     def add(self, counts: np.ndarray, sums: np.ndarray,

@@ -166,24 +166,36 @@ class Bucketer:
     bucket of every fine bin lying inside one bucket; values in the few fine bins
     that straddle a bound are placed by ``searchsorted``. Same result as
     ``np.searchsorted(bounds, values, side="left")``, several times faster on the
-    ~200k token gaps of a batch.
+    ~200k token gaps of a batch. ``more`` bound sets (a native histogram's) are
+    placed from the same fine index by ``every``.
     """
 
-    def __init__(self, bounds: np.ndarray):
-        self.bounds = np.asarray(bounds, dtype=np.float64)
-        self.fine = LogLinearIndex(10, self.bounds[0] / 2, self.bounds[-1] * 2)
+    def __init__(self, bounds: np.ndarray, *more: np.ndarray):
+        sets = [np.asarray(b, dtype=np.float64) for b in (bounds, *more)]
+        self.bounds = sets[0]
+        self.fine = LogLinearIndex(10, min(b[0] for b in sets) / 2, max(b[-1] for b in sets) * 2)
         lo, hi = self.fine.bounds()
-        first = np.searchsorted(self.bounds, lo, side="left")
-        last = np.searchsorted(self.bounds, hi, side="left")
-        lut = np.where(first == last, first, -1)
-        self.lut = np.concatenate([[0], lut, [len(self.bounds)]]).astype(np.int16)
+        self._sets = []
+        for b in sets:
+            first = np.searchsorted(b, lo, side="left")
+            last = np.searchsorted(b, hi, side="left")
+            lut = np.where(first == last, first, -1)
+            self._sets.append((b, np.concatenate([[0], lut, [len(b)]]).astype(np.int32)))
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
-        b = self.lut[self.fine.index(values)].astype(np.int64)
-        straddle = b < 0
-        if straddle.any():
-            b[straddle] = np.searchsorted(self.bounds, values[straddle], side="left")
-        return b
+        return self.every(values)[0]
+
+    def every(self, values: np.ndarray) -> list[np.ndarray]:
+        """The bucket index of each value in every bound set."""
+        fine = self.fine.index(values)
+        out = []
+        for bounds, lut in self._sets:
+            b = lut[fine].astype(np.int64)
+            straddle = b < 0
+            if straddle.any():
+                b[straddle] = np.searchsorted(bounds, values[straddle], side="left")
+            out.append(b)
+        return out
 
 
 # Rolling-window ITL quantiles (JSON API, not Prometheus): 16 log-linear bins per

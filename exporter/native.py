@@ -73,13 +73,13 @@ class Partial:
 
 
 def count(layout: NativeLayout, series: np.ndarray, values: np.ndarray,
-          n_series: int) -> Partial:
-    """Counts of one batch per series over the columns it touches. NaN values skipped."""
-    ok = ~np.isnan(values)
-    series, values = series[ok], values[ok]
+          n_series: int, cols: np.ndarray | None = None) -> Partial:
+    """Counts of one batch per series over the columns it touches (``cols``: the
+    values' bucket indexes among ``layout.bounds``, when already found). NaN values
+    must have been left out."""
     if values.size == 0:
         return Partial(np.zeros((n_series, 0), np.int64), 0)
-    cols = layout.column(values)
+    cols = layout.column(values) if cols is None else np.minimum(cols, layout.columns - 1)
     lo, hi = int(cols.min()), int(cols.max())
     width = hi - lo + 1
     flat = series * width + (cols - lo)
