@@ -85,7 +85,7 @@ class _Pending:
     emission_count: int = 0
     finished_at: float | None = None
     emissions: dict[int, int] = field(default_factory=dict)
-    emission_tokens: dict[int, int] = field(default_factory=dict)  # where senders said
+    emission_tokens: dict[int, int] | None = None  # where senders said (made when one does)
 
     def complete(self, expect_queued: bool = False) -> bool:
         """Every event a full report has is in: no need to wait for the grace period.
@@ -113,7 +113,8 @@ class _Pending:
         # tokens per emission where every emission after the first has its count (the
         # first's is not needed: its gap is TTFT's)
         counts = None
-        if times and all(i in self.emission_tokens for i in range(1, len(times))):
+        if times and self.emission_tokens is not None and all(
+                i in self.emission_tokens for i in range(1, len(times))):
             counts = [self.emission_tokens.get(i, 1) for i in range(len(times))]
         return (self.model, self.engine, self.finish_reason, request_id, self.arrival,
                 self.queued, self.scheduled, self.emissions.get(0, 0), last, self.finish,
@@ -188,6 +189,8 @@ class LifecycleJoiner:
             outcomes += self._emissions(p, e.first_emission_index, e.token_times_unix_nano)
             first = e.first_emission_index
         if e.token_counts and e.kind in (EventKind.FIRST_TOKEN, EventKind.TOKENS):
+            if p.emission_tokens is None:
+                p.emission_tokens = {}
             for i, c in enumerate(e.token_counts):
                 p.emission_tokens.setdefault(first + i, int(c))
         elif e.kind is EventKind.FINISHED:
