@@ -28,6 +28,7 @@ from exporter import native
 from exporter.aggregate import COUNTERS, HISTOGRAMS, Aggregator
 from exporter.metrics import COUNTER_NAMES, HISTOGRAM_NAMES, counter_cells
 from exporter.protocol import exposition_pb2 as pb
+from exporter.wire import varint
 
 CONTENT_TYPE = ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
                 "encoding=delimited")
@@ -59,23 +60,11 @@ def wants_protobuf(accept: str) -> bool:
     return best_proto and best_q > 0
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def delimited(families) -> bytes:
     parts = []
     for fam in families:
         body = fam.SerializeToString()
-        parts.append(_varint(len(body)))
+        parts.append(varint(len(body)))
         parts.append(body)
     return b"".join(parts)
 

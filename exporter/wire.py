@@ -131,7 +131,8 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
     return batch, meta
 
 
-def _varint(v: int) -> bytes:
+def varint(v: int) -> bytes:
+    """Protobuf's base-128 varint (also the length prefix of delimited messages)."""
     out = bytearray()
     while True:
         b = v & 0x7F
@@ -148,7 +149,7 @@ def _packed(field: str, values: np.ndarray, dtype: str) -> bytes:
         return b""
     payload = np.ascontiguousarray(values, dtype=dtype).tobytes()
     tag = (_FIELD_NUMBERS[field] << 3) | 2  # wire type 2: length-delimited (packed)
-    return _varint(tag) + _varint(len(payload)) + payload
+    return varint(tag) + varint(len(payload)) + payload
 
 
 def encodable(batch: RequestBatch) -> np.ndarray:
