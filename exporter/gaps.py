@@ -96,11 +96,15 @@ class _Placement:
         # are one run, summed by one reduceat
         self.run_starts, self.run_buckets = _runs(self.bucket)
 
-    def straddlers(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray | None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        """The gaps lying in a fine bin that straddles a bound, and the (series, bucket)
-        cell each belongs to, placed by searchsorted."""
-        at = np.flatnonzero(self.straddle.take(fine))
+    def straddlers(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray | None,
+                   among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The gaps lying in a fine bin that straddles a bound (looked for ``among`` the
+        given gap positions, when given), and the (series, bucket) cell each belongs
+        to, placed by searchsorted."""
+        if among is None:
+            at = np.flatnonzero(self.straddle.take(fine))
+        else:
+            at = among[self.straddle.take(fine[among])]
         exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
         return at, (exact if local is None else local[at] * self.nb + exact)
 
@@ -160,6 +164,8 @@ class GapBins:
         self._window_of = np.concatenate(
             [[0], (np.arange(len(raw)) >> sub) + 1, [window.size - 1]]).astype(np.int64)
         self._window_runs = _runs(self._window_of)
+        self._straddle_any = self._classic.straddle | (
+            False if self._native is None else self._native.straddle)
 
     def index(self, gaps: np.ndarray) -> np.ndarray:
         """Fine bin of each gap (float32 or float64; negative values land in bin 0)."""
@@ -204,8 +210,11 @@ class GapBins:
 
             def found(placement: _Placement):  # straddling gaps, found once per placement
                 def get():
+                    if "any" not in memo:  # the gaps in a bin straddling any set's bound
+                        memo["any"] = np.flatnonzero(self._straddle_any.take(fine))
                     if placement not in memo:
-                        memo[placement] = placement.straddlers(gaps, fine, local)
+                        memo[placement] = placement.straddlers(gaps, fine, local,
+                                                               memo["any"])
                     return memo[placement]
                 return get
 
