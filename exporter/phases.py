@@ -153,7 +153,7 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
     checks.append(("token_gaps_exceed_output",
                    (batch.output_tokens >= 0) & (batch.gap_counts > np.maximum(
                        batch.output_tokens - 1, 0))))
-    if batch.gap_tokens.any():
+    if batch.gap_tokens is not None and batch.gap_tokens.any():
         bad_counts, exceed = _token_count_checks(batch)
         checks.append(("bad_token_counts", bad_counts))
         checks.append(("token_counts_exceed_output", exceed))
@@ -199,7 +199,7 @@ def _token_itl(batch: RequestBatch, kept: np.ndarray, unavailable: Counter):
     one_each = gaps_n == out_tok - 1
     with_gaps = kept & (gaps_n > 0)
     gt = batch.gap_tokens
-    if gt.any():
+    if gt is not None and gt.any():
         owner = np.repeat(np.arange(len(batch)), gaps_n)
         known = np.bincount(owner, weights=gt > 0, minlength=len(batch)) > 0
     else:

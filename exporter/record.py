@@ -113,7 +113,7 @@ class RequestBatch:
     kv_transfer: np.ndarray | None = None
     # int64, one per token_gaps entry: tokens carried by the emission that ends the gap;
     # 0 = unknown (all of a request's, or none), -1 = the sender's counts did not fit
-    # its emissions (the request is rejected)
+    # its emissions (the request is rejected). None: unknown for the whole batch.
     gap_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -123,8 +123,6 @@ class RequestBatch:
             self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
         if self.kv_transfer is None:
             self.kv_transfer = np.full(len(self.arrival), np.nan)
-        if self.gap_tokens is None:
-            self.gap_tokens = np.zeros(len(self.token_gaps), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -212,12 +210,14 @@ def _nothing() -> None:
     pass
 
 
-def _gap_tokens(counts: Sequence, emissions: np.ndarray, gap_counts: np.ndarray) -> np.ndarray:
+def _gap_tokens(counts: Sequence, emissions: np.ndarray,
+                gap_counts: np.ndarray) -> np.ndarray | None:
     """Per gap: the tokens of the emission ending it, from per-emission counts (None =
-    unknown: 0s; not one per emission: -1s, so the request is rejected)."""
-    out = np.zeros(int(gap_counts.sum()), dtype=np.int64)
+    unknown: 0s; not one per emission: -1s, so the request is rejected); None when no
+    request has counts."""
     if all(c is None for c in counts):
-        return out
+        return None
+    out = np.zeros(int(gap_counts.sum()), dtype=np.int64)
     at = 0
     for c, n, g in zip(counts, emissions.tolist(), gap_counts.tolist(), strict=True):
         if c is not None and g:

@@ -159,9 +159,10 @@ def encodable(batch: RequestBatch) -> np.ndarray:
         a = getattr(batch, column)
         ok &= (a >= -(1 << 31)) & (a < 1 << 31)
     ok &= batch.gap_counts < 1 << 32
-    big = batch.gap_tokens >= 1 << 32
-    if big.any():  # a token count the wire cannot carry: that row cannot be sent
-        ok &= _rows_without(batch, big)
+    if batch.gap_tokens is not None:
+        big = batch.gap_tokens >= 1 << 32
+        if big.any():  # a token count the wire cannot carry: that row cannot be sent
+            ok &= _rows_without(batch, big)
     return ok
 
 
@@ -188,7 +189,7 @@ def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
             continue  # absent for the whole batch: an empty column, as older senders send
         parts.append(_packed(field, values, dtype))
     parts.append(_packed("token_gap_seconds", batch.token_gaps, "<f4"))
-    if batch.gap_tokens.any():  # absent when no request has counts (as older senders send)
+    if batch.gap_tokens is not None and batch.gap_tokens.any():  # else absent, as before
         # -1 (counts that did not fit) travels as 2**32 - 1: rejected there as here
         parts.append(_packed("token_gap_tokens", batch.gap_tokens.astype("<i8")
                              .astype("<u4"), "<u4"))
