@@ -323,6 +323,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tap(args) -> int:
+    from exporter import tap
+
+    return tap.serve_forever(args.upstream, args.target, args.host, args.port, args.engine,
+                             args.model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasewatch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -425,6 +432,25 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--ttft", type=float, help="measured time to first token (s)")
     roofline.add_argument("--json", action="store_true", help="print the rows as JSON")
     roofline.set_defaults(func=cmd_roofline)
+
+    tap = sub.add_parser(
+        "tap", help="streaming proxy in front of an OpenAI-compatible server",
+        description="Proxy /v1/chat/completions and /v1/completions (and pass every other "
+        "path through) to --upstream, byte for byte, streamed; time what the client sees "
+        "(arrival, every streamed emission, the end), read the finish reason and usage, "
+        "inject a W3C traceparent, and send each request to an exporter.")
+    tap.add_argument("--upstream", required=True,
+                     help="the server's base URL, e.g. http://127.0.0.1:8000")
+    tap.add_argument("--host", default="127.0.0.1",
+                     help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
+    tap.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    tap.add_argument("--target", default="127.0.0.1:50051",
+                     help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
+    tap.add_argument("--engine", default="tap",
+                     help="engine label of the tap's records (default tap)")
+    tap.add_argument("--model", default="",
+                     help="model label when a request names none")
+    tap.set_defaults(func=cmd_tap)
 
     cal = sub.add_parser(
         "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
