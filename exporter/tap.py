@@ -71,6 +71,21 @@ class Observed:
     output_tokens: int | None = None
     status: int = 0
     aborted: str = ""  # why the request did not complete ("client_disconnected", ...)
+    finish_only: float | None = None  # when a chunk with a finish reason and no text came
+
+    def settle(self) -> None:
+        """Count the text-less finishing chunk as the end-of-sequence token's emission
+        when nothing else was emitted, or the usage says a token is unaccounted for
+        (as vLLM streams a stop: the last token, the end of sequence, decodes to no
+        text). A server whose finishing chunk carries no token and whose chunks carry
+        several tokens each cannot be told apart without per-chunk usage."""
+        if self.finish_only is None or (self.emissions and self.finish_only < self.emissions[-1]):
+            return
+        if not self.emissions or (self.output_tokens is not None
+                                  and len(self.emissions) < self.output_tokens):
+            self.emissions.append(self.finish_only)
+            self.tokens.append(1 if self.tokens and all(self.tokens) else 0)
+        self.finish_only = None
 
     def record_kwargs(self) -> dict:
         counts = (self.tokens if self.emissions and len(self.tokens) == len(self.emissions)
@@ -121,7 +136,7 @@ class EventReader:
     def _message(self, msg: dict, t: float, streamed: bool) -> None:
         seen = self._seen
         seen.model = seen.model or str(msg.get("model") or "")
-        emitted = False
+        emitted = finishing = False
         for choice in msg.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
@@ -132,17 +147,23 @@ class EventReader:
                 emitted = True
             if choice.get("finish_reason"):
                 seen.finish_reason = str(choice["finish_reason"])
+                finishing = True
         usage = msg.get("usage")
         if isinstance(usage, dict):
             _usage(seen, usage)
-        if emitted and streamed:
+        if not streamed:
+            return
+        done = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        grew = isinstance(done, int) and done > self._usage_tokens
+        if emitted or (finishing and grew):
             seen.emissions.append(t)
-            done = usage.get("completion_tokens") if isinstance(usage, dict) else None
-            if isinstance(done, int) and done > self._usage_tokens:
-                seen.tokens.append(done - self._usage_tokens)
+            seen.tokens.append(done - self._usage_tokens if grew else 0)  # 0: unknown
+            if grew:
                 self._usage_tokens = done
-            else:
-                seen.tokens.append(0)  # unknown for this emission
+        elif finishing:
+            # a chunk that only finishes: the end-of-sequence token (no text) where the
+            # output holds one more token than the emissions so far; decided at the end
+            seen.finish_only = t
 
     def whole(self, body: bytes, t: float) -> None:
         """A non-streamed answer: one emission, when its last byte arrived."""
@@ -294,6 +315,7 @@ class Tap:
             seen.status = upstream.status
             if reader is not None and not streamed and whole and not seen.aborted:
                 reader.whole(bytes(whole), seen.end)
+            seen.settle()
             self._finish(seen)
         return resp
 

@@ -69,6 +69,7 @@ class FakeServer:
         self.seen_headers.append(dict(request.headers))
         ask = await request.json()
         tokens, per_chunk = ask.get("max_tokens", 6), ask.get("per_chunk", 1)
+        eos_only = ask.get("eos_only", False)  # one token, the end of sequence: no text
         opts = ask.get("stream_options") or {}
         usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens,
                  "prompt_tokens_details": {"cached_tokens": 8}}
@@ -87,12 +88,19 @@ class FakeServer:
                 n = min(per_chunk, tokens - sent)
                 sent += n
                 chunk = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
-                         "choices": [{"index": 0, "delta": {"content": "x" * n},
+                         "choices": [{"index": 0,
+                                      "delta": {"content": "" if eos_only else "x" * n},
                                       "finish_reason": "length" if sent == tokens else None}]}
                 if opts.get("continuous_usage_stats"):
                     chunk["usage"] = {"prompt_tokens": 12, "completion_tokens": sent}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(GAP)
+            if ask.get("eos_after"):  # vLLM's stop: the end-of-sequence token, no text
+                await resp.write(("data: " + json.dumps({
+                    "id": "c1", "object": "chat.completion.chunk", "model": MODEL,
+                    "choices": [{"index": 0, "delta": {"content": ""},
+                                 "finish_reason": "stop"}]}) + "\n\n").encode())
+                usage = {**usage, "completion_tokens": tokens + 1}
             if opts.get("include_usage"):
                 final = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
                          "choices": [], "usage": usage}
@@ -194,6 +202,32 @@ def test_tokens_per_emission_from_the_servers_running_usage(fake, tapped, export
     mean = (m.total("phasewatch_inter_token_latency_per_token_seconds_sum", model=MODEL)
             / 6)
     assert mean == pytest.approx(GAP / 3, abs=0.01)
+
+
+def test_an_output_of_only_the_end_of_sequence_token_has_a_first_token(fake, tapped,
+                                                                       exporter):
+    _, server, _ = tapped
+    ask = {"model": MODEL, "stream": True, "max_tokens": 1, "eos_only": True,
+           "stream_options": {"include_usage": True}}
+    assert post(server.port, ask)[0] == 200
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert row["output_tokens"] == 1 and row["ttft"] >= FIRST_DELAY
+
+
+def test_a_text_less_stop_chunk_is_the_end_of_sequence_tokens_emission(fake, tapped,
+                                                                        exporter):
+    """As vLLM streams a stop: 4 tokens of text, then the end-of-sequence token in a
+    chunk with no text; usage says 5 tokens. 5 emissions, 4 gaps (vLLM's ITL count)."""
+    _, server, _ = tapped
+    ask = {"model": MODEL, "stream": True, "max_tokens": 4, "eos_after": True,
+           "stream_options": {"include_usage": True}}
+    assert post(server.port, ask)[0] == 200
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert (row["output_tokens"], row["finish_reason"]) == (5, "stop")
+    m = scrape(exporter.http_port)
+    assert m.total("phasewatch_inter_token_latency_seconds_count", model=MODEL) == 4
+    # one token per emission, so per token is per emission
+    assert m.total("phasewatch_inter_token_latency_per_token_seconds_count", model=MODEL) == 4
 
 
 def test_traceparent_is_injected_keeping_the_callers_trace(fake, tapped):
