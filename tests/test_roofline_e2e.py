@@ -14,7 +14,7 @@ from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
 from exporter.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
-from tests.conftest import TEST_PORTS, scrape
+from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import PrometheusServer
 from tests.test_engine_metrics import FIX, Pages
 
@@ -35,13 +35,10 @@ def _send_simulated(ex: Exporter, name: str, seconds: float, model: str | None =
 
 
 def _wait(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
+    value = wait_for(predicate, timeout, interval=0.2)
+    if not value:
+        raise AssertionError("condition not met in time")
+    return value
 
 
 def _api(ex: Exporter, path: str) -> dict:

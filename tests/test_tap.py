@@ -21,7 +21,7 @@ from aiohttp import web
 
 from exporter import tap as tapmod
 from exporter.client import PhasewatchClient
-from tests.conftest import scrape
+from tests.conftest import scrape, wait_for
 from tests.prom import free_port
 
 MODEL = "tiny-llama"
@@ -153,16 +153,6 @@ def requests_of(exporter) -> list[dict]:
     with urllib.request.urlopen(
             f"http://127.0.0.1:{exporter.http_port}/api/v1/requests?limit=50") as r:
         return json.load(r)["requests"]
-
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    return pred()
 
 
 def test_a_stream_passes_byte_for_byte_and_is_timed_as_the_client_sees_it(fake, tapped,
