@@ -76,7 +76,7 @@ class _Histogram:
         self.k = len(spec.sub_values)
         self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
         self.sums = np.zeros(0)
-        self.native = None if spec.native is None else native.NativeCounts(spec.native)
+        self.native = None if spec.native is None else native.NativeCounts()
 
     def partial(self, series: np.ndarray, values: np.ndarray, n_series: int):
         """Counts, sums and native counts (or None) of one batch (unlocked). NaN values
@@ -204,16 +204,14 @@ class Aggregator:
             "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
             "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
             "e2e": h["e2e"].partial(ls, ph.e2e, n_ls),
-            "itl": (*_spread(gaps.series, gaps.buckets, gaps.sums, n_ls),
-                    _native_rows(gaps.series, gaps.native, n_ls)),
+            "itl": _gap_partial(gaps, n_ls),
             "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
             "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
             "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
         }
         if ph.token_itl is None:  # per emission, less the rows of multi-token emissions
-            out["itl_per_token"] = out["itl"] if token_gaps is None else (
-                *_spread(token_gaps.series, token_gaps.buckets, token_gaps.sums, n_ls),
-                _native_rows(token_gaps.series, token_gaps.native, n_ls))
+            out["itl_per_token"] = (out["itl"] if token_gaps is None
+                                    else _gap_partial(token_gaps, n_ls))
         else:
             out["itl_per_token"] = h["itl_per_token"].partial(
                 np.repeat(ls, ph.token_itl_counts), ph.token_itl, n_ls)
@@ -248,6 +246,11 @@ def _spread(series: np.ndarray, counts: np.ndarray, sums: np.ndarray, n_ls: int)
     full_sums = np.zeros(n_ls)
     full_sums[series] = sums
     return full, full_sums
+
+
+def _gap_partial(g: GapCounts, n_ls: int):
+    """One batch's counted gaps as a histogram's partial: counts, sums, native counts."""
+    return (*_spread(g.series, g.buckets, g.sums, n_ls), _native_rows(g.series, g.native, n_ls))
 
 
 def _native_rows(series: np.ndarray, counts: np.ndarray, n_ls: int) -> native.Partial:

@@ -60,9 +60,6 @@ class NativeLayout:
         values above the top bound."""
         return np.minimum(self._bucketer(values), self.columns - 1)
 
-    def upper_bound(self, column: int) -> float:
-        return float(self.bounds[column])
-
 
 @dataclass
 class Partial:
@@ -99,8 +96,7 @@ def trim(counts: np.ndarray) -> Partial:
 class NativeCounts:
     """Running counts [series, columns lo .. lo+width) that grow to what is added."""
 
-    def __init__(self, layout: NativeLayout):
-        self.layout = layout
+    def __init__(self):
         self.counts = np.zeros((0, 0), np.int64)
         self.lo = 0
 

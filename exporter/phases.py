@@ -134,7 +134,7 @@ def _disorder(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
     return disorder, np.where(disorder, 0, np.maximum(skew, 0)) / NS
 
 
-def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
+def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows, known):
     """Rows whose data contradicts itself, by the first failing check; and the absorbed
     two-clock disagreement per row."""
     n = len(batch)
@@ -153,8 +153,8 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
     checks.append(("token_gaps_exceed_output",
                    (batch.output_tokens >= 0) & (batch.gap_counts > np.maximum(
                        batch.output_tokens - 1, 0))))
-    if batch.gap_tokens is not None and batch.gap_tokens.any():
-        bad_counts, exceed = _token_count_checks(batch)
+    if known is not None:
+        bad_counts, exceed = _token_count_checks(batch, known)
         checks.append(("bad_token_counts", bad_counts))
         checks.append(("token_counts_exceed_output", exceed))
     both = (batch.first_token != 0) & (batch.last_token != 0) & (batch.gap_counts > 0)
@@ -174,14 +174,24 @@ def _rejections(batch: RequestBatch, gap_sums, bad_gap_rows):
     return ~bad, rejected, skew
 
 
-def _token_count_checks(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
+def _known_token_counts(batch: RequestBatch) -> np.ndarray | None:
+    """Per row: how many of its gaps came with the tokens of the emission ending them
+    (None when no request of the batch gave any)."""
+    gt = batch.gap_tokens
+    if gt is None or not gt.any():
+        return None
+    owner = np.repeat(np.arange(len(batch)), batch.gap_counts)
+    return np.bincount(owner, weights=gt > 0, minlength=len(batch))
+
+
+def _token_count_checks(batch: RequestBatch, known: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Per row: its per-emission token counts are unusable (below 1, beyond int32, or
     given for some of its emissions only), or claim more tokens after the first
     emission than its output tokens allow."""
     n = len(batch)
     owner = np.repeat(np.arange(n), batch.gap_counts)
     gt = batch.gap_tokens
-    known = np.bincount(owner, weights=gt > 0, minlength=n)
     broken = np.bincount(owner, weights=(gt < 0) | (gt >= 1 << 31), minlength=n) > 0
     bad = broken | ((known > 0) & (known < batch.gap_counts))
     total = np.bincount(owner, weights=np.where(gt > 0, gt, 0), minlength=n)
@@ -189,39 +199,36 @@ def _token_count_checks(batch: RequestBatch) -> tuple[np.ndarray, np.ndarray]:
     return bad, exceed
 
 
-def _token_itl(batch: RequestBatch, kept: np.ndarray, unavailable: Counter):
-    """ITL per token: (values, values per row) where some request gave its tokens per
-    emission; else (None, rows left out): per token is then per emission for every
-    request whose emissions are one token each (gaps = output tokens - 1), and the
-    requests whose emissions carried several tokens (unknown how many each) are left
-    out, so their gaps are binned once more only to be taken back out."""
+def _token_itl(batch: RequestBatch, kept: np.ndarray, itl_counts: np.ndarray,
+               known: np.ndarray | None, unavailable: Counter):
+    """ITL per token as ``Phases`` holds it: (token_itl, token_itl_counts,
+    token_itl_left_out). Requests that gave their tokens per emission have each gap
+    spread over the tokens of the emission ending it; a request whose emissions are one
+    token each (gaps = output tokens - 1) is its per-emission ITL; the others
+    (emissions of several tokens, how many each unknown) are left out and counted.
+    When no request of the batch gave counts, the values are ``itl`` less the rows left
+    out (counted in the same pass over the gaps: ``GapBins.count``), so none are made."""
     out_tok, gaps_n = batch.output_tokens, batch.gap_counts
-    one_each = gaps_n == out_tok - 1
     with_gaps = kept & (gaps_n > 0)
-    gt = batch.gap_tokens
-    if gt is not None and gt.any():
-        owner = np.repeat(np.arange(len(batch)), gaps_n)
-        known = np.bincount(owner, weights=gt > 0, minlength=len(batch)) > 0
-    else:
-        known = np.zeros(len(batch), dtype=bool)
-    missing = with_gaps & ~known & ~one_each
+    has_counts = np.zeros(len(batch), bool) if known is None else known > 0
+    missing = with_gaps & ~has_counts & (gaps_n != out_tok - 1)
     _count_missing(unavailable, "itl_per_token", missing, [
         ("output_tokens_unknown", out_tok < 0), ("token_counts_unknown", np.ones_like(kept))])
-    if not known.any():
-        return None, missing
-    use = with_gaps & ~missing
-    keep_gap = np.repeat(use, gaps_n)
+    if known is None:
+        return None, np.where(missing, 0, itl_counts), missing
+    keep_gap = np.repeat(with_gaps & ~missing, gaps_n)
     gaps = np.asarray(batch.token_gaps, dtype=np.float64)[keep_gap]
-    k = np.where(gt > 0, gt, 1)[keep_gap]
+    k = np.where(batch.gap_tokens > 0, batch.gap_tokens, 1)[keep_gap]
     per_row = np.bincount(np.repeat(np.arange(len(batch)), gaps_n)[keep_gap], weights=k,
                           minlength=len(batch)).astype(np.int64)
-    return np.repeat(gaps / k, k), per_row
+    return np.repeat(gaps / k, k), per_row, None
 
 
 def split_phases(batch: RequestBatch) -> Phases:
     """Derive every phase of every request of ``batch``. Pure: no I/O, no state."""
     gap_sums, bad_gap_rows = row_sums(batch.token_gaps, batch.gap_counts)
-    kept, rejected, skew = _rejections(batch, gap_sums, bad_gap_rows)
+    known = _known_token_counts(batch)
+    kept, rejected, skew = _rejections(batch, gap_sums, bad_gap_rows, known)
 
     arrival, queued, scheduled = batch.arrival, batch.queued, batch.scheduled
     first, last, finish = batch.first_token, batch.last_token, batch.finish
@@ -293,12 +300,8 @@ def split_phases(batch: RequestBatch) -> Phases:
     else:
         itl = batch.token_gaps[np.repeat(kept, batch.gap_counts)]
         itl_counts = np.where(kept, batch.gap_counts, 0)
-    token_itl, by_row = _token_itl(batch, kept, unavailable)
-    if token_itl is None:
-        token_itl_left_out = by_row
-        token_itl_counts = np.where(by_row, 0, itl_counts)
-    else:
-        token_itl_left_out, token_itl_counts = None, by_row
+    token_itl, token_itl_counts, token_itl_left_out = _token_itl(
+        batch, kept, itl_counts, known, unavailable)
     return Phases(
         kept=kept, uncached_prompt_tokens=uncached.astype(np.int64), itl=itl,
         itl_counts=itl_counts, clock_skew=np.where(kept, skew, 0.0), rejected=rejected,

@@ -92,7 +92,7 @@ def test_spans_and_deltas_give_back_every_count(lo):
 
 def test_counts_grow_to_the_columns_and_rows_they_are_given():
     layout = native.NativeLayout(-200, 20)
-    acc = native.NativeCounts(layout)
+    acc = native.NativeCounts()
     acc.add(native.count(layout, np.array([0, 1]), np.array([1.0, 2.0]), 2))
     acc.add(native.count(layout, np.array([2]), np.array([0.01]), 3))  # lower, new row
     acc.add(native.count(layout, np.array([0]), np.array([100.0]), 1))  # above the top
