@@ -97,14 +97,11 @@ class _Placement:
         self.run_starts, self.run_buckets = _runs(self.bucket)
 
     def straddlers(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray | None,
-                   among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The gaps lying in a fine bin that straddles a bound (looked for ``among`` the
-        given gap positions, when given), and the (series, bucket) cell each belongs
-        to, placed by searchsorted."""
-        if among is None:
-            at = np.flatnonzero(self.straddle.take(fine))
-        else:
-            at = among[self.straddle.take(fine[among])]
+                   among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The gaps lying in a fine bin that straddles one of these bounds, looked for
+        ``among`` the given gap positions (those in any set's straddling bins), and the
+        (series, bucket) cell each belongs to, placed by searchsorted."""
+        at = among[self.straddle.take(fine[among])]
         exact = np.searchsorted(self.bounds, gaps[at].astype(np.float64), side="left")
         return at, (exact if local is None else local[at] * self.nb + exact)
 
@@ -112,7 +109,8 @@ class _Placement:
                    ) -> np.ndarray:
         """Counts [series, nb] from the fine histogram ``dense`` [series, fine bins] of
         the gaps (those flagged in ``only``, when given); ``straddlers``: a callable
-        giving ``self.straddlers(...)`` of those gaps, called only when needed."""
+        giving ``self.straddlers(...)`` of those gaps (``_Straddlers.of``), called only
+        when a straddling bin holds any."""
         s, nb = dense.shape[0], self.nb
         spread = dense.copy()
         spread[:, self.straddle_bins] = 0
@@ -132,6 +130,28 @@ class _Placement:
         straddle = self.straddle.take(fine)
         bucket[straddle] = np.searchsorted(self.bounds, gaps[straddle], side="left")
         return np.bincount(local * self.nb + bucket, minlength=s * self.nb).reshape(s, -1)
+
+
+class _Straddlers:
+    """The gaps in straddling fine bins of one ``GapBins.count`` call, found on first
+    need: one pass for every placement's straddling bins, then each placement's own
+    among them, kept for the next ``from_dense`` over the same gaps."""
+
+    def __init__(self, gaps, fine, local, straddle_any: np.ndarray):
+        self._args = (gaps, fine, local)
+        self._straddle_any = straddle_any
+        self._any: np.ndarray | None = None
+        self._found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def of(self, placement: _Placement):
+        def get() -> tuple[np.ndarray, np.ndarray]:
+            if self._any is None:
+                self._any = np.flatnonzero(self._straddle_any.take(self._args[1]))
+            key = id(placement)
+            if key not in self._found:
+                self._found[key] = placement.straddlers(*self._args, self._any)
+            return self._found[key]
+        return get
 
 
 class GapBins:
@@ -206,21 +226,10 @@ class GapBins:
         if s * self.size <= _MAX_DENSE_CELLS:
             keys = fine if local is None else local * self.size + fine
             dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
-            memo: dict = {}
-
-            def found(placement: _Placement):  # straddling gaps, found once per placement
-                def get():
-                    if "any" not in memo:  # the gaps in a bin straddling any set's bound
-                        memo["any"] = np.flatnonzero(self._straddle_any.take(fine))
-                    if placement not in memo:
-                        memo[placement] = placement.straddlers(gaps, fine, local,
-                                                               memo["any"])
-                    return memo[placement]
-                return get
-
-            buckets = self._classic.from_dense(dense, found(self._classic))
+            found = _Straddlers(gaps, fine, local, self._straddle_any)
+            buckets = self._classic.from_dense(dense, found.of(self._classic))
             if self._native is not None:
-                native = self._native.from_dense(dense, found(self._native))
+                native = self._native.from_dense(dense, found.of(self._native))
             window = np.zeros((s, self.window.size), dtype=np.int64)
             window[:, self._window_runs[1]] = np.add.reduceat(dense, self._window_runs[0],
                                                               axis=1)
@@ -228,11 +237,11 @@ class GapBins:
                 kept = dense - np.bincount(keys[~keep], minlength=s * self.size).reshape(
                     s, self.size)
                 part = GapCounts(
-                    used, self._classic.from_dense(kept, found(self._classic), keep),
+                    used, self._classic.from_dense(kept, found.of(self._classic), keep),
                     _sums(row_series, used, leave_out, row_sums, row_counts),
                     np.zeros((s, self.window.size), np.int64),
                     native if self._native is None
-                    else self._native.from_dense(kept, found(self._native), keep))
+                    else self._native.from_dense(kept, found.of(self._native), keep))
         else:  # many series in one batch: look each gap's bucket and bin up directly
             if local is None:
                 local = np.zeros(gaps.size, dtype=np.int64)
