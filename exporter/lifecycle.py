@@ -184,15 +184,10 @@ class LifecycleJoiner:
             outcomes.append(self._take(p, time_field, e.time_unix_nano))
         if e.kind is EventKind.FIRST_TOKEN:
             outcomes.append(self._emission(p, 0, e.time_unix_nano))
-            first = 0
+            self._token_counts(p, 0, e.token_counts)
         elif e.kind is EventKind.TOKENS:
             outcomes += self._emissions(p, e.first_emission_index, e.token_times_unix_nano)
-            first = e.first_emission_index
-        if e.token_counts and e.kind in (EventKind.FIRST_TOKEN, EventKind.TOKENS):
-            if p.emission_tokens is None:
-                p.emission_tokens = {}
-            for i, c in enumerate(e.token_counts):
-                p.emission_tokens.setdefault(first + i, int(c))
+            self._token_counts(p, e.first_emission_index, e.token_counts)
         elif e.kind is EventKind.FINISHED:
             for name in ("output_tokens", "finish_reason", "emission_count",
                          "last_token"):
@@ -204,6 +199,17 @@ class LifecycleJoiner:
             if o in outcomes:
                 return o
         return "rejected_empty"
+
+    @staticmethod
+    def _token_counts(p: _Pending, first: int, counts) -> None:
+        """Tokens of emissions ``first``, ``first + 1``, ... (the first value sent for an
+        emission is kept)."""
+        if not counts:
+            return
+        if p.emission_tokens is None:
+            p.emission_tokens = {}
+        for i, c in enumerate(counts):
+            p.emission_tokens.setdefault(first + i, int(c))
 
     @staticmethod
     def _take(p: _Pending, name: str, value) -> str:
