@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from exporter import native
 from exporter.aggregate import COUNTERS, HISTOGRAMS, Aggregator
-from exporter.metrics import COUNTER_NAMES, HISTOGRAM_NAMES, counter_cells
+from exporter.metrics import COUNTER_NAMES, HISTOGRAM_NAMES, counter_cells, row_labels
 from exporter.protocol import exposition_pb2 as pb
 from exporter.wire import varint
 
@@ -138,10 +138,8 @@ class HotProto:
             name, doc = HISTOGRAM_NAMES[spec.key]
             _, counts, sums = snap.histograms[spec.key]
             names = base + ([spec.sub_label] if spec.sub_label else [])
-            k = len(spec.sub_values)
             rows = np.flatnonzero(counts.sum(axis=1)).tolist()
-            labels = [[*pairs[row // k], spec.sub_values[row % k]] if spec.sub_label
-                      else list(pairs[row // k]) for row in rows]
+            labels = [row_labels(spec, pairs, row) for row in rows]
             cum = np.cumsum(counts, axis=1)
             classic = pb.MetricFamily(name=name, help=doc, type=pb.HISTOGRAM)
             for row, values in zip(rows, labels, strict=True):

@@ -83,13 +83,10 @@ class HotCollector(Collector):
             labels = base + ([spec.sub_label] if spec.sub_label else [])
             fam = HistogramMetricFamily(name, doc, labels=labels)
             les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
-            k = len(spec.sub_values)
             cum = np.cumsum(counts, axis=1)
             for row in np.flatnonzero(cum[:, -1]):
-                pair = pairs[row // k]
-                values = [*pair, spec.sub_values[row % k]] if spec.sub_label else list(pair)
-                fam.add_metric(values, list(zip(les, cum[row].tolist(), strict=True)),
-                               float(sums[row]))
+                fam.add_metric(row_labels(spec, pairs, row),
+                               list(zip(les, cum[row].tolist(), strict=True)), float(sums[row]))
             yield fam
         for key, (label, values) in COUNTERS.items():
             name, doc = COUNTER_NAMES[key]
@@ -98,6 +95,13 @@ class HotCollector(Collector):
             for i, j in counter_cells(key, arr):
                 fam.add_metric([*pairs[i], values[j]], float(arr[i, j]))
             yield fam
+
+
+def row_labels(spec, pairs: list[tuple], row: int) -> list[str]:
+    """The label values of a histogram's count row: its label set's, then its
+    sub-label's (prompt class, phase) where it has one."""
+    pair = pairs[row // len(spec.sub_values)]
+    return [*pair, spec.sub_values[row % len(spec.sub_values)]] if spec.sub_label else list(pair)
 
 
 def counter_cells(key: str, arr: np.ndarray) -> list[tuple[int, int]]:

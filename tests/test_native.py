@@ -282,3 +282,47 @@ def test_counts_of_the_rows_kept_equal_counting_them_alone(dense, series, monkey
     np.testing.assert_array_equal(part.buckets[at], alone.buckets)
     np.testing.assert_array_equal(part.native[at], alone.native)
     np.testing.assert_allclose(part.sums[at], alone.sums, rtol=1e-12)
+
+
+def test_registry_families_carry_every_kind_of_prometheus_client_metric():
+    """The protobuf page's other families (the exporter's own counters and gauges, the
+    process collector, anything registered later) carry prometheus_client's samples:
+    counters, gauges, info, histograms and summaries, checked against its text page."""
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        Info,
+        Summary,
+        generate_latest,
+    )
+
+    reg = CollectorRegistry()
+    Counter("pw_test_events", "events", ["kind"], registry=reg).labels("a").inc(3)
+    Gauge("pw_test_depth", "depth", registry=reg).set(7.5)
+    Info("pw_test_build", "build", registry=reg).info({"version": "1.2"})
+    h = Histogram("pw_test_seconds", "seconds", ["op"], buckets=(0.1, 1.0), registry=reg)
+    for v in (0.05, 0.5, 2.0):
+        h.labels("x").observe(v)
+    Summary("pw_test_size", "size", registry=reg).observe(4.0)
+    fams = {f.name: f for f in exposition.read_delimited(
+        exposition.delimited(exposition.registry_families(reg)))}
+    text = {s.name: s for f in parse_text(generate_latest(reg).decode()) for s in f.samples}
+
+    (m,) = fams["pw_test_events_total"].metric
+    assert fams["pw_test_events_total"].type == pb.COUNTER
+    assert (m.label[0].value, m.counter.value) == ("a", text["pw_test_events_total"].value)
+    assert fams["pw_test_depth"].metric[0].gauge.value == 7.5
+    (info,) = fams["pw_test_build_info"].metric
+    assert [(p.name, p.value) for p in info.label] == [("version", "1.2")]
+    assert info.gauge.value == 1.0
+    (hm,) = fams["pw_test_seconds"].metric
+    assert fams["pw_test_seconds"].type == pb.HISTOGRAM
+    assert [(p.name, p.value) for p in hm.label] == [("op", "x")]
+    assert [(b.upper_bound, b.cumulative_count) for b in hm.histogram.bucket] == [
+        (0.1, 1), (1.0, 2)]
+    assert (hm.histogram.sample_count, hm.histogram.sample_sum) == (3, 2.55)
+    (sm,) = fams["pw_test_size"].metric
+    assert (sm.summary.sample_count, sm.summary.sample_sum) == (1, 4.0)
+    assert "pw_test_events_created" not in fams
