@@ -125,13 +125,18 @@ class EventReader:
                           if line.startswith(b"data:"))
         if not data or data.strip() == b"[DONE]":
             return
+        msg = self._parse(data, "unreadable_event")
+        if msg is not None:
+            self._message(msg, t, streamed=True)
+
+    def _parse(self, data: bytes, reason: str) -> dict | None:
+        """A JSON object, or None (counted under ``reason`` when it is not JSON)."""
         try:
             msg = json.loads(data)
         except ValueError:
-            self._counts["unreadable_event"] += 1
-            return
-        if isinstance(msg, dict):
-            self._message(msg, t, streamed=True)
+            self._counts[reason] += 1
+            return None
+        return msg if isinstance(msg, dict) else None
 
     def _message(self, msg: dict, t: float, streamed: bool) -> None:
         seen = self._seen
@@ -167,12 +172,8 @@ class EventReader:
 
     def whole(self, body: bytes, t: float) -> None:
         """A non-streamed answer: one emission, when its last byte arrived."""
-        try:
-            msg = json.loads(body)
-        except ValueError:
-            self._counts["unreadable_body"] += 1
-            return
-        if isinstance(msg, dict):
+        msg = self._parse(body, "unreadable_body")
+        if msg is not None:
             self._message(msg, t, streamed=False)
             if self._seen.output_tokens:
                 self._seen.emissions.append(t)
@@ -302,7 +303,7 @@ class Tap:
                     elif len(whole) < _MAX_EVENT:
                         whole += chunk
             await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except ConnectionResetError:  # writing to a client that hung up (aiohttp's own too)
             if seen is not None:
                 seen.aborted = "client_disconnected"
             self.counts["client_disconnected"] += 1
