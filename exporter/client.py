@@ -32,7 +32,7 @@ from google.rpc import error_details_pb2
 
 from exporter import auth, wire
 from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
-from exporter.record import RequestBatch, RequestRecord
+from exporter.record import SOURCES, RequestBatch, RequestRecord
 from exporter.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class PhasewatchClient:
                  timeout: float = 5.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
                  channel: grpc.Channel | None = None, token: str = "", tls_ca: str = "",
-                 tls_cert: str = "", tls_key: str = ""):
+                 tls_cert: str = "", tls_key: str = "", source: str = "engine"):
         """``token``: the exporter's ``--auth-token``, sent as ``authorization: Bearer``
         metadata (a wrong one is refused with UNAUTHENTICATED and not retried).
         ``tls_ca``: PEM file of the CA that signed the exporter's certificate (TLS);
@@ -104,12 +104,17 @@ class PhasewatchClient:
         requests wait: at a high rate rows then leave before the serving process's
         garbage collector promotes them (held 0.25 s at 10k req/s, their token lists
         cost ~60 ms of collections a second on the serving thread; sent every 512 rows,
-        almost none)."""
+        almost none).
+        ``source``: "engine" (the server's own instrumentation) or "tap" (a proxy in
+        front of it timing what the client sees; ``phasewatch tap`` sets it)."""
         if (flush_interval <= 0 or flush_rows < 1 or max_buffer < 1 or max_batch < 1
                 or max_buffer_tokens < 1):
             raise ValueError("flush_interval, flush_rows, max_buffer, max_buffer_tokens and "
                              "max_batch must be positive")
+        if source not in ("engine", "tap"):
+            raise ValueError(f"source must be 'engine' or 'tap', got {source!r}")
         self.target, self.engine = target, engine
+        self._source = SOURCES.index(source)
         self._flush_interval, self._max_buffer, self._max_batch = (
             flush_interval, max_buffer, max_batch)
         self._max_tokens, self._buffered_tokens = max_buffer_tokens, 0
@@ -148,7 +153,8 @@ class PhasewatchClient:
                prompt_tokens: int | None = None, cached_prompt_tokens: int | None = None,
                output_tokens: int | None = None, finish_reason: str = "",
                request_id: str = "", token_times: Sequence[float] | None = None,
-               token_counts: Sequence[int] | None = None) -> bool:
+               token_counts: Sequence[int] | None = None, trace_parent: str = "",
+               choice: int = 0) -> bool:
         """Queue one finished request (times in Unix seconds). False if it was dropped.
 
         ``arrival``: the request reached the server; ``queued`` (optional): the engine
@@ -161,10 +167,14 @@ class PhasewatchClient:
         ``itl``). ``token_counts`` (optional, one per emission): the tokens each carried
         (multi-token chunks, speculative decoding); with them ITL is also reported per
         token (each gap spread over the tokens of the emission it ends). Counts that do
-        not fit the emissions or the output tokens reject the request (counted)."""
+        not fit the emissions or the output tokens reject the request (counted).
+
+        ``trace_parent`` ("<trace id>-<span id>", hex): the W3C traceparent sent to the
+        engine with the request, so the exporter can join this record with the engine's
+        span. ``choice``: the sequence of a request with n > 1 (> 0 shares the prompt)."""
         row = (model, "", finish_reason, request_id, arrival, queued, scheduled, first_token,
                last_token, finish, prompt_tokens, cached_prompt_tokens, output_tokens,
-               token_times, token_counts)  # record.ROW_FIELDS order
+               token_times, token_counts, trace_parent, choice)  # record.ROW_FIELDS order
         try:
             tokens = len(token_times) if token_times is not None else 0
         except TypeError:  # not a sequence: the sender counts the row as invalid
@@ -189,7 +199,8 @@ class PhasewatchClient:
                            cached_prompt_tokens=r.cached_prompt_tokens,
                            output_tokens=r.output_tokens, finish_reason=r.finish_reason,
                            request_id=r.request_id, token_times=r.token_times,
-                           token_counts=r.token_counts)
+                           token_counts=r.token_counts, trace_parent=r.trace_parent,
+                           choice=r.choice)
 
     # ---- background ----------------------------------------------------------
     def _run(self) -> None:
@@ -224,7 +235,8 @@ class PhasewatchClient:
             invalid += self._invalid_unreported
             self._invalid_unreported = 0
         batch_id = wire.new_batch_id()
-        payload = wire.encode_export(batch, self.engine, batch_id, dropped, invalid)
+        payload = wire.encode_export(batch, self.engine, batch_id, dropped, invalid,
+                                     self._source)
         attempt = 0
         while True:
             if self._abandoned:  # close() gave up waiting and counted these itself

@@ -60,6 +60,13 @@ class RequestRecord:
     # optional, aligned with token_times: the tokens each emission carried (a
     # multi-token chunk, speculative decoding); None = unknown
     token_counts: Sequence[int] | None = None
+    # "<W3C trace id>-<span id>" (lower-case hex) of the span the engine's request span is
+    # a child of: what the stream tap injected as ``traceparent``, or an engine span's
+    # trace and parent. Rows of both sides with the same one are one request (tapjoin).
+    trace_parent: str = ""
+    # which choice (sequence) of a request with n > 1 this is: a further one (> 0) shares
+    # the first's prompt (``RequestBatch.prompt_shared``)
+    choice: int = 0
 
     def row(self, engine: str = "") -> tuple:
         """This record as a ``ROW_FIELDS`` tuple."""
@@ -67,13 +74,20 @@ class RequestRecord:
                 self.arrival, self.queued, self.scheduled, self.first_token, self.last_token,
                 self.finish,
                 self.prompt_tokens, self.cached_prompt_tokens, self.output_tokens,
-                self.token_times, self.token_counts)
+                self.token_times, self.token_counts, self.trace_parent, self.choice)
 
 
-# Order of the fields in a row tuple (the client buffers rows, not objects).
+# Order of the fields in a row tuple (the client buffers rows, not objects). Rows may
+# stop after token_times (the span adapters' rows) or token_counts.
 ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "queued",
               "scheduled", "first_token", "last_token", "finish", "prompt_tokens",
-              "cached_prompt_tokens", "output_tokens", "token_times", "token_counts")
+              "cached_prompt_tokens", "output_tokens", "token_times", "token_counts",
+              "trace_parent", "choice")
+
+# Who saw a row's request (``RequestBatch.source``, the ``source`` label): the engine
+# (its spans, events or own client), the stream tap in front of it, or both (joined).
+SOURCES = ("engine", "tap", "joined")
+SOURCE_ENGINE, SOURCE_TAP, SOURCE_JOINED = range(3)
 
 
 @dataclass
@@ -115,10 +129,23 @@ class RequestBatch:
     # 0 = unknown (all of a request's, or none), -1 = the sender's counts did not fit
     # its emissions (the request is rejected). None: unknown for the whole batch.
     gap_tokens: np.ndarray | None = None
+    # int32 refs into strings: ``RequestRecord.trace_parent`` (0 = none)
+    trace_parent: np.ndarray | None = None
+    # int8 per row: index into SOURCES
+    source: np.ndarray | None = None
+    # int64 per row: ``RequestRecord.choice`` (rows with choice > 0 are prompt_shared)
+    choice: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        n = len(self.arrival)
         if self.queued is None:
-            self.queued = np.zeros(len(self.arrival), dtype=np.int64)
+            self.queued = np.zeros(n, dtype=np.int64)
+        if self.trace_parent is None:
+            self.trace_parent = np.zeros(n, dtype=np.int32)
+        if self.source is None:
+            self.source = np.zeros(n, dtype=np.int8)
+        if self.choice is None:
+            self.choice = np.zeros(n, dtype=np.int64)
         if self.prompt_shared is None:
             self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
         if self.kv_transfer is None:
@@ -143,10 +170,11 @@ class RequestBatch:
         pause = pause or _nothing
         n = len(rows)
         cols = list(zip(*rows, strict=True)) if n else [()] * len(ROW_FIELDS)
+        cols += [(None,) * n] * (len(ROW_FIELDS) - len(cols))  # rows without the last fields
         pause()
         table: dict[str, int] = {"": 0}
         refs = []
-        for i in range(4):
+        for i in (0, 1, 2, 3, 15):
             refs.append(np.fromiter((table.setdefault(v or "", len(table)) for v in cols[i]),
                                     dtype=np.int32, count=n))
             pause()
@@ -183,17 +211,16 @@ class RequestBatch:
         if times_in_ns:
             gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
         gap_counts = np.maximum(lens - 1, 0)
-        # token_counts: the last field, which rows built without it (the span
-        # adapters' rows: no engine span has it) leave out
-        gap_tokens = _gap_tokens(cols[14] if len(cols) > 14 else (None,) * n, lens,
-                                 gap_counts)
+        gap_tokens = _gap_tokens(cols[14], lens, gap_counts)
+        choice = np.array([v or 0 for v in cols[16]], dtype=np.int64).reshape(n)
         return cls(
             strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
             request_id=refs[3], arrival=scalars[0], queued=scalars[1], scheduled=scalars[2],
             first_token=scalars[3], last_token=scalars[4], finish=scalars[5],
             prompt_tokens=scalars[6], cached_prompt_tokens=scalars[7],
             output_tokens=scalars[8], token_gaps=gaps, gap_counts=gap_counts,
-            gap_tokens=gap_tokens,
+            gap_tokens=gap_tokens, trace_parent=refs[4], prompt_shared=choice > 0,
+            choice=choice,
         )
 
     @classmethod

@@ -57,47 +57,84 @@ _MAX_EVENT = 1 << 20  # an SSE event larger than this is not parsed (passed on a
 
 
 @dataclass
+class Choice:
+    """What the tap saw of one choice (one sequence) of a request: one, or n with
+    ``n > 1`` (vLLM counts each as a request of its own, with the prompt once)."""
+
+    emissions: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # per emission, where the server says
+    finish_reason: str = ""
+    finish_only: float | None = None  # when a chunk with a finish reason and no text came
+
+
+@dataclass
 class Observed:
     """What the tap saw of one timed request."""
 
     model: str = ""
     arrival: float = 0.0
     end: float = 0.0
-    emissions: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)  # per emission, where the server says
-    finish_reason: str = ""
+    choices: dict[int, Choice] = field(default_factory=dict)
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # all choices together, as the usage says
     status: int = 0
     aborted: str = ""  # why the request did not complete ("client_disconnected", ...)
-    finish_only: float | None = None  # when a chunk with a finish reason and no text came
+    trace_parent: str = ""  # "<trace id>-<span id>" of the traceparent sent upstream
+
+    def choice(self, index: int) -> Choice:
+        c = self.choices.get(index)
+        if c is None:
+            c = self.choices[index] = Choice()
+        return c
+
+    @property
+    def emissions(self) -> list[float]:
+        """Every choice's emissions, in time order."""
+        return sorted(t for c in self.choices.values() for t in c.emissions)
 
     def settle(self) -> None:
-        """Count the text-less finishing chunk as the end-of-sequence token's emission
-        when nothing else was emitted, or the usage says a token is unaccounted for
-        (as vLLM streams a stop: the last token, the end of sequence, decodes to no
+        """Count a text-less finishing chunk as the end-of-sequence token's emission
+        when its choice emitted nothing else, or the usage says a token is unaccounted
+        for (as vLLM streams a stop: the last token, the end of sequence, decodes to no
         text). A server whose finishing chunk carries no token and whose chunks carry
         several tokens each cannot be told apart without per-chunk usage."""
-        if self.finish_only is None or (self.emissions and self.finish_only < self.emissions[-1]):
-            return
-        if not self.emissions or (self.output_tokens is not None
-                                  and len(self.emissions) < self.output_tokens):
-            self.emissions.append(self.finish_only)
-            self.tokens.append(1 if self.tokens and all(self.tokens) else 0)
-        self.finish_only = None
+        emitted = sum(len(c.emissions) for c in self.choices.values())
+        for _, c in sorted(self.choices.items()):
+            if c.finish_only is None or (c.emissions and c.finish_only < c.emissions[-1]):
+                continue
+            if not c.emissions or (self.output_tokens is not None
+                                   and emitted < self.output_tokens):
+                c.emissions.append(c.finish_only)
+                c.tokens.append(1 if c.tokens and all(c.tokens) else 0)
+                emitted += 1
+            c.finish_only = None
 
-    def record_kwargs(self) -> dict:
-        counts = (self.tokens if self.emissions and len(self.tokens) == len(self.emissions)
-                  and all(t >= 1 for t in self.tokens) else None)
-        return dict(
-            arrival=self.arrival, first_token=self.emissions[0] if self.emissions else None,
-            last_token=self.emissions[-1] if self.emissions else None, finish=self.end,
-            prompt_tokens=self.prompt_tokens, cached_prompt_tokens=self.cached_prompt_tokens,
-            output_tokens=self.output_tokens if self.output_tokens is not None else (
-                sum(counts) if counts else None),
-            finish_reason=self.finish_reason or ("abort" if self.aborted else ""),
-            token_times=self.emissions or None, token_counts=counts)
+    def records(self) -> list[dict]:
+        """``PhasewatchClient.record`` keywords: one record per choice, the prompt
+        counted by the first (``choice`` > 0 marks the others)."""
+        choices = sorted(self.choices.items()) or [(0, Choice())]
+        emitted = sum(len(c.emissions) for _, c in choices)
+        # per choice output tokens: the usage's total when there is one choice; with
+        # several, each choice's emissions where the usage shows one token per emission
+        one_each = self.output_tokens is not None and self.output_tokens == emitted
+        out = []
+        for index, c in choices:
+            counts = (c.tokens if c.emissions and len(c.tokens) == len(c.emissions)
+                      and all(t >= 1 for t in c.tokens) else None)
+            output = (self.output_tokens if len(choices) == 1 else
+                      len(c.emissions) if one_each else None)
+            if output is None and counts:
+                output = sum(counts)
+            out.append(dict(
+                arrival=self.arrival, first_token=c.emissions[0] if c.emissions else None,
+                last_token=c.emissions[-1] if c.emissions else None, finish=self.end,
+                prompt_tokens=self.prompt_tokens,
+                cached_prompt_tokens=self.cached_prompt_tokens, output_tokens=output,
+                finish_reason=c.finish_reason or ("abort" if self.aborted else ""),
+                token_times=c.emissions or None, token_counts=counts,
+                trace_parent=self.trace_parent, choice=index))
+        return out
 
 
 class EventReader:
@@ -141,18 +178,20 @@ class EventReader:
     def _message(self, msg: dict, t: float, streamed: bool) -> None:
         seen = self._seen
         seen.model = seen.model or str(msg.get("model") or "")
-        emitted = finishing = False
+        emitted, finishing = [], []
         for choice in msg.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
+            index = choice.get("index", 0)
+            c = seen.choice(index if isinstance(index, int) and 0 <= index < 1024 else 0)
             delta = choice.get("delta") if streamed else choice.get("message")
-            text = choice.get("text")
             if (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
-                                             or delta.get("reasoning_content"))) or text:
-                emitted = True
+                                             or delta.get("reasoning_content"))
+                    ) or choice.get("text"):
+                emitted.append(c)
             if choice.get("finish_reason"):
-                seen.finish_reason = str(choice["finish_reason"])
-                finishing = True
+                c.finish_reason = str(choice["finish_reason"])
+                finishing.append(c)
         usage = msg.get("usage")
         if isinstance(usage, dict):
             _usage(seen, usage)
@@ -160,15 +199,19 @@ class EventReader:
             return
         done = usage.get("completion_tokens") if isinstance(usage, dict) else None
         grew = isinstance(done, int) and done > self._usage_tokens
-        if emitted or (finishing and grew):
-            seen.emissions.append(t)
-            seen.tokens.append(done - self._usage_tokens if grew else 0)  # 0: unknown
-            if grew:
-                self._usage_tokens = done
-        elif finishing:
+        # the running usage's growth belongs to the chunk's one choice (vLLM sends one
+        # choice per chunk); with several in one chunk, their tokens are unknown
+        for c in emitted or (finishing if grew else ()):
+            c.emissions.append(t)
+            c.tokens.append(done - self._usage_tokens if grew and (
+                len(emitted or finishing) == 1) else 0)  # 0: unknown
+        if grew:
+            self._usage_tokens = done
+        if not emitted and not grew:
             # a chunk that only finishes: the end-of-sequence token (no text) where the
             # output holds one more token than the emissions so far; decided at the end
-            seen.finish_only = t
+            for c in finishing:
+                c.finish_only = t
 
     def whole(self, body: bytes, t: float) -> None:
         """A non-streamed answer: one emission, when its last byte arrived."""
@@ -176,7 +219,8 @@ class EventReader:
         if msg is not None:
             self._message(msg, t, streamed=False)
             if self._seen.output_tokens:
-                self._seen.emissions.append(t)
+                for c in self._seen.choices.values():
+                    c.emissions.append(t)
 
 
 def _event_end(buf: bytes) -> tuple[int, int] | None:
@@ -259,6 +303,7 @@ class Tap:
         if timed:
             headers = {k: v for k, v in headers.items() if k.lower() != "traceparent"}
             headers["traceparent"] = traceparent(request.headers.get("traceparent"))
+            seen.trace_parent = headers["traceparent"][3:-3]  # "<trace id>-<span id>"
             try:
                 asked = json.loads(body) if body else {}
                 streamed = isinstance(asked, dict) and bool(asked.get("stream"))
@@ -329,11 +374,12 @@ class Tap:
         if not model:
             self.counts["no_model"] += 1
             return
-        try:
-            self._record(model, seen.record_kwargs())
-        except Exception:  # never let phasewatch's side fail the user's request
-            log.exception("recording a tapped request failed")
-            self.counts["record_failed"] += 1
+        for kwargs in seen.records():
+            try:
+                self._record(model, kwargs)
+            except Exception:  # never let phasewatch's side fail the user's request
+                log.exception("recording a tapped request failed")
+                self.counts["record_failed"] += 1
 
 
 class TapServer:
@@ -376,7 +422,7 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
                   default_model: str) -> int:
     from exporter.client import PhasewatchClient
 
-    client = PhasewatchClient(target, engine=engine)
+    client = PhasewatchClient(target, engine=engine, source="tap")
     server = TapServer(Tap(upstream, client_recorder(client), default_model=default_model),
                        host, port).start()
     print(f"phasewatch tap on http://{host}:{server.port} -> {upstream}; records to "

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 
 from exporter.lifecycle import EventKind, LifecycleEvent
 from exporter.protocol import phasewatch_pb2 as pb
-from exporter.record import RequestBatch
+from exporter.record import SOURCE_ENGINE, SOURCE_TAP, RequestBatch
 
 PROTOCOL_VERSION = 1
 
@@ -37,7 +37,12 @@ _COLUMNS = (
     ("cached_prompt_tokens", "cached_prompt_tokens", "<i4", -1),
     ("output_tokens", "output_tokens", "<i4", -1),
     ("token_gap_count", "gap_counts", "<u4", 0),
+    ("trace_parent_ref", "trace_parent", "<u4", 0),
+    ("choice", "choice", "<u4", 0),
 )
+_OPTIONAL = ("queued", "trace_parent", "choice")  # all 0: sent as an empty column
+_SOURCES = {pb.ExportRequest.SOURCE_ENGINE: SOURCE_ENGINE,
+            pb.ExportRequest.SOURCE_TAP: SOURCE_TAP}
 _FIELD_NUMBERS = {f.name: f.number for f in pb.ExportRequest.DESCRIPTOR.fields}
 _MAX_REQUESTS = 10_000_000  # per batch; far above any sane flush, well below memory trouble
 
@@ -57,6 +62,7 @@ class ExportMeta:
     request_count: int
     sender_dropped: int
     sender_invalid: int = 0
+    source: int = SOURCE_ENGINE
 
 
 def new_batch_id() -> int:
@@ -69,8 +75,11 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         msg = pb.ExportRequest.FromString(data)
     except DecodeError as e:
         raise MalformedBatch("undecodable", f"not a phasewatch ExportRequest: {e}") from None
+    if msg.source not in _SOURCES:
+        raise MalformedBatch("unknown_source", f"source {msg.source} is not one this "
+                             "exporter knows (0 engine, 1 tap)")
     meta = ExportMeta(msg.engine, msg.batch_id, msg.request_count, msg.sender_dropped,
-                      msg.sender_invalid)
+                      msg.sender_invalid, _SOURCES[msg.source])
     if msg.version != PROTOCOL_VERSION:
         raise MalformedBatch("unsupported_version",
                              f"protocol version {msg.version} is not supported; send version "
@@ -94,7 +103,7 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
             raise MalformedBatch("column_length",
                                  f"column {field} has {a.size} entries for {n} requests")
         cols[column] = a
-    for column in ("model", "request_id", "finish_reason"):
+    for column in ("model", "request_id", "finish_reason", "trace_parent"):
         if n and int(cols[column].max()) >= len(strings):
             raise MalformedBatch("bad_string_ref",
                                  f"{column} refers past the string table ({len(strings)})")
@@ -126,7 +135,9 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
         cached_prompt_tokens=cols["cached_prompt_tokens"].astype(np.int64),
         output_tokens=cols["output_tokens"].astype(np.int64),
         token_gaps=gaps, gap_counts=counts,  # float32, as sent
-        gap_tokens=gap_tokens,
+        gap_tokens=gap_tokens, trace_parent=cols["trace_parent"].astype(np.int32),
+        source=np.full(n, meta.source, dtype=np.int8),
+        prompt_shared=cols["choice"] > 0, choice=cols["choice"].astype(np.int64),
     )
     return batch, meta
 
@@ -158,7 +169,7 @@ def encodable(batch: RequestBatch) -> np.ndarray:
     for column in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"):
         a = getattr(batch, column)
         ok &= (a >= -(1 << 31)) & (a < 1 << 31)
-    ok &= batch.gap_counts < 1 << 32
+    ok &= (batch.gap_counts < 1 << 32) & (batch.choice >= 0) & (batch.choice < 1 << 32)
     if batch.gap_tokens is not None:
         big = batch.gap_tokens >= 1 << 32
         if big.any():  # a token count the wire cannot carry: that row cannot be sent
@@ -175,17 +186,19 @@ def _rows_without(batch: RequestBatch, bad_gap: np.ndarray) -> np.ndarray:
 
 
 def encode_export(batch: RequestBatch, engine: str, batch_id: int = 0,
-                  sender_dropped: int = 0, sender_invalid: int = 0) -> bytes:
-    """Serialise a batch as an ``ExportRequest`` (per-batch engine; row engines ignored).
-    Every row must be ``encodable``."""
+                  sender_dropped: int = 0, sender_invalid: int = 0,
+                  source: int = SOURCE_ENGINE) -> bytes:
+    """Serialise a batch as an ``ExportRequest`` (per-batch engine and source; rows'
+    engines and sources ignored). Every row must be ``encodable``."""
     head = pb.ExportRequest(version=PROTOCOL_VERSION, engine=engine, batch_id=batch_id,
                             request_count=len(batch), sender_dropped=sender_dropped,
-                            sender_invalid=sender_invalid)
+                            sender_invalid=sender_invalid,
+                            source={v: k for k, v in _SOURCES.items()}[source])
     head.strings.extend(batch.strings)
     parts = [head.SerializeToString()]
     for field, column, dtype, _ in _COLUMNS:
         values = getattr(batch, column)
-        if column == "queued" and not values.any():
+        if column in _OPTIONAL and not values.any():
             continue  # absent for the whole batch: an empty column, as older senders send
         parts.append(_packed(field, values, dtype))
     parts.append(_packed("token_gap_seconds", batch.token_gaps, "<f4"))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ephasewatch/v1/phasewatch.proto\x12\rphasewatch.v1\"\xa3\x04\n\rExportRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x06\x12\x15\n\rrequest_count\x18\x04 \x01(\r\x12\x0f\n\x07strings\x18\x05 \x03(\t\x12\x16\n\x0esender_dropped\x18\x06 \x01(\x04\x12\x16\n\x0esender_invalid\x18\x07 \x01(\x04\x12\x11\n\tmodel_ref\x18\n \x03(\x07\x12\x16\n\x0erequest_id_ref\x18\x0b \x03(\x07\x12\x19\n\x11\x66inish_reason_ref\x18\x0c \x03(\x07\x12\x19\n\x11\x61rrival_unix_nano\x18\x14 \x03(\x10\x12\x18\n\x10queued_unix_nano\x18\x19 \x03(\x10\x12\x1b\n\x13scheduled_unix_nano\x18\x15 \x03(\x10\x12\x1d\n\x15\x66irst_token_unix_nano\x18\x16 \x03(\x10\x12\x1c\n\x14last_token_unix_nano\x18\x17 \x03(\x10\x12\x18\n\x10\x66inish_unix_nano\x18\x18 \x03(\x10\x12\x15\n\rprompt_tokens\x18\x1e \x03(\x0f\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x1f \x03(\x0f\x12\x15\n\routput_tokens\x18  \x03(\x0f\x12\x19\n\x11token_gap_seconds\x18( \x03(\x02\x12\x17\n\x0ftoken_gap_count\x18) \x03(\x07\x12\x18\n\x10token_gap_tokens\x18* \x03(\x07\"u\n\x0e\x45xportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12,\n\nrejections\x18\x03 \x03(\x0b\x32\x18.phasewatch.v1.Rejection\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"*\n\tRejection\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x97\x04\n\x0eLifecycleEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".phasewatch.v1.LifecycleEvent.Kind\x12\x16\n\x0etime_unix_nano\x18\x03 \x01(\x10\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x0f\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x06 \x01(\x0f\x12\x19\n\x11has_prompt_tokens\x18\x07 \x01(\x08\x12 \n\x18has_cached_prompt_tokens\x18\x08 \x01(\x08\x12\x1c\n\x14\x66irst_emission_index\x18\n \x01(\r\x12\x1d\n\x15token_times_unix_nano\x18\x0b \x03(\x10\x12\x14\n\x0ctoken_counts\x18\x0c \x03(\r\x12\x15\n\routput_tokens\x18\x14 \x01(\x0f\x12\x15\n\rfinish_reason\x18\x15 \x01(\t\x12\x16\n\x0e\x65mission_count\x18\x16 \x01(\r\x12\x1c\n\x14last_token_unix_nano\x18\x17 \x01(\x10\"o\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41RRIVED\x10\x01\x12\r\n\tSCHEDULED\x10\x02\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x03\x12\n\n\x06TOKENS\x10\x04\x12\x0c\n\x08\x46INISHED\x10\x05\x12\n\n\x06QUEUED\x10\x06\"`\n\x0eLifecycleBatch\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12-\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x1d.phasewatch.v1.LifecycleEvent\"g\n\x17StreamLifecycleResponse\x12\x17\n\x0f\x65vents_received\x18\x01 \x01(\x04\x12\x17\n\x0f\x65vents_rejected\x18\x02 \x01(\x04\x12\x1a\n\x12requests_completed\x18\x03 \x01(\x04\x32\xaf\x01\n\nPhasewatch\x12\x45\n\x06\x45xport\x12\x1c.phasewatch.v1.ExportRequest\x1a\x1d.phasewatch.v1.ExportResponse\x12Z\n\x0fStreamLifecycle\x12\x1d.phasewatch.v1.LifecycleBatch\x1a&.phasewatch.v1.StreamLifecycleResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ephasewatch/v1/phasewatch.proto\x12\rphasewatch.v1\"\xaf\x05\n\rExportRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x06\x12\x15\n\rrequest_count\x18\x04 \x01(\r\x12\x0f\n\x07strings\x18\x05 \x03(\t\x12\x16\n\x0esender_dropped\x18\x06 \x01(\x04\x12\x16\n\x0esender_invalid\x18\x07 \x01(\x04\x12\x33\n\x06source\x18\x08 \x01(\x0e\x32#.phasewatch.v1.ExportRequest.Source\x12\x11\n\tmodel_ref\x18\n \x03(\x07\x12\x16\n\x0erequest_id_ref\x18\x0b \x03(\x07\x12\x19\n\x11\x66inish_reason_ref\x18\x0c \x03(\x07\x12\x18\n\x10trace_parent_ref\x18\r \x03(\x07\x12\x0e\n\x06\x63hoice\x18\x0e \x03(\x07\x12\x19\n\x11\x61rrival_unix_nano\x18\x14 \x03(\x10\x12\x18\n\x10queued_unix_nano\x18\x19 \x03(\x10\x12\x1b\n\x13scheduled_unix_nano\x18\x15 \x03(\x10\x12\x1d\n\x15\x66irst_token_unix_nano\x18\x16 \x03(\x10\x12\x1c\n\x14last_token_unix_nano\x18\x17 \x03(\x10\x12\x18\n\x10\x66inish_unix_nano\x18\x18 \x03(\x10\x12\x15\n\rprompt_tokens\x18\x1e \x03(\x0f\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x1f \x03(\x0f\x12\x15\n\routput_tokens\x18  \x03(\x0f\x12\x19\n\x11token_gap_seconds\x18( \x03(\x02\x12\x17\n\x0ftoken_gap_count\x18) \x03(\x07\x12\x18\n\x10token_gap_tokens\x18* \x03(\x07\"+\n\x06Source\x12\x11\n\rSOURCE_ENGINE\x10\x00\x12\x0e\n\nSOURCE_TAP\x10\x01\"u\n\x0e\x45xportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12,\n\nrejections\x18\x03 \x03(\x0b\x32\x18.phasewatch.v1.Rejection\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"*\n\tRejection\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x97\x04\n\x0eLifecycleEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".phasewatch.v1.LifecycleEvent.Kind\x12\x16\n\x0etime_unix_nano\x18\x03 \x01(\x10\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x0f\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x06 \x01(\x0f\x12\x19\n\x11has_prompt_tokens\x18\x07 \x01(\x08\x12 \n\x18has_cached_prompt_tokens\x18\x08 \x01(\x08\x12\x1c\n\x14\x66irst_emission_index\x18\n \x01(\r\x12\x1d\n\x15token_times_unix_nano\x18\x0b \x03(\x10\x12\x14\n\x0ctoken_counts\x18\x0c \x03(\r\x12\x15\n\routput_tokens\x18\x14 \x01(\x0f\x12\x15\n\rfinish_reason\x18\x15 \x01(\t\x12\x16\n\x0e\x65mission_count\x18\x16 \x01(\r\x12\x1c\n\x14last_token_unix_nano\x18\x17 \x01(\x10\"o\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41RRIVED\x10\x01\x12\r\n\tSCHEDULED\x10\x02\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x03\x12\n\n\x06TOKENS\x10\x04\x12\x0c\n\x08\x46INISHED\x10\x05\x12\n\n\x06QUEUED\x10\x06\"`\n\x0eLifecycleBatch\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12-\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x1d.phasewatch.v1.LifecycleEvent\"g\n\x17StreamLifecycleResponse\x12\x17\n\x0f\x65vents_received\x18\x01 \x01(\x04\x12\x17\n\x0f\x65vents_rejected\x18\x02 \x01(\x04\x12\x1a\n\x12requests_completed\x18\x03 \x01(\x04\x32\xaf\x01\n\nPhasewatch\x12\x45\n\x06\x45xport\x12\x1c.phasewatch.v1.ExportRequest\x1a\x1d.phasewatch.v1.ExportResponse\x12Z\n\x0fStreamLifecycle\x12\x1d.phasewatch.v1.LifecycleBatch\x1a&.phasewatch.v1.StreamLifecycleResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'phasewatch.v1.phasewatch_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXPORTREQUEST']._serialized_start=50
-  _globals['_EXPORTREQUEST']._serialized_end=597
-  _globals['_EXPORTRESPONSE']._serialized_start=599
-  _globals['_EXPORTRESPONSE']._serialized_end=716
-  _globals['_REJECTION']._serialized_start=718
-  _globals['_REJECTION']._serialized_end=760
-  _globals['_LIFECYCLEEVENT']._serialized_start=763
-  _globals['_LIFECYCLEEVENT']._serialized_end=1298
-  _globals['_LIFECYCLEEVENT_KIND']._serialized_start=1187
-  _globals['_LIFECYCLEEVENT_KIND']._serialized_end=1298
-  _globals['_LIFECYCLEBATCH']._serialized_start=1300
-  _globals['_LIFECYCLEBATCH']._serialized_end=1396
-  _globals['_STREAMLIFECYCLERESPONSE']._serialized_start=1398
-  _globals['_STREAMLIFECYCLERESPONSE']._serialized_end=1501
-  _globals['_PHASEWATCH']._serialized_start=1504
-  _globals['_PHASEWATCH']._serialized_end=1679
+  _globals['_EXPORTREQUEST']._serialized_end=737
+  _globals['_EXPORTREQUEST_SOURCE']._serialized_start=694
+  _globals['_EXPORTREQUEST_SOURCE']._serialized_end=737
+  _globals['_EXPORTRESPONSE']._serialized_start=739
+  _globals['_EXPORTRESPONSE']._serialized_end=856
+  _globals['_REJECTION']._serialized_start=858
+  _globals['_REJECTION']._serialized_end=900
+  _globals['_LIFECYCLEEVENT']._serialized_start=903
+  _globals['_LIFECYCLEEVENT']._serialized_end=1438
+  _globals['_LIFECYCLEEVENT_KIND']._serialized_start=1327
+  _globals['_LIFECYCLEEVENT_KIND']._serialized_end=1438
+  _globals['_LIFECYCLEBATCH']._serialized_start=1440
+  _globals['_LIFECYCLEBATCH']._serialized_end=1536
+  _globals['_STREAMLIFECYCLERESPONSE']._serialized_start=1538
+  _globals['_STREAMLIFECYCLERESPONSE']._serialized_end=1641
+  _globals['_PHASEWATCH']._serialized_start=1644
+  _globals['_PHASEWATCH']._serialized_end=1819
 # @@protoc_insertion_point(module_scope)
