@@ -119,7 +119,7 @@ class Snapshot:
     """A consistent copy of the aggregation state, for readers."""
 
     label_sets: list[tuple]
-    label_names: tuple[str, ...]  # ("model", "engine") or with "pod"
+    label_names: tuple[str, ...]  # ("model", "engine"), with "pod" and/or "source"
     histograms: dict[str, tuple[HistogramSpec, np.ndarray, np.ndarray]]
     counters: dict[str, np.ndarray]  # [series, k]
     # key -> (first column, counts [rows, columns]) of the native histograms; rows as
@@ -130,10 +130,10 @@ class Snapshot:
 class Aggregator:
     def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
                  window: RollingWindow | None = None, clock=time.time,
-                 pod_label: bool = False, max_pods: int = 64):
+                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False):
         self.stats = stats or SelfStats()
         self.labels = LabelSets(self.stats, max_series=max_series, pod_label=pod_label,
-                                max_pods=max_pods)
+                                max_pods=max_pods, source_label=source_label)
         self.window = window or RollingWindow(clock=clock)
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}

@@ -32,13 +32,14 @@ from exporter.otlp.http_receiver import make_otlp_handler
 from exporter.otlp.ingest import OtlpIngest
 from exporter.roofline_metrics import RooflineCollector
 from exporter.selfstats import SelfStats
+from exporter.tapjoin import TraceJoin
 from exporter.tls import TlsFiles, TlsFront
 from exporter.window import RollingWindow
 
 log = logging.getLogger("phasewatch")
 
 
-def roofline_json(r) -> dict:
+def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dict:
     """One ``bottleneck.Result`` for the JSON API: deployment, estimate, verdict, trail."""
     d = r.deployment
     deployment = None if d is None else {
@@ -62,8 +63,8 @@ def roofline_json(r) -> dict:
         "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
         "confidence_level": v.confidence_level, "text": v.text, "levers": list(v.levers),
         "evidence": v.evidence}
-    pod = {"pod": r.labels[2]} if len(r.labels) > 2 else {}
-    return {"model": r.model, "engine": r.engine, **pod, "configured": d is not None,
+    more = dict(zip(names[2:], r.labels[2:], strict=False))  # pod, source where labelled
+    return {"model": r.model, "engine": r.engine, **more, "configured": d is not None,
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
             "trail": r.trail}
 
@@ -92,7 +93,11 @@ class Exporter:
                    for o, d in resolved if d is not None and o.engine_metrics_url}
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
-                                     pod_label=config.pod_label, max_pods=config.max_pods)
+                                     pod_label=config.pod_label, max_pods=config.max_pods,
+                                     source_label=config.source_label)
+        # every receiver's batches pass the join of tap records with engine spans
+        self.trace_join = TraceJoin(self.aggregator, wait=config.trace_join_wait,
+                                    max_pending=config.trace_join_max_pending)
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
@@ -102,12 +107,12 @@ class Exporter:
             from exporter.otlp.reemit import PhaseSpanEmitter
 
             emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
-        self.otlp = OtlpIngest(self.aggregator, AdapterContext(
+        self.otlp = OtlpIngest(self.trace_join, AdapterContext(
             default_model=config.default_model or single,
             service_models=config.service_models()), emitter=emitter,
             join_wait=config.otlp_join_wait)
         self.joiner = LifecycleJoiner(
-            lambda batch: self.aggregator.ingest(batch, "lifecycle"), self.stats,
+            lambda batch: self.trace_join.ingest(batch, "lifecycle"), self.stats,
             ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
             max_pending=config.lifecycle_max_pending)
         self.admission = Admission(self.stats, config.max_in_flight,
@@ -123,6 +128,9 @@ class Exporter:
             "phasewatch_otlp_join_pending": (
                 "SGLang requests waiting for their stage spans or other role "
                 "(--otlp-join-wait).", lambda: len(self.otlp.pending)),
+            "phasewatch_trace_join_pending": (
+                "Stream-tap records and engine spans waiting for their other side "
+                "(--trace-join-wait).", self.trace_join.pending_count),
             "phasewatch_ingest_in_flight": (
                 "Ingest calls being decoded and ingested now, across receivers "
                 "(--max-in-flight bounds it).", self.admission.in_flight),
@@ -155,7 +163,8 @@ class Exporter:
     def _summary(self, qs: dict) -> dict:
         window = self.aggregator.window
         seconds = query_number(qs, "window", window.seconds, 1, window.seconds)
-        return window.summary(self.aggregator.labels.pairs(), seconds)
+        labels = self.aggregator.labels
+        return window.summary(labels.pairs(), seconds, labels.names)
 
     def _bench(self, qs: dict) -> dict:
         """The window as ``vllm bench serve`` prints a run, per (model, engine)."""
@@ -176,7 +185,8 @@ class Exporter:
     def _requests(self, qs: dict) -> dict:
         limit = int(query_number(qs, "limit", 200, 1, MAX_RECENT))
         model = qs.get("model", [None])[0]
-        rows = self.aggregator.window.recent(self.aggregator.labels.pairs(), limit, model)
+        labels = self.aggregator.labels
+        rows = self.aggregator.window.recent(labels.pairs(), limit, model, labels.names)
         return {"requests": rows}
 
     def _roofline_api(self, qs: dict) -> dict:
@@ -185,7 +195,7 @@ class Exporter:
         for r in self.monitor.results():
             if model is not None and r.model != model:
                 continue
-            out.append(roofline_json(r))
+            out.append(roofline_json(r, self.aggregator.labels.names))
         return {"window_seconds": self.monitor.span, "updated_at": self.monitor.updated_at,
                 "models": out}
 
@@ -214,7 +224,7 @@ class Exporter:
         if c.tls_cert_file or c.tls_key_file or c.tls_client_ca_file:
             tls = TlsFiles(c.tls_cert_file, c.tls_key_file, c.tls_client_ca_file, self.stats)
             self._socket_dir = tempfile.mkdtemp(prefix="phasewatch-")  # 0700: ours only
-        service = PhasewatchService(self.aggregator, self.joiner, self.admission)
+        service = PhasewatchService(self.trace_join, self.joiner, self.admission)
         auth = BearerAuth(c.auth_token, self.stats)
         self._grpc, self.grpc_port = self._grpc_server(
             start_grpc_server, service, c.grpc_host, c.grpc_port, auth, "phasewatch", tls)
@@ -282,6 +292,10 @@ class Exporter:
                 self.otlp.sweep()
             except Exception:
                 log.exception("OTLP join sweep failed")
+            try:
+                self.trace_join.sweep()
+            except Exception:
+                log.exception("trace join sweep failed")
 
     def _roofline_loop(self) -> None:
         while not self._stop.wait(self.config.roofline_interval):
@@ -289,7 +303,8 @@ class Exporter:
                 self.monitor.poll_engines()
                 self.monitor.update()
                 window = self.aggregator.window
-                self.history.record(window.summary(self.aggregator.labels.pairs()))
+                labels = self.aggregator.labels
+                self.history.record(window.summary(labels.pairs(), names=labels.names))
             except Exception:  # keep estimating on the next tick; never kill the loop
                 log.exception("roofline update failed")
 

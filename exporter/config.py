@@ -78,6 +78,13 @@ SERVE_OPTIONS = (
     Option("otlp_join_wait", float, 10.0, "seconds an SGLang request span waits for its "
            "scheduler's stage spans (another process) and its other disaggregated role "
            "before it is counted with what came", 0, 3600),
+    Option("trace_join_wait", float, 10.0, "seconds a stream tap's record and the engine's "
+           "span of the same request (same traceparent) wait for each other before each "
+           "is counted alone; 0: no join", 0, 3600),
+    Option("trace_join_max_pending", int, 20_000, "cap on rows waiting for their other "
+           "side; past it the oldest is counted alone", 1, 10_000_000),
+    Option("source_label", bool, False, "label series with source: tap, engine or joined "
+           "(who saw the request: the stream tap in front of the engine, the engine, both)"),
     Option("lifecycle_ttl", float, 600.0,
            "seconds before an unfinished streamed request is evicted (counted)", 1, 86400),
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
@@ -148,6 +155,9 @@ class ServeConfig:
     window_capacity: int = 65536
     max_series: int = 256
     otlp_join_wait: float = 10.0
+    trace_join_wait: float = 10.0
+    trace_join_max_pending: int = 20_000
+    source_label: bool = False
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000

@@ -60,7 +60,7 @@ class SummaryHistory:
         at = float(summary["generated_at"])
         with self._lock:
             for row in summary["models"]:
-                key = (row["model"], row["engine"], row.get("pod"))
+                key = (row["model"], row["engine"], row.get("pod"), row.get("source"))
                 ring = self._series.get(key)
                 if ring is None:
                     ring = self._series[key] = _Ring(self.points)
@@ -71,11 +71,11 @@ class SummaryHistory:
         with self._lock:
             items = [(key, ring.read(since)) for key, ring in self._series.items()]
         out = []
-        for (model, engine, pod), (at, values) in items:
+        for (model, engine, pod, source), (at, values) in items:
             if not at.size:
                 continue
             entry = {"model": model, "engine": engine, **({"pod": pod} if pod else {}),
-                     "at": at.tolist()}
+                     **({"source": source} if source else {}), "at": at.tolist()}
             for j, (name, _) in enumerate(FIELDS):
                 col = values[:, j].astype(np.float64)
                 entry[name] = [None if math.isnan(x) else x for x in col.tolist()]

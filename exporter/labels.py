@@ -1,4 +1,5 @@
-"""Bounded label sets: (model, engine[, pod]) tuples mapped to dense indices, with caps.
+"""Bounded label sets: (model, engine[, pod][, source]) tuples mapped to dense indices,
+with caps.
 
 Past ``max_series`` distinct sets, or for a value longer than ``max_value_len``,
 the model becomes ``__overflow__`` and the replacement is counted, so a flood of
@@ -7,6 +8,10 @@ distinct names cannot grow memory or Prometheus cardinality without bound.
 A central (gateway) exporter adds ``pod`` (``--pod-label``): the pod each span's
 resource names. Pods have their own cap, ``max_pods``; past it the pod becomes
 ``__overflow__``, counted. A sidecar leaves pod out: Prometheus adds the target's.
+
+With ``--source-label``, ``source`` says who saw the requests (``record.SOURCES``): the
+engine alone, the stream tap alone, or both (joined): a tap's client-visible TTFT is
+then never mixed with an engine's own in one series.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import threading
 
 import numpy as np
 
-from exporter.record import RequestBatch
+from exporter.record import SOURCES, RequestBatch
 from exporter.selfstats import SelfStats
 
 OVERFLOW = "__overflow__"
@@ -24,15 +29,16 @@ UNKNOWN = "unknown"
 
 class LabelSets:
     def __init__(self, stats: SelfStats, max_series: int = 256, max_value_len: int = 200,
-                 pod_label: bool = False, max_pods: int = 64):
+                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False):
         if max_series < 2:
             raise ValueError(f"max_series must be at least 2, got {max_series}")
         self._stats = stats
         self._max = max_series
         self._max_len = max_value_len
         self._max_pods = max_pods
-        self.names: tuple[str, ...] = ("model", "engine", "pod") if pod_label else (
-            "model", "engine")
+        self.names: tuple[str, ...] = ("model", "engine", *(("pod",) if pod_label else ()),
+                                       *(("source",) if source_label else ()))
+        self._with_pod, self._with_source = pod_label, source_label
         self._lock = threading.Lock()
         self._index: dict[tuple, int] = {}
         self._pairs: list[tuple] = []
@@ -66,10 +72,12 @@ class LabelSets:
                         reason="too_many_pods")
         return OVERFLOW
 
-    def _lookup(self, model: str, engine: str, pod: str | None, rows: int) -> int:
+    def _lookup(self, model: str, engine: str, pod: str | None, rows: int,
+                source: int = 0) -> int:
         model = self._value("model", model, rows)
         engine = self._value("engine", engine, rows)
-        key = (model, engine) if pod is None else (model, engine, self._pod(pod, rows))
+        key = (model, engine, *(() if pod is None else (self._pod(pod, rows),)),
+               *((SOURCES[source],) if self._with_source else ()))
         overflowed = False
         with self._lock:
             idx = self._index.get(key)
@@ -87,9 +95,10 @@ class LabelSets:
                             reason="too_many_series")
         return idx
 
-    def index(self, model: str, engine: str, pod: str = "") -> int:
-        """The label-set index of one (model, engine[, pod]), with the same caps."""
-        return self._lookup(model, engine, pod if "pod" in self.names else None, 1)
+    def index(self, model: str, engine: str, pod: str = "", source: int = 0) -> int:
+        """The label-set index of one (model, engine[, pod][, source]), with the same
+        caps."""
+        return self._lookup(model, engine, pod if self._with_pod else None, 1, source)
 
     def rows(self, batch: RequestBatch, pods: np.ndarray | None = None) -> np.ndarray:
         """Label-set index of every row; a Python step per distinct set, not per row.
@@ -98,18 +107,21 @@ class LabelSets:
         """
         n_str = len(batch.strings)
         code = batch.model.astype(np.int64) * n_str + batch.engine
-        with_pod = len(self.names) == 3
         pod_values = ()
-        if with_pod:
+        if self._with_pod:
             pod_values, pod_code = np.unique(
                 np.asarray(pods if pods is not None else [""] * len(batch), dtype=object),
                 return_inverse=True)
             code = code * len(pod_values) + pod_code.reshape(-1)
+        k = len(pod_values) if self._with_pod else 1
+        s = len(SOURCES) if self._with_source else 1
+        if self._with_source:
+            code = code * s + batch.source
         uniq, inverse, counts = np.unique(code, return_inverse=True, return_counts=True)
-        k = len(pod_values) if with_pod else 1
         lut = np.fromiter(
-            (self._lookup(batch.strings[c // k // n_str], batch.strings[c // k % n_str],
-                          str(pod_values[c % k]) if with_pod else None, int(n))
+            (self._lookup(batch.strings[c // s // k // n_str], batch.strings[c // s // k % n_str],
+                          str(pod_values[c // s % k]) if self._with_pod else None, int(n),
+                          c % s)
              for c, n in zip(uniq.tolist(), counts.tolist(), strict=True)),
             dtype=np.int64, count=len(uniq))
         return lut[inverse.reshape(-1)]

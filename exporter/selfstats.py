@@ -49,6 +49,13 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "roots), by how the join ended: complete; waited (counted after --otlp-join-wait "
         "with parts missing); capacity (counted early: too many requests waiting).",
         ("outcome",)),
+    "phasewatch_trace_join_requests_total": (
+        "counter", "Requests seen by the stream tap and the engine, by how their join by "
+        "traceparent ended: joined (one request from both sides); tap_only, engine_only "
+        "(the other side did not come within --trace-join-wait); capacity (counted alone "
+        "early: too many waiting); late (a side that came after its request was counted "
+        "without it: dropped, never counted twice); bad_trace_parent (not "
+        "<32 hex>-<16 hex>: counted alone).", ("outcome",)),
     "phasewatch_engine_scrapes_total": (
         "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
         "(ok, http_error, unreachable, unparsable).", ("url", "result")),

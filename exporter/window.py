@@ -52,6 +52,7 @@ _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
 _COLUMNS = 5  # per slice: requests, prompt, output tokens, per-token ITL tokens, seconds
 FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
 STEP_CAPACITY = 65536
+DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
 
 
 class RollingWindow:
@@ -232,7 +233,8 @@ class RollingWindow:
         self._size = min(self.capacity, self._size + n)
 
     # ---- reading -------------------------------------------------------------
-    def summary(self, label_sets: list[tuple], seconds: float | None = None) -> dict:
+    def summary(self, label_sets: list[tuple], seconds: float | None = None,
+                names: tuple[str, ...] = DEFAULT_NAMES) -> dict:
         """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares, over the
         ``seconds`` (at most the window) ending at its requests' clock's now (module
         docstring)."""
@@ -270,7 +272,7 @@ class RollingWindow:
                 continue
             elapsed = max(float(covered[i]), 1e-9)
             models.append({
-                "model": model, "engine": engine, **({"pod": key[2]} if len(key) > 2 else {}),
+                "model": model, "engine": engine, **dict(zip(names[2:], key[2:], strict=False)),
                 "covered_seconds": elapsed,
                 "requests_in_window": int(counts[i, 0]),
                 "prompt_tokens_in_window": int(counts[i, 1]),
@@ -310,7 +312,7 @@ class RollingWindow:
             return {k: v[sel] for k, v in self._ring.items()}
 
     def recent(self, label_sets: list[tuple], limit: int = 200,
-               model: str | None = None) -> list[dict]:
+               model: str | None = None, names: tuple[str, ...] = DEFAULT_NAMES) -> list[dict]:
         """The newest accepted requests with their phases, newest first."""
         with self._lock:
             order = (self._head - 1 - np.arange(self._size)) % self.capacity
@@ -324,7 +326,7 @@ class RollingWindow:
         for j in range(len(ids)):
             key = label_sets[ring["ls"][j]]
             row = {"request_id": ids[j], "model": key[0], "engine": key[1],
-                   **({"pod": key[2]} if len(key) > 2 else {}),
+                   **dict(zip(names[2:], key[2:], strict=False)),
                    "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
             for k in ("arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft",
                       "decode", "tpot", "e2e"):

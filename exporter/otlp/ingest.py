@@ -168,6 +168,15 @@ class OtlpIngest:
         """``kept[i]`` is the span that row ``i`` came from (its pod, its re-emitted
         phases); ``roots[i]`` every request span of the row (released for a retry)."""
         with_pod = "pod" in self._agg.labels.names
+        # the traceparent each request came with (a stream tap's), to join its record
+        table = {s: i for i, s in enumerate(batch.strings)}
+        keys = [f"{s.trace_id.hex()}-{s.parent_span_id.hex()}"
+                if len(s.parent_span_id) == 8 and any(s.parent_span_id) else "" for s in kept]
+        if any(keys):
+            batch.trace_parent = np.fromiter(
+                (table.setdefault(k, len(table)) for k in keys), dtype=np.int32,
+                count=len(keys))
+            batch.strings = list(table)
         try:
             result = self._agg.ingest(batch, protocol,
                                       [pod_of(s.resource) for s in kept] if with_pod else None)

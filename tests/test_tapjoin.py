@@ -1,0 +1,171 @@
+"""The stream tap's record and the engine's span of one request, joined by traceparent.
+
+Rows are built as the receivers build them (the tap's through the wire with source
+tap, the engine's with its trace and parent span), on a hand-driven clock, so every
+outcome (joined, alone after the wait, late, capacity, n > 1) is decided exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporter import wire
+from exporter.aggregate import Aggregator
+from exporter.record import SOURCE_TAP, RequestBatch, RequestRecord
+from exporter.selfstats import SelfStats
+from exporter.tapjoin import TraceJoin
+
+T0 = 1_800_000_000.0
+KEY = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+KEY2 = "4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tap_record(key=KEY, choice=0, arrival=T0, first=T0 + 0.5, gaps=(0.1, 0.1, 0.1),
+               output=4, cached=8, reason="stop") -> RequestRecord:
+    times = list(np.cumsum([first, *gaps]))
+    return RequestRecord("m", arrival=arrival, first_token=times[0], last_token=times[-1],
+                         finish=times[-1] + 0.01, prompt_tokens=12, cached_prompt_tokens=cached,
+                         output_tokens=output, finish_reason=reason, token_times=times,
+                         trace_parent=key, choice=choice)
+
+
+def engine_record(key=KEY, arrival=T0 + 0.02, queued=T0 + 0.05, scheduled=T0 + 0.25,
+                  first=T0 + 0.45, last=T0 + 0.75, output=4) -> RequestRecord:
+    return RequestRecord("m", arrival=arrival, queued=queued, scheduled=scheduled,
+                         first_token=first, last_token=last, finish=last + 0.001,
+                         prompt_tokens=12, output_tokens=output, request_id="cmpl-1",
+                         trace_parent=key)
+
+
+def tap_batch(*records: RequestRecord) -> RequestBatch:
+    """As the exporter decodes what ``phasewatch tap`` sends (source tap)."""
+    data = wire.encode_export(RequestBatch.from_records(list(records)), "tap",
+                              source=SOURCE_TAP)
+    return wire.decode_export(data)[0]
+
+
+def engine_batch(*records: RequestRecord) -> RequestBatch:
+    return RequestBatch.from_records(list(records), engine="vllm")
+
+
+@pytest.fixture
+def setup():
+    clock = Clock()
+    agg = Aggregator(SelfStats(), source_label=True)
+    join = TraceJoin(agg, wait=10.0, max_pending=100, clock=clock)
+    return clock, agg, join
+
+
+def requests(agg: Aggregator) -> list[dict]:
+    return agg.window.recent(agg.labels.pairs(), names=agg.labels.names)
+
+
+def outcomes(agg: Aggregator) -> dict[str, float]:
+    return {lv[0]: v for (n, lv), v in agg.stats.snapshot().items()
+            if n == "phasewatch_trace_join_requests_total"}
+
+
+def test_the_tap_and_the_engine_make_one_request_on_one_timeline(setup):
+    clock, agg, join = setup
+    r = join.ingest(tap_batch(tap_record()), "grpc")
+    assert r.accepted == 1 and requests(agg) == []  # waiting for the engine's span
+    clock.t += 3
+    join.ingest(engine_batch(engine_record()), "otlp_grpc")
+    (row,) = requests(agg)
+    assert (row["engine"], row["source"], row["request_id"]) == ("vllm", "joined", "cmpl-1")
+    assert row["ttft"] == pytest.approx(0.5, abs=1e-6)  # the client's: tap arrival -> first chunk
+    assert row["preprocess"] == pytest.approx(0.05, abs=1e-6)  # tap -> the engine's queue
+    assert row["queue"] == pytest.approx(0.20, abs=1e-6)  # the engine's
+    assert row["prefill"] == pytest.approx(0.25, abs=1e-6)  # scheduled -> the first token seen
+    assert row["decode"] == pytest.approx(0.3, abs=1e-6)  # the tap's emissions
+    assert (row["cached_prompt_tokens"], row["output_tokens"]) == (8, 4)  # tap's, engine's
+    assert row["finish_reason"] == "stop"
+    assert outcomes(agg) == {"joined": 1}
+    assert join.pending_count() == 0
+
+
+def test_the_engines_span_first_waits_for_the_tap_once_a_tap_is_seen(setup):
+    clock, agg, join = setup
+    join.ingest(engine_batch(engine_record(key="")), "otlp_grpc")  # no parent: at once
+    join.ingest(engine_batch(engine_record(key=KEY2)), "otlp_grpc")  # no tap seen yet
+    assert len(requests(agg)) == 2 and outcomes(agg) == {}
+    join.ingest(tap_batch(tap_record(key=KEY2)), "grpc")  # its engine side was counted
+    assert len(requests(agg)) == 2 and outcomes(agg) == {"late": 1}
+    join.ingest(engine_batch(engine_record()), "otlp_grpc")  # a tap is around: it waits
+    assert len(requests(agg)) == 2
+    join.ingest(tap_batch(tap_record()), "grpc")
+    assert [r["source"] for r in requests(agg)] == ["joined", "engine", "engine"]
+
+
+def test_a_side_alone_is_counted_after_the_wait_and_its_late_partner_dropped(setup):
+    clock, agg, join = setup
+    join.ingest(tap_batch(tap_record()), "grpc")
+    clock.t += 9.9
+    assert join.sweep() == 0
+    clock.t += 0.2
+    assert join.sweep() == 1
+    (row,) = requests(agg)
+    assert (row["engine"], row["source"], row["preprocess"]) == ("tap", "tap", None)
+    join.ingest(engine_batch(engine_record()), "otlp_grpc")
+    assert len(requests(agg)) == 1  # never counted twice
+    assert outcomes(agg) == {"tap_only": 1, "late": 1}
+    total = agg.snapshot().counters["requests"].sum()
+    assert total == 1
+
+
+def test_a_full_table_counts_its_oldest_alone(setup):
+    clock, agg, join = setup
+    join.max_pending = 2
+    keys = [f"{i:032x}-{i:016x}" for i in range(1, 5)]
+    for k in keys:
+        join.ingest(tap_batch(tap_record(key=k)), "grpc")
+    assert join.pending_count() == 2
+    assert outcomes(agg) == {"capacity": 2}
+    assert len(requests(agg)) == 2
+
+
+def test_n_2_pairs_each_choice_with_a_sequence_and_counts_the_prompt_once(setup):
+    clock, agg, join = setup
+    join.ingest(tap_batch(tap_record(choice=0, gaps=(0.1,), output=2),
+                          tap_record(choice=1, gaps=(0.1, 0.1, 0.1), output=4)), "grpc")
+    join.ingest(engine_batch(engine_record(last=T0 + 0.75, output=4)), "otlp_grpc")
+    assert requests(agg) == []  # one sequence of two so far
+    join.ingest(engine_batch(engine_record(last=T0 + 0.55, output=2)), "otlp_grpc")
+    rows = requests(agg)
+    assert sorted(r["output_tokens"] for r in rows) == [2, 4]
+    assert {r["source"] for r in rows} == {"joined"}
+    tokens = agg.snapshot().counters["tokens"].sum(axis=0)
+    assert tokens[0] == 12  # the prompt, once
+    assert outcomes(agg) == {"joined": 2}
+
+
+def test_a_malformed_trace_parent_is_counted_and_the_row_goes_on_alone(setup):
+    clock, agg, join = setup
+    join.ingest(tap_batch(tap_record(key="not-a-traceparent")), "grpc")
+    assert [r["source"] for r in requests(agg)] == ["tap"]
+    assert outcomes(agg) == {"bad_trace_parent": 1}
+
+
+def test_rows_without_the_join_keep_their_batch_and_the_reply_counts_waiting_rows(setup):
+    clock, agg, join = setup
+    batch = tap_batch(tap_record(), tap_record(key=""), tap_record(key=KEY2))
+    r = join.ingest(batch, "grpc")
+    assert (r.accepted, list(r.kept)) == (3, [True, True, True])
+    assert len(requests(agg)) == 1 and join.pending_count() == 2
+
+
+def test_no_wait_is_no_join(setup):
+    clock, agg, _ = setup
+    join = TraceJoin(agg, wait=0, clock=clock)
+    join.ingest(tap_batch(tap_record()), "grpc")
+    join.ingest(engine_batch(engine_record()), "otlp_grpc")
+    assert sorted(r["source"] for r in requests(agg)) == ["engine", "tap"]
