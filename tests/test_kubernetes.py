@@ -3,16 +3,22 @@ against the Kubernetes schemas, and agrees with what the exporter actually serve
 container ports and probes are the exporter's configured ports and endpoints, the
 inference server's OTLP flag points at the sidecar's OTLP/gRPC receiver, and the
 exporter started with the container's own arguments and environment answers its
-probes."""
+probes. Where the tap is deployed, it fronts the server (its --upstream is the server's
+port, the Service's port reaches the tap) and, started with its own arguments, is ready
+exactly when the server answers through it."""
 
 from __future__ import annotations
 
 import functools
+import http.server
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -21,9 +27,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from exporter.adapters import sglang as sglang_adapter
+from exporter.adapters import tgi as tgi_adapter
+from exporter.adapters import vllm as vllm_adapter
 from exporter.cli import build_parser
 from exporter.config import load_serve_config
-from tests.conftest import require_binary, terminate
+from tests.conftest import require_binary, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -35,6 +44,16 @@ OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 # How each server is told where to send OTLP: (container, flag).
 OTLP_FLAGS = {"vllm": "--otlp-traces-endpoint", "tgi": "--otlp-endpoint",
               "sglang": "--otlp-traces-endpoint"}
+# The engine label each server's spans get: the tap in front of it records under the same.
+ENGINE_LABELS = {"vllm": vllm_adapter.ENGINE, "sglang": sglang_adapter.ENGINE,
+                 "tgi": tgi_adapter.ENGINE}
+# Each server's overlay has the tap in front of it; its -engine-only twin has none.
+TAPPED = {**{e: True for e in OTLP_FLAGS}, **{f"{e}-engine-only": False for e in OTLP_FLAGS}}
+TAP_OVERLAYS = [o for o, tapped in TAPPED.items() if tapped]
+TAP = "phasewatch-tap"
+# Seconds a server's /health takes at the least: SGLang's generates one token and first
+# looks for it 1 s later (0.5.23, entrypoints/http_server.py, health_generate).
+HEALTH_ANSWER_S = {"sglang": 1.0}
 
 
 @functools.cache
@@ -82,6 +101,18 @@ def serve_config(args: list[str], env: dict[str, str]):
 
 def ports(c: dict) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in c["ports"]}
+
+
+def env_values(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def hardened(c: dict) -> None:
+    security = c["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    assert not security["allowPrivilegeEscalation"] and security["capabilities"]["drop"] == [
+        "ALL"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -140,7 +171,7 @@ def test_operator_resources_select_what_exists(overlay, tmp_path):
 
 def _server(deployment: dict) -> tuple[str, dict]:
     (c,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
-            if c["name"] != "phasewatch"]
+            if c["name"] not in ("phasewatch", TAP)]
     return c["name"], c
 
 
@@ -167,11 +198,161 @@ def test_sidecar_matches_what_the_exporter_serves(overlay, tmp_path):
     engine, server = _server(dep)
     assert _otlp_endpoint(server, engine) == ("localhost", cfg.otlp_grpc_port)
     assert cfg.model_flags.model and cfg.model_flags.hardware != "auto"
-    security = side["securityContext"]
-    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
-    assert not security["allowPrivilegeEscalation"] and security["capabilities"]["drop"] == [
-        "ALL"]
-    assert side["resources"]["requests"] and side["resources"]["limits"]
+    hardened(side)
+
+
+def _engine_service(docs, deployment: dict) -> dict:
+    """The Service that selects the server's pods."""
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (service,) = [s for s in of_kind(docs, "Service")
+                  if s["spec"]["selector"].items() <= labels.items()]
+    return service
+
+
+def test_every_sidecar_overlay_says_whether_it_has_the_tap():
+    assert sorted(TAPPED) == SIDECAR_OVERLAYS
+
+
+@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
+def test_the_service_port_reaches_the_tap_where_there_is_one(overlay):
+    docs = render(overlay)
+    dep, side = exporter_container(docs)
+    _, server = _server(dep)
+    service = _engine_service(docs, dep)
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    # Clients keep the server's port, with or without the tap.
+    assert by_name["http"]["port"] == ports(server)["http"]
+    names = {c["name"] for c in dep["spec"]["template"]["spec"]["containers"]}
+    if not TAPPED[overlay]:
+        assert TAP not in names and by_name["http"]["targetPort"] == "http"
+        assert "PHASEWATCH_SOURCE_LABEL" not in env_values(side)
+        return
+    assert TAP in names and by_name["http"]["targetPort"] == "http-tap"
+    # No port of the Service reaches the server past the tap.
+    targets = {p["targetPort"] for p in service["spec"]["ports"]}
+    assert not targets & {"http", ports(server)["http"]}
+    # The tap's port is the pod's own: no name or number shared with another container.
+    pod_ports = [p for c in dep["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])]
+    assert len({p["name"] for p in pod_ports}) == len(pod_ports)
+    assert len({p["containerPort"] for p in pod_ports}) == len(pod_ports)
+
+
+@pytest.mark.parametrize("overlay", TAP_OVERLAYS)
+def test_the_tap_fronts_the_server(overlay, tmp_path):
+    docs = render(overlay)
+    dep, side = exporter_container(docs)
+    engine, server = _server(dep)
+    tap = container(dep, TAP)
+    cfg = serve_config(*localised(docs, side, tmp_path))
+    args = build_parser().parse_args(tap["args"])
+    assert tap["args"][0] == "tap" and args.func.__name__ == "cmd_tap"
+    upstream = urlsplit(args.upstream)
+    # Forwards to the server's own port on the pod's loopback ...
+    assert (upstream.scheme, upstream.hostname, upstream.port) == (
+        "http", "127.0.0.1", ports(server)["http"])
+    # ... serves the Service's target port on the pod's address ...
+    assert args.host == "0.0.0.0" and ports(tap) == {"http-tap": args.port}
+    # ... records under the server's engine label, to the sidecar's phasewatch gRPC port.
+    assert args.engine == ENGINE_LABELS[engine]
+    assert args.target == f"{cfg.grpc_host}:{cfg.grpc_port}"
+    assert tap["image"] == side["image"]
+    # Ready when the server's own health path answers through the tap; alive on its socket.
+    assert tap["readinessProbe"]["httpGet"] == {
+        "path": server["readinessProbe"]["httpGet"]["path"], "port": "http-tap"}
+    assert tap["readinessProbe"]["timeoutSeconds"] >= server["readinessProbe"].get(
+        "timeoutSeconds", 1)
+    assert tap["livenessProbe"]["tcpSocket"] == {"port": "http-tap"}
+    hardened(tap)
+    assert tap["securityContext"] == side["securityContext"]
+    (tmp,) = [m for m in tap["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp["name"] in {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+    # The sidecar labels every series with its source and waits for the other half
+    # longer than the servers' OpenTelemetry batch exporters wait (5 s by default).
+    env = env_values(side)
+    assert env["PHASEWATCH_SOURCE_LABEL"] == "true"
+    assert float(env["PHASEWATCH_TRACE_JOIN_WAIT"]) > 5
+    for name, want in (("source_label", True),
+                       ("trace_join_wait", float(env["PHASEWATCH_TRACE_JOIN_WAIT"]))):
+        if hasattr(cfg, name):  # read as meant once the exporter has the setting
+            assert getattr(cfg, name) == want, name
+
+
+@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
+def test_readiness_probes_wait_for_the_servers_health_answer(overlay):
+    dep, _ = exporter_container(render(overlay))
+    engine, server = _server(dep)
+    probes = [server["readinessProbe"]]
+    if TAPPED[overlay]:
+        probes.append(container(dep, TAP)["readinessProbe"])
+    for probe in probes:
+        assert probe["httpGet"]["path"] == "/health"
+        assert probe.get("timeoutSeconds", 1) > HEALTH_ANSWER_S.get(engine, 0), probe
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    """A server's health endpoint answering the status its server holds."""
+
+    def do_GET(self):
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _moved(args: list[str], values: dict[str, str]) -> list[str]:
+    """``args`` with the value after each flag in ``values`` replaced."""
+    out = list(args)
+    for flag, value in values.items():
+        out[out.index(flag) + 1] = value
+    return out
+
+
+@pytest.mark.parametrize("overlay", TAP_OVERLAYS)
+def test_tap_started_as_the_manifest_says_is_ready_when_the_server_is(overlay, tmp_path):
+    """`phasewatch tap` with the container's args (the server and the tap moved to free
+    ports on 127.0.0.1) answers its readiness probe with what the server answers: not
+    ready while the server loads, ready when it is, not ready when it is gone."""
+    docs = render(overlay)
+    dep, _ = exporter_container(docs)
+    tap = container(dep, TAP)
+    path = tap["readinessProbe"]["httpGet"]["path"]
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    fake.status = 503  # still loading its weights
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    args = _moved(tap["args"], {"--upstream": f"http://127.0.0.1:{fake.server_port}",
+                                "--host": "127.0.0.1", "--port": "0"})
+    log = tmp_path / "tap.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        found = wait_for(lambda: re.search(r"tap on http://127\.0\.0\.1:(\d+)",
+                                           log.read_text()), timeout=30)
+        assert found, log.read_text()
+        port = int(found[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the liveness probe
+        assert _status(port, path) == 503
+        fake.status = 200
+        assert _status(port, path) == 200
+        fake.shutdown()
+        fake.server_close()
+        assert _status(port, path) == 502
+    finally:
+        terminate(proc)
+        fake.shutdown()
+        fake.server_close()
 
 
 def test_gateway_receives_what_the_servers_send(tmp_path):
