@@ -326,8 +326,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_tap(args) -> int:
     from exporter import tap
 
+    _setup_logging("info")
+    stop = threading.Event()
+    _stop_on_signals(stop)  # SIGTERM too: open streams get their grace, counts are logged
     return tap.serve_forever(args.upstream, args.target, args.host, args.port, args.engine,
-                             args.model)
+                             args.model, token=args.token, client_tls=_client_tls(args),
+                             tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+                             upstream_ca=args.upstream_ca, timeout_s=args.timeout,
+                             max_body_bytes=int(args.max_body_mib * (1 << 20)),
+                             metrics_port=args.metrics_port, stop=stop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -450,6 +457,30 @@ def build_parser() -> argparse.ArgumentParser:
                      help="engine label of the tap's records (default tap)")
     tap.add_argument("--model", default="",
                      help="model label when a request names none")
+    _add_token_flag(tap, "the exporter's receivers require")
+    for name, what in (("cert", "certificate (chain) the tap serves HTTPS with; reloaded "
+                        "when the file changes. Empty: plain HTTP"),
+                       ("key", "private key of --tls-cert-file")):
+        env = f"PHASEWATCH_TAP_TLS_{name.upper()}_FILE"  # not serve's: one pod, two containers
+        tap.add_argument(f"--tls-{name}-file", default=os.environ.get(env, ""), metavar="PEM",
+                         help=f"the tap's own listener: {what} (default ${env})")
+    tap.add_argument("--upstream-ca", default=os.environ.get("PHASEWATCH_TAP_UPSTREAM_CA", ""),
+                     metavar="PEM", help="CA that signed an https:// upstream's certificate "
+                     "(default $PHASEWATCH_TAP_UPSTREAM_CA, else the system's)")
+    tap.add_argument("--timeout", type=float, default=3600.0,
+                     help="seconds the upstream may stay silent, before answering (then "
+                     "504) or mid-answer (then the client's answer is cut off there); not a "
+                     "limit on a whole stream (default 3600)")
+    tap.add_argument("--max-body-mib", type=float, default=64.0,
+                     help="a chat or completions request body up to this is read and the "
+                     "request timed; a larger one is streamed to the upstream untimed "
+                     "(counted body_too_large_untimed). Other paths are always streamed "
+                     "(default 64)")
+    tap.add_argument("--metrics-port", type=int, default=None,
+                     help="serve the tap's own counts (phasewatch_tap_*: requests by "
+                     "outcome, aborts, records dropped) as Prometheus text at /metrics on "
+                     "this port of --host (0 picks a free one; default: off; the tap's port "
+                     "passes every path, /metrics too, to the upstream)")
     tap.set_defaults(func=cmd_tap)
 
     cal = sub.add_parser(

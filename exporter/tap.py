@@ -22,11 +22,17 @@ carries one), so an engine that traces from the header (vLLM, SGLang) puts its s
 in the same trace as the tap's record.
 
 Records go to the exporter through ``PhasewatchClient`` (never blocking: when the
-exporter is away they are buffered, then dropped and counted). Nothing the tap does
-for phasewatch can fail the user's request: an answer it cannot read is passed on
-unread and counted; an upstream that cannot be reached is answered 502, as any proxy
-does; a client that hangs up mid-stream closes the upstream request (the server stops
-generating) and is counted with its reason.
+exporter is away they are buffered, then dropped and counted; bearer token and TLS as
+the other clients). Nothing the tap does for phasewatch can fail the user's request:
+an answer it cannot read is passed on unread and counted; a request body larger than
+the tap reads (64 MiB) is streamed to the server as it comes, untimed and counted; an
+upstream that cannot be reached is answered 502, one silent for ``timeout_s`` before
+answering 504, as any proxy does; one that breaks off or goes silent mid-answer leaves
+the client's answer cut off where it stopped (no clean end the server never sent); a
+client that hangs up mid-stream closes the upstream request (the server stops
+generating). Every request has one outcome in ``Tap.counts``, every cut-short answer
+its reason, every record lost its reason (``tallies``), served as Prometheus text on
+an optional port of its own and logged when the tap stops.
 
 Other paths (``/v1/models``, ``/health``, ``/metrics`` ...) pass through untimed.
 """
@@ -38,10 +44,13 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -49,10 +58,13 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 TIMED_PATHS = ("/v1/chat/completions", "/v1/completions")
-# RFC 9110 hop-by-hop headers, and those the proxy recomputes
+# RFC 9110 hop-by-hop headers, and those the proxy recomputes (an Expect: 100-continue
+# was answered by the tap's own server, which then read the body)
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "te", "trailer", "transfer-encoding", "upgrade", "host",
-                  "content-length"})
+                  "content-length", "expect"})
+# headers aiohttp's client would add to a request that lacks them: the tap adds none
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 _MAX_EVENT = 1 << 20  # an SSE event larger than this is not parsed (passed on all the same)
 
 
@@ -260,20 +272,39 @@ def _hex(s: str) -> bool:
 
 class Tap:
     """The proxy. ``record`` receives (model, kwargs of ``PhasewatchClient.record``) for
-    each timed request; ``counts`` holds what happened, by outcome."""
+    each timed request; ``counts`` holds what happened (its families: ``tallies``).
+
+    ``max_body_bytes``: a timed request's body up to this is read (and the request
+    timed); a larger one is streamed to the upstream as it comes, untimed and counted.
+    ``timeout_s``: how long the upstream may stay silent, before its answer (then 504)
+    or between two pieces of it (then the client's answer is cut off, as the server
+    left it). ``upstream_ca``: PEM file of the CA that signed an https upstream's
+    certificate (empty: the system's)."""
 
     def __init__(self, upstream: str, record, *, default_model: str = "",
-                 max_body_bytes: int = 64 << 20, timeout_s: float = 3600.0):
+                 max_body_bytes: int = 64 << 20, timeout_s: float = 3600.0,
+                 upstream_ca: str = ""):
+        parts = urlsplit(upstream)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
+        if timeout_s <= 0 or max_body_bytes < 0:
+            raise ValueError("the tap's timeout must be positive and its body limit >= 0")
         self.upstream = upstream.rstrip("/")
         self._record = record
         self.default_model = default_model
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self._upstream_ssl: ssl.SSLContext | bool = True  # aiohttp's default: the system's CAs
+        if upstream_ca:
+            try:
+                self._upstream_ssl = ssl.create_default_context(cafile=upstream_ca)
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"cannot load --upstream-ca {upstream_ca}: {e}") from None
         self.counts: Counter = Counter()
         self._session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application()  # bodies are read (or streamed) by _request_body
         app.router.add_route("*", "/{path:.*}", self._handle)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -281,7 +312,11 @@ class Tap:
 
     async def _start(self, _app) -> None:
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30,
+            # no cap on connections (aiohttp's default of 100 would queue the 101st
+            # concurrent stream), and no cookie jar (one client's cookies are no other's)
+            connector=aiohttp.TCPConnector(limit=0, ssl=self._upstream_ssl),
+            cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=_NO_AUTO_HEADERS,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, self.timeout_s),
                                           sock_read=self.timeout_s),
             auto_decompress=False)
 
@@ -289,15 +324,38 @@ class Tap:
         if self._session is not None:
             await self._session.close()
 
+    async def _request_body(self, request: web.Request, timed: bool):
+        """(what to send upstream, the body when the tap read all of it, else None).
+        A timed request's body is read up to ``max_body_bytes``; past that, and on
+        every other path, it is streamed as it comes (never refused for its size)."""
+        if not request.body_exists:
+            return None, b""
+        limit = self.max_body_bytes if timed else 0
+        size = request.content_length
+        if size is not None and size > limit:
+            return _relay_body(b"", request.content), None
+        head = bytearray()
+        while len(head) <= limit:
+            piece = await request.content.readany()
+            if not piece:
+                return bytes(head), bytes(head)
+            head += piece
+        return _relay_body(bytes(head), request.content), None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.time()
         timed = request.method == "POST" and request.path in TIMED_PATHS
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self.counts["body_too_large"] += 1
-            raise
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        try:
+            body, whole = await self._request_body(request, timed)
+        except (aiohttp.ClientError, OSError):  # the client went away while sending it
+            return self._unanswered(timed, "client_disconnected")
+        untimed = None if timed else "untimed"  # the outcome, when not timed
+        if whole is None:
+            if request.content_length is not None:  # framed as the client framed it
+                headers["Content-Length"] = str(request.content_length)
+            if timed:
+                timed, untimed = False, "body_too_large_untimed"
         seen = Observed(arrival=arrival) if timed else None
         streamed = False
         if timed:
@@ -305,7 +363,7 @@ class Tap:
             headers["traceparent"] = traceparent(request.headers.get("traceparent"))
             seen.trace_parent = headers["traceparent"][3:-3]  # "<trace id>-<span id>"
             try:
-                asked = json.loads(body) if body else {}
+                asked = json.loads(whole) if whole else {}
                 streamed = isinstance(asked, dict) and bool(asked.get("stream"))
                 if isinstance(asked, dict):
                     seen.model = str(asked.get("model") or "")
@@ -315,13 +373,31 @@ class Tap:
         try:
             upstream = await self._session.request(request.method, url, headers=headers,
                                                    data=body, allow_redirects=False)
+        except asyncio.CancelledError:  # the tap is stopping before the server answered
+            self._unanswered(timed, "tap_stopped", untimed)
+            raise
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            if request.transport is None or request.transport.is_closing():
+                return self._unanswered(timed, "client_disconnected", untimed)
+            if isinstance(e, TimeoutError):  # no answer within --timeout: 504, as nginx
+                self.counts["upstream_timeout"] += 1
+                return web.Response(status=504, text=f"phasewatch tap: upstream {url}: no "
+                                    f"answer within {self.timeout_s:g}s\n")
             self.counts["upstream_unreachable"] += 1
             return web.Response(status=502, text=f"phasewatch tap: upstream {url}: {e}\n")
+        if untimed:
+            self.counts[untimed] += 1
         try:
             return await self._relay(request, upstream, seen, streamed)
         finally:
             upstream.release()
+
+    def _unanswered(self, timed: bool, why: str, untimed: str | None = "untimed"
+                    ) -> web.Response:
+        """A request that ended before the server answered, for ``why`` (an abort)."""
+        self.counts[why] += 1
+        self.counts["unanswered" if timed else untimed] += 1
+        return web.Response(status=499)  # to nobody: the client is gone
 
     async def _relay(self, request, upstream, seen: Observed | None,
                      streamed: bool) -> web.StreamResponse:
@@ -337,32 +413,49 @@ class Tap:
             self.counts["compressed_answer"] += 1  # passed on, not read
             reader = None
         whole = bytearray()
+        aborted, side = "", "client"  # whose fault an exception is
         try:
             await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
+            while True:
+                side = "upstream"
+                chunk = await upstream.content.readany()
+                if not chunk:
+                    break
                 t = time.time()
+                side = "client"
                 await resp.write(chunk)
                 if reader is not None and upstream.status == 200:
                     if streamed:
                         reader.feed(chunk, t)
                     elif len(whole) < _MAX_EVENT:
                         whole += chunk
+            side = "client"
             await resp.write_eof()
-        except ConnectionResetError:  # writing to a client that hung up (aiohttp's own too)
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            # ConnectionResetError: writing to a client that hung up (aiohttp's own too)
+            aborted = ("client_disconnected" if side == "client" else
+                       "upstream_stalled" if isinstance(e, TimeoutError) else
+                       "upstream_broke_off")
+            upstream.close()  # the server stops generating
+            if side == "upstream" and request.transport is not None:
+                # the client sees the answer cut off where the server left it (no
+                # final chunk), not a clean end the server never sent
+                request.transport.close()
+        except asyncio.CancelledError:  # the tap is stopping with this stream open
+            aborted = "tap_stopped"
+            upstream.close()
+            raise
+        finally:
+            if aborted:
+                self.counts[aborted] += 1
             if seen is not None:
-                seen.aborted = "client_disconnected"
-            self.counts["client_disconnected"] += 1
-        except (TimeoutError, aiohttp.ClientError):
-            if seen is not None:
-                seen.aborted = "upstream_broke_off"
-            self.counts["upstream_broke_off"] += 1
-        if seen is not None:
-            seen.end = time.time()
-            seen.status = upstream.status
-            if reader is not None and not streamed and whole and not seen.aborted:
-                reader.whole(bytes(whole), seen.end)
-            seen.settle()
-            self._finish(seen)
+                seen.aborted = aborted
+                seen.end = time.time()
+                seen.status = upstream.status
+                if reader is not None and not streamed and whole and not seen.aborted:
+                    reader.whole(bytes(whole), seen.end)
+                seen.settle()
+                self._finish(seen)
         return resp
 
     def _finish(self, seen: Observed) -> None:
@@ -382,31 +475,159 @@ class Tap:
                 self.counts["record_failed"] += 1
 
 
-class TapServer:
-    """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``."""
+async def _relay_body(head: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """A request body streamed to the upstream: what was read of it, then the rest."""
+    if head:
+        yield head
+    while piece := await rest.readany():
+        yield piece
 
-    def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0):
+
+# What ``Tap.counts`` holds, by family: the outcome of every request (one each);
+# streams cut short, by why; records lost, by why (with the client's own drops);
+# answers or requests passed on without being read.
+OUTCOMES = ("completed", "aborted", "unanswered", "untimed", "body_too_large_untimed",
+            "upstream_unreachable", "upstream_timeout")  # and upstream_status_<N>xx
+ABORTS = ("client_disconnected", "upstream_broke_off", "upstream_stalled", "tap_stopped")
+TAP_DROPS = ("no_model", "record_failed", "body_too_large_untimed")
+UNREAD = ("unreadable_request", "compressed_answer", "event_too_large", "unreadable_event",
+          "unreadable_body")
+CLIENT_DROPS = ("buffer_full", "refused", "shutdown", "invalid", "closed")
+
+
+def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = None
+            ) -> dict[str, dict[str, int]]:
+    """The counts by family: requests (by outcome), aborts, records_dropped (the tap's
+    and the client's, ``rejected`` by the exporter among them) and unread; and, with
+    the client's stats, records_accepted."""
+    stats = client_stats or {}
+    outcomes = {k: counts.get(k, 0) for k in OUTCOMES}
+    outcomes.update({k: v for k, v in counts.items() if k.startswith("upstream_status_")})
+    dropped = {k: counts.get(k, 0) for k in TAP_DROPS}
+    if client_stats is not None:
+        dropped.update({k: stats.get(f"dropped_{k}", 0) for k in CLIENT_DROPS})
+        dropped["rejected"] = stats.get("rejected", 0)
+    out = {"requests": outcomes, "aborts": {k: counts.get(k, 0) for k in ABORTS},
+           "records_dropped": dropped, "unread": {k: counts.get(k, 0) for k in UNREAD}}
+    if client_stats is not None:
+        out["records_accepted"] = {"": stats.get("accepted", 0)}
+    return out
+
+
+_HELP = {"requests": ("outcome", "requests through the tap, one outcome each: completed, "
+                      "aborted (recorded, finish reason abort), unanswered (ended before the "
+                      "server answered: not recorded), untimed (other paths), "
+                      "body_too_large_untimed, upstream_unreachable (502), upstream_timeout "
+                      "(504), upstream_status_<N>xx (an error answer: passed on, not "
+                      "recorded)"),
+         "aborts": ("reason", "requests cut short, on any path, by why"),
+         "records_dropped": ("reason", "records of timed requests lost, by why (the "
+                             "client's buffer_full, refused, shutdown, invalid, closed and "
+                             "the exporter's rejected among them)"),
+         "unread": ("reason", "requests or answers passed on without being read"),
+         "records_accepted": ("", "records the exporter accepted")}
+
+
+class TapCollector:
+    """The tap's counts as Prometheus counters (``phasewatch_tap_*``), read at scrape."""
+
+    def __init__(self, tap: Tap, client=None):
+        self._tap, self._client = tap, client
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = dict(self._client.stats) if self._client is not None else None
+        for family, values in tallies(self._tap.counts, stats).items():
+            label, text = _HELP[family]
+            m = CounterMetricFamily(f"phasewatch_tap_{family}", text,
+                                    labels=[label] if label else None)
+            for value, n in sorted(values.items()):
+                m.add_metric([value] if label else [], n)
+            yield m
+
+
+def metrics_app(tap: Tap, client=None) -> web.Application:
+    """``GET /metrics``: the tap's counts in Prometheus text, on a port of its own (the
+    tap's port passes every path to the upstream)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TapCollector(tap, client))
+
+    async def metrics(_request):
+        return web.Response(body=generate_latest(registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def server_ssl(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The tap's HTTPS listener, from PEM files checked at most once a second as
+    ``phasewatch serve``'s are: new connections get renewed certificates."""
+    from exporter.tls import TlsFiles
+
+    files = TlsFiles(cert_file, key_file)
+    ctx = files.context(("http/1.1",), "none")
+
+    def current(conn: ssl.SSLObject, _name, _ctx) -> None:  # called on every handshake
+        conn.context = files.context(("http/1.1",), "none")
+
+    ctx.sni_callback = current
+    return ctx
+
+
+class TapServer:
+    """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``; with
+    ``metrics_port`` (0: a free one) its counts (and ``client``'s) on ``/metrics``
+    there; with ``ssl_context``, both over HTTPS. ``stop()`` lets open streams finish
+    for ``grace`` seconds, then cuts them (counted ``tap_stopped``)."""
+
+    def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0, *,
+                 ssl_context: ssl.SSLContext | None = None, metrics_port: int | None = None,
+                 client=None, grace: float = 10.0):
         self.tap, self.host, self.port = tap, host, port
+        self.metrics_port, self._client = metrics_port, client
+        self._ssl, self._grace = ssl_context, grace
         self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="pw-tap",
                                         daemon=True)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._ssl is not None else "http"
 
     def start(self) -> TapServer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._up(), self._loop).result(30)
         return self
 
-    async def _up(self) -> None:
-        self._runner = web.AppRunner(self.tap.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+    async def _site(self, app: web.Application, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._grace)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.host, port, reuse_address=True,
+                           ssl_context=self._ssl)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        return site._server.sockets[0].getsockname()[1]
+
+    async def _up(self) -> None:
+        self.port = await self._site(self.tap.app(), self.port)
+        if self.metrics_port is not None:
+            self.metrics_port = await self._site(metrics_app(self.tap, self._client),
+                                                 self.metrics_port)
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        """Idempotent."""
+        if not self._thread.is_alive():
+            return
+        runners, self._runners = self._runners, []
+        for runner in reversed(runners):
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop).result(
+                self._grace + 30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -418,20 +639,53 @@ def client_recorder(client):
     return record
 
 
-def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
-                  default_model: str) -> int:
-    from exporter.client import PhasewatchClient
+def summary(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = None) -> str:
+    """One line: each family's counts that are not zero."""
+    parts = []
+    for family, values in tallies(counts, client_stats).items():
+        if family == "records_accepted":
+            parts.append(f"records_accepted {values['']}")
+            continue
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(values.items()) if v)
+        parts.append(f"{family}: {shown or 'none'}")
+    return "; ".join(parts)
 
-    client = PhasewatchClient(target, engine=engine, source="tap")
-    server = TapServer(Tap(upstream, client_recorder(client), default_model=default_model),
-                       host, port).start()
-    print(f"phasewatch tap on http://{host}:{server.port} -> {upstream}; records to "
-          f"{target} (pid {os.getpid()})", flush=True)
+
+def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
+                  default_model: str, *, token: str = "", client_tls=None,
+                  tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
+                  timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
+                  metrics_port: int | None = None,
+                  stop: threading.Event | None = None) -> int:
+    """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
+    ``token`` / ``client_tls`` (an ``exporter.tls.ClientTls``): to the exporter;
+    ``tls_cert_file`` / ``tls_key_file``: the tap's own HTTPS listener."""
+    from exporter.client import PhasewatchClient
+    from exporter.tls import ClientTls
+
+    tls = client_tls or ClientTls()
+    client = PhasewatchClient(target, engine=engine, source="tap", token=token,
+                              tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+    tap = server = None
     try:
-        threading.Event().wait()
+        tap = Tap(upstream, client_recorder(client), default_model=default_model,
+                  max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca)
+        listener = (server_ssl(tls_cert_file, tls_key_file)
+                    if tls_cert_file or tls_key_file else None)
+        server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,
+                           client=client).start()
+        print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
+              f"records to {target} (pid {os.getpid()})", flush=True)
+        if server.metrics_port is not None:
+            print(f"phasewatch tap counts on {server.scheme}://{host}:{server.metrics_port}"
+                  "/metrics", flush=True)
+        (stop or threading.Event()).wait()
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         client.close()
+        if tap is not None:
+            log.info("phasewatch tap stopped: %s", summary(tap.counts, client.stats))
     return 0

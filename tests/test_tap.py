@@ -10,18 +10,24 @@ the real-engines tests.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.client
 import json
+import ssl
 import threading
 import time
 import urllib.request
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
 
 from exporter import tap as tapmod
+from exporter.app import Exporter
 from exporter.client import PhasewatchClient
-from tests.conftest import scrape, wait_for
+from exporter.config import ServeConfig
+from tests.certs import make_certs
+from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port
 
 MODEL = "tiny-llama"
@@ -30,10 +36,15 @@ FIRST_DELAY, GAP = 0.30, 0.05
 
 class FakeServer:
     """An OpenAI-style server on its own loop: streams ``tokens`` chunks, the first
-    after FIRST_DELAY, then one every GAP (``per_chunk`` tokens each)."""
+    after FIRST_DELAY (or the request's ``first_delay``), then one every GAP
+    (``per_chunk`` tokens each); ``stall_after`` chunks it goes silent for ``stall``
+    seconds, ``break_after`` chunks it drops the connection. Over HTTPS with
+    ``ssl_context``."""
 
-    def __init__(self):
+    def __init__(self, ssl_context: ssl.SSLContext | None = None):
+        self.ssl_context = ssl_context
         self.seen_headers: list[dict] = []
+        self.body_sizes: list[int] = []
         self.cancelled = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -44,13 +55,14 @@ class FakeServer:
         return self
 
     async def _up(self):
-        app = web.Application()
+        app = web.Application(client_max_size=1 << 30)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/broken", self._broken)
+        app.router.add_post("/v1/echo", self._echo)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 
@@ -60,21 +72,32 @@ class FakeServer:
         self._thread.join(5)
 
     async def _models(self, request):
-        return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+        self.seen_headers.append(dict(request.headers))
+        resp = web.json_response({"object": "list", "data": [{"id": MODEL}]})
+        resp.set_cookie("session", "of-whoever-asked")
+        return resp
+
+    async def _echo(self, request):
+        body = await request.read()
+        return web.json_response({"size": len(body),
+                                  "sha256": hashlib.sha256(body).hexdigest()})
 
     async def _broken(self, request):
         return web.Response(status=500, text="engine error\n")
 
     async def _chat(self, request):
         self.seen_headers.append(dict(request.headers))
-        ask = await request.json()
+        raw = await request.read()
+        self.body_sizes.append(len(raw))
+        ask = json.loads(raw)
+        first_delay = ask.get("first_delay", FIRST_DELAY)
         tokens, per_chunk = ask.get("max_tokens", 6), ask.get("per_chunk", 1)
         eos_only = ask.get("eos_only", False)  # one token, the end of sequence: no text
         opts = ask.get("stream_options") or {}
         usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens,
                  "prompt_tokens_details": {"cached_tokens": 8}}
         if not ask.get("stream"):
-            await asyncio.sleep(FIRST_DELAY)
+            await asyncio.sleep(first_delay)
             return web.json_response({
                 "id": "c1", "object": "chat.completion", "model": MODEL, "usage": usage,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
@@ -82,9 +105,14 @@ class FakeServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
-            await asyncio.sleep(FIRST_DELAY)
+            await asyncio.sleep(first_delay)
             sent = 0
             while sent < tokens:
+                if sent == ask.get("stall_after"):
+                    await asyncio.sleep(ask["stall"])
+                if sent == ask.get("break_after"):  # the server dies mid-answer
+                    request.transport.close()
+                    return resp
                 n = min(per_chunk, tokens - sent)
                 sent += n
                 chunk = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
@@ -128,6 +156,65 @@ def tapped(fake, exporter):
     yield tap, server, client
     server.stop()
     client.close()
+
+
+@pytest.fixture
+def make_tap(fake, exporter):
+    """Taps over ``fake`` recording to ``exporter``, each with its own client, made with
+    Tap's (and TapServer's) keywords and stopped at the end."""
+    made = []
+
+    def make(upstream: str | None = None, client: PhasewatchClient | None = None,
+             server_kw: dict | None = None, **kw):
+        client = client or PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}",
+                                            engine="tap", flush_interval=0.05)
+        tap = tapmod.Tap(upstream or f"http://127.0.0.1:{fake.port}",
+                         tapmod.client_recorder(client), **kw)
+        server = tapmod.TapServer(tap, client=client, **(server_kw or {})).start()
+        made.append((server, client))
+        return tap, server, client
+
+    yield make
+    for server, client in made:
+        server.stop()
+        client.close(timeout=1)
+
+
+class Got:
+    """What a client read of one answer: ``complete`` is False when the answer was cut
+    off (a chunked answer without its last chunk)."""
+
+    def __init__(self, status: int, data: bytes, complete: bool, times: list[float]):
+        self.status, self.data, self.complete, self.times = status, data, complete, times
+
+
+def fetch(port: int, body: dict | bytes | None, path="/v1/chat/completions",
+          headers: dict | None = None, method="POST", context: ssl.SSLContext | None = None,
+          chunked=False) -> Got:
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+            if context is not None else http.client.HTTPConnection("127.0.0.1", port,
+                                                                  timeout=30))
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    if chunked:  # no Content-Length: the body in pieces of 64 KiB
+        body = iter([body[i:i + 65536] for i in range(0, len(body), 65536)])
+    conn.request(method, path, body=body, encode_chunked=chunked,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    data, times, complete = b"", [], True
+    while True:
+        try:
+            piece = resp.read1(65536)
+        except http.client.IncompleteRead as e:
+            data += e.partial
+            complete = False
+            break
+        if not piece:
+            break
+        data += piece
+        times.append(time.time())
+    conn.close()
+    return Got(resp.status, data, complete, times)
 
 
 def post(port: int, body: dict, headers: dict | None = None, path="/v1/chat/completions",
@@ -326,3 +413,290 @@ def test_the_command_serves_and_records(fake, exporter, tmp_path):
         assert row["engine"] == "tap" and row["ttft"] >= FIRST_DELAY
     finally:
         terminate(proc)
+    # SIGTERM: the tap stops cleanly and logs what it counted
+    assert proc.returncode == 0, log.read_text()
+    assert ("phasewatch tap stopped: requests: completed 1; aborts: none; records_dropped: "
+            "none; unread: none; records_accepted 1") in log.read_text(), log.read_text()
+
+
+def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path):
+    """An exporter requiring TLS and a token, an https upstream with a private CA, the
+    tap's own listener and counts over HTTPS: every option through the command line
+    (the token from $PHASEWATCH_AUTH_TOKEN)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import terminate
+
+    up_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    up_tls.load_cert_chain(certs.server_cert, certs.server_key)
+    upstream = FakeServer(ssl_context=up_tls).start()
+    ex = Exporter(replace(ServeConfig(**TEST_PORTS), auth_token=TOKEN,
+                          tls_cert_file=certs.server_cert,
+                          tls_key_file=certs.server_key)).start()
+    log = tmp_path / "tap.log"
+    proc = None
+    try:
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "exporter.cli", "tap", "--upstream",
+                 f"https://127.0.0.1:{upstream.port}", "--upstream-ca", certs.ca,
+                 "--port", "0", "--metrics-port", "0", "--target",
+                 f"127.0.0.1:{ex.grpc_port}", "--tls-ca", certs.ca,
+                 "--tls-cert-file", certs.server_cert, "--tls-key-file", certs.server_key,
+                 "--timeout", "30", "--max-body-mib", "1"],
+                stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PHASEWATCH_AUTH_TOKEN": TOKEN})
+        found = wait_for(lambda: re.search(
+            r"tap on https://127.0.0.1:(\d+).*\n.*counts on https://127.0.0.1:(\d+)/metrics",
+            log.read_text()), timeout=30)
+        assert found, log.read_text()
+        trusting = ssl.create_default_context(cafile=certs.ca)
+        got = fetch(int(found[1]), STREAM, context=trusting)
+        assert got.status == 200 and got.complete and b"[DONE]" in got.data
+
+        def accepted():
+            with urllib.request.urlopen(f"https://127.0.0.1:{found[2]}/metrics",
+                                        context=trusting, timeout=10) as r:
+                text = r.read().decode()
+            return "phasewatch_tap_records_accepted_total 1.0" in text
+
+        assert wait_for(accepted, timeout=15), log.read_text()
+    finally:
+        terminate(proc)
+        ex.stop(grace=1)
+        upstream.stop()
+
+
+# ---- faults: the client gets what the server gave, and every loss is counted ----------
+
+STREAM = {"model": MODEL, "stream": True, "max_tokens": 6,
+          "stream_options": {"include_usage": True}}
+
+
+def test_a_slow_upstream_is_waited_for_and_its_delay_is_the_ttft(fake, make_tap, exporter):
+    """The first byte after 1.2 s, then 30 chunks 50 ms apart: 2.7 s in all, longer than
+    the tap's --timeout (1.5 s), which bounds silence, not a stream."""
+    tap, server, _ = make_tap(timeout_s=1.5)
+    ask = {**STREAM, "max_tokens": 30, "first_delay": 1.2}
+    direct = fetch(fake.port, ask)
+    through = fetch(server.port, ask)
+    assert (through.status, through.data, through.complete) == (200, direct.data, True)
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert 1.2 <= row["ttft"] < 1.4 and row["output_tokens"] == 30, row
+    assert row["e2e"] > 1.5
+    assert tap.counts["completed"] == 1 and not tap.counts["upstream_stalled"]
+
+
+def test_an_upstream_silent_past_the_timeout_cuts_the_answer_off_and_is_counted(
+        fake, make_tap, exporter):
+    tap, server, _ = make_tap(timeout_s=0.5)
+    ask = {**STREAM, "stall_after": 2, "stall": 3}
+    got = fetch(server.port, ask)
+    # the two chunks sent, then the answer ends without its last chunk: cut off, as
+    # the client can tell, never a clean end the server did not send
+    assert got.status == 200 and not got.complete
+    assert got.data.count(b"data: ") == 2 and b"[DONE]" not in got.data
+    assert tap.counts["upstream_stalled"] == 1 and tap.counts["aborted"] == 1
+    assert fake.cancelled.wait(5), "the upstream request was left open"
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert row["finish_reason"] == "abort" and row["ttft"] >= FIRST_DELAY
+
+
+def test_an_upstream_silent_before_answering_is_a_504_and_counted(fake, make_tap):
+    tap, server, _ = make_tap(timeout_s=0.5)
+    got = fetch(server.port, {"model": MODEL, "first_delay": 2})
+    assert got.status == 504 and b"no answer within 0.5s" in got.data
+    assert tap.counts["upstream_timeout"] == 1 and not tap.counts["completed"]
+
+
+def test_an_upstream_breaking_off_mid_stream_reaches_the_client_as_it_broke(
+        fake, make_tap, exporter):
+    tap, server, _ = make_tap()
+    ask = {**STREAM, "break_after": 2}
+    direct = fetch(fake.port, ask)
+    through = fetch(server.port, ask)
+    assert not direct.complete and direct.data.count(b"data: ") == 2
+    assert (through.status, through.data, through.complete) == (200, direct.data, False)
+    assert tap.counts["upstream_broke_off"] == 1 and tap.counts["aborted"] == 1
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert row["finish_reason"] == "abort"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_streamed_through_untimed_and_counted(
+        fake, make_tap, exporter, chunked):
+    tap, server, client = make_tap(max_body_bytes=4096)
+    big = {**STREAM, "max_tokens": 3, "pad": "x" * 300_000}  # > 4 KiB, several pieces
+    direct = fetch(fake.port, big)
+    through = fetch(server.port, big, chunked=chunked)
+    assert (through.status, through.data, through.complete) == (200, direct.data, True)
+    assert fake.body_sizes[-1] == fake.body_sizes[-2] == len(json.dumps(big))
+    assert tap.counts["body_too_large_untimed"] == 1 and not tap.counts["completed"]
+    # one under the limit, in either framing, is timed as ever
+    assert fetch(server.port, {**STREAM, "max_tokens": 3}, chunked=chunked).status == 200
+    assert wait_for(lambda: len(requests_of(exporter)) == 1)
+    assert client.flush(5) and client.stats["accepted"] == 1
+    assert tapmod.tallies(tap.counts)["records_dropped"]["body_too_large_untimed"] == 1
+
+
+def test_other_paths_stream_bodies_of_any_size(fake, make_tap):
+    """No 413 from the tap: an upload to an untimed path is never read into memory."""
+    tap, server, _ = make_tap(max_body_bytes=1024)
+    body = bytes(range(256)) * (3 << 12)  # 3 MiB
+    for chunked in (False, True):
+        got = fetch(server.port, body, path="/v1/echo", chunked=chunked)
+        assert got.status == 200 and json.loads(got.data) == {
+            "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    assert tap.counts["untimed"] == 2 and not tap.counts["body_too_large_untimed"]
+
+
+def test_the_tap_stopping_mid_stream_records_the_request_as_aborted(fake, make_tap,
+                                                                   exporter):
+    tap, server, client = make_tap(server_kw={"grace": 0.3})
+    got: list[Got] = []
+    reader = threading.Thread(target=lambda: got.append(
+        fetch(server.port, {**STREAM, "max_tokens": 200})))
+    reader.start()
+    assert wait_for(lambda: fake.seen_headers)
+    time.sleep(FIRST_DELAY + 0.1)  # streaming now
+    server.stop()
+    reader.join(10)
+    assert got and not got[0].complete and got[0].data.count(b"data: ") >= 1
+    assert tap.counts["tap_stopped"] == 1 and tap.counts["aborted"] == 1
+    assert client.flush(5) and client.stats["accepted"] == 1
+
+
+# ---- what passes through untouched ------------------------------------------------
+
+def test_the_clients_authorization_and_headers_reach_the_upstream_untouched(fake, make_tap):
+    _, server, _ = make_tap()
+    key = {"Authorization": "Bearer users-vllm-api-key"}
+    assert fetch(server.port, {**STREAM, "max_tokens": 1}, headers=key).status == 200
+    assert fetch(server.port, None, path="/v1/models", method="GET", headers=key).status == 200
+    assert fetch(server.port, None, path="/v1/models", method="GET").status == 200
+    timed, models, anonymous = fake.seen_headers
+    for seen in (timed, models):
+        assert seen["Authorization"] == "Bearer users-vllm-api-key"
+    # nothing added: no User-Agent, Accept or Accept-Encoding of aiohttp's, and the
+    # cookie the server set for one client is not replayed for the next
+    assert "User-Agent" not in timed and "Accept" not in timed
+    assert timed["Accept-Encoding"] == "identity"  # http.client's own
+    assert "Authorization" not in anonymous and "Cookie" not in anonymous
+
+
+def test_the_tap_passes_metrics_and_every_other_path_to_the_upstream(fake, make_tap):
+    """The tap's own counts are on --metrics-port, never on a path of the engine's."""
+    _, server, _ = make_tap(server_kw={"metrics_port": 0})
+    got = fetch(server.port, None, path="/metrics", method="GET")
+    assert got.status == 404  # the fake engine has no /metrics: its answer, passed on
+
+
+# ---- TLS and bearer tokens ----------------------------------------------------------
+
+@pytest.fixture
+def certs(tmp_path):
+    return make_certs(tmp_path / "certs")
+
+
+def test_the_tap_serves_https_and_reloads_its_certificate(fake, make_tap, exporter, certs,
+                                                          tmp_path, monkeypatch):
+    from exporter import tls
+
+    monkeypatch.setattr(tls, "CHECK_SECONDS", 0.0)
+    listener = tapmod.server_ssl(certs.server_cert, certs.server_key)
+    _, server, _ = make_tap(server_kw={"ssl_context": listener})
+    trusting = ssl.create_default_context(cafile=certs.ca)
+    direct = fetch(fake.port, STREAM)
+    through = fetch(server.port, STREAM, context=trusting)
+    assert (through.status, through.data) == (200, direct.data)
+    assert wait_for(lambda: requests_of(exporter))
+    with pytest.raises(ssl.SSLError):  # a client that does not trust the CA
+        fetch(server.port, STREAM, context=ssl.create_default_context())
+    # renewed certificate files (another CA): new connections get them
+    renewed = make_certs(tmp_path / "renewed")
+    for name in ("server_cert", "server_key"):
+        with open(getattr(certs, name), "wb") as f:
+            f.write(renewed.read(name))
+    got = fetch(server.port, STREAM, context=ssl.create_default_context(cafile=renewed.ca))
+    assert got.status == 200
+
+
+def test_an_https_upstream_with_a_private_ca(make_tap, certs, exporter):
+    up_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    up_tls.load_cert_chain(certs.server_cert, certs.server_key)
+    upstream = FakeServer(ssl_context=up_tls).start()
+    try:
+        url = f"https://127.0.0.1:{upstream.port}"
+        direct = fetch(upstream.port, STREAM, context=ssl.create_default_context(
+            cafile=certs.ca))
+        _, server, _ = make_tap(url, upstream_ca=certs.ca)
+        through = fetch(server.port, STREAM)
+        assert (through.status, through.data) == (200, direct.data)
+        (row,) = wait_for(lambda: requests_of(exporter))
+        assert row["ttft"] >= FIRST_DELAY
+        # without the CA the upstream's certificate is not trusted: 502, counted
+        untrusting, server2, _ = make_tap(url)
+        got = fetch(server2.port, STREAM)
+        assert got.status == 502 and b"certificate" in got.data.lower()
+        assert untrusting.counts["upstream_unreachable"] == 1
+    finally:
+        upstream.stop()
+    with pytest.raises(ValueError, match="upstream-ca"):
+        tapmod.Tap(url, None, upstream_ca=str(certs.ca) + ".missing")
+
+
+TOKEN = "exporter-s3cret"
+
+
+@pytest.fixture
+def exporter_with_token():
+    with Exporter(ServeConfig(**TEST_PORTS, auth_token=TOKEN)) as ex:
+        yield ex
+
+
+@pytest.mark.parametrize("token", [TOKEN, "wrong"])
+def test_records_to_an_exporter_that_requires_a_token(fake, make_tap, exporter_with_token,
+                                                      token):
+    client = PhasewatchClient(f"127.0.0.1:{exporter_with_token.grpc_port}", engine="tap",
+                              flush_interval=0.05, token=token, source="tap")
+    tap, server, _ = make_tap(client=client, server_kw={"metrics_port": 0})
+    direct = fetch(fake.port, STREAM)
+    for _ in range(2):  # the user's traffic is the same either way
+        through = fetch(server.port, STREAM)
+        assert (through.status, through.data) == (200, direct.data)
+    # recorded as each answer ended, which the client may see a moment before
+    assert wait_for(lambda: tap.counts["completed"] == 2)
+    client.flush(10)
+    m = scrape(server.metrics_port)
+    assert m.value("phasewatch_tap_requests_total", outcome="completed") == 2
+    if token == TOKEN:
+        assert client.stats["accepted"] == 2
+        assert m.value("phasewatch_tap_records_accepted_total") == 2
+        assert m.value("phasewatch_tap_records_dropped_total", reason="refused") == 0
+    else:  # refused (UNAUTHENTICATED, not retried), every record counted as lost
+        assert client.stats["dropped_refused"] == 2 and client.stats["accepted"] == 0
+        assert m.value("phasewatch_tap_records_dropped_total", reason="refused") == 2
+        assert "refused 2" in tapmod.summary(tap.counts, client.stats)
+
+
+def test_the_metrics_port_counts_every_outcome(fake, make_tap):
+    tap, server, client = make_tap(server_kw={"metrics_port": 0})
+    assert fetch(server.port, STREAM).status == 200
+    assert fetch(server.port, {**STREAM, "model": ""}).status == 200  # named by the answer
+    assert fetch(server.port, None, path="/v1/models", method="GET").status == 200
+    assert fetch(server.port, {"model": MODEL}, path="/v1/broken").status == 500
+    assert fetch(server.port, {**STREAM, "break_after": 1}).status == 200
+    assert wait_for(lambda: tap.counts["completed"] + tap.counts["aborted"] == 3)
+    assert client.flush(5)
+    m = scrape(server.metrics_port)
+    # /v1/models and /v1/broken's 500 are untimed paths
+    want = {"completed": 2, "aborted": 1, "untimed": 2, "upstream_unreachable": 0}
+    for outcome, n in want.items():
+        assert m.value("phasewatch_tap_requests_total", outcome=outcome) == n, outcome
+    assert m.value("phasewatch_tap_aborts_total", reason="upstream_broke_off") == 1
+    assert m.value("phasewatch_tap_records_accepted_total") == 3  # the aborted one too
+    assert not any(s.value for s in m.samples
+                   if s.name == "phasewatch_tap_records_dropped_total"), m.text
