@@ -96,6 +96,11 @@ def _options(values, chosen) -> list[dict]:
     return [{"label": v, "value": v} for v in sorted(set(values) | set(chosen or ())) if v]
 
 
+def _shown(options: list) -> dict:
+    """An optional selector (pod, request source) shows once it has a choice to offer."""
+    return {} if options else {"display": "none"}
+
+
 def _selector(id_: str, placeholder: str) -> dcc.Dropdown:
     return dcc.Dropdown(id=id_, multi=True, placeholder=placeholder, options=[],
                         persistence=True, className="pw-select")
@@ -139,7 +144,9 @@ def guard(server, basic_auth: str = "") -> None:
 def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
                basic_auth: str = "") -> dash.Dash:
     """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``. The pod
-    selector shows once the source reports pods (Prometheus, or a central exporter).
+    selector shows once the source reports pods (Prometheus, or a central exporter), the
+    request-source selector (engine, tap, joined) once it reports sources (an exporter
+    run with --source-label).
     ``basic_auth``: ``user:password`` the browser must give (empty: none)."""
     cached = CachedSource(source, ttl=min(1.0, refresh / 2))
     app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
@@ -149,6 +156,9 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
                                                 "</style>")
     controls = [_selector("model", "all models"), _selector("engine", "all engines"),
                 html.Div(_selector("pod", "all pods"), id="pod-wrap",
+                         style={"display": "none"}),
+                # who saw the requests (id "source" is the header line naming the exporter)
+                html.Div(_selector("request-source", "all sources"), id="request-source-wrap",
                          style={"display": "none"})]
     if scenario is not None:
         controls.append(html.Div([html.Span("scenario ", style={"fontSize": "13px"}),
@@ -177,19 +187,24 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     @app.callback([Output("state", "children"), Output("cards", "children"),
                    *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
                    Output("model", "options"), Output("engine", "options"),
-                   Output("pod", "options"), Output("pod-wrap", "style")],
+                   Output("pod", "options"), Output("pod-wrap", "style"),
+                   Output("request-source", "options"), Output("request-source-wrap", "style")],
                   [Input("tick", "n_intervals"), Input("model", "value"),
-                   Input("engine", "value"), Input("pod", "value")])
-    def refresh_page(_, models, engines, pods):
+                   Input("engine", "value"), Input("pod", "value"),
+                   Input("request-source", "value")])
+    def refresh_page(_, models, engines, pods, sources):
         started = time.perf_counter()
-        selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()))
+        selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()),
+                              tuple(sources or ()))
         snap = cached.fetch(selection)
         page = page_outputs(snap, cached.last_ok, started)
         if snap.error is not None:  # keep the selectors as they were
-            return [*page, *[dash.no_update] * 4]
-        options = [_options(snap.labels[k].tolist(), chosen)
-                   for k, chosen in (("model", models), ("engine", engines), ("pod", pods))]
-        return [*page, *options, {} if options[2] else {"display": "none"}]
+            return [*page, *[dash.no_update] * 6]
+        models, engines, pods, sources = (
+            _options(snap.labels[k].tolist(), chosen)
+            for k, chosen in (("model", models), ("engine", engines), ("pod", pods),
+                              ("source", sources)))
+        return [*page, models, engines, pods, _shown(pods), sources, _shown(sources)]
 
     if scenario is not None:
         @app.callback(Output("scenario-note", "children"), Input("scenario", "value"),

@@ -40,7 +40,10 @@ def _finite(x) -> float:
 
 
 def _key(row: dict) -> dict:
-    return {"model": row["model"], "engine": row["engine"], "pod": row.get("pod", "")}
+    """An entry's label set; ``pod`` and ``source`` only where the exporter labels them
+    (--pod-label, --source-label), else ""."""
+    return {"model": row["model"], "engine": row["engine"], "pod": row.get("pod", ""),
+            "source": row.get("source", "")}
 
 
 class ExporterSource:
@@ -72,7 +75,8 @@ class ExporterSource:
         except FetchError as e:
             return Snapshot(self.name, self.url, error=e.error, fetched_at=time.time())
         snap = snapshot_from_api(summary, roofline, history, requests, self.url)
-        return snap.select(selection.models, selection.engines, selection.pods)
+        return snap.select(selection.models, selection.engines, selection.pods,
+                           selection.sources)
 
 
 def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: list[dict],

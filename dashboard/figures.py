@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dashboard.frames import KEYS, who
 from dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
 
 DASHES = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
@@ -43,17 +44,23 @@ def empty_figure(title: str, message: str) -> dict:
                       "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#777"}}])}
 
 
-def _label(row, several: bool) -> str:
-    """Name a label set in legends only when there are several on the chart."""
-    if not several:
-        return ""
-    parts = [row["model"], row["engine"]] + ([row["pod"]] if row["pod"] else [])
-    return " · " + "/".join(parts)
+def _label(key: tuple, several: bool) -> str:
+    """Name a label set (a ``KEYS`` tuple) in legends only when there are several on the
+    chart: `` · model/engine[/pod][ (source)]``."""
+    return " · " + who(dict(zip(KEYS, key, strict=True))) if several else ""
 
 
-def _label_sets(df: pd.DataFrame) -> list[tuple[str, str, str]]:
-    return sorted({(m, e, p) for m, e, p in zip(df["model"], df["engine"], df["pod"],
-                                                strict=True)})
+def _label_sets(df: pd.DataFrame) -> list[tuple[str, ...]]:
+    """Every (model, engine, pod, source) in ``df``, sorted."""
+    return sorted(set(zip(*(df[k] for k in KEYS), strict=True)))
+
+
+def _of(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
+    """The rows of one label set."""
+    keep = pd.Series(True, index=df.index)
+    for k, v in zip(KEYS, key, strict=True):
+        keep &= df[k] == v
+    return df[keep]
 
 
 def _time_axis() -> dict:
@@ -97,12 +104,12 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame) -> dict:
                                        f"{si(row.flops)}FLOP/s<br>ridge {ridge:.0f} "
                                        "FLOPs/byte<extra></extra>")})
     sets = _label_sets(ok)
-    for (model, engine, pod), phase in [(s, p) for s in sets for p in ("prefill", "decode")]:
-        mine = ok[(ok["model"] == model) & (ok["engine"] == engine) & (ok["pod"] == pod)
-                  & (ok["phase"] == phase)].sort_values("at")
+    for key, phase in [(s, p) for s in sets for p in ("prefill", "decode")]:
+        mine = _of(ok, key)
+        mine = mine[mine["phase"] == phase].sort_values("at")
         if mine.empty:
             continue
-        suffix = _label({"model": model, "engine": engine, "pod": pod}, len(sets) > 1)
+        suffix = _label(key, len(sets) > 1)
         color = PHASE_COLORS[phase]
         trail = mine[~mine["latest"].astype(bool)]
         if not trail.empty:
@@ -139,9 +146,9 @@ def _series_figure(series: pd.DataFrame, title: str, metrics: dict[str, tuple[st
         return empty_figure(title, empty)
     sets = _label_sets(df)
     data = []
-    for i, (model, engine, pod) in enumerate(sets):
-        mine = df[(df["model"] == model) & (df["engine"] == engine) & (df["pod"] == pod)]
-        suffix = _label({"model": model, "engine": engine, "pod": pod}, len(sets) > 1)
+    for i, key in enumerate(sets):
+        mine = _of(df, key)
+        suffix = _label(key, len(sets) > 1)
         for metric, (name, color) in metrics.items():
             m = mine[mine["metric"] == metric].sort_values("at")
             if m.empty:
@@ -183,9 +190,8 @@ def shares_figure(series: pd.DataFrame) -> dict:
     if df.empty:
         return empty_figure(title, "No complete requests yet")
     sets = _label_sets(df)
-    model, engine, pod = sets[0]
-    mine = df[(df["model"] == model) & (df["engine"] == engine) & (df["pod"] == pod)]
-    suffix = _label({"model": model, "engine": engine, "pod": pod}, len(sets) > 1)
+    mine = _of(df, sets[0])
+    suffix = _label(sets[0], len(sets) > 1)
     data = []
     for p in PHASES:
         m = mine[mine["metric"] == f"{p}_share"].sort_values("at")
@@ -196,7 +202,7 @@ def shares_figure(series: pd.DataFrame) -> dict:
                      "line": {"color": PHASE_COLORS[p], "width": 0.5},
                      "fillcolor": PHASE_COLORS[p],
                      "hovertemplate": f"{p}: %{{y:.0%}}<extra></extra>"})
-    note = (f" ({model}/{engine}{'/' + pod if pod else ''}; pick one to change)"
+    note = (f" ({who(dict(zip(KEYS, sets[0], strict=True)))}; pick one to change)"
             if len(sets) > 1 else "")
     return {"data": data, "layout": _layout(
         title + note, _time_axis(),
@@ -212,7 +218,10 @@ def waterfall_figure(waterfall: pd.DataFrame) -> dict:
     df = waterfall.sort_values("start").reset_index(drop=True)
     if (df["kind"] == "mean").all():
         title = "Mean request per pod: queue, prefill, decode"
-    labels = [str(x)[:28] for x in df["label"]]
+    # "joined: <request>" where the exporter labels sources (a tap's request, the
+    # engine's, or both joined), so a client-visible bar is never taken for an engine's
+    labels = [(f"{src}: {x}" if src else str(x))[:28]
+              for x, src in zip(df["label"], df["source"], strict=True)]
     base = df["start"].astype(float).to_numpy()
     data = []
     for p in PHASES:
@@ -243,12 +252,10 @@ def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame
     if prompt_points.empty and prompt_classes.empty:
         return empty_figure(title, "No requests with a prompt length and a TTFT yet")
     data = []
-    sets = _label_sets(pd.concat([prompt_points[["model", "engine", "pod"]],
-                                  prompt_classes[["model", "engine", "pod"]]]))
-    for i, (model, engine, pod) in enumerate(sets):
-        suffix = _label({"model": model, "engine": engine, "pod": pod}, len(sets) > 1)
-        pts = prompt_points[(prompt_points["model"] == model)
-                            & (prompt_points["engine"] == engine) & (prompt_points["pod"] == pod)]
+    sets = _label_sets(pd.concat([prompt_points[list(KEYS)], prompt_classes[list(KEYS)]]))
+    for i, key in enumerate(sets):
+        suffix = _label(key, len(sets) > 1)
+        pts = _of(prompt_points, key)
         pts = pts[(pts["prompt_tokens"] > 0) & (pts["ttft"] > 0)]
         if not pts.empty:
             data.append({"type": "scatter", "mode": "markers", "name": "request" + suffix,
@@ -257,9 +264,7 @@ def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame
                                     "opacity": 0.35, "symbol": i % 10},
                          "hovertemplate": "%{x} prompt tokens<br>TTFT %{y:.3s}s"
                                           "<extra></extra>"})
-        cls = prompt_classes[(prompt_classes["model"] == model)
-                             & (prompt_classes["engine"] == engine)
-                             & (prompt_classes["pod"] == pod)].sort_values("min_tokens")
+        cls = _of(prompt_classes, key).sort_values("min_tokens")
         if cls.empty:
             continue
         # a class's x: the geometric middle of its token range (the open top class: 2x min)

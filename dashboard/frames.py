@@ -2,9 +2,11 @@
 
 A source (the exporter's JSON API, or PromQL over Prometheus's HTTP API) turns its
 answers into a ``Snapshot``: pandas frames with the columns below, keyed by
-``model``, ``engine`` and ``pod`` ("" where the source does not split by pod). The
-figures in ``dashboard.figures`` only ever see these frames, so they are the same
-whatever the source. Times are Unix seconds, durations seconds, rates per second.
+``model``, ``engine``, ``pod`` ("" where the source does not split by pod) and
+``source`` (who saw the requests: ``engine``, ``tap`` or ``joined``, from an exporter
+run with ``--source-label``; "" without it). The figures in ``dashboard.figures`` only
+ever see these frames, so they are the same whatever the source. Times are Unix
+seconds, durations seconds, rates per second.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pandas as pd
 
 from dashboard.theme import PHASES
 
-KEYS = ("model", "engine", "pod")
+KEYS = ("model", "engine", "pod", "source")
 SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request time
 
 # One row per label set: the KPI cards and the ``vllm bench serve`` comparison (mean and
@@ -77,6 +79,7 @@ class Selection:
     models: tuple[str, ...] = ()
     engines: tuple[str, ...] = ()
     pods: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # engine, tap, joined
 
 
 ALL = Selection()
@@ -107,7 +110,7 @@ class Snapshot:
     def empty(self) -> bool:
         return self.kpis.empty and self.verdicts.empty
 
-    def select(self, models=(), engines=(), pods=()) -> Snapshot:
+    def select(self, models=(), engines=(), pods=(), sources=()) -> Snapshot:
         """A copy whose frames hold only the chosen label sets (an empty choice keeps all);
         ``labels`` keeps every label set."""
         out = Snapshot(self.source, self.target, self.window_seconds, labels=self.labels,
@@ -115,8 +118,16 @@ class Snapshot:
         for name in self.FRAMES:
             df = getattr(self, name)
             keep = pd.Series(True, index=df.index)
-            for col, wanted in (("model", models), ("engine", engines), ("pod", pods)):
+            for col, wanted in (("model", models), ("engine", engines), ("pod", pods),
+                                ("source", sources)):
                 if wanted:
                     keep &= df[col].isin(list(wanted))
             setattr(out, name, df[keep].reset_index(drop=True))
         return out
+
+
+def who(row) -> str:
+    """A label set as the page names it: ``model/engine[/pod]``, then `` (source)`` where
+    the exporter labels sources (``Llama-3.1-8B/vllm (joined)``)."""
+    name = "/".join(p for p in (row["model"], row["engine"], row["pod"]) if p)
+    return f"{name} ({row['source']})" if row.get("source") else name

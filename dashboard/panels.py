@@ -9,7 +9,7 @@ import time
 import pandas as pd
 from dash import html
 
-from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot
+from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
 from dashboard.theme import GLOSSARY, PHASES, verdict_color
 from exporter import benchtext
 from exporter.verdict import headline
@@ -42,10 +42,6 @@ def rate_text(x, unit: str) -> str:
 
 def number_text(x) -> str:
     return "–" if x is None or pd.isna(x) else f"{x:.1f}"
-
-
-def _who(row) -> str:
-    return "/".join(p for p in (row["model"], row["engine"], row["pod"]) if p)
 
 
 # ---- the state line and the verdict banner ----------------------------------------
@@ -100,8 +96,8 @@ def banners(snap: Snapshot) -> list:
         out.append(html.Div(
             className="pw-banner verdict", style={"background": color},
             **{"data-phase": v["phase"], "data-resource": v["resource"],
-               "data-model": v["model"]},
-            children=[html.H2(f"{headline(v['phase'], v['resource'])} — {_who(v)}"),
+               "data-model": v["model"], "data-source": v["source"]},
+            children=[html.H2(f"{headline(v['phase'], v['resource'])} — {who(v)}"),
                       html.P(v["text"]),
                       html.Div(chips, className="pw-chips"),
                       html.Div(("Levers that fit: " + " · ".join(levers)) if levers else
@@ -151,7 +147,7 @@ def bench_compare(kpis: pd.DataFrame, source: str) -> html.Details:
                    "output_tokens": _known(r["output_tokens_in_range"]),
                    **{k: {s: _known(r[f"{k}_{s}"]) for s in LATENCY_STATS} for k in LATENCIES}}
         span = figures["duration_s"]
-        title = f"phasewatch {_who(r)} ({source}" + (
+        title = f"phasewatch {who(r)} ({source}" + (
             f", last {span:.0f} s)" if span else ")")
         blocks.append(html.Pre(benchtext.render(title, figures)))
     return html.Details(
@@ -168,7 +164,7 @@ def kpi_cards(kpis: pd.DataFrame) -> list:
         title = [term(word), rest] if word else [rest]
         if several:
             body = [html.Div([html.Span(fmt(r[column]), style={"fontWeight": 600}),
-                              html.Span(f" {_who(r)}", className="pw-card-sub")])
+                              html.Span(f" {who(r)}", className="pw-card-sub")])
                     for _, r in kpis.iterrows()]
         else:
             value = kpis[column].iloc[0] if len(kpis) else None

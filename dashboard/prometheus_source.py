@@ -99,7 +99,8 @@ class PrometheusSource:
     # ---- one refresh -----------------------------------------------------------
     def fetch(self, selection: Selection = ALL) -> Snapshot:
         now = self._clock()
-        sel = q.matcher(selection.models, selection.engines, selection.pods, self.pod_label)
+        sel = q.matcher(selection.models, selection.engines, selection.pods, self.pod_label,
+                        selection.sources)
 
         def expr(template: str) -> str:
             return q.render(template, sel, self.rate_range, self.pod_label)
@@ -133,7 +134,8 @@ class PrometheusSource:
     def _snapshot(self, r: dict, now: float) -> Snapshot:
         def key(metric: dict, pod: bool = False) -> dict:
             return {"model": metric.get("model", ""), "engine": metric.get("engine", ""),
-                    "pod": metric.get(self.pod_label, "") if pod else ""}
+                    "pod": metric.get(self.pod_label, "") if pod else "",
+                    "source": metric.get("source", "")}  # "": no --source-label
 
         kpis: dict[tuple, dict] = defaultdict(dict)
         for name in q.KPIS:
@@ -233,8 +235,8 @@ class PrometheusSource:
             for p in OPTIONAL_PHASES:  # not reported: inside the queue, or no transfer
                 if math.isnan(phases.get(p, math.nan)):
                     phases[p] = 0.0
-            model, engine, pod = k
-            rows.append({"model": model, "engine": engine, "pod": pod,
+            model, engine, pod, source = k
+            rows.append({"model": model, "engine": engine, "pod": pod, "source": source,
                          "label": f"mean request, {pod or model}", "kind": "mean",
                          "start": -sum(phases[p] for p in PHASES),
                          **{p: phases[p] for p in PHASES}})

@@ -7,11 +7,17 @@ matcher, ``{range}`` the rate window and ``{pod}`` the pod label's name. Quantil
 ``histogram_quantile`` over bucket rates summed across pods, so a cluster-wide p95
 is a true pooled p95, not an average of per-pod p95s; from the native histograms
 where Prometheus reads them (within ~4.4%), else from the classic buckets.
+
+Every aggregation keeps ``source`` (``BY``): an exporter run with ``--source-label``
+labels its series ``engine``, ``tap`` or ``joined`` (who saw the requests), and a
+tap's client-visible TTFT must never be pooled with an engine's own. Series without
+the label (the default) aggregate as before: ``by (..., source)`` over them gives
+series without ``source``, and ``and on (..., source)`` matches them to each other.
 """
 
 from __future__ import annotations
 
-BY = "model, engine"
+BY = "model, engine, source"
 
 HISTOGRAMS = {
     "ttft": "gen_ai_server_time_to_first_token_seconds",
@@ -42,7 +48,7 @@ def increase(metric: str, sel_and: str = "") -> str:
             else f"sum by ({BY}) (increase({metric}{{sel}}[{{range}}]))")
 
 
-# KPI cards (instant queries), one series per (model, engine).
+# KPI cards (instant queries), one series per (model, engine[, source]).
 # Mean, p50, p90, p95, p99 of each: the cards and the ``vllm bench serve`` comparison.
 KPIS: dict[str, str] = {
     **{f"{name}_{p}": quantile(metric, q)
@@ -113,10 +119,11 @@ def render(template: str, sel: str, rate_range: str, pod_label: str = "pod") -> 
             .replace("{by_pod}", f"{BY}, {pod_label}"))
 
 
-def matcher(models=(), engines=(), pods=(), pod_label: str = "pod") -> str:
+def matcher(models=(), engines=(), pods=(), pod_label: str = "pod", sources=()) -> str:
     """A PromQL matcher body selecting the given label values (empty: all)."""
     parts = []
-    for label, values in (("model", models), ("engine", engines), (pod_label, pods)):
+    for label, values in (("model", models), ("engine", engines), (pod_label, pods),
+                          ("source", sources)):
         if values:
             alternatives = "|".join(_regex_literal(v) for v in values)
             parts.append(f'{label}=~"{_quote(alternatives)}"')

@@ -5,10 +5,14 @@
 
 The PromQL comes from ``dashboard/queries.py``, the same expressions the Dash app's
 Prometheus source runs, with Grafana's variables in place of the selection:
-``model``, ``engine`` and ``pod`` (multi-select, "All" = ``.*``, which also matches
-series without a ``pod`` label, as on a single exporter) and ``job`` for the
-exporter's own series. The datasource is a variable too, so the JSON imports into
-any Grafana with a Prometheus datasource. Panels use only raw series (no recording
+``model``, ``engine``, ``source`` and ``pod`` (multi-select, "All" = ``.*``, which
+also matches series without the label: a single exporter has no ``pod``, and only an
+exporter run with ``--source-label`` has ``source``) and ``job`` for the exporter's
+own series. ``source`` says who saw the requests (``engine``, ``tap``, or ``joined``:
+the tap's client-visible TTFT with the engine's queue and prefill): every request
+panel keeps it in its ``by (...)`` and its legend, so a client-visible TTFT is never
+pooled with an engine-only one. The datasource is a variable too, so the JSON imports
+into any Grafana with a Prometheus datasource. Panels use only raw series (no recording
 rules), so the dashboard works before any rule is loaded; the alert panel reads
 Prometheus's ``ALERTS`` series of the phasewatch rules.
 
@@ -31,9 +35,16 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards" / "phasewatch.json"
 UID = "phasewatch-overview"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'model=~"$model",engine=~"$engine",pod=~"$pod"'
+SEL = 'model=~"$model",engine=~"$engine",source=~"$source",pod=~"$pod"'
+BY = queries.BY  # model, engine, source
+WHO = "{{model}} {{source}}"  # a series' label set in a legend ({{source}}: "" where absent)
 RANGE = "$__rate_interval"
 EXPORTER_SEL = 'job=~"$job",pod=~"$pod"'
+
+
+def who(rest: str = "") -> str:
+    """A legend: the model and the source (joined, tap, engine), then ``rest``."""
+    return f"{WHO} {rest}" if rest else WHO
 
 
 def q(template: str) -> str:
@@ -106,7 +117,7 @@ def timeseries(title: str, targets: list[dict], unit: str, description: str,
                         "tooltip": {"mode": "multi", "sort": "desc"}}}
 
 
-def stat(title: str, expr: str, unit: str, description: str, legend: str = "{{model}}",
+def stat(title: str, expr: str, unit: str, description: str, legend: str = WHO,
          decimals: int | None = None) -> dict:
     defaults = {"unit": unit, "color": {"mode": "thresholds"},
                 "thresholds": {"mode": "absolute",
@@ -132,13 +143,13 @@ def levers_text() -> str:
 def roofline_table() -> dict:
     """Each phase's operating point: arithmetic intensity against the ridge, achieved
     FLOP/s against what the roof allows at that intensity."""
-    peak_bw = (f'max by (model, engine) (phasewatch_peak_bandwidth_bytes_per_second'
+    peak_bw = (f'max by ({BY}) (phasewatch_peak_bandwidth_bytes_per_second'
                f'{{{SEL},ceiling="datasheet"}})')
-    peak_fl = (f'max by (model, engine) (phasewatch_peak_flops_per_second'
+    peak_fl = (f'max by ({BY}) (phasewatch_peak_flops_per_second'
                f'{{{SEL},ceiling="datasheet"}})')
     intensity = q(queries.INTENSITY)
-    per_phase = f"({intensity}) * 0 + on (model, engine) group_left ()"
-    sloped = f"({intensity}) * on (model, engine) group_left () {peak_bw}"
+    per_phase = f"({intensity}) * 0 + on ({BY}) group_left ()"
+    sloped = f"({intensity}) * on ({BY}) group_left () {peak_bw}"
     flat = f"{per_phase} {peak_fl}"
     attainable = f"(({sloped}) < ({flat})) or ({flat})"
     columns = [
@@ -147,9 +158,9 @@ def roofline_table() -> dict:
         ("C", q(queries.ACHIEVED_FLOPS), "Achieved FLOP/s", "flops"),
         ("D", attainable, "Roof at this intensity (FLOP/s)", "flops"),
         ("E", f"({q(queries.ACHIEVED_FLOPS)}) / ({attainable})", "Of the roof", "percentunit"),
-        ("F", f"avg by (model, engine, phase) (phasewatch_bandwidth_utilization_ratio{{{SEL}}})",
+        ("F", f"avg by ({BY}, phase) (phasewatch_bandwidth_utilization_ratio{{{SEL}}})",
          "MBU", "percentunit"),
-        ("G", f"avg by (model, engine, phase) (phasewatch_flops_utilization_ratio{{{SEL}}})",
+        ("G", f"avg by ({BY}, phase) (phasewatch_flops_utilization_ratio{{{SEL}}})",
          "MFU", "percentunit"),
     ]
     overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
@@ -168,23 +179,25 @@ def roofline_table() -> dict:
         "transformations": [{"id": "merge", "options": {}},
                             {"id": "organize", "options": {
                                 "excludeByName": {"Time": True},
-                                "indexByName": {"model": 0, "engine": 1, "phase": 2}}}],
+                                "indexByName": {"model": 0, "engine": 1, "source": 2,
+                                                "phase": 3}}}],
         "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
         "options": {"showHeader": True, "cellHeight": "sm"},
     }
 
 
 def alert_states() -> dict:
-    by = "alertname, model, engine, regressed, quantile, severity"
-    sel = 'alertname=~"Phasewatch.*",model=~"$model"'
+    by = "alertname, model, engine, source, regressed, quantile, severity"
+    sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
     expr = (f'2 * max by ({by}) (ALERTS{{{sel},alertstate="firing"}}) or '
             f'max by ({by}) (ALERTS{{{sel},alertstate="pending"}})')
     return {
         "type": "state-timeline", "title": "phasewatch alerts",
         "description": "The phasewatch alerting rules (deploy/prometheus) over time: yellow "
                        "pending, red firing. TTFT regressions say whether the queue or the "
-                       "prefill regressed.",
-        "targets": [target(expr, "{{alertname}} {{model}} {{regressed}} {{quantile}} "
+                       "prefill regressed and, from an exporter run with --source-label, "
+                       "whose TTFT: joined or tap (what clients see) or engine (its own).",
+        "targets": [target(expr, "{{alertname}} {{model}} {{source}} {{regressed}} {{quantile}} "
                                  "{{severity}}")],
         "fieldConfig": {"defaults": {
             "color": {"mode": "thresholds"},
@@ -210,7 +223,7 @@ def panels() -> list[dict]:
                             "time and the resource limiting it. The value is how many pods "
                             "report it.",
              "targets": [target(q(queries.VERDICT_VOTES),
-                                "{{model}} ({{engine}}): {{phase}} bound by {{resource}}",
+                                who("({{engine}}): {{phase}} bound by {{resource}}"),
                                 instant=True)],
              "fieldConfig": {"defaults": {"unit": "none", "decimals": 0,
                                           "color": {"mode": "fixed", "fixedColor": "text"}},
@@ -225,7 +238,7 @@ def panels() -> list[dict]:
                             "says when its engine took the request in (vLLM, TGI, SGLang); "
                             "elsewhere it is inside the queue. kv_transfer: disaggregated "
                             "prefill/decode only (SGLang).",
-             "targets": [target(q(queries.PHASE_SHARE), "{{model}} {{phase}}", instant=True)],
+             "targets": [target(q(queries.PHASE_SHARE), who("{{phase}}"), instant=True)],
              "fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1},
                              "overrides": phase_overrides()},
              "options": {"orientation": "horizontal", "displayMode": "basic",
@@ -244,75 +257,75 @@ def panels() -> list[dict]:
         lay.add(stat(title, k[name], unit, desc), 3, 4)
 
     lay.row("Latency split by phase")
-    ttft = [target(k["ttft_p50"], "{{model}} p50", "A"),
-            target(k["ttft_p95"], "{{model}} p95", "B")]
+    ttft = [target(k["ttft_p50"], who("p50"), "A"),
+            target(k["ttft_p95"], who("p95"), "B")]
     lay.add(timeseries("TTFT", ttft, "s", g["TTFT"]), 12, 8)
-    phase_mean = (f"sum by (model, engine, phase) (rate(phasewatch_phase_duration_seconds_sum"
-                  f"{{{SEL}}}[{RANGE}])) / sum by (model, engine, phase) "
+    phase_mean = (f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum"
+                  f"{{{SEL}}}[{RANGE}])) / sum by ({BY}, phase) "
                   f"(rate(phasewatch_phase_duration_seconds_count{{{SEL}}}[{RANGE}]))")
     lay.add(timeseries("Mean request: seconds in each phase", [target(
-        phase_mean, "{{model}} {{phase}}")], "s",
+        phase_mean, who("{{phase}}"))], "s",
         "Mean time a request spends in preprocess (the API server's templating, tokenisation "
         "and hand-off), the engine's queue, prefill, the KV transfer of a disaggregated "
         "request, and decode. TTFT = preprocess + queue + prefill (+ kv_transfer): this says "
         "which of them moved.", stack=True, phases=True), 12, 8)
-    tokens = [target(k["itl_p50"], "{{model}} ITL p50", "A"),
-              target(k["itl_p95"], "{{model}} ITL p95", "B"),
-              target(k["tpot_p50"], "{{model}} TPOT p50", "C"),
-              target(k["tpot_p95"], "{{model}} TPOT p95", "D")]
+    tokens = [target(k["itl_p50"], who("ITL p50"), "A"),
+              target(k["itl_p95"], who("ITL p95"), "B"),
+              target(k["tpot_p50"], who("TPOT p50"), "C"),
+              target(k["tpot_p95"], who("TPOT p95"), "D")]
     lay.add(timeseries("Token latency: ITL (pooled gaps) and TPOT (per request)", tokens, "s",
                        f"{g['ITL']} {g['TPOT']}"), 12, 8)
     lay.add(timeseries("Phase share of request time", [target(
-        q(queries.PHASE_SHARE), "{{model}} {{phase}}")], "percentunit",
+        q(queries.PHASE_SHARE), who("{{phase}}"))], "percentunit",
         "Share of summed request time in each phase.", stack=True, phases=True), 12, 8)
     lay.add(timeseries("End-to-end latency", [
-        target(k["e2e_p50"], "{{model}} p50", "A"), target(k["e2e_p95"], "{{model}} p95", "B")],
+        target(k["e2e_p50"], who("p50"), "A"), target(k["e2e_p95"], who("p95"), "B")],
         "s", g["e2e"]), 12, 8)
     lay.add(timeseries("Tokens/s", [
-        target(k["prompt_tokens_per_second"], "{{model}} prompt", "A"),
-        target(k["output_tokens_per_second"], "{{model}} output", "B")], "none",
+        target(k["prompt_tokens_per_second"], who("prompt"), "A"),
+        target(k["output_tokens_per_second"], who("output"), "B")], "none",
         "Prompt tokens read and output tokens generated per second."), 12, 8)
 
     lay.row("Roofline: achieved bandwidth and FLOP/s against the hardware")
-    util_by = "avg by (model, engine, phase)"
+    util_by = f"avg by ({BY}, phase)"
     lay.add(timeseries("Bandwidth utilization (MBU)", [target(
-        f"{util_by} (phasewatch_bandwidth_utilization_ratio{{{SEL}}})", "{{model}} {{phase}}")],
+        f"{util_by} (phasewatch_bandwidth_utilization_ratio{{{SEL}}})", who("{{phase}}"))],
         "percentunit", g["MBU"], phases=True), 8, 8)
     lay.add(timeseries("FLOPs utilization (MFU)", [target(
-        f"{util_by} (phasewatch_flops_utilization_ratio{{{SEL}}})", "{{model}} {{phase}}")],
+        f"{util_by} (phasewatch_flops_utilization_ratio{{{SEL}}})", who("{{phase}}"))],
         "percentunit", g["MFU"], phases=True), 8, 8)
-    ridge = (f'max by (model, engine) (phasewatch_peak_flops_per_second{{{SEL},'
-             f'ceiling="datasheet"}}) / max by (model, engine) '
+    ridge = (f'max by ({BY}) (phasewatch_peak_flops_per_second{{{SEL},'
+             f'ceiling="datasheet"}}) / max by ({BY}) '
              f'(phasewatch_peak_bandwidth_bytes_per_second{{{SEL},ceiling="datasheet"}})')
     lay.add(timeseries("Arithmetic intensity against the ridge", [
-        target(q(queries.INTENSITY), "{{model}} {{phase}}", "A"),
-        target(ridge, "{{model}} ridge", "B")], "none",
+        target(q(queries.INTENSITY), who("{{phase}}"), "A"),
+        target(ridge, who("ridge"), "B")], "none",
         g["arithmetic intensity"], log=True, phases=True), 8, 8)
     lay.add(roofline_table(), 24, 7)
-    lay.add(timeseries("Decode batch size", [target(k["decode_batch_size"], "{{model}}")],
+    lay.add(timeseries("Decode batch size", [target(k["decode_batch_size"], who())],
                        "none", g["decode batch"]), 12, 7)
     lay.add(timeseries("Achieved memory bandwidth", [target(
         f"{util_by} (phasewatch_achieved_bandwidth_bytes_per_second{{{SEL}}})",
-        "{{model}} {{phase}}")], "Bps", "Bytes per second each phase moves, per replica.",
+        who("{{phase}}"))], "Bps", "Bytes per second each phase moves, per replica.",
         phases=True), 12, 7)
 
     lay.row("TTFT against prompt length")
-    by_class = [target(q(queries.PROMPT_CLASS["ttft_p50"]), "{{model}} {{prompt_class}} p50", "A"),
-                target(q(queries.PROMPT_CLASS["ttft_p95"]), "{{model}} {{prompt_class}} p95",
+    by_class = [target(q(queries.PROMPT_CLASS["ttft_p50"]), who("{{prompt_class}} p50"), "A"),
+                target(q(queries.PROMPT_CLASS["ttft_p95"]), who("{{prompt_class}} p95"),
                        "B")]
     lay.add(timeseries("TTFT by prompt-length class", by_class, "s",
                        theme.CAPTIONS["prompt-ttft"]), 12, 8)
-    per_token = (f"sum by (model, engine) (rate(phasewatch_prefill_seconds_per_token_sum"
-                 f"{{{SEL}}}[{RANGE}])) / sum by (model, engine) "
+    per_token = (f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_sum"
+                 f"{{{SEL}}}[{RANGE}])) / sum by ({BY}) "
                  f"(rate(phasewatch_prefill_seconds_per_token_count{{{SEL}}}[{RANGE}]))")
-    lay.add(timeseries("Prefill seconds per prompt token", [target(per_token, "{{model}}")], "s",
+    lay.add(timeseries("Prefill seconds per prompt token", [target(per_token, who())], "s",
                        "Prefill time over uncached prompt tokens: TTFT normalised for prompt "
                        "length. Longer prompts leave it flat; a slower prefill raises it. "
                        "The TTFT regression alert needs this (or the queue) to rise."), 12, 8)
     lay.add({"type": "bargauge", "title": "Requests by prompt-length class",
              "description": "Requests in the dashboard's time range per prompt-length class.",
              "targets": [target(q(queries.PROMPT_CLASS["count"]).replace(RANGE, "$__range"),
-                                "{{model}} {{prompt_class}}", instant=True)],
+                                who("{{prompt_class}}"), instant=True)],
              "fieldConfig": {"defaults": {"unit": "none", "decimals": 0}, "overrides": []},
              "options": {"orientation": "horizontal", "displayMode": "basic",
                          "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
@@ -364,6 +377,9 @@ def dashboard() -> dict:
             variable("model", "model", "label_values(phasewatch_requests_total, model)"),
             variable("engine", "engine",
                      'label_values(phasewatch_requests_total{model=~"$model"}, engine)'),
+            # engine, tap or joined; none (All = .*) from an exporter without --source-label
+            variable("source", "source", 'label_values(phasewatch_requests_total{'
+                                         'model=~"$model",engine=~"$engine"}, source)'),
             variable("pod", "pod", 'label_values(phasewatch_requests_total{model=~"$model",'
                                    'engine=~"$engine"}, pod)'),
             variable("job", "exporter job", "label_values(phasewatch_ingest_requests_total, job)",

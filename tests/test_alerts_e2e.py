@@ -1,10 +1,14 @@
 """The TTFT-regression alert end to end, with a real Prometheus evaluating the rule files.
 
-Two models are simulated side by side into one exporter for a baseline, then:
+Two models are simulated side by side for a baseline, each into its own exporter
+behind one Prometheus, then:
 - Llama-3.1-8B's prefill gets 3x slower per token (the GPU reaches a third of the
   FLOP/s it did): the alert must reach ``firing`` with ``regressed="prefill"``;
 - Qwen2.5-7B's prompts get 3x longer at the same prefill speed: TTFT rises as
   much, but the alert must stay inactive.
+Llama's exporter runs with --source-label (its series, and so its alert, carry
+``source="engine"``), Qwen's without (no source label anywhere): the rules and the
+dashboard must serve both at once, as during a rollout.
 The rules are the generator's, with the baseline offset scaled from a day/week to
 40 s and the rate window to 20 s by its parameters (no hand edits). Afterwards,
 every expression of the Grafana dashboard and of the rules is run against that
@@ -99,43 +103,51 @@ def fired(tmp_path_factory):
     config = ServeConfig(**TEST_PORTS, window_seconds=20.0, roofline_interval=1.0, models=(
         ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"),
         ModelOptions(model="Qwen2.5-7B", hardware="H100-SXM")))
-    with Exporter(config) as ex, PrometheusServer(
-            tmp, [f"127.0.0.1:{ex.http_port}"], rule_files=rules,
-            target_labels={f"127.0.0.1:{ex.http_port}": {"pod": "llm-0"}},
-            # as a current Prometheus is run: quantiles from the native histograms
-            # (promtool's rule tests cover the classic fallback)
-            native_histograms=True) as prom:
-        stop = threading.Event()
-        t0 = time.time()
-        feeders = [threading.Thread(target=_feed, daemon=True,
-                                    args=(ex.grpc_port, model, engine, changed, t0, stop))
-                   for model, engine, changed in (("Llama-3.1-8B", "vllm", SLOWER_PREFILL),
-                                                  ("Qwen2.5-7B", "sglang", LONGER_PROMPTS))]
+    with Exporter(replace(config, source_label=True)) as llama, Exporter(config) as qwen:
+        pods = {f"127.0.0.1:{llama.http_port}": {"pod": "llm-0"},
+                f"127.0.0.1:{qwen.http_port}": {"pod": "llm-1"}}
+        with PrometheusServer(
+                tmp, list(pods), rule_files=rules, target_labels=pods,
+                # as a current Prometheus is run: quantiles from the native histograms
+                # (promtool's rule tests cover the classic fallback)
+                native_histograms=True) as prom:
+            yield from _scenario(prom, rules, llama, qwen)
+
+
+def _scenario(prom: PrometheusServer, rules: list[Path], llama: Exporter, qwen: Exporter):
+    """Feed both models (Llama into the --source-label exporter) and watch the alerts."""
+    stop = threading.Event()
+    t0 = time.time()
+    feeders = [threading.Thread(target=_feed, daemon=True,
+                                args=(ex.grpc_port, model, engine, changed, t0, stop))
+               for ex, model, engine, changed in (
+                   (llama, "Llama-3.1-8B", "vllm", SLOWER_PREFILL),
+                   (qwen, "Qwen2.5-7B", "sglang", LONGER_PROMPTS))]
+    for f in feeders:
+        f.start()
+    # One request a sender's clock got wrong: rejected, and counted as such.
+    bad = PhasewatchClient(f"127.0.0.1:{llama.grpc_port}", engine="vllm")
+    bad.record("Llama-3.1-8B", arrival=t0, first_token=t0 - 1, last_token=t0 + 1,
+               finish=t0 + 1, prompt_tokens=10, output_tokens=2)
+    bad.close(timeout=5)
+    seen: list[dict] = []
+    firing, fired_at = None, None
+    try:
+        # Watch until the regression fires and the windows hold only changed
+        # traffic (so Qwen is seen silent through a whole window of longer prompts).
+        while time.time() < t0 + DEADLINE_S and (firing is None
+                                                 or time.time() < t0 + SETTLED_S):
+            time.sleep(1)
+            alerts = _alerts(prom)
+            seen += alerts
+            if firing is None:
+                firing = next((a for a in alerts if a["state"] == "firing"), None)
+                fired_at = time.time() - t0 if firing else None
+        yield prom, rules, firing, seen, fired_at
+    finally:
+        stop.set()
         for f in feeders:
-            f.start()
-        # One request a sender's clock got wrong: rejected, and counted as such.
-        bad = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm")
-        bad.record("Llama-3.1-8B", arrival=t0, first_token=t0 - 1, last_token=t0 + 1,
-                   finish=t0 + 1, prompt_tokens=10, output_tokens=2)
-        bad.close(timeout=5)
-        seen: list[dict] = []
-        firing, fired_at = None, None
-        try:
-            # Watch until the regression fires and the windows hold only changed
-            # traffic (so Qwen is seen silent through a whole window of longer prompts).
-            while time.time() < t0 + DEADLINE_S and (firing is None
-                                                     or time.time() < t0 + SETTLED_S):
-                time.sleep(1)
-                alerts = _alerts(prom)
-                seen += alerts
-                if firing is None:
-                    firing = next((a for a in alerts if a["state"] == "firing"), None)
-                    fired_at = time.time() - t0 if firing else None
-            yield prom, rules, firing, seen, fired_at
-        finally:
-            stop.set()
-            for f in feeders:
-                f.join(10)
+            f.join(10)
 
 
 def test_slower_prefill_fires_and_longer_prompts_do_not(fired):
@@ -146,9 +158,17 @@ def test_slower_prefill_fires_and_longer_prompts_do_not(fired):
     assert firing["labels"]["model"] == "Llama-3.1-8B"
     assert firing["labels"]["regressed"] == "prefill", summary
     assert "Prefill is slower per prompt token" in firing["annotations"]["description"]
+    # Its exporter labels sources: the alert says whose TTFT regressed.
+    assert firing["labels"]["source"] == "engine", firing["labels"]
+    assert firing["annotations"]["summary"].startswith(
+        f"TTFT {firing['labels']['quantile']} of Llama-3.1-8B (engine) regressed")
     # Longer prompts at the same prefill speed: never even pending.
     assert not [a for a in seen if a["labels"]["model"] == "Qwen2.5-7B"], summary
     # ... though its TTFT rose as much as Llama's: only the cause tells them apart.
+    # Qwen's exporter has no --source-label: its recording rules carry no source.
+    rates = {m["metric"]["model"]: m["metric"] for m in prom.query(
+        f"phasewatch:requests:rate_{WINDOW}")}
+    assert rates["Llama-3.1-8B"]["source"] == "engine" and "source" not in rates["Qwen2.5-7B"]
     ratios = {}
     for series in ("ttft_seconds:mean", "ttft_seconds:p50", "ttft_seconds:p95",
                    "prefill_seconds_per_token:mean", "queue_seconds:mean"):
@@ -196,7 +216,7 @@ def test_every_grafana_expression_parses_and_returns_data(fired):
     prom, *_ = fired
     doc = json.loads(grafana.OUT.read_text())
     values = {"$__rate_interval": WINDOW, "$__range": "5m", "$model": ".*", "$engine": ".*",
-              "$pod": ".*", "$job": ".*"}
+              "$source": ".*", "$pod": ".*", "$job": ".*"}
     checked, problems = 0, []
     for title, expr in grafana.expressions(doc) + grafana.variable_queries(doc):
         filled = grafana.substitute(expr, values)
@@ -205,12 +225,16 @@ def test_every_grafana_expression_parses_and_returns_data(fired):
         checked += 1
         if error or not result:
             problems.append(f"{title}: {error or 'no data'}: {filled}")
-    # One model selected, as a user narrows the dashboard: the panels still have data.
-    values.update({"$model": "Qwen2\\\\.5-7B", "$pod": "llm-0"})
-    for title, expr in grafana.expressions(doc):
-        if "ALERTS" in expr:  # Qwen has no alert, rightly
-            continue
-        error, result = _run(prom, grafana.substitute(expr, values))
-        if error or not result:
-            problems.append(f"{title} (Qwen2.5-7B): {error or 'no data'}")
+    # One model selected, as a user narrows the dashboard: the panels still have data,
+    # from an exporter without a source label (All sources, .*, matches the absent label)
+    # and from one with it (its one source picked).
+    for model, pod, source in (("Qwen2\\\\.5-7B", "llm-1", ".*"),
+                               ("Llama-3\\\\.1-8B", "llm-0", "engine")):
+        values.update({"$model": model, "$pod": pod, "$source": source})
+        for title, expr in grafana.expressions(doc):
+            if "ALERTS" in expr and model.startswith("Qwen"):  # Qwen has no alert, rightly
+                continue
+            error, result = _run(prom, grafana.substitute(expr, values))
+            if error or not result:
+                problems.append(f"{title} ({model}, source {source}): {error or 'no data'}")
     assert checked >= 40 and not problems, "\n".join(problems)

@@ -1,6 +1,8 @@
 """The dashboard in a real headless Chromium: the demo's scenarios move the verdict, the
-model selector filters every figure, and a stopped exporter shows (and recovers from)
-the unreachable state. Screenshots of each state are saved as test artefacts."""
+model selector filters every figure, the request-source selector shows for an exporter
+that labels sources (and not for one that does not), and a stopped exporter shows (and
+recovers from) the unreachable state. Screenshots of each state are saved as test
+artefacts."""
 
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ class Demo:
             return self.proc.wait()
 
 
+def _shown(browser: Browser, element_id: str) -> bool:
+    return browser.js("const e = document.getElementById(arguments[0]); "
+                      "return !!e && getComputedStyle(e).display !== 'none'", element_id)
+
+
 def _both_phase_points(browser: Browser) -> bool:
     traces = browser.traces("roofline") or []
     return {t["meta"] for t in traces if t["meta"] and t["n"] >= 1} >= {"prefill", "decode"}
@@ -85,6 +92,8 @@ def test_demo_banner_follows_the_scenario_switch(browser):
         browser.open(demo.url)
         browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
                          "the first refresh")
+        # the demo's exporter labels no sources (or pods): no selector for them
+        assert not _shown(browser, "request-source-wrap") and not _shown(browser, "pod-wrap")
         for i, (name, (phase, resource)) in enumerate(EXPECTED.items()):
             if i:
                 browser.choose("scenario", name)
@@ -106,10 +115,12 @@ def test_demo_banner_follows_the_scenario_switch(browser):
     assert any("[overload]" in line for line in demo.lines)
 
 
-def _feed(ex_port: int, model: str, scenario_name: str, engine: str, stop: threading.Event):
-    """Paced simulated traffic for one model, sent with the phasewatch client."""
+def _feed(ex_port: int, model: str, scenario_name: str, engine: str, source: str,
+          stop: threading.Event):
+    """Paced simulated traffic for one model, sent with the phasewatch client as the
+    engine's own instrumentation or a stream tap (``source``)."""
     sim = scenario(scenario_name).build(seed=3, model=model, name=f"{engine}-0")
-    client = PhasewatchClient(f"127.0.0.1:{ex_port}", engine=engine)
+    client = PhasewatchClient(f"127.0.0.1:{ex_port}", engine=engine, source=source)
     try:
         sim.run(600.0, on_finish=client.record_request, time_scale=4.0,
                 should_stop=stop.is_set)
@@ -118,14 +129,17 @@ def _feed(ex_port: int, model: str, scenario_name: str, engine: str, stop: threa
 
 
 def test_model_filter_and_exporter_outage(browser):
-    config = ServeConfig(**TEST_PORTS, window_seconds=10.0, roofline_interval=1.0, models=(
-        ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"),
-        ModelOptions(model="Qwen2.5-7B", hardware="H100-SXM")))
+    """An exporter run with --source-label: Llama seen by its engine, Qwen by a tap."""
+    config = ServeConfig(**TEST_PORTS, window_seconds=10.0, roofline_interval=1.0,
+                         source_label=True, models=(
+                             ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"),
+                             ModelOptions(model="Qwen2.5-7B", hardware="H100-SXM")))
     ex = Exporter(config).start()
     stop = threading.Event()
-    feeders = [threading.Thread(target=_feed, args=(ex.grpc_port, m, s, e, stop), daemon=True)
-               for m, s, e in (("Llama-3.1-8B", "long_generation", "vllm"),
-                               ("Qwen2.5-7B", "rag", "sglang"))]
+    feeders = [threading.Thread(target=_feed, args=(ex.grpc_port, m, s, e, src, stop),
+                                daemon=True)
+               for m, s, e, src in (("Llama-3.1-8B", "long_generation", "vllm", "engine"),
+                                    ("Qwen2.5-7B", "rag", "sglang", "tap"))]
     for f in feeders:
         f.start()
     source = ExporterSource(f"http://127.0.0.1:{ex.http_port}", timeout=1)
@@ -134,6 +148,11 @@ def test_model_filter_and_exporter_outage(browser):
         browser.open(server.url)
         browser.wait_for(lambda: {b["model"] for b in browser.banners()} >= {
             "Llama-3.1-8B", "Qwen2.5-7B"}, 90, "a verdict for both models")
+        # each banner names who saw its requests, and the source selector is offered
+        headlines = {b["model"]: b["text"].splitlines()[0] for b in browser.banners()}
+        assert headlines["Llama-3.1-8B"].endswith("Llama-3.1-8B/vllm (engine)"), headlines
+        assert headlines["Qwen2.5-7B"].endswith("Qwen2.5-7B/sglang (tap)"), headlines
+        assert _shown(browser, "request-source-wrap") and not _shown(browser, "pod-wrap")
         browser.screenshot("two-models")
 
         browser.choose("model", "Qwen2.5-7B")
@@ -143,7 +162,7 @@ def test_model_filter_and_exporter_outage(browser):
             waterfall = browser.traces("waterfall") or []
             labels = {y for t in waterfall for y in t["y"]}
             return (banners and {b["model"] for b in banners} == {"Qwen2.5-7B"}
-                    and labels and all(str(y).startswith("sglang-") for y in labels)
+                    and labels and all(str(y).startswith("tap: sglang-") for y in labels)
                     and "/vllm" not in browser.text("#cards"))  # no vLLM label set
 
         browser.wait_for(only_qwen, 30, "figures filtered to Qwen2.5-7B")

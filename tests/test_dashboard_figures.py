@@ -1,4 +1,5 @@
-"""Frames, figures and panels on frames: empty, one request, many models.
+"""Frames, figures and panels on frames: empty, one request, many models, one model seen
+by two sources (engine and tap, --source-label).
 
 Frames come from a real exporter's JSON API (fed with the phasewatch client), so
 the tests read what the dashboard reads; figures and panels are then pure
@@ -28,15 +29,16 @@ from tests.prom import free_port
 MODELS = {"Llama-3.1-8B": "long_generation", "Qwen2.5-7B": "rag", "Mistral-7B": "chat"}
 
 
-def _config(*models: str) -> ServeConfig:
-    return ServeConfig(**TEST_PORTS, roofline_interval=600, models=tuple(
-        ModelOptions(model=m, hardware="H100-SXM") for m in models))
+def _config(*models: str, source_label: bool = False) -> ServeConfig:
+    return ServeConfig(**TEST_PORTS, roofline_interval=600, source_label=source_label,
+                       models=tuple(ModelOptions(model=m, hardware="H100-SXM") for m in models))
 
 
 def _settle(ex: Exporter) -> None:
     """What the exporter's timer does every interval, done now: roofline and history."""
     ex.monitor.update()
-    ex.history.record(ex.aggregator.window.summary(ex.aggregator.labels.pairs()))
+    labels = ex.aggregator.labels
+    ex.history.record(ex.aggregator.window.summary(labels.pairs(), names=labels.names))
 
 
 def _snapshot(ex: Exporter, selection: Selection = ALL) -> Snapshot:
@@ -58,6 +60,27 @@ def many():
         _settle(ex)
         time.sleep(0.01)
         _settle(ex)  # twice: a trail point and a history sample before the newest
+        yield ex, _snapshot(ex)
+
+
+SOURCES = ("engine", "tap")
+
+
+@pytest.fixture(scope="module")
+def two_sources():
+    """One model seen two ways by an exporter run with --source-label: the engine's own
+    records and a stream tap's (client-visible), 30 simulated seconds of each."""
+    with Exporter(_config("Llama-3.1-8B", source_label=True)) as ex:
+        for seed, source in enumerate(SOURCES, 1):
+            with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm",
+                                  source=source) as client:
+                engine = scenario("chat").build(seed=seed, model="Llama-3.1-8B")
+                for r in engine.run(30.0, epoch=time.time() - 30.0):
+                    client.record_request(r)
+                assert client.flush(10)
+        _settle(ex)
+        time.sleep(0.01)
+        _settle(ex)
         yield ex, _snapshot(ex)
 
 
@@ -125,6 +148,7 @@ def test_one_request_is_one_waterfall_bar_and_one_scatter_point():
 def test_many_models_each_get_a_verdict_and_roofline_points(many):
     _, snap = many
     assert set(snap.labels["model"]) == set(MODELS)
+    assert set(snap.labels["source"]) == {""}  # no --source-label: no source anywhere
     verdicts = {r["model"]: (r["phase"], r["resource"]) for r in snap.verdicts.to_dict(
         "records")}
     assert verdicts["Llama-3.1-8B"] == ("decode", "memory_bandwidth")
@@ -221,15 +245,18 @@ def test_queries_render_the_selection_and_escape_regex_values():
     sel = queries.matcher(models=("Llama-3.1-8B", 'we"ird'), pods=("p-1",))
     assert sel == 'model=~"Llama-3\\\\.1-8B|we\\"ird",pod=~"p-1"'
     q = queries.render(queries.KPIS["output_tokens_per_second"], sel, "1m")
-    assert q == ('sum by (model, engine) (rate(phasewatch_tokens_total{' + sel +
+    # source kept apart (engine, tap, joined); series without it aggregate as before
+    assert q == ('sum by (model, engine, source) (rate(phasewatch_tokens_total{' + sel +
                  ',kind="output"}[1m]))')
     bare = queries.render(queries.KPIS["ttft_p95"], "", "5m")
-    assert bare == ("histogram_quantile(0.95, sum by (model, engine) (rate("
+    assert bare == ("histogram_quantile(0.95, sum by (model, engine, source) (rate("
                     "gen_ai_server_time_to_first_token_seconds_native[5m]))) or "
-                    "histogram_quantile(0.95, sum by (model, engine, le) (rate("
+                    "histogram_quantile(0.95, sum by (model, engine, source, le) (rate("
                     "gen_ai_server_time_to_first_token_seconds_bucket[5m])))")
     assert queries.render(queries.LABEL_SETS, "", "1m", pod_label="kubernetes_pod") == (
-        "count by (model, engine, kubernetes_pod) (phasewatch_requests_total)")
+        "count by (model, engine, source, kubernetes_pod) (phasewatch_requests_total)")
+    assert queries.matcher(models=("m",), sources=("joined", "tap")) == (
+        'model=~"m",source=~"joined|tap"')
 
 
 def test_frames_keep_their_columns_after_selection(many):
@@ -262,3 +289,102 @@ def test_bench_compare_lays_out_the_kpis_as_vllm_bench_serve():
     assert float(lines["P99 E2EL (ms)"]) == pytest.approx(4 * 5.0)
     assert lines["P99 ITL (ms)"].strip() == "-"
     assert "m/vllm (prometheus, last 60 s)" in lines["Source"]
+
+
+# ---- sources (--source-label) ---------------------------------------------------------
+def _names(fig: dict) -> list[str]:
+    return [t.get("name") or "" for t in fig["data"]]
+
+
+def test_two_sources_are_told_apart_in_every_figure_and_panel(two_sources):
+    """A tap's client-visible TTFT and the engine's own are two label sets, never pooled:
+    each gets its own KPIs, lines, roofline points and verdict, named by its source."""
+    _, snap = two_sources
+    assert sorted(snap.labels["source"]) == sorted(SOURCES)
+    for name in Snapshot.FRAMES:
+        # the waterfall holds the newest requests only (here all from the tap, sent last)
+        if name != "waterfall":
+            assert set(getattr(snap, name)["source"]) == set(SOURCES), name
+    assert sorted(snap.kpis["source"]) == sorted(SOURCES)  # one row each
+    assert sorted(_names(figures.ttft_figure(snap.series))) == sorted(
+        f"TTFT {q} · Llama-3.1-8B/vllm ({s})" for s in SOURCES for q in ("p50", "p95"))
+    markers = [t for t in figures.roofline_figure(snap.points, snap.ceilings)["data"]
+               if t.get("meta")]
+    assert sorted(t["name"] for t in markers) == sorted(
+        f"{p} · Llama-3.1-8B/vllm ({s})" for s in SOURCES for p in ("prefill", "decode"))
+    prompt = _names(figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes))
+    assert {n.split(" · ")[1] for n in prompt} == {f"Llama-3.1-8B/vllm ({s})" for s in SOURCES}
+    bars = figures.waterfall_figure(snap.waterfall)["data"][0]["y"]
+    assert bars and all(y.split(": ")[0] in SOURCES for y in bars)  # "tap: <request id>"
+    banners = [b.to_plotly_json()["props"] for b in panels.banners(snap)]
+    assert sorted(b["data-source"] for b in banners) == sorted(SOURCES)
+    ttft = next(c for c in panels.kpi_cards(snap.kpis) if c.id == "kpi-ttft_p50")
+    assert all(f"Llama-3.1-8B/vllm ({s})" in str(ttft.children) for s in SOURCES)
+
+
+def test_selecting_a_source_filters_every_frame(two_sources):
+    ex, everything = two_sources
+    snap = _snapshot(ex, Selection(sources=("tap",)))
+    for name in Snapshot.FRAMES:
+        df = getattr(snap, name)
+        assert set(df["source"]) <= {"tap"}, name
+        if not getattr(everything, name).empty:
+            assert not df.empty, name
+    assert sorted(snap.labels["source"]) == sorted(SOURCES)  # the selector still offers both
+    assert len(snap.kpis) == 1 and len(snap.verdicts) == 1
+    for fig in build_figures(snap):
+        assert "engine" not in json.dumps(_names(fig))
+    bars = figures.waterfall_figure(snap.waterfall)["data"][0]["y"]
+    assert bars and all(y.startswith("tap: ") for y in bars)
+
+
+def _refresh(app, sources=None) -> dict:
+    """One refresh of the page, as the browser asks for it: the callback's outputs by id."""
+    client = app.server.test_client()
+    assert client.get("/").status_code == 200
+    (key,) = app.callback_map
+    outputs = [dict(zip(("id", "property"), o.rsplit(".", 1), strict=True))
+               for o in key.strip(".").split("...")]
+    inputs = [{"id": i, "property": p, "value": v} for i, p, v in (
+        ("tick", "n_intervals", 1), ("model", "value", None), ("engine", "value", None),
+        ("pod", "value", None), ("request-source", "value", sources))]
+    r = client.post("/_dash-update-component", json={
+        "output": key, "outputs": outputs, "inputs": inputs,
+        "changedPropIds": ["tick.n_intervals"], "state": []})
+    assert r.status_code == 200, r.data
+    return json.loads(r.data)["response"]
+
+
+class _Fixed:
+    """A source answering one snapshot, narrowed to each selection, as the exporter's."""
+
+    name, url = "exporter", "http://127.0.0.1:9464"
+
+    def __init__(self, snap: Snapshot):
+        self.snap = snap
+        self.selections: list[Selection] = []
+
+    def fetch(self, selection: Selection) -> Snapshot:
+        self.selections.append(selection)
+        return self.snap.select(selection.models, selection.engines, selection.pods,
+                                selection.sources)
+
+
+def test_the_source_selector_shows_only_when_sources_are_reported(two_sources, many):
+    from dashboard.app import create_app
+
+    source = _Fixed(two_sources[1])
+    page = _refresh(create_app(source))
+    assert page["request-source-wrap"]["style"] == {}
+    assert [o["value"] for o in page["request-source"]["options"]] == sorted(SOURCES)
+    assert page["pod-wrap"]["style"] == {"display": "none"}
+    picked = _refresh(create_app(source), sources=["tap"])
+    assert source.selections[-1] == Selection(sources=("tap",))
+    assert "(engine)" not in json.dumps(picked["cards"]) and "engine" not in json.dumps(
+        _names(picked["ttft-series"]["figure"]))
+    # the choice stays offered with the other one, so it can be widened again
+    assert [o["value"] for o in picked["request-source"]["options"]] == sorted(SOURCES)
+    # an exporter without --source-label: no selector, as before
+    page = _refresh(create_app(_Fixed(many[1])))
+    assert page["request-source-wrap"]["style"] == {"display": "none"}
+    assert page["request-source"]["options"] == []

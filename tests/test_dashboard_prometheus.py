@@ -1,5 +1,6 @@
 """The dashboard's two sources agree: a real Prometheus scraping an exporter under
-simulated load gives the same KPIs (within 10%) as the exporter's own JSON API."""
+simulated load gives the same KPIs (within 10%) as the exporter's own JSON API; pods and
+request sources (--source-label) are kept apart and selectable."""
 
 from __future__ import annotations
 
@@ -116,3 +117,47 @@ def test_pods_are_aggregated_and_selectable(tmp_path):
     assert set(only_b.waterfall["pod"]) == {"vllm-b"}
     (verdict,) = both.verdicts.to_dict("records")
     assert (verdict["phase"], verdict["agreeing"], verdict["reporting"]) == ("decode", 2, 2)
+
+
+def test_request_sources_are_kept_apart_and_selectable(tmp_path):
+    """An exporter run with --source-label, seeing one model through the engine's own
+    records and a stream tap's: Prometheus's KPIs are one row per source (a client-visible
+    TTFT never pooled with an engine-only one), the source selector offers both, and
+    picking one narrows every query to it."""
+    config = ServeConfig(**TEST_PORTS, roofline_interval=1.0, source_label=True,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    with Exporter(config) as ex, PrometheusServer(
+            tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+        stop = threading.Event()
+        runners = []
+        for seed, source in enumerate(("engine", "tap"), 1):
+            engine = scenario("chat").build(seed=seed)
+            client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm",
+                                      source=source)
+            t = threading.Thread(target=engine.run, args=(120.0,), daemon=True, kwargs={
+                "on_finish": client.record_request, "time_scale": 1.0,
+                "should_stop": stop.is_set})
+            t.start()
+            runners.append((t, client))
+        try:
+            time.sleep(15)
+            source = PrometheusSource(prom.url, rate_range="10s")
+            both = source.fetch()
+            only_tap = source.fetch(Selection(sources=("tap",)))
+            source.close()
+        finally:
+            stop.set()
+            for t, client in runners:
+                t.join(10)
+                client.close()
+    assert both.error is None and only_tap.error is None, (both.error, only_tap.error)
+    assert sorted(both.labels["source"]) == ["engine", "tap"]
+    assert sorted(both.kpis["source"]) == ["engine", "tap"]
+    assert sorted(both.verdicts["source"]) == ["engine", "tap"]
+    assert set(both.waterfall["source"]) == {"engine", "tap"}  # one mean request each
+    assert set(both.series["source"]) == {"engine", "tap"}
+    (tap,) = only_tap.kpis.to_dict("records")
+    assert tap["source"] == "tap" and tap["request_rate"] > 0
+    for name in Snapshot.FRAMES:
+        assert set(getattr(only_tap, name)["source"]) <= {"tap"}, name
+    assert sorted(only_tap.labels["source"]) == ["engine", "tap"]  # still offers both

@@ -1,10 +1,12 @@
 """The Grafana dashboard JSON: fresh from its generator, and importable as Grafana expects
-(datasource variable, model/engine/pod variables, a sound grid). Its PromQL is run
-against a real Prometheus in test_alerts_e2e.py."""
+(datasource variable, model/engine/source/pod variables, a sound grid), with every request
+panel split by ``source``. Its PromQL is run against a real Prometheus in
+test_alerts_e2e.py."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ def test_datasource_and_selection_are_variables():
     variables = {v["name"]: v for v in DOC["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("model", "engine", "pod"):
+    for name in ("model", "engine", "source", "pod"):
         assert variables[name]["multi"] and variables[name]["includeAll"]
         assert variables[name]["allValue"] == ".*"
     panels = [p for p in DOC["panels"] if p["type"] not in ("row", "text")]
@@ -38,6 +40,30 @@ def test_datasource_and_selection_are_variables():
     selected = [p["title"] for p in panels
                 if all('model=~"$model"' in t["expr"] for t in p["targets"])]
     assert len(selected) >= len(panels) - 2  # all but the exporter's own health panels
+
+
+def test_request_panels_select_and_split_by_source():
+    """With --source-label the exporter labels series source=engine/tap/joined: every
+    request panel selects $source and keeps source in each aggregation and legend, so a
+    tap's client-visible TTFT is never pooled with an engine-only one. All (.*) also
+    matches series without the label (an exporter without --source-label)."""
+    variables = {v["name"]: v for v in DOC["templating"]["list"]}
+    assert variables["source"]["definition"] == (
+        'label_values(phasewatch_requests_total{model=~"$model",engine=~"$engine"}, source)')
+    assert re.fullmatch(variables["source"]["allValue"], "")  # matches an absent label
+    checked = 0
+    for panel in DOC["panels"]:
+        for t in panel.get("targets", []):
+            if 'model=~"$model"' not in t["expr"]:
+                continue  # the exporter's own health
+            checked += 1
+            where = (panel["title"], t["expr"])
+            assert t["expr"].count('source=~"$source"') == t["expr"].count('model=~"$model"'), \
+                where
+            for clause in re.findall(r"\b(?:by|on) \(([^)]*)\)", t["expr"]):
+                assert "source" in [x.strip() for x in clause.split(",")], (clause, where)
+            assert "{{source}}" in t["legendFormat"] or t.get("format") == "table", where
+    assert checked >= 30
 
 
 def test_grid_has_unique_ids_and_no_overlaps():

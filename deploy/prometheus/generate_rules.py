@@ -16,6 +16,15 @@ its baseline *and* a cause: prefill slower per token (``regressed="prefill"``) o
 the queue longer (``regressed="queue"``). The baseline is the larger of the same
 window one day and one week earlier, so a normal daily or weekly peak does not
 page, and only with enough traffic now and then.
+
+Series are grouped by ``BY`` (model, engine, source). An exporter run with
+``--source-label`` labels them ``source`` = ``engine``, ``tap`` or ``joined``, so a
+regression of the client-visible TTFT (``joined``: the tap's first token with the
+engine's queue and prefill) alerts apart from one of the engine's own, and names its
+source; series without the label (the default) group and match as before, with no
+``source`` on the alert. Only "stopped reporting" is per service (model, engine): a
+join that breaks moves requests from ``joined`` to ``engine`` and ``tap``, and is no
+engine going quiet.
 """
 
 from __future__ import annotations
@@ -32,7 +41,11 @@ from dashboard import queries
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules"
 PROMETHEUS_RULE = HERE.parent / "kubernetes" / "monitoring" / "prometheusrule.yaml"
-BY = queries.BY
+BY = queries.BY  # model, engine, source
+SERVICE = "model, engine"
+# " (joined)" in an annotation where the alert has a source label, nothing where not
+SOURCE = "{{ with $labels.source }} ({{ . }}){{ end }}"
+SOURCE_IN = "{{ with $labels.source }}, source {{ . }}{{ end }}"  # inside parentheses
 
 
 @dataclass(frozen=True)
@@ -153,9 +166,11 @@ def alerting(p: Params) -> dict:
                 "for": p.regression_for,
                 "labels": {"severity": "warning", "regressed": cause, "quantile": q},
                 "annotations": {
-                    "summary": f"TTFT {q} of {{{{ $labels.model }}}} regressed: {cause}",
+                    "summary": f"TTFT {q} of {{{{ $labels.model }}}}{SOURCE} regressed: "
+                               f"{cause}",
                     "description": (
-                        f"TTFT {q} of {{{{ $labels.model }}}} ({{{{ $labels.engine }}}}) is "
+                        f"TTFT {q} of {{{{ $labels.model }}}} ({{{{ $labels.engine }}}}"
+                        f"{SOURCE_IN}) is "
                         f"{{{{ $value | humanizeDuration }}}}, over {p.ttft_factor}x the same "
                         f"window {' and '.join(p.baseline_offsets)} ago, and the {cause} "
                         f"explains it (not longer prompts). {look}")}})
@@ -172,10 +187,10 @@ def alerting(p: Params) -> dict:
                      f"({factor} * {budget})"),
             "labels": {"severity": severity, "long_window": long, "short_window": short},
             "annotations": {
-                "summary": f"TTFT SLO of {{{{ $labels.model }}}} burning {factor}x",
+                "summary": f"TTFT SLO of {{{{ $labels.model }}}}{SOURCE} burning {factor}x",
                 "description": (
                     f"{{{{ $value | humanizePercentage }}}} of requests of "
-                    f"{{{{ $labels.model }}}} took longer than {p.ttft_slo_seconds:g} s to "
+                    f"{{{{ $labels.model }}}}{SOURCE} took longer than {p.ttft_slo_seconds:g} s to "
                     f"the first token over {long} (and {short}): {factor}x the error budget "
                     f"of a {p.ttft_slo_objective:.2%} objective.")}})
     other = [
@@ -183,7 +198,7 @@ def alerting(p: Params) -> dict:
          "expr": (f"(phasewatch:itl_seconds:p95_{w} > {p.token_latency_factor} * "
                   f"phasewatch:itl_seconds:p95_{w}:baseline)\nand on ({BY}) {traffic}"),
          "for": p.regression_for, "labels": {"severity": "warning"},
-         "annotations": {"summary": "ITL p95 of {{ $labels.model }} regressed",
+         "annotations": {"summary": f"ITL p95 of {{{{ $labels.model }}}}{SOURCE} regressed",
                          "description": "Inter-token latency p95 is {{ $value | "
                          "humanizeDuration }}, over the baseline: look at the decode batch, "
                          "prefill chunks stalling decode steps, and decode MBU."}},
@@ -191,7 +206,7 @@ def alerting(p: Params) -> dict:
          "expr": (f"(phasewatch:tpot_seconds:p50_{w} > {p.token_latency_factor} * "
                   f"phasewatch:tpot_seconds:p50_{w}:baseline)\nand on ({BY}) {traffic}"),
          "for": p.regression_for, "labels": {"severity": "warning"},
-         "annotations": {"summary": "TPOT p50 of {{ $labels.model }} regressed",
+         "annotations": {"summary": f"TPOT p50 of {{{{ $labels.model }}}}{SOURCE} regressed",
                          "description": "Median time per output token is {{ $value | "
                          "humanizeDuration }}, over the baseline."}},
         {"alert": "PhasewatchDecodeBandwidthCollapse",
@@ -219,8 +234,9 @@ def alerting(p: Params) -> dict:
                          "received are rejected: see phasewatch_ingest_rejected_total by "
                          "reason (a sender's clock, a span shape, a version mismatch)."}},
         {"alert": "PhasewatchEngineStoppedReporting",
-         "expr": (f"(sum by ({BY}) (rate(phasewatch_requests_total[{p.engine_silence}])) == 0)"
-                  f"\nand on ({BY}) (sum by ({BY}) (rate(phasewatch_requests_total"
+         "expr": (f"(sum by ({SERVICE}) (rate(phasewatch_requests_total"
+                  f"[{p.engine_silence}])) == 0)\nand on ({SERVICE}) (sum by ({SERVICE}) "
+                  f"(rate(phasewatch_requests_total"
                   f"[{p.engine_silence}] offset 1h)) > 0)"),
          "for": "5m", "labels": {"severity": "warning"},
          "annotations": {"summary": "{{ $labels.model }} ({{ $labels.engine }}) stopped "

@@ -5,6 +5,10 @@ half an hour of a changed regime, as per-minute increments of the counters the
 rules read. Writing them out by hand would mean thousands of cumulative values;
 here each is a few numbers, and the expected alerts are stated beside them.
 
+A scenario with a ``source`` is an exporter run with ``--source-label``: its series
+carry ``source`` (engine, tap or joined) and so must the alerts, one per source that
+regressed; the others have no source label, as by default.
+
     python deploy/prometheus/rule_tests.py          # rewrite tests/*.test.yml
     python deploy/prometheus/rule_tests.py --check  # fail if stale
 """
@@ -12,6 +16,7 @@ here each is a few numbers, and the expected alerts are stated beside them.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +54,11 @@ class Scenario:
     base: Regime = BASE
     # (regressed, {quantile: the TTFT promtool must report, as humanizeDuration prints it})
     alerts: tuple[tuple[str, dict[str, str]], ...] = field(default_factory=tuple)
+    source: str = ""  # the series' source label (--source-label); "": none
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} source={self.source}" if self.source else self.model
 
 
 SLOWER_TTFT = (10, 30, 50, 60, 60)  # p95 ~2.05 s
@@ -64,6 +74,13 @@ SCENARIOS = (
     Scenario("queue-longer", "the queue grew from 10 ms to 0.6 s: fires, regressed=queue",
              Regime(60, SLOWER_TTFT, 48.0, 0.003, 36.0),
              alerts=(("queue", {"p95": "2.05s", "p50": "500ms"}),)),
+    # One model seen two ways (--source-label): the client-visible TTFT of the requests
+    # the tap and the engine both saw (joined) regresses with the queue; the engine-only
+    # requests' TTFT does not. One alert per quantile, naming the joined source.
+    Scenario("two-sources", "the queue grew: fires, with source=joined",
+             Regime(60, SLOWER_TTFT, 48.0, 0.003, 36.0),
+             alerts=(("queue", {"p95": "2.05s", "p50": "500ms"}),), source="joined"),
+    Scenario("two-sources", "unchanged: silent", BASE, source="engine"),
 )
 
 
@@ -75,8 +92,12 @@ def _counter(base: float, changed: float) -> str:
             f"{last + changed:g}+{changed:g}x{CHANGED_MINUTES}")
 
 
+def _labels(model: str, source: str) -> str:
+    return f'model="{model}",engine="vllm"' + (f',source="{source}"' if source else "")
+
+
 def _series(s: Scenario) -> list[dict]:
-    labels = f'model="{s.model}",engine="vllm"'
+    labels = _labels(s.model, s.source)
     out = [{"series": f"phasewatch_requests_total{{{labels},finish_reason=\"stop\"}}",
             "values": _counter(s.base.requests, s.changed.requests)}]
     for le, b, c in zip(LE, s.base.ttft_buckets, s.changed.ttft_buckets, strict=True):
@@ -101,10 +122,11 @@ def _series(s: Scenario) -> list[dict]:
     return out
 
 
-def _annotations(alert: str, labels: dict[str, str], model: str, value: str
-                 ) -> dict[str, str]:
+def _annotations(alert: str, labels: dict[str, str], model: str, value: str,
+                 source: str = "") -> dict[str, str]:
     """The annotation templates of the rule ``alert`` with ``labels``, filled as
-    Prometheus fills them (``value`` as its humanize function prints it)."""
+    Prometheus fills them (``value`` as its humanize function prints it; a
+    ``{{ with $labels.source }}...{{ . }}...{{ end }}`` block only with a source)."""
     from generate_rules import Params, alerting
 
     (rule,) = [r for g in alerting(Params())["groups"] for r in g["rules"]
@@ -115,6 +137,8 @@ def _annotations(alert: str, labels: dict[str, str], model: str, value: str
             "{{ $value | humanizePercentage }}": value}
     out = {}
     for k, text in rule["annotations"].items():
+        text = re.sub(r"\{\{ with \$labels\.source \}\}(.*?)\{\{ end \}\}",
+                      lambda m: m[1].replace("{{ . }}", source) if source else "", text)
         for a, b in fill.items():
             text = text.replace(a, b)
         out[k] = text
@@ -125,10 +149,11 @@ def regression_tests() -> dict:
     series = [x for s in SCENARIOS for x in _series(s)]
     expected = [{"exp_labels": {"alertname": "PhasewatchTTFTRegression", "engine": "vllm",
                                 "model": s.model, "quantile": q, "regressed": regressed,
-                                "severity": "warning"},
+                                "severity": "warning", **({"source": s.source} if s.source
+                                                          else {})},
                  "exp_annotations": _annotations("PhasewatchTTFTRegression",
                                                  {"regressed": regressed, "quantile": q},
-                                                 s.model, value)}
+                                                 s.model, value, s.source)}
                 for s in SCENARIOS for regressed, values in s.alerts
                 for q, value in values.items()]
     return {
@@ -156,6 +181,11 @@ class Burn:
     # (severity, long window, short window, the long window's ratio as humanizePercentage
     # prints it) of every burn alert that must fire; all others must not.
     alerts: tuple[tuple[str, str, str, str], ...] = ()
+    source: str = ""  # the series' source label (--source-label); "": none
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} source={self.source}" if self.source else self.model
 
 
 BURNS = (
@@ -166,13 +196,17 @@ BURNS = (
     Burn("slow-burn", "2% over 1 s (2x the budget): no page, only the 3d/6h ticket", 0.02,
          (("ticket", "3d", "6h", "2%"),)),
     Burn("within-budget", "0.5% over 1 s: nothing fires", 0.005),
+    Burn("two-sources", "2% of the client-visible TTFTs over 1 s: only the 3d/6h ticket, "
+         "with source=tap", 0.02, (("ticket", "3d", "6h", "2%"),), source="tap"),
+    Burn("two-sources", "0.5% of the engine's own TTFTs over 1 s: nothing fires",
+         0.005, source="engine"),
 )
 
 
 def burn_tests() -> dict:
     series = []
     for b in BURNS:
-        labels = f'model="{b.model}",engine="vllm",prompt_class="1k-4k"'
+        labels = _labels(b.model, b.source) + ',prompt_class="1k-4k"'
         per_minute, fast = 600, 600 * (1 - b.error_ratio)
         series += [
             {"series": f'gen_ai_server_time_to_first_token_seconds_bucket{{{labels},le="1.0"}}',
@@ -182,9 +216,11 @@ def burn_tests() -> dict:
         ]
     expected = [{"exp_labels": {"alertname": "PhasewatchTTFTSLOBurn", "engine": "vllm",
                                 "model": b.model, "severity": severity, "long_window": long,
-                                "short_window": short},
+                                "short_window": short, **({"source": b.source} if b.source
+                                                          else {})},
                  "exp_annotations": _annotations("PhasewatchTTFTSLOBurn",
-                                                 {"long_window": long}, b.model, value)}
+                                                 {"long_window": long}, b.model, value,
+                                                 b.source)}
                 for b in BURNS for severity, long, short, value in b.alerts]
     return {
         "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
@@ -198,7 +234,7 @@ def burn_tests() -> dict:
 
 def _dump(scenarios, doc: dict) -> str:
     head = ("# Generated by deploy/prometheus/rule_tests.py from its scenarios:\n" +
-            "".join(f"#   {s.model}: {s.doc}\n" for s in scenarios))
+            "".join(f"#   {s.name}: {s.doc}\n" for s in scenarios))
     return head + yaml.safe_dump(doc, sort_keys=False, width=100)
 
 
