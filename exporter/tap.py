@@ -189,18 +189,23 @@ class EventReader:
 
     def _message(self, msg: dict, t: float, streamed: bool) -> None:
         seen = self._seen
-        seen.model = seen.model or str(msg.get("model") or "")
-        emitted, finishing = [], []
+        if msg.get("model"):  # the served name the server answers with (TGI's own id
+            seen.model = str(msg["model"])  # where the client asked for "tgi")
+        emitted, finishing = {}, []  # emitted: choice -> its tokens (vLLM's token ids)
         for choice in msg.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
             index = choice.get("index", 0)
             c = seen.choice(index if isinstance(index, int) and 0 <= index < 1024 else 0)
             delta = choice.get("delta") if streamed else choice.get("message")
-            if (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
-                                             or delta.get("reasoning_content"))
-                    ) or choice.get("text"):
-                emitted.append(c)
+            ids = choice.get("token_ids")  # vLLM's return_token_ids: completions, chat
+            if ids is None and isinstance(delta, dict):
+                ids = delta.get("token_ids")
+            ids = len(ids) if isinstance(ids, list) and ids else None
+            if ids or (isinstance(delta, dict) and (
+                    delta.get("content") or delta.get("tool_calls")
+                    or delta.get("reasoning_content"))) or choice.get("text"):
+                emitted[id(c)] = (c, ids)
             if choice.get("finish_reason"):
                 c.finish_reason = str(choice["finish_reason"])
                 finishing.append(c)
@@ -211,15 +216,18 @@ class EventReader:
             return
         done = usage.get("completion_tokens") if isinstance(usage, dict) else None
         grew = isinstance(done, int) and done > self._usage_tokens
-        # the running usage's growth belongs to the chunk's one choice (vLLM sends one
-        # choice per chunk); with several in one chunk, their tokens are unknown
-        for c in emitted or (finishing if grew else ()):
+        # tokens per emission: the chunk's token ids, else the running usage's growth
+        # (it belongs to the chunk's one choice: vLLM sends one choice per chunk; with
+        # several in one chunk, their tokens are unknown)
+        if not emitted and grew:
+            emitted = {id(c): (c, None) for c in finishing}
+        for c, ids in emitted.values():
             c.emissions.append(t)
-            c.tokens.append(done - self._usage_tokens if grew and (
-                len(emitted or finishing) == 1) else 0)  # 0: unknown
+            c.tokens.append(ids or (done - self._usage_tokens if grew and (
+                len(emitted) == 1) else 0))  # 0: unknown
         if grew:
             self._usage_tokens = done
-        if not emitted and not grew:
+        if not emitted:
             # a chunk that only finishes: the end-of-sequence token (no text) where the
             # output holds one more token than the emissions so far; decided at the end
             for c in finishing:

@@ -25,8 +25,9 @@ batches, typically every 5 s; the tap's client every 0.25 s), in a bounded table
 the wait, or when the table is full, a row is counted alone (source tap or engine).
 A side waits only while the other side has been seen within ``active`` seconds (an
 engine is assumed seen at start, a tap is not), so an engine with no tap in front, or
-a tap in front of an engine that does not trace (after ``active``), is counted at once. A row arriving after its request was
-counted without it is dropped, counted as ``late``: a request is never counted twice.
+a tap in front of an engine that does not trace (after ``active``), is counted at once.
+A row arriving after its request was counted without it is dropped, counted as
+``late``: a request is never counted twice.
 Rows without a traceparent (an engine span with no parent: a request that did not come
 through the tap) pass straight through. Every outcome is counted in
 ``phasewatch_trace_join_requests_total{outcome}``.
@@ -176,6 +177,7 @@ class TraceJoin:
         starts = np.concatenate(([0], np.cumsum(batch.gap_counts)[:-1])).astype(np.int64)
         release: list[Row] = []
         outcomes: Counter = Counter()
+        touched: dict[str, _Waiting] = {}
         with self._lock:
             for side in (SOURCE_TAP, SOURCE_ENGINE):
                 if (batch.source == side).any():
@@ -204,7 +206,11 @@ class TraceJoin:
                     w = self._waiting[key] = _Waiting(now + self.wait)
                 (w.tap if side == SOURCE_TAP else w.engine).append(row)
                 held[i] = True
-                if w.tap and len(w.tap) == len(w.engine):
+                touched[key] = w
+            for key, w in touched.items():  # once all of the batch's rows are in
+                # complete: every choice the tap saw (0..n-1), and as many engine sequences
+                if w.tap and len(w.tap) == len(w.engine) == 1 + max(
+                        r.values["choice"] for r in w.tap):
                     del self._waiting[key]
                     release += self._pair(key, w, outcomes, now)
             release += self._expire(now, outcomes)

@@ -198,14 +198,16 @@ class Run:
         return math.fsum(s["attributes"][key] for s in self.spans)
 
 
-def start_vllm(tmp: Path, otlp_endpoint: str) -> tuple[subprocess.Popen, list[str], int]:
+def start_vllm(tmp: Path, otlp_endpoint: str, *extra: str,
+               model_dir: Path = MODEL_DIR) -> tuple[subprocess.Popen, list[str], int]:
     port = free_port()
     command = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR), "--served-model-name", MODEL_NAME,
+        "--model", str(model_dir), "--served-model-name", MODEL_NAME,
         "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "16",
         "--seed", "0", "--otlp-traces-endpoint", otlp_endpoint,
         "--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning",
+        *extra,
     ]
     log = open(tmp / "vllm.log", "w")  # noqa: SIM115 (the process holds it)
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
@@ -231,8 +233,9 @@ def stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGINT,
         os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group it led, if any
 
 
-def ensure_model() -> None:
-    subprocess.run([str(VLLM_PY), str(ROOT / "tests/engines/tiny_model.py"), str(MODEL_DIR)],
+def ensure_model(model_dir: Path = MODEL_DIR, size: str = "tiny") -> None:
+    subprocess.run([str(VLLM_PY), str(ROOT / "tests/engines/tiny_model.py"), str(model_dir),
+                    "--size", size],
                    check=True, timeout=600, capture_output=True, cwd=ROOT,
                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
 

@@ -94,7 +94,7 @@ def test_the_tap_and_the_engine_make_one_request_on_one_timeline(setup):
 
 
 def test_the_engines_span_first_waits_for_the_tap_once_a_tap_is_seen(setup):
-    clock, agg, join = setup
+    _clock, agg, join = setup
     join.ingest(engine_batch(engine_record(key="")), "otlp_grpc")  # no parent: at once
     join.ingest(engine_batch(engine_record(key=KEY2)), "otlp_grpc")  # no tap seen yet
     assert len(requests(agg)) == 2 and outcomes(agg) == {}
@@ -123,7 +123,7 @@ def test_a_side_alone_is_counted_after_the_wait_and_its_late_partner_dropped(set
 
 
 def test_a_full_table_counts_its_oldest_alone(setup):
-    clock, agg, join = setup
+    _clock, agg, join = setup
     join.max_pending = 2
     keys = [f"{i:032x}-{i:016x}" for i in range(1, 5)]
     for k in keys:
@@ -134,7 +134,7 @@ def test_a_full_table_counts_its_oldest_alone(setup):
 
 
 def test_n_2_pairs_each_choice_with_a_sequence_and_counts_the_prompt_once(setup):
-    clock, agg, join = setup
+    _clock, agg, join = setup
     join.ingest(tap_batch(tap_record(choice=0, gaps=(0.1,), output=2),
                           tap_record(choice=1, gaps=(0.1, 0.1, 0.1), output=4)), "grpc")
     join.ingest(engine_batch(engine_record(last=T0 + 0.75, output=4)), "otlp_grpc")
@@ -149,14 +149,14 @@ def test_n_2_pairs_each_choice_with_a_sequence_and_counts_the_prompt_once(setup)
 
 
 def test_a_malformed_trace_parent_is_counted_and_the_row_goes_on_alone(setup):
-    clock, agg, join = setup
+    _clock, agg, join = setup
     join.ingest(tap_batch(tap_record(key="not-a-traceparent")), "grpc")
     assert [r["source"] for r in requests(agg)] == ["tap"]
     assert outcomes(agg) == {"bad_trace_parent": 1}
 
 
 def test_rows_without_the_join_keep_their_batch_and_the_reply_counts_waiting_rows(setup):
-    clock, agg, join = setup
+    _clock, agg, join = setup
     batch = tap_batch(tap_record(), tap_record(key=""), tap_record(key=KEY2))
     r = join.ingest(batch, "grpc")
     assert (r.accepted, list(r.kept)) == (3, [True, True, True])
@@ -169,3 +169,14 @@ def test_no_wait_is_no_join(setup):
     join.ingest(tap_batch(tap_record()), "grpc")
     join.ingest(engine_batch(engine_record()), "otlp_grpc")
     assert sorted(r["source"] for r in requests(agg)) == ["engine", "tap"]
+
+
+def test_n_2_with_one_sequence_before_the_taps_record_waits_for_the_other(setup):
+    _clock, agg, join = setup
+    join.ingest(tap_batch(tap_record(key=KEY2)), "grpc")  # a tap is around
+    join.ingest(engine_batch(engine_record(last=T0 + 0.75, output=4)), "otlp_grpc")
+    join.ingest(tap_batch(tap_record(choice=0, gaps=(0.1,), output=2),
+                          tap_record(choice=1, gaps=(0.1, 0.1, 0.1), output=4)), "grpc")
+    assert requests(agg) == []  # two choices, one sequence so far
+    join.ingest(engine_batch(engine_record(last=T0 + 0.55, output=2)), "otlp_grpc")
+    assert len(requests(agg)) == 2 and outcomes(agg) == {"joined": 2}

@@ -101,8 +101,10 @@ async def one(client, model: str, p: dict) -> dict:
             t, pc = time.time(), time.perf_counter()
             rec["response_id"] = rec["response_id"] or chunk.id
             if chunk.usage is not None:
+                details = chunk.usage.prompt_tokens_details
                 rec["usage"] = {"prompt_tokens": chunk.usage.prompt_tokens,
-                                "completion_tokens": chunk.usage.completion_tokens}
+                                "completion_tokens": chunk.usage.completion_tokens,
+                                "cached_tokens": details.cached_tokens if details else None}
             for choice in chunk.choices:
                 ids = _extra(choice, "token_ids")
                 if ids is None and p["kind"] == "chat" and choice.delta is not None:
