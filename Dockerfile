@@ -24,8 +24,9 @@ ENV PATH=/opt/phasewatch/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # 4317 OTLP/gRPC, 4318 OTLP/HTTP, 50051 phasewatch gRPC, 9464 /metrics and the JSON
-# API, 8050 the dashboard. Ingest binds 127.0.0.1 unless PHASEWATCH_*_HOST says otherwise.
-EXPOSE 4317 4318 50051 9464 8050
+# API, 8050 the dashboard, 8001 `phasewatch tap` (the same image, args ["tap", ...]).
+# Ingest binds 127.0.0.1 unless PHASEWATCH_*_HOST says otherwise.
+EXPOSE 4317 4318 50051 9464 8050 8001
 USER 65532:65532
 ENTRYPOINT ["phasewatch"]
 CMD ["serve"]

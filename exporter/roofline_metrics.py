@@ -8,7 +8,7 @@ Sample exposition::
     phasewatch_peak_bandwidth_bytes_per_second{model="Llama-3.1-8B",engine="vllm",ceiling="datasheet"} 3.35e+12
     phasewatch_phase_time_share_ratio{model="Llama-3.1-8B",engine="vllm",phase="decode"} 0.98
     phasewatch_bottleneck_info{model="Llama-3.1-8B",engine="vllm",phase="decode",resource="memory_bandwidth"} 1.0
-    phasewatch_roofline_inputs_info{model="Llama-3.1-8B",engine="vllm",input="decode_steps",source="token_gaps"} 1.0
+    phasewatch_roofline_inputs_info{model="Llama-3.1-8B",engine="vllm",input="decode_steps",origin="token_gaps"} 1.0
 """  # noqa: E501
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class RooflineCollector(Collector):
                                        "Confidence of the verdict, 0..1.", labels=labels)
         inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
                                    "1 per input of the estimate and where it came from "
-                                   "(token_gaps, tpot, engine_counters, ...).",
-                                   labels=[*labels, "input", "source"])
+                                   "(origin: token_gaps, tpot, engine_counters, ...).",
+                                   labels=[*labels, "input", "origin"])
         for r in results:
             for phase, v in (r.estimate.phase_time_share or {}).items():
                 share.add_metric([*r.labels, phase], v)

@@ -64,9 +64,10 @@ def test_dockerfile_copies_what_exists_and_runs_phasewatch_as_non_root():
     assert not user.startswith(("0", "root"))
     (expose,) = [a for op, a in steps if op == "EXPOSE"]
     defaults = load_serve_config(None, {})
+    tap = build_parser().parse_args(["tap", "--upstream", "http://127.0.0.1:8000"])
     assert {int(p) for p in expose.split()} == {
         defaults.otlp_grpc_port, defaults.otlp_http_port, defaults.grpc_port,
-        defaults.http_port, 8050}
+        defaults.http_port, 8050, tap.port}
 
 
 def test_the_package_the_image_installs_carries_everything(tmp_path):

@@ -95,9 +95,9 @@ def test_engine_counters_are_used_and_named_as_the_source():
             s = _wait(lambda: (lambda sc: sc if sc.value(
                 "phasewatch_roofline_inputs_info", input="flops") else None)(scrape(ex.http_port)))
             assert s.value("phasewatch_roofline_inputs_info", input="flops",
-                           source="engine_counters") == 1
+                           origin="engine_counters") == 1
             assert s.value("phasewatch_roofline_inputs_info", input="decode_batch",
-                           source="engine_num_requests_running") == 1
+                           origin="engine_num_requests_running") == 1
             assert s.value("phasewatch_engine_scrapes_total", result="ok") >= 2
             body = _api(ex, "/api/v1/roofline")
             assert body["models"][0]["estimate"]["decode"]["source"] == "engine_counters"
