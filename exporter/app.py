@@ -175,9 +175,10 @@ class Exporter:
                        "prompt_tokens": m["prompt_tokens_in_window"],
                        "output_tokens": m["output_tokens_in_window"],
                        **{k: m[f"{k}_seconds"] for k in ("ttft", "tpot", "itl", "e2e")}}
-            who = "/".join(v for v in (m["model"], m["engine"], m.get("pod")) if v)
+            who = "/".join(v for v in (m["model"], m["engine"], m.get("pod"), m.get("source"))
+                           if v)
             out.append({"model": m["model"], "engine": m["engine"],
-                        **({"pod": m["pod"]} if "pod" in m else {}), "figures": figures,
+                        **{k: m[k] for k in ("pod", "source") if k in m}, "figures": figures,
                         "text": benchtext.render(
                             f"phasewatch {who}, last {m['covered_seconds']:.0f} s", figures)})
         return {"window_seconds": s["window_seconds"], "models": out}

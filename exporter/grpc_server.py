@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -21,6 +22,9 @@ from exporter import wire
 from exporter.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from exporter.aggregate import Aggregator
 from exporter.lifecycle import LifecycleJoiner
+
+if TYPE_CHECKING:
+    from exporter.tapjoin import TraceJoin
 
 log = logging.getLogger(__name__)
 SERVICE = "phasewatch.v1.Phasewatch"
@@ -139,8 +143,10 @@ def internal_error(stats, protocol: str, what: str, context) -> None:
 
 
 class PhasewatchService:
-    def __init__(self, aggregator: Aggregator, joiner: LifecycleJoiner,
+    def __init__(self, aggregator: Aggregator | TraceJoin, joiner: LifecycleJoiner,
                  admission: Admission | None = None):
+        """``aggregator``: where batches go (the exporter passes its ``TraceJoin``, in
+        front of the aggregator)."""
         self._agg = aggregator
         self._stats = aggregator.stats
         self._joiner = joiner

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from exporter.aggregate import Aggregator
 from exporter.grpc_server import BatchIds
 from exporter.otlp.spans import walk
 from exporter.record import RequestBatch
+
+if TYPE_CHECKING:
+    from exporter.tapjoin import TraceJoin
 
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
 EXTRACT = {vllm.SPAN_NAME: LATENCY_KEYS}
@@ -76,7 +80,8 @@ def pod_of(resource: dict) -> str:
 
 
 class OtlpIngest:
-    def __init__(self, aggregator: Aggregator, context: AdapterContext | None = None,
+    def __init__(self, aggregator: Aggregator | TraceJoin,
+                 context: AdapterContext | None = None,
                  dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None,
                  join_wait: float = sglang.HOLD_S):
         self._agg = aggregator
