@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import benchtext
+from exporter import tap as tapmod
 from exporter.adapters import AdapterContext
 from exporter.admission import Admission
 from exporter.aggregate import Aggregator
@@ -142,6 +143,13 @@ class Exporter:
                 "it. 0: no limit.", lambda: self.admission.memory_limit),
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
+        self.tap = self._tap_server = self._tap_records = None
+        if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
+            self._tap_records = tapmod.BatchRecorder(self.trace_join.ingest,
+                                                     config.tap_engine)
+            self.tap = tapmod.Tap(config.tap_upstream, self._tap_records,
+                                  default_model=config.default_model or single)
+            self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))
         ProcessCollector(registry=self.registry)
         self.full_registry = CollectorRegistry()
         self.full_registry.register(HotCollector(self.aggregator))
@@ -158,6 +166,7 @@ class Exporter:
         self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
                                           daemon=True)
         self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
+        self.tap_port = 0
 
     # ---- JSON API ------------------------------------------------------------
     def _summary(self, qs: dict) -> dict:
@@ -213,6 +222,7 @@ class Exporter:
             raise ApiError("/api/v1/status takes no parameters")
         return {"grpc_port": self.grpc_port, "http_port": self.http_port,
                 "otlp_grpc_port": self.otlp_grpc_port, "otlp_http_port": self.otlp_http_port,
+                **({"tap_port": self.tap_port} if self.tap is not None else {}),
                 "label_sets": len(self.aggregator.labels),
                 "lifecycle_pending": self.joiner.pending_count(),
                 "ingest": {f"{n}{{{','.join(lv)}}}": v
@@ -250,6 +260,12 @@ class Exporter:
                                               "require" if tls.mutual else "none"))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
+        if self.tap is not None:
+            self._tap_server = tapmod.TapServer(self.tap, c.tap_host, c.tap_port,
+                                                grace=c.shutdown_grace).start()
+            self.tap_port = self._tap_server.port
+            log.info("stream tap on http://%s:%d -> %s", c.tap_host, self.tap_port,
+                     c.tap_upstream)
         self._sweeper.start()
         self._roofline.start()
         scheme = "https" if tls else "http"
@@ -313,6 +329,11 @@ class Exporter:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close.
         /readyz answers 503 from the start; the last counts are logged at the end."""
         self._stop.set()
+        if self._tap_server is not None:  # open streams get the grace, then are cut
+            self._tap_server.stop()
+            self._tap_server = None
+        if self._tap_records is not None:
+            self._tap_records.close()  # its last records into the aggregator
         for front in self._fronts:  # no new TLS connections; open ones drain below
             front.stop()
         stopped = []

@@ -85,6 +85,14 @@ SERVE_OPTIONS = (
            "side; past it the oldest is counted alone", 1, 10_000_000),
     Option("source_label", bool, False, "label series with source: tap, engine or joined "
            "(who saw the request: the stream tap in front of the engine, the engine, both)"),
+    Option("tap_upstream", str, "", "run the stream tap in this process in front of this "
+           "OpenAI-compatible server (http://127.0.0.1:8000): its records go straight to the "
+           "trace join; empty: no tap (or run `phasewatch tap` apart)"),
+    Option("tap_host", str, "127.0.0.1", "address the in-process tap listens on (0.0.0.0 "
+           "for a Service to reach it)"),
+    Option("tap_port", int, 8001, "port of the in-process tap (0: a free one)", 0, 65535),
+    Option("tap_engine", str, "tap", "engine label of the in-process tap's records: name "
+           "the server (vllm, sglang, tgi) so tap-only and joined requests share it"),
     Option("lifecycle_ttl", float, 600.0,
            "seconds before an unfinished streamed request is evicted (counted)", 1, 86400),
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
@@ -158,6 +166,10 @@ class ServeConfig:
     trace_join_wait: float = 10.0
     trace_join_max_pending: int = 20_000
     source_label: bool = False
+    tap_upstream: str = ""
+    tap_host: str = "127.0.0.1"
+    tap_port: int = 8001
+    tap_engine: str = "tap"
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000

@@ -700,3 +700,29 @@ def test_the_metrics_port_counts_every_outcome(fake, make_tap):
     assert m.value("phasewatch_tap_records_accepted_total") == 3  # the aborted one too
     assert not any(s.value for s in m.samples
                    if s.name == "phasewatch_tap_records_dropped_total"), m.text
+
+
+def test_the_tap_inside_phasewatch_serve_records_straight_into_the_join(fake):
+    """``phasewatch serve --tap-upstream URL``: the tap in the exporter's process, its
+    records handed to the trace join in batches (no gRPC), its counts on /metrics."""
+    config = replace(ServeConfig(**TEST_PORTS), tap_upstream=f"http://127.0.0.1:{fake.port}",
+                     tap_port=0, tap_engine="vllm", source_label=True, trace_join_wait=0.5)
+    with Exporter(config) as ex:
+        body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 4,
+                           "stream_options": {"include_usage": True}}).encode()
+        for _ in range(3):
+            with urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{ex.tap_port}/v1/chat/completions", data=body,
+                    headers={"Content-Type": "application/json"}), timeout=10) as r:
+                assert b"[DONE]" in r.read()
+        s = wait_for(lambda: (lambda sc: sc if sc.total("phasewatch_requests_total") == 3
+                              else None)(scrape(ex.http_port)), 10)
+        # no engine span came: each counted alone after the wait, as the tap saw it
+        assert s.total("phasewatch_requests_total", engine="vllm", source="tap") == 3
+        assert s.value("phasewatch_trace_join_requests_total", outcome="tap_only") == 3
+        assert s.value("phasewatch_tap_requests_total", outcome="completed") == 3
+        assert s.value("phasewatch_tap_records_accepted_total") == 3
+        assert s.total("gen_ai_server_time_to_first_token_seconds_sum") >= 3 * FIRST_DELAY
+        status = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{ex.http_port}/api/v1/status", timeout=5).read())
+        assert status["tap_port"] == ex.tap_port
