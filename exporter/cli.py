@@ -334,7 +334,8 @@ def cmd_tap(args) -> int:
                              tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
                              upstream_ca=args.upstream_ca, timeout_s=args.timeout,
                              max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                             metrics_port=args.metrics_port, stop=stop)
+                             metrics_port=args.metrics_port, ask_usage=args.ask_usage,
+                             stop=stop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -451,6 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     tap.add_argument("--host", default="127.0.0.1",
                      help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
     tap.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    tap.add_argument("--ask-usage", action="store_true",
+                     help="send streamed requests with stream_options.include_usage when "
+                     "the client did not ask for it (exact token counts), keeping the "
+                     "usage-only chunk from the client")
     tap.add_argument("--target", default="127.0.0.1:50051",
                      help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
     tap.add_argument("--engine", default="tap",

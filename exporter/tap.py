@@ -95,6 +95,7 @@ class Observed:
     status: int = 0
     aborted: str = ""  # why the request did not complete ("client_disconnected", ...)
     trace_parent: str = ""  # "<trace id>-<span id>" of the traceparent sent upstream
+    hide_usage: bool = False  # the tap asked for the usage: keep its chunk from the client
 
     def choice(self, index: int) -> Choice:
         c = self.choices.get(index)
@@ -138,8 +139,8 @@ class Observed:
                       and all(t >= 1 for t in c.tokens) else None)
             output = (self.output_tokens if len(choices) == 1 else
                       len(c.emissions) if one_each else None)
-            if output is None and counts:
-                output = sum(counts)
+            if output is None:  # no usage: the chunks' token ids, else one per chunk
+                output = sum(counts) if counts else len(c.emissions) or None
             out.append(dict(
                 arrival=self.arrival, first_token=c.emissions[0] if c.emissions else None,
                 last_token=c.emissions[-1] if c.emissions else None, finish=self.end,
@@ -245,6 +246,41 @@ class EventReader:
                     c.emissions.append(t)
 
 
+class UsageFilter:
+    """The bytes of a server-sent event stream to pass on, less the usage-only events
+    (no choices, a usage) that the tap asked for and the client did not. Whole events
+    are passed as they complete (the server's bytes, separators included)."""
+
+    def __init__(self):
+        self._buf = b""
+
+    def feed(self, data: bytes) -> bytes:
+        self._buf += data
+        out = []
+        while (cut := _event_end(self._buf)) is not None:
+            event, self._buf = self._buf[:cut[1]], self._buf[cut[1]:]
+            if not _usage_only(event[:cut[0]]):
+                out.append(event)
+        return b"".join(out)
+
+    def rest(self) -> bytes:
+        """What is left at the end (an event the server did not close): passed on."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+def _usage_only(event: bytes) -> bool:
+    data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
+                      if line.startswith(b"data:"))
+    if b'"usage"' not in data:
+        return False
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(msg, dict) and not msg.get("choices") and bool(msg.get("usage"))
+
+
 def _event_end(buf: bytes) -> tuple[int, int] | None:
     """(end of the first event, start of the next), or None while incomplete."""
     found = [(i, i + len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r")
@@ -289,11 +325,14 @@ class Tap:
     ``timeout_s``: how long the upstream may stay silent, before its answer (then 504)
     or between two pieces of it (then the client's answer is cut off, as the server
     left it). ``upstream_ca``: PEM file of the CA that signed an https upstream's
-    certificate (empty: the system's)."""
+    certificate (empty: the system's). ``ask_usage``: a streamed request without
+    ``stream_options.include_usage`` is sent with it, for the exact prompt, cached and
+    output tokens, and the usage-only chunk it adds (the last, with no choices, as vLLM
+    and SGLang send it) is kept from the client, whose stream is then as it asked."""
 
     def __init__(self, upstream: str, record, *, default_model: str = "",
                  max_body_bytes: int = 64 << 20, timeout_s: float = 3600.0,
-                 upstream_ca: str = ""):
+                 upstream_ca: str = "", ask_usage: bool = False):
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
@@ -310,6 +349,9 @@ class Tap:
                 self._upstream_ssl = ssl.create_default_context(cafile=upstream_ca)
             except (OSError, ssl.SSLError) as e:
                 raise ValueError(f"cannot load --upstream-ca {upstream_ca}: {e}") from None
+        # ask the server for the final usage (stream_options.include_usage) when a
+        # streamed request did not, and keep that usage-only chunk from the client
+        self.ask_usage = ask_usage
         self.counts: Counter = Counter()
         self._session: aiohttp.ClientSession | None = None
 
@@ -379,6 +421,13 @@ class Tap:
                     seen.model = str(asked.get("model") or "")
             except ValueError:
                 self.counts["unreadable_request"] += 1  # passed on as it is
+            if streamed and self.ask_usage:
+                options = asked.get("stream_options")
+                if options is None or (isinstance(options, dict)
+                                       and not options.get("include_usage")):
+                    asked["stream_options"] = {**(options or {}), "include_usage": True}
+                    body = json.dumps(asked).encode()
+                    seen.hide_usage = True
         url = self.upstream + request.path_qs
         try:
             upstream = await self._session.request(request.method, url, headers=headers,
@@ -398,7 +447,9 @@ class Tap:
         if untimed:
             self.counts[untimed] += 1
         try:
-            return await self._relay(request, upstream, seen, streamed)
+            return await self._relay(request, upstream, seen, streamed,
+                                     UsageFilter() if seen is not None and seen.hide_usage
+                                     and upstream.content_length is None else None)
         finally:
             upstream.release()
 
@@ -409,8 +460,8 @@ class Tap:
         self.counts["unanswered" if timed else untimed] += 1
         return web.Response(status=499)  # to nobody: the client is gone
 
-    async def _relay(self, request, upstream, seen: Observed | None,
-                     streamed: bool) -> web.StreamResponse:
+    async def _relay(self, request, upstream, seen: Observed | None, streamed: bool,
+                     hide: UsageFilter | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in upstream.headers.items():
             if k.lower() not in _HOP:
@@ -433,13 +484,17 @@ class Tap:
                     break
                 t = time.time()
                 side = "client"
-                await resp.write(chunk)
+                passed = hide.feed(chunk) if hide is not None else chunk
+                if passed:
+                    await resp.write(passed)
                 if reader is not None and upstream.status == 200:
                     if streamed:
                         reader.feed(chunk, t)
                     elif len(whole) < _MAX_EVENT:
                         whole += chunk
             side = "client"
+            if hide is not None and hide.rest():
+                await resp.write(hide.rest())
             await resp.write_eof()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             # ConnectionResetError: writing to a client that hung up (aiohttp's own too)
@@ -722,7 +777,7 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
                   default_model: str, *, token: str = "", client_tls=None,
                   tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
                   timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
-                  metrics_port: int | None = None,
+                  metrics_port: int | None = None, ask_usage: bool = False,
                   stop: threading.Event | None = None) -> int:
     """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
     ``token`` / ``client_tls`` (an ``exporter.tls.ClientTls``): to the exporter;
@@ -736,7 +791,8 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
     tap = server = None
     try:
         tap = Tap(upstream, client_recorder(client), default_model=default_model,
-                  max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca)
+                  max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca,
+                  ask_usage=ask_usage)
         listener = (server_ssl(tls_cert_file, tls_key_file)
                     if tls_cert_file or tls_key_file else None)
         server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,

@@ -45,6 +45,7 @@ class FakeServer:
         self.ssl_context = ssl_context
         self.seen_headers: list[dict] = []
         self.body_sizes: list[int] = []
+        self.asked: list[dict] = []
         self.cancelled = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -90,6 +91,7 @@ class FakeServer:
         raw = await request.read()
         self.body_sizes.append(len(raw))
         ask = json.loads(raw)
+        self.asked.append(ask)
         first_delay = ask.get("first_delay", FIRST_DELAY)
         tokens, per_chunk = ask.get("max_tokens", 6), ask.get("per_chunk", 1)
         eos_only = ask.get("eos_only", False)  # one token, the end of sequence: no text
@@ -726,3 +728,29 @@ def test_the_tap_inside_phasewatch_serve_records_straight_into_the_join(fake):
         status = json.loads(urllib.request.urlopen(
             f"http://127.0.0.1:{ex.http_port}/api/v1/status", timeout=5).read())
         assert status["tap_port"] == ex.tap_port
+
+
+def test_ask_usage_gets_the_token_counts_and_keeps_the_clients_stream_as_it_asked(
+        fake, make_tap, exporter):
+    _, server, _ = make_tap(ask_usage=True)
+    ask = {"model": MODEL, "stream": True, "max_tokens": 5}  # no stream_options
+    _, direct, _ = post(fake.port, ask)
+    status, through, _ = post(server.port, ask)
+    assert status == 200 and through == direct and b'"usage"' not in through
+    (row,) = wait_for(lambda: requests_of(exporter))
+    assert (row["prompt_tokens"], row["cached_prompt_tokens"], row["output_tokens"]) == (
+        12, 8, 5)
+    assert fake.asked[-1]["stream_options"] == {"include_usage": True}  # the tap asked
+    # a client that asked for the usage itself gets it, as before
+    with_usage = {**ask, "stream_options": {"include_usage": True}}
+    assert post(server.port, with_usage)[1] == post(fake.port, with_usage)[1]
+
+
+def test_usage_filter_passes_every_other_event_whole_and_in_order():
+    f = tapmod.UsageFilter()
+    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n',
+              b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n',
+              b": a comment\n\n", b"data: [DONE]\n\n"]
+    stream = b"".join(events)
+    out = b"".join(f.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + f.rest()
+    assert out == events[0] + events[2] + events[3]
