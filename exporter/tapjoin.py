@@ -143,14 +143,16 @@ class TraceJoin:
     releases the rows whose wait is over (the exporter calls it every second)."""
 
     def __init__(self, aggregator: Aggregator, *, wait: float = 10.0,
-                 max_pending: int = 20_000, remember: int = 200_000, active: float = 300.0,
+                 max_pending: int = 20_000, remember: int = 100_000, active: float = 300.0,
                  clock=time.monotonic):
         self._agg = aggregator
         self.stats = aggregator.stats
         self.labels = aggregator.labels
         self.add_steps = aggregator.add_steps
         self.wait, self.max_pending, self.active = wait, max_pending, active
-        self._remember = remember
+        # counted requests are remembered (to drop a late other side) this long, at most
+        # ``remember`` of them (~0.2 kB each): a side later than that is counted alone
+        self._remember, self._forget = remember, max(60.0, 6 * wait)
         self._clock = clock
         self._lock = threading.Lock()
         self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # by deadline
@@ -251,7 +253,7 @@ class TraceJoin:
             del self._waiting[key]
             out += self._pair(key, w, outcomes, now, capacity=w.deadline > now)
         while self._done and (len(self._done) > self._remember
-                              or next(iter(self._done.values()))[0] < now - 2 * self.active):
+                              or next(iter(self._done.values()))[0] < now - self._forget):
             self._done.popitem(last=False)
         return out
 
