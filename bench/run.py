@@ -13,7 +13,10 @@ Rows (module: what it measures):
   finish -> visible in /metrics;
 * surfaces: /metrics render (text, and protobuf with native histograms: render time and
   series added), the roofline estimator, exporter memory under load;
-* dashboard_refresh: a dashboard refresh's server time.
+* dashboard_refresh: a dashboard refresh's server time;
+* tap: what ``phasewatch tap`` adds, beside the same load sent to the server directly
+  (phases alternating): TTFT p50/p99 and chunk latency p99 at 64 streams, chunks/s per
+  tap CPU-second (beside a bare aiohttp relay), the tap's peak RSS.
 
     python -m bench.run [--only KEY[,KEY...]]   # keys: the row keys in results.json
 """
@@ -29,7 +32,7 @@ import time
 
 import numpy as np
 
-from bench import client, dashboard_refresh, ingest, surfaces
+from bench import client, dashboard_refresh, ingest, surfaces, tap
 from bench.common import CLIENT_CORE, ROOT, Row, pin
 
 SECTIONS = {
@@ -42,6 +45,7 @@ SECTIONS = {
     "estimator": lambda: [surfaces.estimator_row()],
     "dashboard": lambda: [dashboard_refresh.dashboard_row()],
     "memory": lambda: [surfaces.memory_row()],
+    "tap": tap.tap_rows,
 }
 
 
