@@ -173,8 +173,11 @@ class EventReader:
             self._event(event, t)
 
     def _event(self, event: bytes, t: float) -> None:
-        data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
-                          if line.startswith(b"data:"))
+        if event.startswith(b"data:") and event.find(b"\n") < 0 and event.find(b"\r") < 0:
+            data = event[5:].lstrip()  # one data line: every OpenAI-style server's event
+        else:
+            data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
+                              if line.startswith(b"data:"))
         if not data or data.strip() == b"[DONE]":
             return
         msg = self._parse(data, "unreadable_event")
@@ -283,6 +286,9 @@ def _usage_only(event: bytes) -> bool:
 
 def _event_end(buf: bytes) -> tuple[int, int] | None:
     """(end of the first event, start of the next), or None while incomplete."""
+    i = buf.find(b"\n\n")
+    if i >= 0 and buf.find(b"\r", 0, i) < 0:  # LF-separated: no CR before it
+        return i, i + 2
     found = [(i, i + len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r")
              if (i := buf.find(sep)) >= 0]
     return min(found) if found else None
