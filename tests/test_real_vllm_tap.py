@@ -22,6 +22,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,11 @@ from tests.test_real_vllm import (
     MODEL_NAME,
     ROOT,
     VLLM_PY,
+    check_client_errors,
     ensure_model,
     eos_token_id,
     get,
+    once_more_if_the_worker_died,
     require_vllm,
     scrape_url,
     span_id_for,
@@ -65,7 +68,10 @@ class TapRun:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> TapRun:
     require_vllm()
-    tmp = tmp_path_factory.mktemp("real-vllm-tap")
+    return once_more_if_the_worker_died(_run_once, tmp_path_factory, "real-vllm-tap")
+
+
+def _run_once(tmp: Path) -> TapRun:
     timings = {}
     t0 = time.monotonic()
     ensure_model(SMALL_DIR, "small")
@@ -112,9 +118,7 @@ def run(tmp_path_factory) -> TapRun:
         assert client_run.returncode == 0, client_run.stderr[-4000:]
         client = json.loads(out.read_text())
         timings["client"] = time.monotonic() - t
-        errors = [(r["index"], r["error"]) for r in client["requests"] if r["error"]]
-        assert errors == [], (f"{len(errors)} requests failed, first: {errors[:5]}; vLLM's "
-                              "log ends:\n" + (tmp / "vllm.log").read_text()[-6000:])
+        check_client_errors(client, tmp / "vllm.log")
         sequences = sum(r["n"] for r in client["requests"])
 
         def vllm_done():
