@@ -167,14 +167,22 @@ def test_many_models_each_get_a_verdict_and_roofline_points(many):
                                   for b in banners} == set(MODELS)
 
 
-def test_selecting_one_model_filters_every_frame(many):
-    ex, everything = many
-    snap = _snapshot(ex, Selection(models=("Qwen2.5-7B",)))
+def _filtered(ex, everything: Snapshot, selection: Selection, label: str) -> Snapshot:
+    """The snapshot of ``selection`` (one value of ``label``): every frame holds that
+    value only, and is not empty where the whole snapshot's is not."""
+    snap = _snapshot(ex, selection)
+    (wanted,) = getattr(selection, f"{label}s")
     for name in Snapshot.FRAMES:
         df = getattr(snap, name)
-        assert set(df["model"]) <= {"Qwen2.5-7B"}, name
+        assert set(df[label]) <= {wanted}, name
         if not getattr(everything, name).empty:
             assert not df.empty, name
+    return snap
+
+
+def test_selecting_one_model_filters_every_frame(many):
+    ex, everything = many
+    snap = _filtered(ex, everything, Selection(models=("Qwen2.5-7B",)), "model")
     assert set(snap.labels["model"]) == set(MODELS)  # the selector still offers all
     for fig in build_figures(snap):
         names = json.dumps([t.get("name") for t in fig["data"]])
@@ -324,12 +332,7 @@ def test_two_sources_are_told_apart_in_every_figure_and_panel(two_sources):
 
 def test_selecting_a_source_filters_every_frame(two_sources):
     ex, everything = two_sources
-    snap = _snapshot(ex, Selection(sources=("tap",)))
-    for name in Snapshot.FRAMES:
-        df = getattr(snap, name)
-        assert set(df["source"]) <= {"tap"}, name
-        if not getattr(everything, name).empty:
-            assert not df.empty, name
+    snap = _filtered(ex, everything, Selection(sources=("tap",)), "source")
     assert sorted(snap.labels["source"]) == sorted(SOURCES)  # the selector still offers both
     assert len(snap.kpis) == 1 and len(snap.verdicts) == 1
     for fig in build_figures(snap):

@@ -4,6 +4,7 @@ request sources (--source-label) are kept apart and selectable."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -24,6 +25,27 @@ from tests.prom import PrometheusServer, free_port
 KPIS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50",
         "request_rate", "prompt_tokens_per_second", "output_tokens_per_second", "mbu", "mfu",
         "decode_batch_size", "queue_share", "prefill_share", "decode_share")
+
+
+@contextlib.contextmanager
+def _driving(pairs):
+    """Each (simulated engine, client) pair running in real time on its own thread until
+    the block ends; then stopped and the clients closed."""
+    stop = threading.Event()
+    runners = []
+    for engine, client in pairs:
+        t = threading.Thread(target=engine.run, args=(120.0,), daemon=True, kwargs={
+            "on_finish": client.record_request, "time_scale": 1.0,
+            "should_stop": stop.is_set})
+        t.start()
+        runners.append((t, client))
+    try:
+        yield
+    finally:
+        stop.set()
+        for t, client in runners:
+            t.join(10)
+            client.close()
 
 
 def _row(snap: Snapshot) -> dict:
@@ -88,28 +110,16 @@ def test_pods_are_aggregated_and_selectable(tmp_path):
     with Exporter(config) as a, Exporter(config) as b:
         pods = {f"127.0.0.1:{a.http_port}": {"pod": "vllm-a"},
                 f"127.0.0.1:{b.http_port}": {"pod": "vllm-b"}}
-        with PrometheusServer(tmp_path, list(pods), target_labels=pods) as prom:
-            stop = threading.Event()
-            runners = []
-            for ex, rate in ((a, 1.0), (b, 2.0)):  # pod b takes twice pod a's traffic
-                engine = scenario("chat").build(seed=int(rate), rate_scale=rate)
-                client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm")
-                t = threading.Thread(target=engine.run, args=(120.0,), daemon=True, kwargs={
-                    "on_finish": client.record_request, "time_scale": 1.0,
-                    "should_stop": stop.is_set})
-                t.start()
-                runners.append((t, client))
-            try:
-                time.sleep(20)
-                source = PrometheusSource(prom.url, rate_range="15s")
-                both = source.fetch()
-                only_b = source.fetch(Selection(pods=("vllm-b",)))
-                source.close()
-            finally:
-                stop.set()
-                for t, client in runners:
-                    t.join(10)
-                    client.close()
+        load = [(scenario("chat").build(seed=int(rate), rate_scale=rate),
+                 PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm"))
+                for ex, rate in ((a, 1.0), (b, 2.0))]  # pod b takes twice pod a's traffic
+        with PrometheusServer(tmp_path, list(pods), target_labels=pods) as prom, _driving(
+                load):
+            time.sleep(20)
+            source = PrometheusSource(prom.url, rate_range="15s")
+            both = source.fetch()
+            only_b = source.fetch(Selection(pods=("vllm-b",)))
+            source.close()
     assert set(both.labels["pod"]) == {"vllm-a", "vllm-b"}
     pooled, b_rate = _row(both)["request_rate"], _row(only_b)["request_rate"]
     assert 0.55 < b_rate / pooled < 0.8, (b_rate, pooled)  # about 2/3 of the traffic
@@ -127,29 +137,15 @@ def test_request_sources_are_kept_apart_and_selectable(tmp_path):
     config = ServeConfig(**TEST_PORTS, roofline_interval=1.0, source_label=True,
                          model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
     with Exporter(config) as ex, PrometheusServer(
-            tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
-        stop = threading.Event()
-        runners = []
-        for seed, source in enumerate(("engine", "tap"), 1):
-            engine = scenario("chat").build(seed=seed)
-            client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm",
-                                      source=source)
-            t = threading.Thread(target=engine.run, args=(120.0,), daemon=True, kwargs={
-                "on_finish": client.record_request, "time_scale": 1.0,
-                "should_stop": stop.is_set})
-            t.start()
-            runners.append((t, client))
-        try:
-            time.sleep(15)
-            source = PrometheusSource(prom.url, rate_range="10s")
-            both = source.fetch()
-            only_tap = source.fetch(Selection(sources=("tap",)))
-            source.close()
-        finally:
-            stop.set()
-            for t, client in runners:
-                t.join(10)
-                client.close()
+            tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom, _driving(
+                [(scenario("chat").build(seed=seed),
+                  PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm", source=source))
+                 for seed, source in enumerate(("engine", "tap"), 1)]):
+        time.sleep(15)
+        source = PrometheusSource(prom.url, rate_range="10s")
+        both = source.fetch()
+        only_tap = source.fetch(Selection(sources=("tap",)))
+        source.close()
     assert both.error is None and only_tap.error is None, (both.error, only_tap.error)
     assert sorted(both.labels["source"]) == ["engine", "tap"]
     assert sorted(both.kpis["source"]) == ["engine", "tap"]

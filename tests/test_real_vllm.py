@@ -233,6 +233,32 @@ def stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGINT,
         os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group it led, if any
 
 
+def settle(vllm: subprocess.Popen, base: str, before: dict, sequences: int,
+           cap: OtlpCapture) -> dict:
+    """After the client's run: vLLM's figures once it has counted every sequence, then
+    every ``llm_request`` span through the relay; vLLM stopped either way. vLLM records
+    a request's stats in the output loop beside its last chunk; spans leave it in
+    batches: wait until the relay has passed every request span on and phasewatch has
+    answered each export (accepted or not: the tests judge)."""
+    def vllm_done():
+        figures = vllm_figures(scrape_url(base + "/metrics"))
+        got = figures["vllm:request_success_total"] - before["vllm:request_success_total"]
+        return figures if got >= sequences else None
+
+    def spans_in() -> bool:
+        answered = len(cap.responses) + len(cap.forward_errors) == len(cap.raw)
+        got = sum(s["name"] == "llm_request" for s in spans_of(cap.requests()))
+        return answered and got >= sequences
+
+    try:
+        after = wait_for(vllm_done, 30, 0.25, "vLLM's request_success_total")
+        wait_for(spans_in, 60, 0.25, "every llm_request span through the relay")
+    finally:
+        # SIGINT: uvicorn shuts down, the tracer provider flushes at exit.
+        stop_group(vllm, signal.SIGINT)
+    return after
+
+
 class WorkerDied(AssertionError):
     """vLLM's CPU worker process died (seen here at its first forward, now and then,
     with SIGILL or no exit code, whatever the requests): the engine's fault, not a
@@ -314,28 +340,8 @@ def _run_once(tmp: Path) -> Run:
         check_client_errors(client, tmp / "vllm.log")
         sequences = sum(r["n"] for r in client["requests"])
 
-        # vLLM records a request's stats in the output loop beside its last chunk.
-        def vllm_done():
-            figures = vllm_figures(scrape_url(base + "/metrics"))
-            got = figures["vllm:request_success_total"] - vllm_before[
-                "vllm:request_success_total"]
-            return figures if got >= sequences else None
-
-        vllm_after = wait_for(vllm_done, 30, 0.25, "vLLM's request_success_total")
-
-        # Spans leave vLLM in batches: wait until the relay has passed every request span
-        # on and phasewatch has answered each export (accepted or not: the tests judge).
-        def spans_in() -> bool:
-            answered = len(cap.responses) + len(cap.forward_errors) == len(cap.raw)
-            got = sum(s["name"] == "llm_request" for s in spans_of(cap.requests()))
-            return answered and got >= sequences
-
         t = time.monotonic()
-        try:
-            wait_for(spans_in, 60, 0.25, "every llm_request span through the relay")
-        finally:
-            # SIGINT: uvicorn shuts down, the tracer provider flushes at exit.
-            stop_group(vllm, signal.SIGINT)
+        vllm_after = settle(vllm, base, vllm_before, sequences, cap)
         timings["span_flush"] = time.monotonic() - t
         time.sleep(0.5)
         status = json.loads(get(pw_url + "/api/v1/status"))

@@ -41,6 +41,7 @@ from tests.test_real_vllm import (
     once_more_if_the_worker_died,
     require_vllm,
     scrape_url,
+    settle,
     span_id_for,
     spans_of,
     start_vllm,
@@ -121,23 +122,8 @@ def _run_once(tmp: Path) -> TapRun:
         check_client_errors(client, tmp / "vllm.log")
         sequences = sum(r["n"] for r in client["requests"])
 
-        def vllm_done():
-            figures = vllm_figures(scrape_url(base + "/metrics"))
-            got = figures["vllm:request_success_total"] - before["vllm:request_success_total"]
-            return figures if got >= sequences else None
-
-        after = wait_for(vllm_done, 30, 0.25, "vLLM's request_success_total")
-
-        def spans_in() -> bool:
-            answered = len(cap.responses) + len(cap.forward_errors) == len(cap.raw)
-            got = sum(s["name"] == "llm_request" for s in spans_of(cap.requests()))
-            return answered and got >= sequences
-
         t = time.monotonic()
-        try:
-            wait_for(spans_in, 60, 0.25, "every llm_request span through the relay")
-        finally:
-            stop_group(vllm, signal.SIGINT)
+        after = settle(vllm, base, before, sequences, cap)
 
         def counted():  # both sides in and joined (or counted alone after the wait)
             s = scrape_url(pw_url + "/metrics")
