@@ -259,6 +259,22 @@ def settle(vllm: subprocess.Popen, base: str, before: dict, sequences: int,
     return after
 
 
+def stream(tmp: Path, base: str, requests: int, concurrency: int, *seed: str) -> dict:
+    """``tests/engines/stream_client.py`` against ``base`` (``--seed N`` in ``seed``):
+    what the client saw; every request must have succeeded (``check_client_errors``)."""
+    out = tmp / "client.json"
+    client_run = subprocess.run(
+        [str(VLLM_PY), str(ROOT / "tests/engines/stream_client.py"),
+         "--base-url", base + "/v1", "--model", MODEL_NAME, "--out", str(out),
+         "--requests", str(requests), "--concurrency", str(concurrency),
+         "--eos-token-id", str(eos_token_id()), *seed],
+        capture_output=True, text=True, timeout=400, cwd=tmp)
+    assert client_run.returncode == 0, client_run.stderr[-4000:]
+    client = json.loads(out.read_text())
+    check_client_errors(client, tmp / "vllm.log")
+    return client
+
+
 class WorkerDied(AssertionError):
     """vLLM's CPU worker process died (seen here at its first forward, now and then,
     with SIGILL or no exit code, whatever the requests): the engine's fault, not a
@@ -327,17 +343,8 @@ def _run_once(tmp: Path) -> Run:
         pw_before = scrape_url(pw_url + "/metrics")
 
         t = time.monotonic()
-        out = tmp / "client.json"
-        client_run = subprocess.run(
-            [str(VLLM_PY), str(ROOT / "tests/engines/stream_client.py"),
-             "--base-url", base + "/v1", "--model", MODEL_NAME, "--out", str(out),
-             "--requests", str(REQUESTS), "--concurrency", str(CONCURRENCY),
-             "--eos-token-id", str(eos_token_id())],
-            capture_output=True, text=True, timeout=400, cwd=tmp)
-        assert client_run.returncode == 0, client_run.stderr[-4000:]
-        client = json.loads(out.read_text())
+        client = stream(tmp, base, REQUESTS, CONCURRENCY)
         timings["client"] = time.monotonic() - t
-        check_client_errors(client, tmp / "vllm.log")
         sequences = sum(r["n"] for r in client["requests"])
 
         t = time.monotonic()

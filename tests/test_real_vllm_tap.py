@@ -33,10 +33,7 @@ from tests.serve import ServeProcess
 from tests.test_real_vllm import (
     MODEL_NAME,
     ROOT,
-    VLLM_PY,
-    check_client_errors,
     ensure_model,
-    eos_token_id,
     get,
     once_more_if_the_worker_died,
     require_vllm,
@@ -46,6 +43,7 @@ from tests.test_real_vllm import (
     spans_of,
     start_vllm,
     stop_group,
+    stream,
     vllm_figures,
     wait_for,
 )
@@ -108,18 +106,10 @@ def _run_once(tmp: Path) -> TapRun:
         timings["vllm_start"] = time.monotonic() - t
         before = vllm_figures(scrape_url(base + "/metrics"))
 
-        t = time.monotonic()
-        out = tmp / "client.json"
-        client_run = subprocess.run(
-            [str(VLLM_PY), str(ROOT / "tests/engines/stream_client.py"),
-             "--base-url", f"http://127.0.0.1:{tap_port}/v1", "--model", MODEL_NAME,
-             "--out", str(out), "--requests", str(REQUESTS), "--concurrency",
-             str(CONCURRENCY), "--seed", "11", "--eos-token-id", str(eos_token_id())],
-            capture_output=True, text=True, timeout=400, cwd=tmp)
-        assert client_run.returncode == 0, client_run.stderr[-4000:]
-        client = json.loads(out.read_text())
+        t = time.monotonic()  # through the tap
+        client = stream(tmp, f"http://127.0.0.1:{tap_port}", REQUESTS, CONCURRENCY,
+                        "--seed", "11")
         timings["client"] = time.monotonic() - t
-        check_client_errors(client, tmp / "vllm.log")
         sequences = sum(r["n"] for r in client["requests"])
 
         t = time.monotonic()
