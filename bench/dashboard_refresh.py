@@ -22,7 +22,7 @@ from dashboard.exporter_source import PROMPT_POINTS, ExporterSource
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 
 TARGET_MS = 200.0

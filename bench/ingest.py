@@ -37,9 +37,9 @@ from bench.common import (
     total,
     wait_for,
 )
-from exporter import wire
+from exporter.ingest import wire
 from exporter.protocol import phasewatch_pb2 as pb
-from exporter.record import RequestBatch
+from exporter.requests.record import RequestBatch
 
 REQUESTS_PER_BATCH = 1000
 GAPS_PER_REQUEST = 200
@@ -135,7 +135,7 @@ def _decode_only_server() -> str:
     return (
         "import sys, grpc\n"
         "from concurrent import futures\n"
-        "from exporter import wire\n"
+        "from exporter.ingest import wire\n"
         "def export(request, context):\n"
         "    batch, meta = wire.decode_export(request)\n"
         "    return wire.export_response(len(batch), {})\n"

@@ -26,14 +26,15 @@ import numpy as np
 
 from bench.common import CLIENT_CORE, Row, pin, rss_bytes, scrape, serve, total, wait_for
 from bench.ingest import synthetic_batch
-from exporter import exposition, wire
+from exporter.ingest import wire
+from exporter.publish import exposition
 
 ENGINES = ("vllm", "sglang", "tgi")
 MODELS = 20
 
 
 def _models_toml() -> str:
-    from exporter import catalog
+    from exporter.roofline import catalog
 
     names = sorted(catalog._models())
     out = []
@@ -145,7 +146,7 @@ def _native_series(body: bytes) -> int:
 def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
     from exporter.app import Exporter
     from exporter.config import ServeConfig
-    from exporter.deployments import ModelOptions
+    from exporter.roofline.deployments import ModelOptions
 
     rng = np.random.default_rng(5)
     config = ServeConfig(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,

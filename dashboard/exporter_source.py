@@ -29,7 +29,7 @@ from dashboard.frames import (
 )
 from dashboard.http import FetchError, base_url, get_json
 from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
-from exporter.tls import ClientTls
+from exporter.ingest.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
 PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter

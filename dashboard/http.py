@@ -9,8 +9,8 @@ import urllib.parse
 import urllib.request
 
 from dashboard.frames import SourceError
-from exporter.auth import bearer
-from exporter.tls import ClientTls
+from exporter.ingest.auth import bearer
+from exporter.ingest.tls import ClientTls
 
 
 class FetchError(Exception):

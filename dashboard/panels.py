@@ -11,8 +11,8 @@ from dash import html
 
 from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
 from dashboard.theme import GLOSSARY, PHASES, verdict_color
-from exporter import benchtext
-from exporter.verdict import headline
+from exporter.publish import benchtext
+from exporter.roofline.verdict import headline
 
 SOURCE_NAMES = {"exporter": "Exporter", "prometheus": "Prometheus"}
 

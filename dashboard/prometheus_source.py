@@ -32,8 +32,8 @@ from dashboard.frames import (
 )
 from dashboard.http import FetchError, base_url, get_json
 from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
-from exporter.buckets import PROMPT_CLASS_RANGES
-from exporter.verdict import LEVERS, headline
+from exporter.requests.buckets import PROMPT_CLASS_RANGES
+from exporter.roofline.verdict import LEVERS, headline
 
 
 def _value(raw: str) -> float:

@@ -12,30 +12,36 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import benchtext
-from exporter import tap as tapmod
-from exporter.adapters import AdapterContext
-from exporter.admission import Admission
-from exporter.aggregate import Aggregator
-from exporter.auth import BearerAuth
-from exporter.bottleneck import BottleneckMonitor
+from exporter.aggregation.aggregate import Aggregator
+from exporter.aggregation.history import SummaryHistory
+from exporter.aggregation.window import RollingWindow
 from exporter.config import ServeConfig
-from exporter.deployments import Deployments, resolve
-from exporter.engine_metrics import EngineMetricsSource
-from exporter.exposition import HotProto
-from exporter.grpc_server import PhasewatchService, start_grpc_server
-from exporter.history import SummaryHistory
-from exporter.http_server import MAX_RECENT, ApiError, HttpServer, make_handler, query_number
-from exporter.lifecycle import LifecycleJoiner
-from exporter.metrics import HotCollector, HotText, MetricsPage, SelfCollector
-from exporter.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
-from exporter.otlp.http_receiver import make_otlp_handler
-from exporter.otlp.ingest import OtlpIngest
-from exporter.roofline_metrics import RooflineCollector
+from exporter.ingest import tap as tapmod
+from exporter.ingest.adapters import AdapterContext
+from exporter.ingest.admission import Admission
+from exporter.ingest.auth import BearerAuth
+from exporter.ingest.grpc_server import PhasewatchService, start_grpc_server
+from exporter.ingest.lifecycle import LifecycleJoiner
+from exporter.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
+from exporter.ingest.otlp.http_receiver import make_otlp_handler
+from exporter.ingest.otlp.ingest import OtlpIngest
+from exporter.ingest.tapjoin import TraceJoin
+from exporter.ingest.tls import TlsFiles, TlsFront
+from exporter.publish import benchtext
+from exporter.publish.exposition import HotProto
+from exporter.publish.http_server import (
+    MAX_RECENT,
+    ApiError,
+    HttpServer,
+    make_handler,
+    query_number,
+)
+from exporter.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
+from exporter.publish.roofline_metrics import RooflineCollector
+from exporter.roofline.bottleneck import BottleneckMonitor
+from exporter.roofline.deployments import Deployments, resolve
+from exporter.roofline.engine_metrics import EngineMetricsSource
 from exporter.selfstats import SelfStats
-from exporter.tapjoin import TraceJoin
-from exporter.tls import TlsFiles, TlsFront
-from exporter.window import RollingWindow
 
 log = logging.getLogger("phasewatch")
 
@@ -105,7 +111,7 @@ class Exporter:
         single = deployments.all[0].served_name if len(deployments) == 1 else ""
         emitter = None
         if config.otlp_export_endpoint:
-            from exporter.otlp.reemit import PhaseSpanEmitter
+            from exporter.ingest.otlp.reemit import PhaseSpanEmitter
 
             emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
         self.otlp = OtlpIngest(self.trace_join, AdapterContext(

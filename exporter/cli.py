@@ -77,7 +77,7 @@ def _add_token_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _client_tls(args: argparse.Namespace):
-    from exporter.tls import ClientTls
+    from exporter.ingest.tls import ClientTls
 
     return ClientTls(args.tls_ca, args.tls_cert, args.tls_key)
 
@@ -174,7 +174,7 @@ def _summary_line(summary: dict) -> str:
 
 
 def _sim_client(args, target: str, token: str = ""):
-    from exporter.tls import ClientTls
+    from exporter.ingest.tls import ClientTls
 
     tls = _client_tls(args) if hasattr(args, "tls_ca") else ClientTls()
     if args.protocol == "phasewatch":
@@ -276,9 +276,9 @@ def _print_summary(exporter, current: str) -> None:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    from exporter import calculator, catalog
-    from exporter.deployments import ModelOptions, compute_dtype_for, load_profile
-    from exporter.hf_config import load_model_config
+    from exporter.roofline import calculator, catalog
+    from exporter.roofline.deployments import ModelOptions, compute_dtype_for, load_profile
+    from exporter.roofline.hf_config import load_model_config
 
     sources = [bool(args.model), bool(args.hf_config), bool(args.params)]
     if sum(sources) != 1:
@@ -313,7 +313,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from exporter import calibrate
+    from exporter.roofline import calibrate
 
     profile = calibrate.calibrate(args.device, args.size_mib, args.matmul_n, args.repeats,
                                   progress=calibrate.stderr_progress)
@@ -324,7 +324,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_tap(args) -> int:
-    from exporter import tap
+    from exporter.ingest import tap
 
     _setup_logging("info")
     stop = threading.Event()

@@ -30,10 +30,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2
 
-from exporter import auth, wire
-from exporter.grpc_server import MAX_MESSAGE_BYTES, SERVICE
-from exporter.record import SOURCES, RequestBatch, RequestRecord
-from exporter.tls import ClientTls
+from exporter.ingest import auth, wire
+from exporter.ingest.grpc_server import MAX_MESSAGE_BYTES, SERVICE
+from exporter.ingest.tls import ClientTls
+from exporter.requests.record import SOURCES, RequestBatch, RequestRecord
 
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from dashboard import queries, theme
-from exporter import verdict
+from exporter.roofline import verdict
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards" / "phasewatch.json"

@@ -19,18 +19,18 @@ from dataclasses import fields
 
 import numpy as np
 
-from exporter import wire
-from exporter.adapters import AdapterContext
-from exporter.adapters.tgi import parse_duration
-from exporter.aggregate import Aggregator
+from exporter.aggregation.aggregate import Aggregator
+from exporter.aggregation.window import RollingWindow
 from exporter.config import ConfigError, load_serve_config
-from exporter.hf_config import load_model_config
-from exporter.lifecycle import LifecycleJoiner
-from exporter.otlp.ingest import EXTRACT, OtlpIngest
-from exporter.otlp.jsonform import json_spans
-from exporter.otlp.spans import MalformedPayload, parse_request
+from exporter.ingest import wire
+from exporter.ingest.adapters import AdapterContext
+from exporter.ingest.adapters.tgi import parse_duration
+from exporter.ingest.lifecycle import LifecycleJoiner
+from exporter.ingest.otlp.ingest import EXTRACT, OtlpIngest
+from exporter.ingest.otlp.jsonform import json_spans
+from exporter.ingest.otlp.spans import MalformedPayload, parse_request
+from exporter.roofline.hf_config import load_model_config
 from exporter.selfstats import SelfStats
-from exporter.window import RollingWindow
 
 
 class Pipeline:

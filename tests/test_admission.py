@@ -13,12 +13,12 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from exporter import wire
-from exporter.admission import Admission, Refused
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.record import RequestBatch, RequestRecord
+from exporter.ingest import wire
+from exporter.ingest.admission import Admission, Refused
+from exporter.requests.record import RequestBatch, RequestRecord
 from exporter.selfstats import SelfStats
 from tests.conftest import TEST_PORTS, scrape
 from tests.test_otlp import _request_bytes

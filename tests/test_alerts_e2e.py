@@ -33,7 +33,7 @@ import pytest
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.engine import EngineConfig
 from exporter.sim.scenarios import Scenario
 from exporter.sim.workload import Lengths, Workload

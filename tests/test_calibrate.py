@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-from exporter import calibrate
-from exporter.deployments import ModelOptions, load_profile, resolve
+from exporter.roofline import calibrate
+from exporter.roofline.deployments import ModelOptions, load_profile, resolve
 
 CALIBRATE = [sys.executable, "-m", "exporter.cli", "calibrate"]
 

@@ -85,8 +85,8 @@ def test_counts_and_sums_survive_the_trip(exporter, records):
 def test_a_resent_batch_is_counted_once(exporter, records):
     import grpc
 
-    from exporter import wire
-    from exporter.record import RequestBatch
+    from exporter.ingest import wire
+    from exporter.requests.record import RequestBatch
 
     payload = wire.encode_export(RequestBatch.from_records(records[:10]), "vllm",
                                  batch_id=1234)

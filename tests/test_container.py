@@ -79,9 +79,10 @@ def test_the_package_the_image_installs_carries_everything(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = tmp_path.glob("phasewatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("exporter/cli.py", "exporter/catalog/models.json",
-                     "exporter/catalog/hardware.json", "exporter/protocol/phasewatch_pb2.py",
-                     "dashboard/app.py", "exporter/sim/scenarios.py"):
+    for required in ("exporter/cli.py", "exporter/roofline/catalog/models.json",
+                     "exporter/roofline/catalog/hardware.json",
+                     "exporter/protocol/phasewatch_pb2.py", "dashboard/app.py",
+                     "exporter/sim/scenarios.py"):
         assert required in names, required
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "phasewatch = exporter.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

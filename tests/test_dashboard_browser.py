@@ -20,7 +20,7 @@ from dashboard.exporter_source import ExporterSource
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 from tests.browser import Browser
 from tests.conftest import TEST_PORTS

@@ -21,7 +21,7 @@ from dashboard.frames import ALL, Selection, Snapshot, SourceError
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
 from tests.prom import free_port

@@ -17,7 +17,7 @@ from dashboard.prometheus_source import PrometheusSource
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
 from tests.prom import PrometheusServer, free_port

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import catalog
-from exporter.deployments import (
+from exporter.roofline import catalog
+from exporter.roofline.deployments import (
     PROFILE_FORMAT,
     Deployments,
     ModelOptions,

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter import catalog
-from exporter.bottleneck import with_cached_share, with_engine_counters
-from exporter.engine_metrics import EngineMetricsSource, EngineRates, parse_page
-from exporter.roofline import Deployment, RooflineEstimate, phase_estimate
+from exporter.roofline import catalog
+from exporter.roofline.bottleneck import with_cached_share, with_engine_counters
+from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
+from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from exporter.selfstats import SelfStats
 
 FIX = Path(__file__).parent / "fixtures" / "engine"

@@ -14,9 +14,9 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.aggregate import Aggregator
-from exporter.metrics import HotCollector, HotText
-from exporter.record import RequestBatch, RequestRecord
+from exporter.aggregation.aggregate import Aggregator
+from exporter.publish.metrics import HotCollector, HotText
+from exporter.requests.record import RequestBatch, RequestRecord
 
 T = 1_700_000_000.0
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-"

@@ -14,9 +14,9 @@ import numpy as np
 
 from dashboard.exporter_source import ExporterSource
 from dashboard.prometheus_source import PrometheusSource
-from exporter import wire
 from exporter.client import PhasewatchClient
-from exporter.record import RequestBatch, RequestRecord
+from exporter.ingest import wire
+from exporter.requests.record import RequestBatch, RequestRecord
 from exporter.sim.otlp_shapes import OtlpSink
 from tests.conftest import scrape
 from tests.prom import PrometheusServer

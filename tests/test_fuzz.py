@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from exporter.config import SERVE_OPTIONS
-from exporter.otlp.jsonform import request_json
+from exporter.ingest.otlp.jsonform import request_json
 from exporter.protocol import phasewatch_pb2 as pb
 from tests import fuzz_targets as t
 

@@ -3,9 +3,9 @@
 import grpc
 import pytest
 
-from exporter import wire
-from exporter.labels import OVERFLOW, LabelSets
-from exporter.record import RequestBatch, RequestRecord
+from exporter.aggregation.labels import OVERFLOW, LabelSets
+from exporter.ingest import wire
+from exporter.requests.record import RequestBatch, RequestRecord
 from exporter.selfstats import SelfStats
 from tests.conftest import scrape
 

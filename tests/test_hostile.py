@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from exporter.client import PhasewatchClient
-from exporter.record import RequestRecord
+from exporter.requests.record import RequestRecord
 from exporter.sim import otlp_shapes
 from tests.conftest import scrape
 from tests.test_otlp import _grpc

@@ -27,11 +27,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.adapters import sglang as sglang_adapter
-from exporter.adapters import tgi as tgi_adapter
-from exporter.adapters import vllm as vllm_adapter
 from exporter.cli import build_parser
 from exporter.config import load_serve_config
+from exporter.ingest.adapters import sglang as sglang_adapter
+from exporter.ingest.adapters import tgi as tgi_adapter
+from exporter.ingest.adapters import vllm as vllm_adapter
 from tests.conftest import require_binary, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

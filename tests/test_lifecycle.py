@@ -6,11 +6,11 @@ import time
 import grpc
 import pytest
 
-from exporter import wire
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.lifecycle import EventKind, LifecycleEvent
+from exporter.ingest import wire
+from exporter.ingest.lifecycle import EventKind, LifecycleEvent
 from exporter.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape
 

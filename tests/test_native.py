@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter import exposition, native
-from exporter.aggregate import HISTOGRAMS, Aggregator
-from exporter.buckets import TOKEN_LATENCY, WINDOW_INDEX
-from exporter.gaps import GapBins
-from exporter.metrics import HotText
+from exporter.aggregation.aggregate import HISTOGRAMS, Aggregator
 from exporter.protocol import exposition_pb2 as pb
-from exporter.record import RequestBatch, RequestRecord
+from exporter.publish import exposition
+from exporter.publish.metrics import HotText
+from exporter.requests import native
+from exporter.requests.buckets import TOKEN_LATENCY, WINDOW_INDEX
+from exporter.requests.gaps import GapBins
+from exporter.requests.record import RequestBatch, RequestRecord
 from tests.test_exposition import _aggregator
 
 NATIVE_ACCEPT = exposition.PROMETHEUS_NATIVE_ACCEPT
@@ -170,7 +171,7 @@ def test_protobuf_page_holds_the_text_pages_samples_and_the_native_histograms():
 
 
 def fams_name(spec) -> str:
-    from exporter.metrics import HISTOGRAM_NAMES
+    from exporter.publish.metrics import HISTOGRAM_NAMES
 
     return HISTOGRAM_NAMES[spec.key][0]
 
@@ -259,7 +260,7 @@ def test_many_series_encode_as_each_alone():
 def test_counts_of_the_rows_kept_equal_counting_them_alone(dense, series, monkeypatch):
     """GapBins.count(leave_out=...) gives, from one pass, what counting only the other
     rows' gaps gives (the per-token ITL of requests whose emissions are one token)."""
-    import exporter.gaps as gaps_mod
+    import exporter.requests.gaps as gaps_mod
 
     if not dense:
         monkeypatch.setattr(gaps_mod, "_MAX_DENSE_CELLS", 1)

@@ -13,8 +13,12 @@ import grpc
 import pytest
 from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpExporter,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -23,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.otlp.jsonform import request_json
+from exporter.ingest.otlp.jsonform import request_json
 from exporter.sim import otlp_shapes
 from exporter.sim.scenarios import scenario
 from tests.conftest import scrape
@@ -164,7 +168,7 @@ def _otlp_json(payload: bytes) -> bytes:
         ExportTraceServiceRequest,
     )
 
-    from exporter.otlp.jsonform import request_json
+    from exporter.ingest.otlp.jsonform import request_json
 
     doc = request_json(ExportTraceServiceRequest.FromString(payload))
     doc["someFutureField"] = {"ignored": True}  # unknown fields are ignored
@@ -287,9 +291,9 @@ def test_a_failure_inside_phasewatch_is_answered_and_counted(exporter, records, 
 
     payload = _request_bytes("vllm", records[:5])
     monkeypatch.setattr(exporter.otlp, "export", broken)
-    from exporter import wire
-    from exporter.grpc_server import PhasewatchService
-    from exporter.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
+    from exporter.ingest import wire
+    from exporter.ingest.grpc_server import PhasewatchService
+    from exporter.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
 
     monkeypatch.setattr(PhasewatchService, "_export", broken)
     monkeypatch.setattr(LifecycleJoiner, "add", broken)
@@ -361,7 +365,9 @@ def test_oversized_bodies_are_refused_before_reading(exporter):
 
 
 def test_grpc_and_http_exporters_with_gzip(exporter, records):
-    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import (
+        Compression as GrpcCompression,
+    )
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
 
     half = len(records) // 2
@@ -405,7 +411,7 @@ def test_engine_captures_as_otlp_json(exporter, capture):
 
 def test_grpc_refuses_messages_past_its_hard_limit(exporter):
     """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it: tests/test_body_limits.py)."""
-    from exporter.grpc_server import GRPC_HARD_LIMIT
+    from exporter.ingest.grpc_server import GRPC_HARD_LIMIT
 
     with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",
                                options=[("grpc.max_send_message_length", -1)]) as ch:

@@ -19,9 +19,9 @@ Two clocks, the same requests:
   time may move ~0.25 us on its way in; durations are compared within that (computed
   below from the clock, and stated in every message), plus 1e-9 relative.
 
-Token gaps travel as float32 (exporter/wire.py), so ITL sums and the ITL mean are compared
+Token gaps travel as float32 (exporter/ingest/wire.py), so ITL sums and the ITL mean are compared
 within float32's 2**-24 per gap, and ITL percentiles, read from the window's log-linear bins
-(exporter/buckets.py ``WINDOW_INDEX``: 16 per octave, 3.1-6.25% wide) at the bin's
+(exporter/requests/buckets.py ``WINDOW_INDEX``: 16 per octave, 3.1-6.25% wide) at the bin's
 geometric middle, within a bin.
 """
 
@@ -38,9 +38,9 @@ import numpy as np
 import pytest
 
 from exporter.app import Exporter
-from exporter.buckets import WINDOW_INDEX
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
+from exporter.requests.buckets import WINDOW_INDEX
 from tests.conftest import TEST_PORTS, Scrape, scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "requests.json"
@@ -342,7 +342,7 @@ def test_itl_mean_and_percentiles(observed, peers):
             f"ITL p{q}: phasewatch {got[f'p{q}']!r} (window bin [{lo:.6g}, {hi:.6g}], "
             f"{(hi - lo) / lo:.2%} wide) holds neither order statistic vLLM's np.percentile "
             f"{v!r} interpolates between ({neighbours[0]!r}, {neighbours[1]!r}): ITL "
-            f"percentiles come from log-linear bins (exporter/buckets.py WINDOW_INDEX, 16 per "
+            f"percentiles come from log-linear bins (exporter/requests/buckets.py WINDOW_INDEX, 16 per "
             f"octave), read at the bin's geometric middle; {why}")
         assert abs(got[f"p{q}"] - v) <= (hi - lo) + (neighbours[1] - neighbours[0]), (
             f"ITL p{q}: phasewatch {got[f'p{q}']!r} vs vLLM {v!r}: more than a window bin "

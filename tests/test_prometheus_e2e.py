@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from exporter import buckets
 from exporter.client import PhasewatchClient
+from exporter.requests import buckets
 from exporter.sim.scenarios import scenario
 from tests.prom import PrometheusServer
 

@@ -12,7 +12,7 @@ import pytest
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.deployments import ModelOptions
+from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import PrometheusServer

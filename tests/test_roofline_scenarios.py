@@ -13,15 +13,15 @@ import dataclasses
 
 import pytest
 
-from exporter.aggregate import Aggregator
-from exporter.bottleneck import BottleneckMonitor
-from exporter.deployments import Deployments
-from exporter.record import RequestBatch
-from exporter.roofline import Deployment, RooflineEstimate, phase_estimate
+from exporter.aggregation.aggregate import Aggregator
+from exporter.aggregation.window import RollingWindow
+from exporter.requests.record import RequestBatch
+from exporter.roofline.bottleneck import BottleneckMonitor
+from exporter.roofline.deployments import Deployments
+from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from exporter.roofline.verdict import decide
 from exporter.sim.scenarios import SCENARIOS
 from exporter.sim.truth import truth_between
-from exporter.verdict import decide
-from exporter.window import RollingWindow
 
 EPOCH = 1.7e9
 PAIRS = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H200", 4),

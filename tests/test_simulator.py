@@ -5,9 +5,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from exporter import model_costs
-from exporter.phases import split_phases
-from exporter.record import RequestBatch
+from exporter.requests.phases import split_phases
+from exporter.requests.record import RequestBatch
+from exporter.roofline import model_costs
 from exporter.sim.scenarios import scenario
 
 

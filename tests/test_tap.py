@@ -22,10 +22,10 @@ from dataclasses import replace
 import pytest
 from aiohttp import web
 
-from exporter import tap as tapmod
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
+from exporter.ingest import tap as tapmod
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port
@@ -605,7 +605,7 @@ def certs(tmp_path):
 
 def test_the_tap_serves_https_and_reloads_its_certificate(fake, make_tap, exporter, certs,
                                                           tmp_path, monkeypatch):
-    from exporter import tls
+    from exporter.ingest import tls
 
     monkeypatch.setattr(tls, "CHECK_SECONDS", 0.0)
     listener = tapmod.server_ssl(certs.server_cert, certs.server_key)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exporter import wire
-from exporter.aggregate import Aggregator
-from exporter.record import SOURCE_TAP, RequestBatch, RequestRecord
+from exporter.aggregation.aggregate import Aggregator
+from exporter.ingest import wire
+from exporter.ingest.tapjoin import TraceJoin
+from exporter.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from exporter.selfstats import SelfStats
-from exporter.tapjoin import TraceJoin
 
 T0 = 1_800_000_000.0
 KEY = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"

@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from exporter import catalog
-from exporter.roofline import Deployment
+from exporter.roofline import catalog
+from exporter.roofline.estimate import Deployment
 from tests.conftest import scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
@@ -110,9 +110,9 @@ def test_decode_steps_give_the_roofline_a_real_batch(scenario):
         ExportTraceServiceRequest,
     )
 
-    from exporter.aggregate import Aggregator
-    from exporter.otlp.ingest import OtlpIngest
-    from exporter.roofline import estimate
+    from exporter.aggregation.aggregate import Aggregator
+    from exporter.ingest.otlp.ingest import OtlpIngest
+    from exporter.roofline.estimate import estimate
 
     truth = json.loads((FIXTURE / "truth.json").read_text())["scenarios"][scenario]
     agg = Aggregator()

@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.record import RequestRecord
+from exporter.ingest.tls import ClientTls
+from exporter.requests.record import RequestRecord
 from exporter.sim.scenarios import scenario
-from exporter.tls import ClientTls
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, Scrape
 from tests.test_otlp import _send

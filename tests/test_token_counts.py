@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter import wire
-from exporter.aggregate import Aggregator
+from exporter.aggregation.aggregate import Aggregator
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
-from exporter.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
-from exporter.phases import split_phases
-from exporter.record import RequestBatch, RequestRecord
+from exporter.ingest import wire
+from exporter.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
+from exporter.requests.phases import split_phases
+from exporter.requests.record import RequestBatch, RequestRecord
 from exporter.selfstats import SelfStats
 from tests.conftest import TEST_PORTS, scrape
 

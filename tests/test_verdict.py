@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import catalog
-from exporter.roofline import Deployment, RooflineEstimate, phase_estimate
-from exporter.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
+from exporter.roofline import catalog
+from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from exporter.roofline.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
 
 DEP = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))
 

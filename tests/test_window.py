@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.aggregate import Aggregator
-from exporter.record import RequestBatch, RequestRecord
-from exporter.window import RollingWindow
+from exporter.aggregation.aggregate import Aggregator
+from exporter.aggregation.window import RollingWindow
+from exporter.requests.record import RequestBatch, RequestRecord
 
 T0 = 1_790_000_000.0
 

@@ -128,7 +128,7 @@ def recording(p: Params) -> dict:
 
 def _le(seconds: float) -> str:
     """The ``le`` label value client_python writes for a bucket bound (1.0 -> "1.0")."""
-    from exporter.buckets import TTFT
+    from exporter.requests.buckets import TTFT
 
     if seconds not in TTFT.bounds:
         raise ValueError(f"the TTFT SLO threshold must be a TTFT bucket bound, one of "

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter import model_costs
-from exporter.catalog import HardwareSpec, ModelSpec
-from exporter.record import RequestRecord
+from exporter.requests.record import RequestRecord
+from exporter.roofline import model_costs
+from exporter.roofline.catalog import HardwareSpec, ModelSpec
 from exporter.sim.workload import Workload
 
 

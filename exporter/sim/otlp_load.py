@@ -31,7 +31,7 @@ def template_spans(n: int = VLLM_BATCH_SPANS, tokens: int = 16, seed: int = 7,
     ``n`` spans; ``emit``: the emitter's options (SGLang's ``level``)."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from exporter.record import RequestRecord
+    from exporter.requests.record import RequestRecord
     from exporter.sim import otlp_shapes
 
     rng = random.Random(seed)

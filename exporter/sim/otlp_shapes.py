@@ -29,8 +29,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
-from exporter.auth import HEADER, bearer
-from exporter.record import RequestRecord
+from exporter.ingest.auth import HEADER, bearer
+from exporter.requests.record import RequestRecord
 
 NS = 1_000_000_000
 SHAPES = ("vllm", "sglang", "tgi")
@@ -212,20 +212,24 @@ class OtlpSink:
 
     def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = "",
                  tls=None):
-        """``tls``: an ``exporter.tls.ClientTls`` for an exporter serving TLS."""
+        """``tls``: an ``exporter.ingest.tls.ClientTls`` for an exporter serving TLS."""
         if shape not in EMIT:
             raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
         # The exporter's --auth-token, as any OTLP exporter sends a bearer token.
         headers = {HEADER: bearer(token)} if token else None
         secure = tls is not None and tls.enabled
         if protocol == "otlp-grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter,
+            )
 
             exporter = OTLPSpanExporter(
                 endpoint=target, insecure=not secure, headers=headers,
                 credentials=tls.grpc_credentials() if secure else None)
         elif protocol == "otlp-http":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,
+            )
 
             files = dict(certificate_file=tls.ca or None,
                          client_certificate_file=tls.cert or None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from exporter import catalog
+from exporter.roofline import catalog
 from exporter.sim.engine import EngineConfig, SimEngine
 from exporter.sim.workload import Lengths, Workload
 

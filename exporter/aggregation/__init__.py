@@ -1,0 +1,10 @@
+"""Aggregation: counting the phases of many requests, and the rolling window.
+
+In: a ``requests.record.RequestBatch`` and its ``requests.phases.Phases``, per label set
+(``labels``: model, engine, and pod and source where configured, capped).
+
+Out: ``aggregate.Aggregator.snapshot()`` (histograms, native histograms and counters
+for /metrics), ``window.RollingWindow`` (recent requests and per-second slices: the
+JSON API's summary and requests, the roofline's inputs) and ``history`` (the summary
+sampled over time for the dashboard).
+"""

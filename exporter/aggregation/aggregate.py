@@ -1,0 +1,272 @@
+"""Aggregation state: histograms and counters per label set, fed a batch at a time.
+
+``Aggregator.ingest`` is the one entry point every receiver calls with a
+``RequestBatch``. Work is split so no lock is held across a batch: phases,
+bucketing and ``np.bincount`` run unlocked; the lock only guards adding the
+small per-series arrays into the running totals. Readers (the Prometheus
+collector, the JSON API) take ``snapshot()`` copies. Nothing here knows about
+Prometheus or protobuf.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.aggregation.labels import LabelSets
+from exporter.aggregation.window import RollingWindow
+from exporter.requests import buckets, native
+from exporter.requests.buckets import WINDOW_INDEX
+from exporter.requests.gaps import GapBins, GapCounts
+from exporter.requests.phases import Phases, split_phases
+from exporter.requests.record import FINISH_REASONS, NS, RequestBatch, finish_reason_codes
+from exporter.selfstats import SelfStats
+
+PHASE_NAMES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
+TOKEN_KINDS = ("prompt", "cached_prompt", "output")
+PROMPT_CLASS_LABELS = (*(label for _, label in buckets.PROMPT_CLASSES),
+                       buckets.PROMPT_CLASS_UNKNOWN)
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    """One histogram: its buckets and an optional extra label (sub-dimension)."""
+
+    key: str
+    buckets: buckets.BucketSet
+    sub_label: str | None = None
+    sub_values: tuple[str, ...] = ("",)
+    # also kept as a native histogram (exporter.requests.native), for the latency figures
+    # whose percentiles people compare with their benchmarks
+    native: native.NativeLayout | None = None
+
+
+HISTOGRAMS = (
+    HistogramSpec("ttft", buckets.TTFT, "prompt_class", PROMPT_CLASS_LABELS,
+                  native.NativeLayout.around(buckets.TTFT)),
+    HistogramSpec("tpot", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("e2e", buckets.REQUEST_DURATION,
+                  native=native.NativeLayout.around(buckets.REQUEST_DURATION)),
+    HistogramSpec("itl", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("itl_per_token", buckets.TOKEN_LATENCY,
+                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
+    HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES,
+                  native.NativeLayout.around(buckets.PHASE_DURATION)),
+    HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
+    HistogramSpec("decode_tps", buckets.DECODE_TOKENS_PER_SECOND),
+    HistogramSpec("clock_skew", buckets.CLOCK_SKEW),
+)
+COUNTERS = {"tokens": ("kind", TOKEN_KINDS), "requests": ("finish_reason", FINISH_REASONS)}
+
+
+class _Histogram:
+    """Bucket counts [series, buckets+1] (last column = +Inf) and sums [series]."""
+
+    def __init__(self, spec: HistogramSpec):
+        self.spec = spec
+        self.edges = spec.buckets.array()
+        self.bucket_of = buckets.Bucketer(self.edges, *(
+            () if spec.native is None else (spec.native.bounds,)))
+        self.k = len(spec.sub_values)
+        self.counts = np.zeros((0, len(self.edges) + 1), dtype=np.int64)
+        self.sums = np.zeros(0)
+        self.native = None if spec.native is None else native.NativeCounts()
+
+    def partial(self, series: np.ndarray, values: np.ndarray, n_series: int):
+        """Counts, sums and native counts (or None) of one batch (unlocked). NaN values
+        are skipped."""
+        ok = ~np.isnan(values)
+        series, values = series[ok], values[ok]
+        nb = len(self.edges) + 1
+        # A value equal to a bound falls in that bound's bucket (Prometheus "le").
+        found = self.bucket_of.every(values)
+        flat = series * nb + found[0]
+        counts = np.bincount(flat, minlength=n_series * nb).reshape(n_series, nb)
+        sums = np.bincount(series, weights=values, minlength=n_series)
+        part = (None if self.spec.native is None
+                else native.count(self.spec.native, series, values, n_series, found[1]))
+        return counts, sums, part
+
+    def add(self, counts: np.ndarray, sums: np.ndarray,
+            part: native.Partial | None = None) -> None:
+        if part is not None and self.native is not None:
+            self.native.add(part)
+        n = counts.shape[0]
+        if n > self.counts.shape[0]:
+            grown = np.zeros((n, self.counts.shape[1]), dtype=np.int64)
+            grown[: self.counts.shape[0]] = self.counts
+            self.counts = grown
+            self.sums = np.concatenate([self.sums, np.zeros(n - len(self.sums))])
+        self.counts[:n] += counts
+        self.sums[:n] += sums
+
+
+@dataclass
+class IngestResult:
+    accepted: int
+    rejected: Counter
+    kept: np.ndarray | None = None  # bool per row of the batch: accepted
+
+
+@dataclass
+class Snapshot:
+    """A consistent copy of the aggregation state, for readers."""
+
+    label_sets: list[tuple]
+    label_names: tuple[str, ...]  # ("model", "engine"), with "pod" and/or "source"
+    histograms: dict[str, tuple[HistogramSpec, np.ndarray, np.ndarray]]
+    counters: dict[str, np.ndarray]  # [series, k]
+    # key -> (first column, counts [rows, columns]) of the native histograms; rows as
+    # the classic counts' rows
+    natives: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
+
+
+class Aggregator:
+    def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
+                 window: RollingWindow | None = None, clock=time.time,
+                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False):
+        self.stats = stats or SelfStats()
+        self.labels = LabelSets(self.stats, max_series=max_series, pod_label=pod_label,
+                                max_pods=max_pods, source_label=source_label)
+        self.window = window or RollingWindow(clock=clock)
+        self._lock = threading.Lock()
+        self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}
+        # token gaps are binned once for the ITL histogram and the window together
+        itl = self._hists["itl"]
+        self._itl_bins = GapBins(itl.edges, WINDOW_INDEX, itl.spec.native.bounds)
+        self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
+
+    def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
+        """Count one batch of finished requests. Thread-safe; never raises on bad rows.
+
+        ``pods``: one pod name per row, used when the pod label is on (central mode).
+        """
+        n = len(batch)
+        self.stats.inc("phasewatch_ingest_requests_total", n, protocol=protocol)
+        if n == 0:
+            return IngestResult(0, Counter())
+        ph = split_phases(batch)
+        for reason, c in ph.rejected.items():
+            self.stats.inc("phasewatch_ingest_rejected_total", c, protocol=protocol,
+                           reason=reason)
+        for (phase, reason), c in ph.unavailable.items():
+            self.stats.inc("phasewatch_phase_unavailable_total", c, phase=phase, reason=reason)
+        kept = ph.kept
+        accepted = int(kept.sum())
+        self.stats.inc("phasewatch_ingest_accepted_total", accepted, protocol=protocol)
+        if not accepted:
+            return IngestResult(0, ph.rejected, kept)
+
+        ls = self.labels.rows(batch, pods)
+        n_ls = len(self.labels)
+        left = ph.token_itl_left_out
+        # per token, when no request gave its tokens per emission: the gaps of the rows
+        # whose emissions are one token each, counted in the same pass
+        gaps, token_gaps = self._itl_bins.count(
+            ph.itl, ls, ph.itl_counts, left if left is not None and left.any() else None,
+            ph.gap_sums)
+        partials = self._partials(batch, ph, ls, n_ls, gaps, token_gaps)
+        tokens = self._token_counts(batch, kept, ls, n_ls)
+        reasons = finish_reason_codes(batch)
+        requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
+                               minlength=n_ls * len(FINISH_REASONS)).reshape(n_ls, -1)
+        with self._lock:
+            for key, (counts, sums, part) in partials.items():
+                self._hists[key].add(counts, sums, part)
+            for key, delta in (("tokens", tokens), ("requests", requests)):
+                self._counters[key] = _grow_rows(self._counters[key], n_ls)
+                self._counters[key][:n_ls] += delta
+        self.window.add(batch, ph, ls, n_ls, reasons, gaps)
+        return IngestResult(accepted, ph.rejected, ph.kept)
+
+    def add_steps(self, steps: list[tuple]) -> None:
+        """Engine-reported decode steps: (model, engine, pod, start ns, end ns, requests)
+        each, into the window for the roofline's decode batch."""
+        ls = np.array([self.labels.index(m, e, p) for m, e, p, *_ in steps], dtype=np.int64)
+        cols = np.array([s[3:] for s in steps], dtype=np.float64).reshape(-1, 3)
+        self.window.add_steps(ls, cols[:, 0] / NS, cols[:, 1] / NS, cols[:, 2])
+
+    def _partials(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, n_ls: int,
+                  gaps: GapCounts, token_gaps: GapCounts | None):
+        pc = buckets.prompt_class_codes(batch.prompt_tokens)
+        k_pc = len(PROMPT_CLASS_LABELS)
+        h = self._hists
+        # observed for every kept request of a two-clock batch (0 = the clocks agreed)
+        two_clocks = ph.kept if batch.clock_skew_tolerance_ns else np.zeros(len(ls), bool)
+        skew = np.where(two_clocks, ph.clock_skew, np.nan)
+        out = {
+            "ttft": h["ttft"].partial(ls * k_pc + pc, ph.ttft, n_ls * k_pc),
+            "tpot": h["tpot"].partial(ls, ph.tpot, n_ls),
+            "e2e": h["e2e"].partial(ls, ph.e2e, n_ls),
+            "itl": _gap_partial(gaps, n_ls),
+            "prefill_spt": h["prefill_spt"].partial(ls, ph.prefill_spt, n_ls),
+            "decode_tps": h["decode_tps"].partial(ls, ph.decode_tps, n_ls),
+            "clock_skew": h["clock_skew"].partial(ls, skew, n_ls),
+        }
+        if ph.token_itl is None:  # per emission, less the rows of multi-token emissions
+            out["itl_per_token"] = (out["itl"] if token_gaps is None
+                                    else _gap_partial(token_gaps, n_ls))
+        else:
+            out["itl_per_token"] = h["itl_per_token"].partial(
+                np.repeat(ls, ph.token_itl_counts), ph.token_itl, n_ls)
+        k = len(PHASE_NAMES)
+        series = np.concatenate([ls * k + i for i in range(k)])
+        values = np.concatenate([getattr(ph, name) for name in PHASE_NAMES])
+        out["phase"] = h["phase"].partial(series, values, n_ls * k)
+        return out
+
+    @staticmethod
+    def _token_counts(batch: RequestBatch, kept: np.ndarray, ls: np.ndarray, n_ls: int):
+        cols = (batch.prompt_tokens, batch.cached_prompt_tokens, batch.output_tokens)
+        out = np.zeros((n_ls, len(cols)))
+        once = kept & ~batch.prompt_shared  # a shared prompt was counted with its first sequence
+        for j, col in enumerate(cols):
+            known = (once if j < 2 else kept) & (col >= 0)
+            out[:, j] = np.bincount(ls[known], weights=col[known], minlength=n_ls)
+        return out
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            hists = {k: (h.spec, h.counts.copy(), h.sums.copy()) for k, h in self._hists.items()}
+            natives = {k: h.native.copy() for k, h in self._hists.items() if h.native}
+            counters = {k: v.copy() for k, v in self._counters.items()}
+        return Snapshot(self.labels.pairs(), self.labels.names, hists, counters, natives)
+
+
+def _spread(series: np.ndarray, counts: np.ndarray, sums: np.ndarray, n_ls: int):
+    """Batch-local per-series counts and sums as rows of all ``n_ls`` label sets."""
+    full = np.zeros((n_ls, counts.shape[1]), dtype=np.int64)
+    full[series] = counts
+    full_sums = np.zeros(n_ls)
+    full_sums[series] = sums
+    return full, full_sums
+
+
+def _gap_partial(g: GapCounts, n_ls: int):
+    """One batch's counted gaps as a histogram's partial: counts, sums, native counts."""
+    return (*_spread(g.series, g.buckets, g.sums, n_ls), _native_rows(g.series, g.native, n_ls))
+
+
+def _native_rows(series: np.ndarray, counts: np.ndarray, n_ls: int) -> native.Partial:
+    """Batch-local native counts (last column: above the top bound, counted in the
+    top bucket), cut to the columns used, as rows of all ``n_ls`` label sets."""
+    counts = counts.copy()
+    counts[:, -2] += counts[:, -1]
+    part = native.trim(counts[:, :-1])
+    full = np.zeros((n_ls, part.counts.shape[1]), dtype=np.int64)
+    full[series] = part.counts
+    return native.Partial(full, part.lo)
+
+
+def _grow_rows(a: np.ndarray, n: int) -> np.ndarray:
+    if a.shape[0] >= n:
+        return a
+    grown = np.zeros((n, a.shape[1]), dtype=a.dtype)
+    grown[: a.shape[0]] = a
+    return grown

@@ -1,0 +1,413 @@
+"""Rolling window over recently ingested requests, for the JSON API (and the dashboard).
+
+Two bounded structures, both indexed by label set (model, engine):
+
+* a ring of the most recent ``capacity`` accepted requests with their phases, for
+  window quantiles of TTFT/TPOT/e2e, phase time shares and the request waterfall;
+* one-second slices of exact counts (requests, prompt and output tokens) and of a
+  fine log-linear histogram of pooled ITL gaps, so rates are exact whatever the
+  load and ITL quantiles need no per-gap storage.
+
+Membership is by the requests' own clock: each request counts in the second it
+finished (its finish, else its last token; its ingest time when it has neither or
+when that is more than ``FUTURE_TOLERANCE_S`` past the exporter's clock), and
+a label set's window ends at its newest finish plus the wall time since that label
+set's last ingest. Live, that is now; a replay or a burst that delivers a minute of
+requests in a few seconds is rated over the minute its requests span (rates follow
+the requests' finish times, not their arrival at phasewatch); when traffic stops the
+window keeps moving and the rates fall to 0. A label set's rates divide by the
+window, or by how long its requests' clock has been covered (from the earliest
+arrival of its requests to the window's end) when that is shorter.
+Slices are kept per label set, so senders whose clocks disagree do not mix. Memory is
+fixed by ``capacity``, ``seconds`` and the label-set cap, never by load.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+
+from exporter.requests.buckets import (
+    PROMPT_CLASS_RANGES,
+    PROMPT_CLASSES,
+    WINDOW_INDEX,
+    prompt_class_codes,
+)
+from exporter.requests.gaps import GapCounts
+from exporter.requests.record import FINISH_REASONS, NS
+
+_RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
+               "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at",
+               "done_at")  # done_at: the second the request counts in (module docstring)
+# steps: decode steps a request took (token-gap count when emission times were sent,
+# else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
+_RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
+# start and end (Unix s) and the requests in it
+_STEP_COLUMNS = ("t", "ls", "start", "end", "size")
+_COLUMNS = 5  # per slice: requests, prompt, output tokens, per-token ITL tokens, seconds
+FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
+STEP_CAPACITY = 65536
+DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
+
+
+class RollingWindow:
+    def __init__(self, seconds: float = 30.0, capacity: int = 65536, clock=time.time):
+        if seconds <= 0 or seconds > 3600:
+            raise ValueError(f"window seconds must be in (0, 3600], got {seconds}")
+        if capacity < 1:
+            raise ValueError(f"window capacity must be positive, got {capacity}")
+        self.seconds = float(seconds)
+        self.capacity = capacity
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._ring = {c: np.full(capacity, np.nan) for c in _RING_FLOAT}
+        self._ring.update({c: np.zeros(capacity, dtype=np.int64) for c in _RING_INT})
+        self._ids = np.empty(capacity, dtype=object)
+        self._head = 0  # next write position
+        self._size = 0
+        self._slots = math.ceil(self.seconds) + 2
+        # per (slot, label set): the requests' second it holds (-1: none)
+        self._slot_second = np.full((self._slots, 0), -1, dtype=np.int64)
+        # per label set: newest done_at, earliest arrival (else done_at), wall time of
+        # its last ingest
+        self._newest = np.zeros(0)
+        self._first = np.zeros(0)
+        self._last_ingest = np.zeros(0)
+        # requests, prompt tokens, output tokens, and ITL per token: tokens, seconds
+        self._slice_counts = np.zeros((self._slots, 0, _COLUMNS))
+        self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
+        self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
+        self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
+        self._step_head = 0
+
+    # ---- writing -------------------------------------------------------------
+    def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
+            gaps: GapCounts) -> None:
+        """Add a batch's kept requests; ``gaps`` holds its token gaps binned by
+        ``WINDOW_INDEX`` (``exporter.requests.gaps``)."""
+        now = self._clock()
+        kept = ph.kept
+
+        def at(col: np.ndarray) -> np.ndarray:
+            c = col[kept]
+            return np.where(c != 0, c / NS, np.nan)
+
+        out = batch.output_tokens[kept]
+        steps = batch.gap_counts[kept]
+        end = at(batch.finish)
+        rows = {
+            "t": np.full(int(kept.sum()), now),
+            "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
+            "preprocess": ph.preprocess[kept], "queue": ph.queue[kept],
+            "prefill": ph.prefill[kept], "kv_transfer": ph.kv_transfer[kept],
+            "ttft": ph.ttft[kept],
+            "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
+            "scheduled_at": at(batch.scheduled), "first_token_at": at(batch.first_token),
+            "last_token_at": at(batch.last_token),
+            "end_at": np.where(np.isnan(end), at(batch.last_token), end),
+            "ls": ls[kept], "prompt": batch.prompt_tokens[kept],
+            "cached": batch.cached_prompt_tokens[kept],
+            "uncached": ph.uncached_prompt_tokens[kept], "output": out,
+            "finish_reason": reasons[kept],
+            "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
+            "timed": (steps > 0).astype(np.int64),
+        }
+        done = rows["end_at"]
+        # unknown, or later than the exporter's clock allows (a sender clock ahead, a
+        # simulated or bogus time): counted at ingest, so it cannot move its label set's
+        # window into the future and empty it
+        done = np.where(np.isnan(done) | (done > now + FUTURE_TOLERANCE_S), now, done)
+        rows["done_at"] = done
+        # when the label set's covered time began: its earliest arrival (a benchmark's
+        # run, as aiperf times it, from the first request), else its earliest finish
+        arrival = rows["arrival"]
+        began = np.where(np.isnan(arrival), done, np.minimum(arrival, done))
+        ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
+        k_ls = ls[kept]
+        once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
+        prompt, output = batch.prompt_tokens[kept], out
+        per_token = (ph.itl_counts if ph.token_itl_counts is None
+                     else ph.token_itl_counts)[kept]
+        values = np.stack([np.ones(len(k_ls)),
+                           np.where((prompt >= 0) & once, prompt, 0),
+                           np.where(output >= 0, output, 0),
+                           per_token, np.where(per_token > 0, ph.gap_sums[kept], 0.0)], axis=1)
+        second = np.floor(done).astype(np.int64)
+        with self._lock:
+            self._write_ring(rows, ids)
+            self._grow(n_ls)
+            for i in np.unique(k_ls).tolist():
+                mine = k_ls == i
+                self._newest[i] = max(self._newest[i], float(done[mine].max()))
+                first = float(began[mine].min())
+                self._first[i] = first if self._first[i] == 0 else min(self._first[i], first)
+                self._last_ingest[i] = now
+            # each request in the slot of the second it finished, per label set
+            key = second * n_ls + k_ls
+            uniq, inverse = np.unique(key, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
+                             for j in range(_COLUMNS)], axis=1)
+            for (k, row) in zip(uniq.tolist(), sums, strict=True):
+                sec, i = divmod(k, n_ls)
+                slot = self._slot_for(sec, i)
+                if slot is not None:
+                    self._slice_counts[slot, i] += row
+            # a batch's gaps go to each label set's newest second in it
+            for j, i in enumerate(gaps.series.tolist()):
+                mine = k_ls == i
+                if not mine.any():
+                    continue
+                slot = self._slot_for(int(second[mine].max()), i)
+                if slot is not None:
+                    self._slice_itl[slot, i] += gaps.window[j].astype(np.int32)
+                    self._slice_itl_sum[slot, i] += gaps.sums[j]
+
+    def _grow(self, n_ls: int) -> None:
+        extra = n_ls - self._slice_counts.shape[1]
+        if extra <= 0:
+            return
+        self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
+        self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
+        self._slice_itl_sum = np.pad(self._slice_itl_sum, ((0, 0), (0, extra)))
+        self._slot_second = np.pad(self._slot_second, ((0, 0), (0, extra)),
+                                   constant_values=-1)
+        for name in ("_newest", "_first", "_last_ingest"):
+            setattr(self, name, np.pad(getattr(self, name), (0, extra)))
+
+    def _slot_for(self, second: int, i: int) -> int | None:
+        """Label set ``i``'s slot for ``second``, emptied if it held an older second;
+        None when ``second`` is older than the slots still hold (counted in no rate)."""
+        slot = second % self._slots
+        held = self._slot_second[slot, i]
+        if held == second:
+            return slot
+        if held > second:
+            return None
+        self._slot_second[slot, i] = second
+        self._slice_counts[slot, i] = 0
+        self._slice_itl[slot, i] = 0
+        self._slice_itl_sum[slot, i] = 0
+        return slot
+
+    def add_steps(self, ls: np.ndarray, start: np.ndarray, end: np.ndarray,
+                  size: np.ndarray) -> None:
+        """Decode steps an engine reported (label set, start and end in Unix seconds,
+        requests in the step), for the roofline's decode batch."""
+        n = min(len(ls), STEP_CAPACITY)
+        now = self._clock()
+        with self._lock:
+            pos = (self._step_head + np.arange(n)) % STEP_CAPACITY
+            for k, v in (("t", np.full(n, now)), ("ls", ls), ("start", start), ("end", end),
+                         ("size", size)):
+                self._steps[k][pos] = np.asarray(v, dtype=float)[-n:]
+            self._step_head = (self._step_head + n) % STEP_CAPACITY
+
+    def steps(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+        """The reported decode steps ingested in the last ``seconds`` (default: the
+        window), as ``columns`` does for requests; ``ls`` as integers."""
+        now = self._clock()
+        span = seconds or self.seconds
+        with self._lock:
+            sel = ~np.isnan(self._steps["t"]) & (self._steps["t"] >= now - span)
+            out = {k: v[sel] for k, v in self._steps.items()}
+        out["ls"] = out["ls"].astype(np.int64)
+        return out
+
+    def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
+        n = len(ids)
+        if n > self.capacity:  # keep only the newest rows of an oversized batch
+            rows = {k: v[-self.capacity:] for k, v in rows.items()}
+            ids, n = ids[-self.capacity:], self.capacity
+        pos = (self._head + np.arange(n)) % self.capacity
+        for k, v in rows.items():
+            self._ring[k][pos] = v
+        self._ids[pos] = ids
+        self._head = (self._head + n) % self.capacity
+        self._size = min(self.capacity, self._size + n)
+
+    # ---- reading -------------------------------------------------------------
+    def summary(self, label_sets: list[tuple], seconds: float | None = None,
+                names: tuple[str, ...] = DEFAULT_NAMES) -> dict:
+        """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares, over the
+        ``seconds`` (at most the window) ending at its requests' clock's now (module
+        docstring)."""
+        now = self._clock()
+        span = min(seconds or self.seconds, self.seconds)
+        uptime = now - self._started
+        with self._lock:
+            n = self._slice_counts.shape[1]
+            # each label set's window end on its requests' clock
+            end = self._newest + (now - self._last_ingest)
+            live = ((self._slot_second > np.floor(end - span)) & (self._slot_second <= end)
+                    & (self._slot_second >= 0))
+            # summed slot by slot: no temporary the size of all slots (a few MB at the
+            # label cap, which the allocator would keep)
+            counts = np.zeros((n, _COLUMNS))
+            itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
+            itl_sum = np.zeros(n)
+            for slot in np.flatnonzero(live.any(axis=1)).tolist():
+                m = live[slot]
+                counts[m] += self._slice_counts[slot, m]
+                itl[m] += self._slice_itl[slot, m]
+                itl_sum[m] += self._slice_itl_sum[slot, m]
+            covered = np.minimum(span, np.maximum(end - self._first, min(span, uptime)))
+            ring_ls = self._ring["ls"]
+            known = ~np.isnan(self._ring["t"]) & (ring_ls < n)
+            lo = np.full(len(ring_ls), np.inf)
+            lo[known] = end[ring_ls[known]] - span
+            in_window = known & (self._ring["done_at"] > lo)
+            ring = {k: v[in_window] for k, v in self._ring.items()}
+        models = []
+        for i, key in enumerate(label_sets):
+            model, engine = key[:2]
+            sel = ring["ls"] == i
+            if i >= n or (counts[i, 0] == 0 and not sel.any()):
+                continue
+            elapsed = max(float(covered[i]), 1e-9)
+            models.append({
+                "model": model, "engine": engine, **dict(zip(names[2:], key[2:], strict=False)),
+                "covered_seconds": elapsed,
+                "requests_in_window": int(counts[i, 0]),
+                "prompt_tokens_in_window": int(counts[i, 1]),
+                "output_tokens_in_window": int(counts[i, 2]),
+                "request_rate": counts[i, 0] / elapsed,
+                "prompt_tokens_per_second": counts[i, 1] / elapsed,
+                "output_tokens_per_second": counts[i, 2] / elapsed,
+                "ttft_seconds": _quantiles(ring["ttft"][sel]),
+                "tpot_seconds": _quantiles(ring["tpot"][sel]),
+                "e2e_seconds": _quantiles(ring["e2e"][sel]),
+                # vLLM's e2e: arrival to the last token (e2e above runs to the finish)
+                "e2e_to_last_token_seconds": _quantiles(
+                    ring["last_token_at"][sel] - ring["arrival"][sel]),
+                "itl_seconds": _binned_quantiles(itl[i], itl_sum[i]),
+                # each gap spread over the tokens of the emission ending it (multi-token
+                # chunks); percentiles: phasewatch_inter_token_latency_per_token_seconds
+                "itl_per_token_seconds": {
+                    "mean": counts[i, 4] / counts[i, 3] if counts[i, 3] else None,
+                    "count": int(counts[i, 3])},
+                "phase_time_share": phase_time_shares(ring, sel),
+                "ttft_by_prompt_class": _by_prompt_class(ring, sel),
+                "sampled_requests": int(sel.sum()),
+            })
+        shown = [m["covered_seconds"] for m in models]
+        return {"window_seconds": span,
+                "covered_seconds": max(shown) if shown else max(min(span, uptime), 1e-9),
+                "generated_at": now, "ring_capacity": self.capacity, "models": models}
+
+    def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+        """Copies of the ring's columns for requests ingested in the last ``seconds``
+        (default: the window; may reach further back, as far as the ring holds), all
+        label sets; for the roofline estimator."""
+        now = self._clock()
+        span = seconds or self.seconds
+        with self._lock:
+            sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
+            return {k: v[sel] for k, v in self._ring.items()}
+
+    def recent(self, label_sets: list[tuple], limit: int = 200,
+               model: str | None = None, names: tuple[str, ...] = DEFAULT_NAMES) -> list[dict]:
+        """The newest accepted requests with their phases, newest first."""
+        with self._lock:
+            order = (self._head - 1 - np.arange(self._size)) % self.capacity
+            if model is not None:
+                wanted = [i for i, key in enumerate(label_sets) if key[0] == model]
+                order = order[np.isin(self._ring["ls"][order], wanted)]
+            order = order[:limit]
+            ring = {k: v[order] for k, v in self._ring.items()}
+            ids = self._ids[order]
+        out = []
+        for j in range(len(ids)):
+            key = label_sets[ring["ls"][j]]
+            row = {"request_id": ids[j], "model": key[0], "engine": key[1],
+                   **dict(zip(names[2:], key[2:], strict=False)),
+                   "finish_reason": FINISH_REASONS[ring["finish_reason"][j]]}
+            for k in ("arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft",
+                      "decode", "tpot", "e2e"):
+                v = float(ring[k][j])
+                row[k] = None if math.isnan(v) else v
+            for k, name in (("prompt", "prompt_tokens"), ("cached", "cached_prompt_tokens"),
+                            ("output", "output_tokens")):
+                v = int(ring[k][j])
+                row[name] = None if v < 0 else v
+            out.append(row)
+        return out
+
+
+def _quantiles(values: np.ndarray) -> dict:
+    """Mean, p50/p90/p95/p99 (numpy's linear interpolation, as ``vllm bench serve``'s
+    ``np.percentile``) and count of the known values."""
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+    qs = np.quantile(v, QUANTILES)
+    return {"mean": float(v.mean())} | {
+        f"p{round(q * 100)}": float(x) for q, x in zip(QUANTILES, qs, strict=True)} | {
+        "count": int(v.size)}
+
+
+def _binned_quantiles(counts: np.ndarray, total_seconds: float) -> dict:
+    """Quantiles from the window's log-linear bins (each the bin's geometric middle)
+    and the exact mean from the gaps' summed seconds."""
+    total = int(counts.sum())
+    if total == 0:
+        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
+    cum = np.cumsum(counts)
+    lo, hi = WINDOW_INDEX.bounds()
+    out = {"mean": float(total_seconds / total)}
+    for q in QUANTILES:
+        b = int(np.searchsorted(cum, q * total, side="left"))
+        b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends
+        out[f"p{round(q * 100)}"] = float(math.sqrt(lo[b] * hi[b]))  # geometric middle
+    return out | {"count": total}
+
+
+def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
+    """TTFT and prefill seconds per uncached prompt token per prompt-length class, so a
+    TTFT rise from longer prompts is told apart from a slower prefill."""
+    codes = prompt_class_codes(ring["prompt"][sel])
+    ttft, prefill, uncached = ring["ttft"][sel], ring["prefill"][sel], ring["uncached"][sel]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_token = np.where(uncached > 0, prefill / uncached, np.nan)
+    out = []
+    for code, (_, label) in enumerate(PROMPT_CLASSES):
+        mine = codes == code
+        if mine.any():
+            lo, hi = PROMPT_CLASS_RANGES[label]
+            out.append({"prompt_class": label, "min_tokens": lo, "max_tokens": hi,
+                        "ttft_seconds": _quantiles(ttft[mine]),
+                        "prefill_seconds_per_token": _quantiles(per_token[mine])})
+    return out
+
+
+SHARE_PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
+OPTIONAL_PHASES = ("preprocess", "kv_transfer")  # not every server reports them
+
+
+def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, float | None]:
+    """Each phase's share of the time requests spent in all of them, over the requests
+    (``sel``) whose queue, prefill and decode are known. A request that does not report
+    preprocess has it inside its queue (measured from arrival), so it adds 0 there; one
+    without a KV transfer (not disaggregated) had none. An optional phase no request
+    reports is None. All None without such requests."""
+    sel = np.ones(len(cols["queue"]), dtype=bool) if sel is None else sel
+    q, p, d = cols["queue"][sel], cols["prefill"][sel], cols["decode"][sel]
+    full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
+    optional = {k: cols[k][sel][full] for k in OPTIONAL_PHASES}
+    parts = {"preprocess": np.nan_to_num(optional["preprocess"]).sum(), "queue": q[full].sum(),
+             "prefill": p[full].sum(), "kv_transfer": np.nan_to_num(optional["kv_transfer"]).sum(),
+             "decode": d[full].sum()}
+    total = sum(parts.values())
+    if not full.any() or total <= 0:
+        return dict.fromkeys(SHARE_PHASES)
+    shares = {k: float(parts[k] / total) for k in SHARE_PHASES}
+    for k, v in optional.items():
+        if np.isnan(v).all():
+            shares[k] = None
+    return shares

@@ -1,0 +1,30 @@
+"""vLLM ``llm_request`` spans (references.md section 1: V1 0.33 and the older V0).
+
+One span per finished request, started at the request's arrival. Latencies are
+float seconds: ``time_to_first_token`` (first token - arrival),
+``time_in_model_prefill`` (first token - scheduled), ``time_in_model_decode``
+(last token - first token), ``time_in_queue`` (scheduled - queued), ``e2e``.
+Scheduled is taken as first token - prefill when both are sent (exact), else
+arrival + time in queue (V0, which sends no prefill/decode split).
+V1 sends no model name: ``AdapterContext.model_for`` names it.
+"""
+
+from __future__ import annotations
+
+from exporter.ingest.adapters.common import latency_batch, latency_row
+
+ENGINE = "vllm"
+SPAN_NAME = "llm_request"
+
+
+def matches(span) -> bool:
+    return span.name == SPAN_NAME
+
+
+def convert(span, ctx) -> tuple:
+    return latency_row(span, ctx, ENGINE)
+
+
+def convert_many(spans, ctx):
+    """``convert`` for a whole export at once (``latency_batch``)."""
+    return latency_batch(spans, ctx, ENGINE)

@@ -1,0 +1,251 @@
+"""The path every OTLP receiver shares: spans -> adapters -> one batch -> the aggregator.
+
+Per export: each span is classified (``adapters.classify``); child spans a request
+needs (TGI's ``queued``/``send_generation``, SGLang's stage and scheduler spans) are
+remembered by trace (``TraceParts``); other spans that are not requests are ignored;
+request spans are deduplicated by (trace id, span id) over a bounded window, so a
+retried export counts once; an adapter's ``Rejected`` is counted with its reason; the
+rest become one ``RequestBatch`` per adapter (vLLM's converted column by column over
+the whole export). SGLang's roots wait in ``PendingRoots`` for their stage spans and
+their other role; they are counted by the export that completes them or by ``sweep``
+once ``join_wait`` seconds have passed. The outcome feeds OTLP's ``partial_success``:
+rejected spans and a message naming the reasons (a waiting root's later rejection is
+in the counters only).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from exporter.aggregation.aggregate import Aggregator
+from exporter.ingest.adapters import (
+    AdapterContext,
+    Rejected,
+    classify,
+    decode_step,
+    remember,
+    sglang,
+    vllm,
+)
+from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
+from exporter.ingest.adapters.traces import TraceParts
+from exporter.ingest.grpc_server import BatchIds
+from exporter.ingest.otlp.spans import walk
+from exporter.requests.record import RequestBatch
+
+if TYPE_CHECKING:
+    from exporter.ingest.tapjoin import TraceJoin
+
+# Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
+EXTRACT = {vllm.SPAN_NAME: LATENCY_KEYS}
+DEDUPE_CAPACITY = 1 << 18  # (trace id, span id) pairs remembered: ~30 MB at most
+# OTLP times are uint64 ns; past this (year 2223) a span plus its latencies could leave
+# the int64 ns columns, so it is rejected (``timestamp_out_of_range``) instead.
+MAX_TIME_NS = 8 * 10**18
+
+
+@dataclass
+class ExportOutcome:
+    spans: int = 0
+    accepted: int = 0
+    ignored: int = 0
+    duplicates: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+    @property
+    def rejected_spans(self) -> int:
+        return sum(self.rejected.values())
+
+    def message(self) -> str:
+        if not self.rejected:
+            return ""
+        reasons = ", ".join(f"{r} ({n})" for r, n in self.rejected.most_common())
+        return f"{self.rejected_spans} of {self.spans} spans rejected: {reasons}"
+
+
+POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
+
+
+def pod_of(resource: dict) -> str:
+    """The pod a span came from, for a central exporter's ``pod`` label."""
+    for key in POD_ATTRIBUTES:
+        v = resource.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+class OtlpIngest:
+    def __init__(self, aggregator: Aggregator | TraceJoin,
+                 context: AdapterContext | None = None,
+                 dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None,
+                 join_wait: float = sglang.HOLD_S):
+        self._agg = aggregator
+        self.stats = aggregator.stats
+        self.context = context or AdapterContext()
+        self.context.trace_parts = TraceParts()
+        self.pending = sglang.PendingRoots(hold=join_wait)
+        self._seen = BatchIds(dedupe_capacity)
+        self.emitter = emitter  # otlp.reemit.PhaseSpanEmitter, or None
+
+    def export(self, request, protocol: str) -> ExportOutcome:
+        """Ingest one decoded ExportTraceServiceRequest. Never raises on bad spans."""
+        return self.export_spans(walk(request, EXTRACT), protocol)
+
+    def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
+        """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
+        out = ExportOutcome(spans=len(spans))
+        parts = self.context.trace_parts
+        refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
+        requests = []
+        touched = set()  # traces that gained child spans or waiting roots
+        steps = []  # engine-reported decode steps (TGI's)
+        with_pod = "pod" in self._agg.labels.names
+        for s in spans:  # all child spans first: their request span may be in this export
+            adapter = classify(s)
+            if adapter is None:
+                if remember(s, parts):
+                    touched.add(s.trace_id)
+                elif (step := decode_step(s)) is not None:
+                    engine, *times = step
+                    steps.append((self.context.model_for(s), engine,
+                                  pod_of(s.resource) if with_pod else "", *times))
+                out.ignored += 1
+            elif len(s.trace_id) != 16 or len(s.span_id) != 8:
+                refused["bad_span_id"] += 1
+            else:
+                requests.append((adapter, s))
+        fresh = self._seen.claim_many([s.trace_id + s.span_id for _, s in requests])
+        groups: dict = {}  # adapter -> its claimed request spans, in order
+        for (adapter, s), new in zip(requests, fresh, strict=True):
+            if not new:
+                out.duplicates += 1
+                continue
+            # a rejected span stays claimed: a retry is rejected once only
+            if s.end_ns < s.start_ns:
+                refused["negative_span_duration"] += 1
+            elif s.end_ns > MAX_TIME_NS:
+                refused["timestamp_out_of_range"] += 1
+            else:
+                groups.setdefault(adapter, []).append(s)
+        if steps:
+            self._agg.add_steps(steps)
+        batches = []
+        for adapter, group in groups.items():
+            if adapter is sglang:  # waits for its stage spans and other role
+                reasons = self.pending.park(group, protocol)
+                refused.update(r for r in reasons if r)
+                touched.update(s.trace_id for s, r in zip(group, reasons, strict=True) if not r)
+            else:
+                batches.append(self._convert(adapter, group, refused))
+        out.rejected.update(refused)
+        for batch, kept in batches:
+            if not kept:
+                continue
+            result = self._ingest(batch, kept, protocol, [[s] for s in kept])
+            out.accepted += result.accepted
+            out.rejected.update(result.rejected)
+        for proto, (batch, roots) in self._joined(self.pending.ready(self.context,
+                                                                     touched)).items():
+            result = self._ingest(batch, [r[0] for r in roots], proto, roots)
+            if proto == protocol:
+                out.accepted += sum(len(r) for r, k in zip(roots, result.kept, strict=True)
+                                    if k)
+                out.rejected.update(result.rejected)
+            else:  # roots that came over another receiver: counted there
+                self._count_joined(proto, roots, result)
+        self._count(out, refused, protocol)
+        return out
+
+    def _count_joined(self, protocol: str, roots: list, result) -> None:
+        """spans_total for joined requests counted outside the export they came in."""
+        for outcome, want in (("request", True), ("rejected", False)):
+            n = sum(len(r) for r, k in zip(roots, result.kept, strict=True) if bool(k) == want)
+            if n:
+                self.stats.inc("phasewatch_otlp_spans_total", n, protocol=protocol,
+                               outcome=outcome)
+
+    def _ingest(self, batch: RequestBatch, kept: list, protocol: str, roots: list):
+        """``kept[i]`` is the span that row ``i`` came from (its pod, its re-emitted
+        phases); ``roots[i]`` every request span of the row (released for a retry)."""
+        with_pod = "pod" in self._agg.labels.names
+        # the traceparent each request came with (a stream tap's), to join its record
+        table = {s: i for i, s in enumerate(batch.strings)}
+        keys = [f"{s.trace_id.hex()}-{s.parent_span_id.hex()}"
+                if len(s.parent_span_id) == 8 and any(s.parent_span_id) else "" for s in kept]
+        if any(keys):
+            batch.trace_parent = np.fromiter(
+                (table.setdefault(k, len(table)) for k in keys), dtype=np.int32,
+                count=len(keys))
+            batch.strings = list(table)
+        try:
+            result = self._agg.ingest(batch, protocol,
+                                      [pod_of(s.resource) for s in kept] if with_pod else None)
+        except Exception:
+            for rs in roots:  # let the client's retry through
+                for s in rs:
+                    self._seen.release(s.trace_id + s.span_id)
+            raise
+        if result.kept is None:
+            result.kept = np.zeros(len(batch), dtype=bool)
+        if self.emitter is not None:
+            self.emitter.emit([(s.trace_id, s.span_id) for s in kept], batch)
+        return result
+
+    def _joined(self, released: list) -> dict:
+        """Released SGLang requests as one batch per protocol: protocol -> (batch, the
+        root spans of each row, client-facing first)."""
+        by_proto: dict[str, list] = {}
+        for r in released:
+            by_proto.setdefault(r.protocol, []).append(r)
+        if released:
+            outcomes = Counter(r.outcome for r in released)
+            for outcome, n in outcomes.items():
+                self.stats.inc("phasewatch_otlp_joined_requests_total", n, outcome=outcome)
+        out = {}
+        for proto, rs in by_proto.items():
+            batch = RequestBatch.from_rows([r.row for r in rs], times_in_ns=True)
+            batch.kv_transfer = np.array([r.kv_transfer for r in rs], dtype=np.float64)
+            batch.clock_skew_tolerance_ns = TWO_CLOCK_TOLERANCE_NS
+            out[proto] = (batch, [r.spans for r in rs])
+        return out
+
+    def sweep(self) -> int:
+        """Count the waiting SGLang requests whose wait is over; how many."""
+        released = self.pending.ready(self.context)
+        for proto, (batch, roots) in self._joined(released).items():
+            self._count_joined(proto, roots, self._ingest(batch, [r[0] for r in roots], proto,
+                                                          roots))
+        return len(released)
+
+    def _convert(self, adapter, spans: list, refused: Counter):
+        """One adapter's spans as a batch of the ones it accepts, and those spans."""
+        if hasattr(adapter, "convert_many"):  # vectorised over the export
+            batch, reasons = adapter.convert_many(spans, self.context)
+            refused.update(r for r in reasons if r)
+            return batch, [s for s, r in zip(spans, reasons, strict=True) if not r]
+        rows, kept = [], []
+        for s in spans:
+            try:
+                rows.append(adapter.convert(s, self.context))
+                kept.append(s)
+            except Rejected as e:
+                refused[e.reason] += 1
+        return RequestBatch.from_rows(rows, times_in_ns=True), kept
+
+    def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
+        inc = self.stats.inc
+        _, child_spans = self.context.trace_parts.drain_evictions()
+        if child_spans:  # held for a request span that never came (an aborted request)
+            inc("phasewatch_ingest_dropped_total", child_spans, reason="child_spans_unclaimed")
+        for outcome, n in (("request", out.accepted), ("ignored", out.ignored),
+                           ("duplicate", out.duplicates), ("rejected", out.rejected_spans)):
+            if n:
+                inc("phasewatch_otlp_spans_total", n, protocol=protocol, outcome=outcome)
+        for reason, n in refused.items():
+            inc("phasewatch_ingest_rejected_total", n, protocol=protocol, reason=reason)
+

@@ -1,0 +1,316 @@
+"""The stream tap's record and the engine's own, joined into one request.
+
+``phasewatch tap`` sends what the client saw of a request (arrival, every chunk, the
+end, usage, finish reason) and the ``traceparent`` it sent upstream; the engine's span
+of the same request (vLLM's ``llm_request``, SGLang's root, TGI's ``generate``) is a
+child of that traceparent's span. Rows of the two sides with the same
+``trace_parent`` ("<trace id>-<span id>": the tap's injected span, the engine span's
+trace and parent) are one request, counted once with ``source`` = joined:
+
+* arrival, first token, last token, finish, the emissions (ITL) and their tokens: the
+  tap's, as the client saw them (TTFT is the client's);
+* queued (else the engine's own arrival) and scheduled: the engine's, so preprocess
+  runs from the tap to the engine's queue (the hop in, templating, tokenisation), then
+  queue and prefill (to the first token the client saw), decode to the last;
+* tokens: the engine's counts where it has them (output tokens per sequence), the
+  tap's otherwise (cached prompt tokens, which vLLM's span lacks); the finish reason the
+  client saw; the engine's request id, engine name, KV transfer and pod.
+
+A request with n > 1 sequences has one row per choice on the tap's side and one span
+per sequence on the engine's, with the same traceparent: they are paired in order of
+their last token.
+
+Rows wait for their other side at most ``wait`` seconds (the engine's span exporter
+batches, typically every 5 s; the tap's client every 0.25 s), in a bounded table; past
+the wait, or when the table is full, a row is counted alone (source tap or engine).
+A side waits only while the other side has been seen within ``active`` seconds (an
+engine is assumed seen at start, a tap is not), so an engine with no tap in front, or
+a tap in front of an engine that does not trace (after ``active``), is counted at once.
+A row arriving after its request was counted without it is dropped, counted as
+``late``: a request is never counted twice.
+Rows without a traceparent (an engine span with no parent: a request that did not come
+through the tap) pass straight through. Every outcome is counted in
+``phasewatch_trace_join_requests_total{outcome}``.
+
+The receiver's reply counts a waiting row as accepted; whether it is then rejected (a
+bad row) is counted under protocol ``trace_join`` when it is released.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.aggregation.aggregate import Aggregator, IngestResult
+from exporter.requests.record import SOURCE_ENGINE, SOURCE_JOINED, SOURCE_TAP, RequestBatch
+
+_KEY = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
+_SCALARS = ("arrival", "queued", "scheduled", "first_token", "last_token", "finish",
+            "prompt_tokens", "cached_prompt_tokens", "output_tokens", "prompt_shared",
+            "kv_transfer", "source", "choice")
+_STRINGS = ("model", "engine", "finish_reason", "request_id", "trace_parent")
+PROTOCOL = "trace_join"  # released rows are ingested under this protocol
+
+
+@dataclass
+class Row:
+    """One held row of a batch, as plain values (its batch is not kept alive)."""
+
+    values: dict
+    gaps: np.ndarray
+    gap_tokens: np.ndarray | None
+    pod: str | None
+    protocol: str
+    tolerance_ns: int
+
+    @classmethod
+    def take(cls, batch: RequestBatch, i: int, start: int, pod, protocol: str) -> Row:
+        values = {k: getattr(batch, k)[i].item() for k in _SCALARS}
+        for k in _STRINGS:
+            values[k] = batch.strings[int(getattr(batch, k)[i])]
+        g = int(batch.gap_counts[i])
+        return cls(values, np.array(batch.token_gaps[start:start + g], dtype=np.float64),
+                   None if batch.gap_tokens is None else
+                   batch.gap_tokens[start:start + g].copy(), pod, protocol,
+                   batch.clock_skew_tolerance_ns)
+
+
+def joined(tap: Row, engine: Row) -> Row:
+    """One request from the tap's row and the engine's (the module docstring's rules)."""
+    t, e = tap.values, engine.values
+    v = dict(e)
+    v["arrival"] = t["arrival"] or e["arrival"]
+    v["queued"] = e["queued"] or e["arrival"]
+    for k in ("first_token", "last_token", "finish"):
+        v[k] = t[k] or e[k]
+    for k in ("prompt_tokens", "output_tokens"):
+        v[k] = e[k] if e[k] >= 0 else t[k]
+    v["cached_prompt_tokens"] = (e["cached_prompt_tokens"] if e["cached_prompt_tokens"] >= 0
+                                 else t["cached_prompt_tokens"])
+    v["finish_reason"] = t["finish_reason"] or e["finish_reason"]
+    v["model"] = t["model"] or e["model"]
+    v["prompt_shared"] = t["choice"] > 0
+    v["choice"] = t["choice"]
+    v["source"] = SOURCE_JOINED
+    use_tap = tap.gaps.size > 0 or engine.gaps.size == 0
+    side = tap if use_tap else engine
+    return Row(v, side.gaps, side.gap_tokens, engine.pod if engine.pod is not None
+               else tap.pod, PROTOCOL, max(tap.tolerance_ns, engine.tolerance_ns))
+
+
+def batch_of(rows: list[Row]) -> RequestBatch:
+    """Held rows as one batch."""
+    table: dict[str, int] = {"": 0}
+    strings = {k: np.array([table.setdefault(r.values[k], len(table)) for r in rows],
+                           dtype=np.int32) for k in _STRINGS}
+    col = {k: np.array([r.values[k] for r in rows]) for k in _SCALARS}
+    gaps = [r.gaps for r in rows]
+    counts = np.array([g.size for g in gaps], dtype=np.int64)
+    if any(r.gap_tokens is not None for r in rows):
+        gap_tokens = np.concatenate([r.gap_tokens if r.gap_tokens is not None else
+                                     np.zeros(r.gaps.size, dtype=np.int64) for r in rows])
+    else:
+        gap_tokens = None
+    batch = RequestBatch(
+        strings=list(table), **strings,
+        **{k: col[k].astype(np.int64) for k in ("arrival", "queued", "scheduled",
+                                                 "first_token", "last_token", "finish",
+                                                 "prompt_tokens", "cached_prompt_tokens",
+                                                 "output_tokens", "choice")},
+        prompt_shared=col["prompt_shared"].astype(bool),
+        kv_transfer=col["kv_transfer"].astype(np.float64),
+        source=col["source"].astype(np.int8),
+        token_gaps=np.concatenate(gaps) if gaps else np.empty(0), gap_counts=counts,
+        gap_tokens=gap_tokens,
+        clock_skew_tolerance_ns=max((r.tolerance_ns for r in rows), default=0))
+    return batch
+
+
+@dataclass
+class _Waiting:
+    deadline: float
+    tap: list[Row] = field(default_factory=list)
+    engine: list[Row] = field(default_factory=list)
+
+
+class TraceJoin:
+    """In front of the aggregator: ``ingest`` as ``Aggregator.ingest``; ``sweep()``
+    releases the rows whose wait is over (the exporter calls it every second)."""
+
+    def __init__(self, aggregator: Aggregator, *, wait: float = 10.0,
+                 max_pending: int = 20_000, remember: int = 100_000, active: float = 300.0,
+                 clock=time.monotonic):
+        self._agg = aggregator
+        self.stats = aggregator.stats
+        self.labels = aggregator.labels
+        self.add_steps = aggregator.add_steps
+        self.wait, self.max_pending, self.active = wait, max_pending, active
+        # counted requests are remembered (to drop a late other side) this long, at most
+        # ``remember`` of them (~0.2 kB each): a side later than that is counted alone
+        self._remember, self._forget = remember, max(60.0, 6 * wait)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # by deadline
+        # counted keys -> (when, SOURCE_JOINED or the side counted alone)
+        self._done: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        # when each side was last seen: an engine is assumed at start (a tap's record
+        # usually comes first: the engine's span exporter batches), a tap is not (an
+        # engine whose clients send traceparents, with no tap, is never held)
+        self._seen = {SOURCE_TAP: -float("inf"), SOURCE_ENGINE: clock()}
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return sum(len(w.tap) + len(w.engine) for w in self._waiting.values())
+
+    def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
+        """Hold the rows that may have another side; ingest the rest (and any row this
+        completes) now. Never raises on bad rows."""
+        if self.wait <= 0 or not batch.trace_parent.any():
+            return self._agg.ingest(batch, protocol, pods)
+        now = self._clock()
+        keys = [batch.strings[i] for i in batch.trace_parent.tolist()]
+        held = np.zeros(len(batch), dtype=bool)
+        late = np.zeros(len(batch), dtype=bool)  # dropped: counted without them
+        starts = np.concatenate(([0], np.cumsum(batch.gap_counts)[:-1])).astype(np.int64)
+        release: list[Row] = []
+        outcomes: Counter = Counter()
+        touched: dict[str, _Waiting] = {}
+        with self._lock:
+            for side in (SOURCE_TAP, SOURCE_ENGINE):
+                if (batch.source == side).any():
+                    self._seen[side] = now
+            for i, key in enumerate(keys):
+                side = int(batch.source[i])
+                if not key or side == SOURCE_JOINED:
+                    continue
+                if not _KEY.fullmatch(key):
+                    outcomes["bad_trace_parent"] += 1  # counted, and the row goes on alone
+                    continue
+                w = self._waiting.get(key)
+                done = self._done.get(key) if w is None else None
+                if done is not None:
+                    if done[1] != side:  # its request was counted without it
+                        outcomes["late"] += 1
+                        held[i] = late[i] = True
+                    continue  # a further sequence of a request counted alone: alone too
+                other = SOURCE_ENGINE if side == SOURCE_TAP else SOURCE_TAP
+                if w is None and now - self._seen[other] > self.active:
+                    self._counted(key, now, side)  # the other side is not around: alone
+                    continue
+                row = Row.take(batch, i, int(starts[i]), None if pods is None else pods[i],
+                               protocol)
+                if w is None:
+                    w = self._waiting[key] = _Waiting(now + self.wait)
+                (w.tap if side == SOURCE_TAP else w.engine).append(row)
+                held[i] = True
+                touched[key] = w
+            for key, w in touched.items():  # once all of the batch's rows are in
+                # complete: every choice the tap saw (0..n-1), and as many engine sequences
+                if w.tap and len(w.tap) == len(w.engine) == 1 + max(
+                        r.values["choice"] for r in w.tap):
+                    del self._waiting[key]
+                    release += self._pair(key, w, outcomes, now)
+            release += self._expire(now, outcomes)
+        self._count(outcomes)
+        passed = ~held
+        result = IngestResult(0, Counter(), np.ones(len(batch), dtype=bool))
+        if passed.any():
+            sub = _rows(batch, passed)
+            r = self._agg.ingest(sub, protocol,
+                                 None if pods is None else [p for p, k in zip(
+                                     pods, passed.tolist(), strict=True) if k])
+            result.rejected = r.rejected
+            result.accepted = r.accepted
+            result.kept[passed] = r.kept if r.kept is not None else False
+        result.accepted += int((held & ~late).sum())
+        result.kept[held] = ~late[held]
+        self._release(release)
+        return result
+
+    def sweep(self) -> int:
+        """Release the rows whose wait is over; how many requests were counted."""
+        outcomes: Counter = Counter()
+        with self._lock:
+            release = self._expire(self._clock(), outcomes)
+        self._count(outcomes)
+        self._release(release)
+        return len(release)
+
+    # ---- under the lock --------------------------------------------------------
+    def _expire(self, now: float, outcomes: Counter) -> list[Row]:
+        """Rows whose wait is over, and the oldest past ``max_pending`` (capacity)."""
+        out = []
+        while self._waiting:
+            key, w = next(iter(self._waiting.items()))
+            full = len(self._waiting) > self.max_pending
+            if w.deadline > now and not full:
+                break
+            del self._waiting[key]
+            out += self._pair(key, w, outcomes, now, capacity=w.deadline > now)
+        while self._done and (len(self._done) > self._remember
+                              or next(iter(self._done.values()))[0] < now - self._forget):
+            self._done.popitem(last=False)
+        return out
+
+    def _pair(self, key: str, w: _Waiting, outcomes: Counter, now: float,
+              capacity: bool = False) -> list[Row]:
+        """Pair the sides' rows in order of their last token; the rest go alone."""
+        def last(r: Row) -> int:
+            return r.values["last_token"] or r.values["finish"]
+
+        taps, engines = sorted(w.tap, key=last), sorted(w.engine, key=last)
+        n = min(len(taps), len(engines))
+        out = [joined(t, e) for t, e in zip(taps[:n], engines[:n], strict=True)]
+        outcomes["joined"] += n
+        for rest, alone in ((taps[n:], "tap_only"), (engines[n:], "engine_only")):
+            outcomes["capacity" if capacity else alone] += len(rest)
+            out += rest
+        self._counted(key, now, SOURCE_JOINED if n else
+                      SOURCE_TAP if taps else SOURCE_ENGINE)
+        return out
+
+    def _counted(self, key: str, now: float, side: int) -> None:
+        """Remember that ``key``'s request was counted, joined or by ``side`` alone:
+        the other side, coming later, is late (a further sequence of the same side is
+        counted alone too)."""
+        self._done[key] = (now, side)
+        self._done.move_to_end(key)
+
+    # ---- outside the lock ------------------------------------------------------
+    def _count(self, outcomes: Counter) -> None:
+        for outcome, n in outcomes.items():
+            if n:
+                self.stats.inc("phasewatch_trace_join_requests_total", n, outcome=outcome)
+
+    def _release(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        by_protocol: dict[str, list[Row]] = {}
+        for r in rows:
+            by_protocol.setdefault(r.protocol, []).append(r)
+        for protocol, rs in by_protocol.items():
+            pods = None if all(r.pod is None for r in rs) else [r.pod or "" for r in rs]
+            self._agg.ingest(batch_of(rs), protocol, pods)
+
+
+_PER_ROW = ("model", "engine", "finish_reason", "request_id", "arrival", "queued",
+            "scheduled", "first_token", "last_token", "finish", "prompt_tokens",
+            "cached_prompt_tokens", "output_tokens", "gap_counts", "prompt_shared",
+            "kv_transfer", "trace_parent", "source", "choice")
+
+
+def _rows(batch: RequestBatch, keep: np.ndarray) -> RequestBatch:
+    """The rows of ``batch`` where ``keep``, with their gaps (strings shared)."""
+    if keep.all():
+        return batch
+    per_gap = np.repeat(keep, batch.gap_counts)
+    return RequestBatch(
+        strings=batch.strings, **{k: getattr(batch, k)[keep] for k in _PER_ROW},
+        token_gaps=batch.token_gaps[per_gap],
+        gap_tokens=None if batch.gap_tokens is None else batch.gap_tokens[per_gap],
+        clock_skew_tolerance_ns=batch.clock_skew_tolerance_ns)

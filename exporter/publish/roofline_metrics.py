@@ -1,0 +1,119 @@
+"""Prometheus exposition of the roofline estimates and the verdict.
+
+Reads ``BottleneckMonitor.results()`` (computed on a timer) at every scrape.
+Sample exposition::
+
+    phasewatch_achieved_bandwidth_bytes_per_second{model="Llama-3.1-8B",engine="vllm",phase="decode"} 2.21e+12
+    phasewatch_bandwidth_utilization_ratio{model="Llama-3.1-8B",engine="vllm",phase="decode"} 0.66
+    phasewatch_peak_bandwidth_bytes_per_second{model="Llama-3.1-8B",engine="vllm",ceiling="datasheet"} 3.35e+12
+    phasewatch_phase_time_share_ratio{model="Llama-3.1-8B",engine="vllm",phase="decode"} 0.98
+    phasewatch_bottleneck_info{model="Llama-3.1-8B",engine="vllm",phase="decode",resource="memory_bandwidth"} 1.0
+    phasewatch_roofline_inputs_info{model="Llama-3.1-8B",engine="vllm",input="decode_steps",origin="token_gaps"} 1.0
+"""  # noqa: E501
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.aggregation.aggregate import Aggregator
+from exporter.roofline.bottleneck import BottleneckMonitor
+
+# (name, help, PhaseEstimate attribute) per phase-labelled gauge.
+PHASE_GAUGES = (
+    ("phasewatch_achieved_bandwidth_bytes_per_second",
+     "Bytes/s the phase moved over its busy time in the rolling window.",
+     "achieved_bytes_per_second"),
+    ("phasewatch_achieved_flops_per_second",
+     "FLOP/s the phase performed over its busy time in the rolling window.",
+     "achieved_flops_per_second"),
+    ("phasewatch_bandwidth_utilization_ratio",
+     "MBU: achieved bytes/s over the datasheet peak bandwidth x GPUs.", "bandwidth_utilization"),
+    ("phasewatch_flops_utilization_ratio",
+     "MFU: achieved FLOP/s over the datasheet dense peak x GPUs.", "flops_utilization"),
+    ("phasewatch_arithmetic_intensity_flops_per_byte",
+     "The phase's operating point on the roofline: FLOPs per byte moved.",
+     "arithmetic_intensity"),
+)
+
+
+class RooflineCollector(Collector):
+    def __init__(self, monitor: BottleneckMonitor, aggregator: Aggregator):
+        self._monitor = monitor
+        self._agg = aggregator
+
+    def collect(self) -> Iterator[Metric]:
+        results = self._monitor.results()
+        labels = list(self._agg.labels.names)
+        for name, doc, attr in PHASE_GAUGES:
+            fam = GaugeMetricFamily(name, doc, labels=[*labels, "phase"])
+            for r in results:
+                for phase in ("prefill", "decode"):
+                    p = getattr(r.estimate, phase)
+                    value = getattr(p, attr) if p is not None else None
+                    if value is not None:
+                        fam.add_metric([*r.labels, phase], float(value))
+            yield fam
+        yield from self._peaks(results, labels)
+        share = GaugeMetricFamily("phasewatch_phase_time_share_ratio",
+                                  "Share of request time spent in each phase (queue, prefill, "
+                                  "decode) over the rolling window.", labels=[*labels, "phase"])
+        batch = GaugeMetricFamily("phasewatch_decode_batch_size",
+                                  "Estimated mean number of sequences decoding together while "
+                                  "decode runs.", labels=labels)
+        info = GaugeMetricFamily("phasewatch_bottleneck_info",
+                                 "1 for the current verdict: the phase that dominates request "
+                                 "time and the resource that limits it.",
+                                 labels=[*labels, "phase", "resource"])
+        confidence = GaugeMetricFamily("phasewatch_bottleneck_confidence_ratio",
+                                       "Confidence of the verdict, 0..1.", labels=labels)
+        inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
+                                   "1 per input of the estimate and where it came from "
+                                   "(origin: token_gaps, tpot, engine_counters, ...).",
+                                   labels=[*labels, "input", "origin"])
+        for r in results:
+            for phase, v in (r.estimate.phase_time_share or {}).items():
+                share.add_metric([*r.labels, phase], v)
+            if r.estimate.decode_batch_size is not None:
+                batch.add_metric([*r.labels], r.estimate.decode_batch_size)
+            if r.verdict is not None:
+                info.add_metric([*r.labels, r.verdict.phase, r.verdict.resource], 1.0)
+                confidence.add_metric([*r.labels], r.verdict.confidence)
+            for key, source in r.estimate.inputs.items():
+                inputs.add_metric([*r.labels, key, source.split(":")[0]], 1.0)
+        yield from (share, batch, info, confidence, inputs)
+        yield self._no_roofline(labels)
+
+    @staticmethod
+    def _peaks(results, labels: list[str]) -> Iterator[Metric]:
+        bw = GaugeMetricFamily("phasewatch_peak_bandwidth_bytes_per_second",
+                               "Memory bandwidth ceiling of the configured hardware x GPUs: "
+                               "datasheet, and achievable (measured, or datasheet x a typical "
+                               "efficiency).", labels=[*labels, "ceiling"])
+        fl = GaugeMetricFamily("phasewatch_peak_flops_per_second",
+                               "Dense FLOP/s ceiling of the configured hardware x GPUs at the "
+                               "compute dtype: datasheet and achievable.",
+                               labels=[*labels, "ceiling"])
+        for r in results:
+            d = r.deployment
+            if d is None:
+                continue
+            bw.add_metric([*r.labels, "datasheet"], d.peak_bandwidth)
+            bw.add_metric([*r.labels, "achievable"], d.hardware.achievable_bandwidth)
+            fl.add_metric([*r.labels, "datasheet"], d.peak_flops)
+            fl.add_metric([*r.labels, "achievable"],
+                          d.hardware.achievable_flops(d.compute_dtype))
+        yield from (bw, fl)
+
+    def _no_roofline(self, labels: list[str]) -> Metric:
+        fam = CounterMetricFamily("phasewatch_no_roofline_requests",
+                                  "Accepted requests of models with no roofline configured: "
+                                  "latency metrics only.", labels=labels)
+        snap = self._agg.snapshot()
+        requests = snap.counters["requests"].sum(axis=1)
+        for i, key in enumerate(snap.label_sets[:len(requests)]):
+            if self._monitor.deployments.for_model(key[0]) is None and requests[i]:
+                fam.add_metric(list(key), float(requests[i]))
+        return fam

@@ -1,0 +1,182 @@
+"""Roofline estimates and verdicts per (model, engine), refreshed on a timer.
+
+``BottleneckMonitor.update()`` reads the rolling window's columns (a copy), runs
+the estimator for every label set whose model has a deployment, folds in the
+engine's own counters where configured, and decides the verdict with hysteresis
+against the previous one. Readers (the Prometheus collector, the JSON API) take
+``results()``; nothing here runs on the ingest path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from exporter.aggregation.labels import LabelSets
+from exporter.aggregation.window import RollingWindow
+from exporter.roofline.deployments import Deployments
+from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates
+from exporter.roofline.estimate import (
+    LOOKBACK_SPANS,
+    Deployment,
+    PhaseEstimate,
+    RooflineEstimate,
+    estimate,
+    phase_estimate,
+)
+from exporter.roofline.verdict import Verdict, decide
+
+log = logging.getLogger("phasewatch")
+TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
+FLAT_COUNTER_NOTE = ("inferred: the engine's estimated_*_per_gpu_total counter did not move "
+                     "while requests finished (vLLM exposes it at 0 unless started with "
+                     "--enable-mfu-metrics)")
+
+
+def with_cached_share(cols: dict, share: float) -> dict:
+    """``cols`` with the uncached prompt tokens of requests whose cached tokens are unknown
+    estimated from the engine's prefix-cache share of prompt tokens (vLLM's spans carry
+    no cached count; its counters do, in aggregate)."""
+    unknown = (cols["uncached"] < 0) & (cols["prompt"] >= 0)
+    if not unknown.any():
+        return cols
+    uncached = np.where(unknown, np.round(cols["prompt"] * (1.0 - share)), cols["uncached"])
+    return {**cols, "uncached": uncached.astype(cols["uncached"].dtype)}
+
+
+@dataclass
+class Result:
+    model: str
+    engine: str
+    labels: tuple  # the label set's values, in LabelSets.names order
+    deployment: Deployment | None
+    estimate: RooflineEstimate
+    verdict: Verdict | None
+    trail: list[dict] = field(default_factory=list)
+
+
+def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRates
+                         ) -> RooflineEstimate:
+    """Replace inferred FLOPs/bytes by the engine's counters, split by inferred proportions.
+
+    The counters are per GPU and cover both phases: the replica moved
+    ``rate x tensor_parallel`` per second; over the range that is the total, shared
+    between prefill and decode as the inference shares it. The rate is the engine's
+    over the last window of wall time, standing for the (slightly lagged) range's.
+    """
+    phases = {"prefill": est.prefill, "decode": est.decode}
+    present = {k: v for k, v in phases.items() if v is not None}
+    if not present:
+        return est
+    span = est.range_end - est.range_start
+    inputs = dict(est.inputs)
+    for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
+        inputs[what] = FLAT_COUNTER_NOTE
+    totals = {}  # what the replica moved over the range, by the engine's count
+    for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
+        if rate is not None:
+            totals[what] = rate * dep.tensor_parallel * span
+            inputs[what] = "engine_counters"
+    changes = {}
+    for name, p in present.items() if totals else ():
+        value = {"flops": p.flops, "bytes": p.bytes}
+        for what, total in totals.items():
+            inferred = sum(getattr(q, what) for q in present.values())
+            value[what] = total * (getattr(p, what) / inferred if inferred else 1 / len(present))
+        changes[name] = phase_estimate(dep, p.busy_seconds, value["flops"], value["bytes"],
+                                       p.requests, source="engine_counters")
+    batch = est.decode_batch_size
+    if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
+        batch = rates.mean_running * span / est.decode.busy_seconds
+        inputs["decode_batch"] = "engine_num_requests_running"
+    return replace(est, inputs=inputs, decode_batch_size=batch, **changes)
+
+
+class BottleneckMonitor:
+    def __init__(self, window: RollingWindow, labels: LabelSets, deployments: Deployments,
+                 engines: dict[str, EngineMetricsSource] | None = None, span: float = 30.0,
+                 clock=time.time):
+        self._window, self._labels, self.deployments = window, labels, deployments
+        self._engines = engines or {}
+        self.span = span
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._results: list[Result] = []
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._trails: dict[tuple[str, str], deque] = {}
+        self._warned: set[tuple[str, str]] = set()  # (engine URL, note) logged once
+        self.updated_at: float | None = None
+
+    def poll_engines(self) -> None:
+        for source in self._engines.values():
+            source.poll()
+
+    def update(self) -> list[Result]:
+        cols = self._window.columns(LOOKBACK_SPANS * self.span)
+        steps = self._window.steps(LOOKBACK_SPANS * self.span)
+        pairs = self._labels.pairs()
+        results = []
+        ls = cols["ls"]
+        for i in np.unique(ls).tolist():
+            key = pairs[i]
+            model, engine = key[:2]
+            sel = ls == i
+            mine = {k: v[sel] for k, v in cols.items()}
+            dep = self.deployments.for_model(model)
+            source = self._engines.get(dep.served_name) if dep else None
+            rates = source.rates(self.span) if source else None
+            cached = rates.cached_prompt_share if rates is not None else None
+            if cached is not None:
+                mine = with_cached_share(mine, cached)
+            own = steps["ls"] == i
+            est = estimate(mine, dep, self.span, model, engine,
+                           {k: v[own] for k, v in steps.items()} if own.any() else None)
+            if est is None:
+                continue
+            if dep is not None and rates is not None:
+                est = with_engine_counters(est, dep, rates)
+                if cached is not None:
+                    est.inputs["cached_tokens"] = (  # label: the part before ":"
+                        f"engine_prefix_cache: {cached:.1%} of prompt tokens "
+                        f"({rates.cached_share_source})")
+                self._warn_flat(source, rates)
+            verdict = decide(est, dep, self._verdicts.get(key))
+            if verdict is not None:
+                self._verdicts[key] = verdict
+            trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
+            point = _operating_point(est, self._clock())
+            if point:
+                trail.append(point)
+            results.append(Result(model, engine, key, dep, est, verdict, list(trail)))
+        with self._lock:
+            self._results = results
+            self.updated_at = self._clock()
+        return results
+
+    def _warn_flat(self, source: EngineMetricsSource, rates: EngineRates) -> None:
+        for what in rates.flat:
+            if (source.url, what) not in self._warned:
+                self._warned.add((source.url, what))
+                log.warning("engine metrics %s: the %s counter stays at 0 while requests "
+                            "finish; the roofline infers %s instead (start vLLM with "
+                            "--enable-mfu-metrics to use its own counts)", source.url, what,
+                            what)
+
+    def results(self) -> list[Result]:
+        with self._lock:
+            return list(self._results)
+
+
+def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
+    point = {"at": at}
+    for name in ("prefill", "decode"):
+        p: PhaseEstimate | None = getattr(est, name)
+        if p is not None:
+            point[name] = {"arithmetic_intensity": p.arithmetic_intensity,
+                           "achieved_flops_per_second": p.achieved_flops_per_second}
+    return point if len(point) > 1 else None

@@ -1,0 +1,182 @@
+"""``phasewatch calibrate``: measure this machine's achievable bandwidth and FLOP/s.
+
+The datasheet is a ceiling no kernel reaches; the roofline is more honest against
+what the part really does (references.md section 5: an H100 SXM copy reaches
+about 3.0 of 3.35 TB/s). Two measurements, best of ``repeats``:
+
+* memory bandwidth: a large streaming copy, counted as bytes read + bytes written
+  (the convention of STREAM's Copy and of device-to-device copy benchmarks);
+* matmul FLOP/s: square ``n x n`` products, 2 n^3 FLOPs each.
+
+On a GPU (torch with CUDA) both run on the device in bf16; otherwise numpy runs
+them on the CPU (fp32 matmul through its BLAS, a single-threaded copy). The
+result is a hardware profile (JSON) that ``phasewatch serve --hardware-profile``
+and ``phasewatch roofline --hardware-profile`` load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from exporter.roofline import catalog
+from exporter.roofline.deployments import PROFILE_FORMAT
+
+Progress = Callable[[str, int, int, float], None]
+
+
+def _best(what: str, repeats: int, run: Callable[[], float], progress: Progress) -> float:
+    best = 0.0
+    for i in range(repeats):
+        best = max(best, run())
+        progress(what, i + 1, repeats, best)
+    return best
+
+
+def cpu_bandwidth(size_bytes: int, repeats: int, progress: Progress) -> float:
+    src = np.ones(size_bytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page before timing
+
+    def once() -> float:
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        return 2 * src.nbytes / (time.perf_counter() - t)
+
+    return _best("bandwidth", repeats, once, progress)
+
+
+def cpu_matmul(n: int, repeats: int, progress: Progress) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm up the BLAS threads
+
+    def once() -> float:
+        t = time.perf_counter()
+        a @ b
+        return 2 * n**3 / (time.perf_counter() - t)
+
+    return _best("matmul fp32", repeats, once, progress)
+
+
+def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
+    """(device name, bandwidth, {dtype: flops}) with torch on the first CUDA device."""
+    import torch
+
+    dev = torch.device("cuda:0")
+    src = torch.empty(size_bytes // 2, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+
+    def timed(fn) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    bw = _best("bandwidth", repeats, lambda: 2 * src.numel() * 2 / timed(
+        lambda: dst.copy_(src)), progress)
+    flops = {}
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        a = torch.randn(n, n, dtype=dtype, device=dev)
+        b = torch.randn(n, n, dtype=dtype, device=dev)
+        flops[name] = _best(f"matmul {name}", repeats,
+                            lambda a=a, b=b: 2 * n**3 / timed(lambda: a @ b), progress)
+    return torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, flops
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
+              repeats: int = 5, progress: Progress | None = None) -> dict:
+    """Measure and return a hardware profile (see the module docstring)."""
+    if size_mib < 1 or matmul_n < 16 or repeats < 1:
+        raise ValueError("size_mib >= 1, matmul_n >= 16 and repeats >= 1 are required")
+    progress = progress or (lambda *a: None)
+    use_gpu = device == "cuda" or (device == "auto" and _gpu_available())
+    if device == "cuda" and not _gpu_available():
+        raise ValueError("--device cuda needs torch with a CUDA GPU; use --device cpu")
+    size = size_mib << 20
+    if use_gpu:
+        name, count, bw, flops = gpu_measure(size, matmul_n, repeats, progress)
+        method = {"device": "cuda", "copy": "torch bf16 device-to-device copy_",
+                  "matmul": f"torch {matmul_n}x{matmul_n} bf16/fp16 matmul"}
+    else:
+        name, count = f"{_cpu_name()} ({_cpu_count()} cores)", 1
+        bw = cpu_bandwidth(size, repeats, progress)
+        flops = {"fp32": cpu_matmul(matmul_n, repeats, progress)}
+        method = {"device": "cpu", "copy": "numpy copyto, one thread",
+                  "matmul": f"numpy {matmul_n}x{matmul_n} fp32 matmul (BLAS threads)"}
+    try:
+        part = catalog.hardware(name).name
+    except ValueError:
+        part = None
+    return {"format": PROFILE_FORMAT, "part": part, "device": name, "devices": 1,
+            "visible_devices": count,
+            "measured": {"bandwidth_gbps": bw / 1e9,
+                         "flops_tflops": {k: v / 1e12 for k, v in flops.items()}},
+            "method": method | {"buffer_mib": size_mib, "repeats": repeats, "best_of": True},
+            "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "host": platform.node()}
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def report(profile: dict) -> str:
+    """The measurement beside the catalog's datasheet figures when the part is known."""
+    m = profile["measured"]
+    lines = [f"device: {profile['device']}"]
+    spec = catalog.hardware(profile["part"]) if profile["part"] else None
+    bw_sheet = f"{spec.bandwidth / 1e9:,.0f} GB/s datasheet" if spec else "no datasheet figure"
+    share = f" ({m['bandwidth_gbps'] * 1e9 / spec.bandwidth:.0%})" if spec else ""
+    lines.append(f"memory bandwidth  {m['bandwidth_gbps']:>12,.1f} GB/s    {bw_sheet}{share}")
+    for dtype, tf in m["flops_tflops"].items():
+        peak = spec.flops.get(dtype) if spec else None
+        sheet = (f"{peak / 1e12:,.0f} TFLOP/s datasheet ({tf * 1e12 / peak:.0%})" if peak
+                 else "no datasheet figure")
+        lines.append(f"matmul {dtype:<10} {tf:>12,.3f} TFLOP/s {sheet}")
+    return "\n".join(lines)
+
+
+def write(profile: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+
+
+def stderr_progress(what: str, done: int, total: int, best: float) -> None:
+    unit, scale = ("GB/s", 1e9) if what == "bandwidth" else ("TFLOP/s", 1e12)
+    bar = "#" * done + "." * (total - done)
+    sys.stderr.write(f"\r{what:<12} [{bar}] {done}/{total}  best {best / scale:,.3f} {unit}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()

@@ -1,0 +1,213 @@
+"""Which model runs on which hardware: resolved once at start-up, then looked up per label.
+
+A deployment is resolved from configuration (``phasewatch serve --model ...`` or a
+``[[models]]`` table in the config file):
+
+* the model from the built-in catalog by name, alias or Hugging Face id, or from a
+  Hugging Face ``config.json``; weight and KV-cache dtypes can be overridden
+  (``--weight-dtype fp8``, ``--kv-dtype fp8`` as with vLLM's ``--kv-cache-dtype``);
+* the hardware from the catalog by name, from a profile written by
+  ``phasewatch calibrate``, or detected through NVML (``--hardware auto``, the
+  default; needs the optional ``nvidia-ml-py``). When detection is impossible
+  (no library, no GPU, an unknown part) the model gets no roofline and a log
+  line says why and how to fix it; its latency metrics are unaffected;
+* the GPU count (``--gpus``, default: the tensor-parallel degree, else the GPUs
+  NVML sees, else 1).
+
+Unknown names and unreadable files raise ``ValueError`` with the fix: bad
+configuration fails at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from exporter.roofline import catalog
+from exporter.roofline.catalog import HardwareSpec, ModelSpec
+from exporter.roofline.estimate import Deployment
+from exporter.roofline.hf_config import load_model_config
+
+log = logging.getLogger("phasewatch")
+
+PROFILE_FORMAT = "phasewatch-hardware-profile/1"
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """One ``[[models]]`` entry (or the ``--model`` flags) before resolution."""
+
+    model: str = ""
+    hf_config: str = ""
+    served_model_name: str = ""
+    hardware: str = "auto"
+    hardware_profile: str = ""
+    gpus: int = 0  # 0: tensor_parallel, else NVML's count, else 1
+    tensor_parallel: int = 0
+    weight_dtype: str = ""
+    kv_dtype: str = ""
+    compute_dtype: str = ""
+    max_batched_tokens: int = 8192
+    engine_metrics_url: str = ""
+
+
+def load_profile(path: str | Path, gpus: int) -> HardwareSpec:
+    """A hardware profile written by ``phasewatch calibrate``, for ``gpus`` devices."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read hardware profile {path}: {e.strerror}; write one with "
+                         "`phasewatch calibrate --output FILE`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"hardware profile {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ValueError(f"{path} is not a phasewatch hardware profile (expected \"format\": "
+                         f"\"{PROFILE_FORMAT}\"); write one with `phasewatch calibrate`")
+    try:
+        measured = data["measured"]
+        bw = float(measured["bandwidth_gbps"]) * 1e9
+        flops = {d: float(v) * 1e12 for d, v in measured["flops_tflops"].items()}
+        per_device = int(data.get("devices", 1))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"hardware profile {path} lacks measured figures ({e})") from None
+    if bw <= 0 or per_device < 1 or any(v <= 0 for v in flops.values()):
+        raise ValueError(f"hardware profile {path} has non-positive figures")
+    part = data.get("part")
+    if part:  # a known part: datasheet peaks from the catalog, measured ceilings from here
+        base = catalog.hardware(part)
+        spec = replace(base, measured_bandwidth=bw / per_device,
+                       measured_flops={d: v / per_device for d, v in flops.items()})
+    else:  # an unknown device (a CPU, say): the measured ceilings are all there is
+        spec = HardwareSpec(name=str(data.get("device", "measured")), bandwidth=bw / per_device,
+                            flops={d: v / per_device for d, v in flops.items()},
+                            measured_bandwidth=bw / per_device,
+                            measured_flops={d: v / per_device for d, v in flops.items()})
+    return spec.times(gpus)
+
+
+def detect_nvml() -> tuple[str, int]:
+    """(device name, device count) from NVML; raises RuntimeError saying why not."""
+    try:
+        import pynvml
+    except ImportError:
+        raise RuntimeError("nvidia-ml-py is not installed (pip install 'phasewatch[nvml]')"
+                           ) from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError subclasses: library missing, driver not loaded, ...
+        raise RuntimeError(f"NVML could not start: {e}") from None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count < 1:
+            raise RuntimeError("NVML sees no GPU")
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return (name.decode() if isinstance(name, bytes) else str(name)), int(count)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _model(o: ModelOptions) -> tuple[ModelSpec, str]:
+    if o.hf_config:
+        spec, source = load_model_config(o.hf_config, o.model or None), "hf_config"
+    elif o.model:
+        spec, source = catalog.model(o.model), "catalog"
+    else:
+        raise ValueError("a [[models]] entry needs `model` (catalog name or Hugging Face id) "
+                         "or `hf_config` (path to config.json)")
+    changes = {}
+    for key, value in (("weight_dtype", o.weight_dtype), ("kv_dtype", o.kv_dtype)):
+        if value:
+            catalog.dtype_bytes(value)  # raises, listing the known dtypes
+            changes[key] = value.lower()
+    return replace(spec, **changes), source
+
+
+def _hardware(o: ModelOptions, served: str) -> tuple[HardwareSpec | None, str]:
+    gpus = o.gpus or o.tensor_parallel
+    if o.hardware_profile:
+        return load_profile(o.hardware_profile, gpus or 1), "profile"
+    if o.hardware and o.hardware.lower() != "auto":
+        return catalog.hardware(o.hardware, gpus or 1), "catalog"
+    try:
+        name, count = detect_nvml()
+    except RuntimeError as e:
+        log.warning("no roofline for %s: hardware not given and not detected (%s); set "
+                    "--hardware NAME or --hardware-profile FILE", served, e)
+        return None, "none"
+    try:
+        spec = catalog.hardware(name, gpus or count)
+    except ValueError as e:
+        log.warning("no roofline for %s: NVML found %r, which the catalog lacks (%s); set "
+                    "--hardware NAME or --hardware-profile FILE", served, name, e)
+        return None, "none"
+    log.info("hardware for %s detected through NVML: %s x%d", served, spec.name, spec.gpus)
+    return spec, "nvml"
+
+
+def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str:
+    """The dtype whose peak applies: as configured, else fp8 for fp8 weights on parts
+    with fp8 tensor cores (W8A8), else the part's 16-bit figure (weight-only schemes
+    such as fp8 on A100, AWQ/GPTQ int4 or MXFP4 compute in 16 bits)."""
+    known = {**hw.measured_flops, **hw.flops}
+    if o.compute_dtype:
+        compute = o.compute_dtype.lower()
+        catalog.dtype_bytes(compute)
+        if compute not in known:
+            raise ValueError(f"{hw.name} has no {compute} FLOP/s figure; set compute_dtype to "
+                             f"one of {', '.join(sorted(known)) or 'none'}")
+        return compute
+    for compute in (("fp8",) if spec.weight_dtype == "fp8" else ()) + ("bf16", "fp16", "fp32"):
+        if compute in known:
+            return compute
+    raise ValueError(f"{hw.name} has no FLOP/s figure in the catalog; measure one with "
+                     "`phasewatch calibrate` and pass --hardware-profile")
+
+
+def resolve(o: ModelOptions) -> Deployment | None:
+    """A deployment, or None when the hardware could not be detected (logged)."""
+    spec, model_source = _model(o)
+    served = o.served_model_name or o.model or spec.name
+    hw, hw_source = _hardware(o, served)
+    if hw is None:
+        return None
+    compute = compute_dtype_for(o, spec, hw)
+    if o.max_batched_tokens < 1:
+        raise ValueError(f"max_batched_tokens must be positive, got {o.max_batched_tokens}")
+    return Deployment(served_name=served, model=spec, hardware=hw, compute_dtype=compute,
+                      max_batched_tokens=o.max_batched_tokens,
+                      tensor_parallel=o.tensor_parallel or hw.gpus, model_source=model_source,
+                      hardware_source=hw_source)
+
+
+class Deployments:
+    """Configured deployments, looked up by the model label requests carry.
+
+    A request's model matches a deployment by its served name, or when both
+    resolve to the same catalog model (``meta-llama/Llama-3.1-8B-Instruct`` and
+    ``Llama-3.1-8B``). Lookups are cached per label.
+    """
+
+    def __init__(self, deployments: list[Deployment]):
+        self.all = list(deployments)
+        self._by_name = {d.served_name: d for d in self.all}
+        self._cache: dict[str, Deployment | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def for_model(self, label: str) -> Deployment | None:
+        if label in self._cache:
+            return self._cache[label]
+        found = self._by_name.get(label)
+        if found is None:
+            try:
+                canonical = catalog.model(label).name
+            except ValueError:
+                canonical = None
+            matches = [d for d in self.all if canonical and d.model.name == canonical]
+            found = matches[0] if len(matches) == 1 else None
+        if len(self._cache) < 10_000:  # labels are capped upstream; this is a backstop
+            self._cache[label] = found
+        return found

@@ -1,0 +1,234 @@
+"""The bottleneck verdict: which phase dominates request time and what limits it.
+
+The rules and the levers are data, here and nowhere else (product.md, "The
+roofline and the verdict"):
+
+1. The **phase** is the one with the largest share of request time (preprocess,
+   queue, prefill, decode). To move away from the current verdict's phase, another
+   phase's share must exceed it by ``HYSTERESIS``.
+2. The **resource**: a dominant queue means ``capacity`` (requests wait for a
+   slot); a dominant preprocess means ``frontend``: the time goes before the
+   engine's queue (templating, tokenisation, multimodal inputs, the hand-off, the
+   first output's trip back), to the API server's CPU, not the GPU. For prefill
+   or decode, the phase's operating point is compared with both ceilings of the
+   roofline, each taken as *achievable* (measured, or the datasheet x a typical
+   efficiency): whichever ceiling it is nearer is the
+   candidate (``compute`` or ``memory_bandwidth``); when even that one is used
+   less than ``BOUND_FRACTION``, the time goes neither to arithmetic nor to
+   memory traffic but to ``overhead`` (scheduling, launches, small batches). With
+   chunked prefill a decode step may also carry a prefill chunk: its FLOPs count
+   toward the decode steps' compute (see ``_utilization``).
+   The threshold moves by ``HYSTERESIS`` in favour of the current verdict.
+3. **Confidence** grows with the sample size, the margins over the thresholds,
+   and the quality of the inputs (emission times beat TPOT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.roofline.estimate import Deployment, RooflineEstimate
+
+BOUND_FRACTION = 0.6  # of the achievable ceiling
+HYSTERESIS = 0.05
+MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
+RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
+             "unknown")
+
+# Levers by (phase, resource); the first four rows are product.md's.
+LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("prefill", "compute"): (
+        "prompt (prefix) caching", "chunked prefill", "tensor parallelism", "FP8",
+        "shorter prompts", "faster GPUs"),
+    ("decode", "memory_bandwidth"): (
+        "weight quantization", "KV-cache quantization", "speculative decoding",
+        "larger batches", "GQA/MQA models", "higher-bandwidth GPUs"),
+    ("queue", "capacity"): (
+        "more replicas", "admission control", "disaggregated prefill/decode"),
+    ("preprocess", "frontend"): (
+        "more API-server processes (vLLM --api-server-count)",
+        "a fast (Rust) tokenizer and a lighter chat template",
+        "send token ids instead of text", "move multimodal preprocessing off the API server",
+        "more CPU for the serving pod"),
+    ("kv_transfer", "interconnect"): (
+        "a faster KV transport (RDMA / NIXL / Mooncake instead of TCP)",
+        "prefill and decode servers on the same node or NVLink domain",
+        "KV-cache quantization (fewer bytes to send)", "prefix caching on the decode side",
+        "fewer prefill servers per decode server if the transfer queue backs up"),
+    ("prefill", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
+    ("decode", "overhead"): ("larger batches", "CUDA graphs", "fewer tiny requests"),
+    ("prefill", "memory_bandwidth"): (
+        "batch more prompts per step (raise max_num_batched_tokens)", "weight quantization",
+        "prompt (prefix) caching"),
+    ("decode", "compute"): (
+        "FP8", "tensor parallelism", "disaggregated prefill/decode", "faster GPUs"),
+}
+
+RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
+                   "capacity": "capacity-bound", "frontend": "frontend-bound",
+                   "interconnect": "interconnect-bound",
+                   "overhead": "overhead-bound",
+                   "unknown": "of unknown limit"}
+
+
+
+
+def phase_name(phase: str) -> str:
+    """A phase as a sentence starts with it: "Prefill", "KV transfer"."""
+    return "KV transfer" if phase == "kv_transfer" else phase.capitalize()
+
+
+def headline(phase: str, resource: str) -> str:
+    """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound"."""
+    if resource == "capacity":
+        return "Queue: requests wait for capacity"
+    if resource == "frontend":
+        return "Preprocess: the API server is the bottleneck"
+    if resource == "interconnect":
+        return "KV transfer: the prefill-to-decode link is the bottleneck"
+    return f"{phase_name(phase)} is {RESOURCE_WORDS.get(resource, resource)}"
+
+
+@dataclass
+class Verdict:
+    phase: str
+    resource: str
+    confidence: float
+    confidence_level: str
+    evidence: dict = field(default_factory=dict)
+    levers: tuple[str, ...] = ()
+    text: str = ""
+
+
+def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
+    """(candidate resource, share of busy time the two resources explain, evidence).
+
+    The candidate is the ceiling the phase is nearer (an intensity above the ridge
+    reaches the FLOP/s ceiling first). Compute counts every FLOP done in the phase's
+    steps, including the other phase's work in mixed steps (a prefill chunk in a
+    decode step). A step lasts at least max(FLOPs / achievable FLOP/s, bytes /
+    achievable bandwidth); over a mix of steps, the time the two explain is at most
+    the sum of the two shares, so a phase is called overhead-bound only when even
+    that sum is under the bound.
+    """
+    ph = getattr(est, phase)
+    if ph is None or ph.flops_utilization is None or ph.bandwidth_utilization is None:
+        return "unknown", None, {}
+    hw = dep.hardware
+    shared = est.shared_step_flops.get(phase, 0.0)
+    of_flops = (ph.flops + shared) / ph.busy_seconds / hw.achievable_flops(dep.compute_dtype)
+    of_bw = ph.achieved_bytes_per_second / hw.achievable_bandwidth
+    evidence = {"mfu": ph.flops_utilization, "mbu": ph.bandwidth_utilization,
+                "of_achievable_flops": of_flops, "of_achievable_bandwidth": of_bw,
+                "shared_step_flops_share": shared / (ph.flops + shared) if shared else 0.0,
+                "arithmetic_intensity": ph.arithmetic_intensity, "ridge": dep.ridge}
+    return ("compute" if of_flops >= of_bw else "memory_bandwidth"), of_flops + of_bw, evidence
+
+
+def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None
+           ) -> Verdict | None:
+    """The verdict for one estimate, with hysteresis against ``previous``.
+
+    Without a deployment (a model with no roofline configured) the phase is still
+    decided; the resource is then ``capacity`` for a dominant queue, ``frontend`` for
+    a dominant preprocess, else ``unknown``.
+    """
+    shares = est.phase_time_share
+    if not shares:
+        return None
+    phase = max(shares, key=shares.get)
+    if previous is not None and previous.phase in shares and phase != previous.phase and (
+            shares[phase] < shares[previous.phase] + HYSTERESIS):
+        phase = previous.phase
+    runner_up = max(v for k, v in shares.items() if k != phase)
+    evidence: dict = {"phase_time_share": shares, "requests": est.requests}
+    if est.decode_batch_size is not None:
+        evidence["decode_batch_size"] = est.decode_batch_size
+    if phase == "queue":
+        resource, used, util_margin = "capacity", None, 1.0
+    elif phase == "preprocess":
+        resource, used, util_margin = "frontend", None, 1.0
+    elif phase == "kv_transfer":
+        resource, used, util_margin = "interconnect", None, 1.0
+    elif dep is None:
+        resource, util_margin = "unknown", 0.0
+    else:
+        resource, used, detail = _utilization(est, dep, phase)
+        evidence.update(detail)
+        if resource == "unknown" and phase in est.inputs:
+            evidence["unavailable"] = est.inputs[phase].removeprefix("unavailable: ")
+        util_margin = 0.0
+        if used is not None:
+            bound = BOUND_FRACTION
+            if previous is not None and previous.phase == phase:
+                if previous.resource == resource:
+                    bound -= HYSTERESIS
+                elif previous.resource == "overhead":
+                    bound += HYSTERESIS
+            if used < bound:
+                resource = "overhead"
+            util_margin = min(1.0, abs(used - BOUND_FRACTION) / 0.2)
+    share_margin = min(1.0, (shares[phase] - runner_up) / 0.2)
+    inputs = 1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else 0.85
+    sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
+    confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
+                       (0.5 + 0.5 * util_margin), 3)
+    if resource == "unknown":
+        confidence = round(confidence * 0.5, 3)
+    level = "high" if confidence >= 0.7 else "medium" if confidence >= 0.4 else "low"
+    verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
+                      confidence_level=level, evidence=evidence,
+                      levers=LEVERS.get((phase, resource), ()))
+    verdict.text = describe(verdict, dep)
+    return verdict
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def describe(v: Verdict, dep: Deployment | None) -> str:
+    """One or two plain sentences: the verdict and its evidence."""
+    e = v.evidence
+    share = e["phase_time_share"][v.phase]
+    head = f"{phase_name(v.phase)} takes {_pct(share)} of request time"
+    shares = e["phase_time_share"]
+    if v.resource == "capacity":
+        return (f"{head}: requests wait for a free slot, so the service lacks capacity "
+                f"(prefill {_pct(shares['prefill'])}, decode {_pct(shares['decode'])}).")
+    if v.resource == "frontend":
+        return (f"{head}: the time goes before the engine's queue (templating, "
+                "tokenisation, the hand-off to the engine, the first output's trip back), "
+                f"so the API server's CPU limits it, not the GPU (engine queue "
+                f"{_pct(shares['queue'])}, prefill {_pct(shares['prefill'])}, decode "
+                f"{_pct(shares['decode'])}).")
+    if v.resource == "interconnect":
+        return (f"{head}: a disaggregated request's KV cache travels from the prefill "
+                "server to the decode server, so the link between them limits time to "
+                f"first token, not either GPU (prefill {_pct(shares['prefill'])}, decode "
+                f"{_pct(shares['decode'])}).")
+    if v.resource == "unknown":
+        if dep is None:
+            return (f"{head}. No roofline is configured for this model: set --model and "
+                    "--hardware to see what limits it.")
+        why = v.evidence.get("unavailable", "not enough data yet")
+        return f"{head}; its hardware use cannot be estimated: {why}."
+    hw = dep.hardware
+    tail = (f"MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of {hw.name} x{hw.gpus}, at "
+            f"{e['arithmetic_intensity']:.0f} FLOPs/byte against a ridge of {e['ridge']:.0f}.")
+    if v.resource == "overhead":
+        return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
+                f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
+    compute = v.resource == "compute"
+    used = e["of_achievable_flops"] if compute else e["of_achievable_bandwidth"]
+    other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
+    what = "FLOP/s" if compute else "memory bandwidth"
+    text = f"{head} and is {RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
+    text += f"achievable {what}"
+    if other >= 0.25:
+        text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"
+    if e["of_achievable_flops"] >= 0.25 and e.get("shared_step_flops_share", 0) >= 0.25:
+        mixed = "prefill chunks" if v.phase == "decode" else "decode tokens"
+        text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
+                 f"{mixed} sharing them)")
+    return f"{text}. {tail}"
