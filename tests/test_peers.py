@@ -342,8 +342,8 @@ def test_itl_mean_and_percentiles(observed, peers):
             f"ITL p{q}: phasewatch {got[f'p{q}']!r} (window bin [{lo:.6g}, {hi:.6g}], "
             f"{(hi - lo) / lo:.2%} wide) holds neither order statistic vLLM's np.percentile "
             f"{v!r} interpolates between ({neighbours[0]!r}, {neighbours[1]!r}): ITL "
-            f"percentiles come from log-linear bins (exporter/requests/buckets.py WINDOW_INDEX, 16 per "
-            f"octave), read at the bin's geometric middle; {why}")
+            f"percentiles come from log-linear bins (exporter/requests/buckets.py "
+            f"WINDOW_INDEX, 16 per octave), read at the bin's geometric middle; {why}")
         assert abs(got[f"p{q}"] - v) <= (hi - lo) + (neighbours[1] - neighbours[0]), (
             f"ITL p{q}: phasewatch {got[f'p{q}']!r} vs vLLM {v!r}: more than a window bin "
             f"apart")

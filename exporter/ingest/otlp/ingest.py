@@ -33,7 +33,7 @@ from exporter.ingest.adapters import (
 )
 from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
 from exporter.ingest.adapters.traces import TraceParts
-from exporter.ingest.grpc_server import BatchIds
+from exporter.ingest.dedupe import BatchIds
 from exporter.ingest.otlp.spans import walk
 from exporter.requests.record import RequestBatch
 
