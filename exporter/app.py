@@ -355,6 +355,7 @@ class Exporter:
             if server is not None:
                 server.stop()
                 setattr(self, name, None)
+        self.trace_join.flush()  # rows still waiting for their other side: counted alone
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
         if self._socket_dir:

@@ -180,3 +180,10 @@ def test_n_2_with_one_sequence_before_the_taps_record_waits_for_the_other(setup)
     assert requests(agg) == []  # two choices, one sequence so far
     join.ingest(engine_batch(engine_record(last=T0 + 0.55, output=2)), "otlp_grpc")
     assert len(requests(agg)) == 2 and outcomes(agg) == {"joined": 2}
+
+
+def test_stopping_counts_every_waiting_row_alone(setup):
+    _clock, agg, join = setup
+    join.ingest(tap_batch(tap_record(), tap_record(key=KEY2)), "grpc")
+    assert join.flush() == 2 and join.pending_count() == 0
+    assert outcomes(agg) == {"tap_only": 2} and len(requests(agg)) == 2

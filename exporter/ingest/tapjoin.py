@@ -241,6 +241,16 @@ class TraceJoin:
         self._release(release)
         return len(release)
 
+    def flush(self) -> int:
+        """Count every waiting row now, alone (the exporter is stopping: nothing is
+        left uncounted); how many requests."""
+        outcomes: Counter = Counter()
+        with self._lock:
+            release = self._expire(float("inf"), outcomes)
+        self._count(outcomes)
+        self._release(release)
+        return len(release)
+
     # ---- under the lock --------------------------------------------------------
     def _expire(self, now: float, outcomes: Counter) -> list[Row]:
         """Rows whose wait is over, and the oldest past ``max_pending`` (capacity)."""
