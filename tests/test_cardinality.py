@@ -26,6 +26,7 @@ NAMES = 1_000_000
 SPANS = 300_000  # OTLP spans each from a new pod with new ids, three rounds of them
 RSS_BOUND_MIB = 400  # stated bound for this run (the container limit in deploy/ is 512Mi)
 MAX_SERIES, MAX_PODS, MAX_PENDING = 256, 64, 50_000
+LIFECYCLE_PARTS = 5  # of 100k never-finished lifecycle requests each
 
 
 def _otlp(first: int, n: int, t0: int) -> bytes:
@@ -72,7 +73,8 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
                     rss.append(sp.status()["VmRSS"])
         with grpc.insecure_channel(f"127.0.0.1:{sp.grpc_port}") as ch:
             stream = ch.stream_unary("/phasewatch.v1.Phasewatch/StreamLifecycle")
-            for part in range(3):  # the join fills at MAX_PENDING, then evicts (counted)
+            for part in range(LIFECYCLE_PARTS):  # the join fills at MAX_PENDING, then
+                # evicts (counted)
                 stream((wire.encode_lifecycle("vllm", [
                     LifecycleEvent(request_id=f"never-finished-{k}-{j}", kind=EventKind.ARRIVED,
                                    time_unix_nano=int(t0 * 1e9), model=f"lc-model-{k}-{j}")
@@ -86,7 +88,7 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
     mib = np.round(np.array(rss) / 2**20, 1)
     names, otlp, lifecycle = mib[:20], mib[20:22], mib[22:]
     print(f"\nRSS MiB every 50k of {NAMES:,} model names: {names.tolist()}; after {2 * SPANS:,} and"
-          f" {3 * SPANS:,} OTLP spans from new pods: {otlp.tolist()}; after 100k, 200k, 300k "
+          f" {3 * SPANS:,} OTLP spans from new pods: {otlp.tolist()}; after each 100k of "
           f"never-finished lifecycle requests: {lifecycle.tolist()}; peak "
           f"{status['VmHWM'] / 2**20:.0f} MiB")
     assert status["VmHWM"] < RSS_BOUND_MIB * 2**20
@@ -96,8 +98,12 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
     # ...once the span dedupe window is full (and its table has done its last resize),
     # more spans nothing...
     assert otlp[1] - otlp[0] < 15, otlp
-    # ...and once the join holds MAX_PENDING requests, more never-finished ones nothing
-    assert lifecycle[2] - lifecycle[0] < 15, lifecycle
+    # ...and once the join holds MAX_PENDING requests, more never-finished ones nothing:
+    # from the second part on (after one more part of churn under eviction), the lower
+    # of the last two readings, since a single reading can catch a transient bump of
+    # the allocator's arenas (seen once: +18 MiB at one part, gone at the next); a leak
+    # of even 50 bytes a request would add 15 MiB over these 300k
+    assert min(lifecycle[-2:]) - lifecycle[1] < 15, lifecycle
     series = {(s.labels.get("model"), s.labels.get("pod")) for s in m.samples
               if s.name == "gen_ai_server_request_duration_seconds_count"}
     assert len(series) <= MAX_SERIES
@@ -105,7 +111,8 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
     assert m.total("phasewatch_ingest_label_overflow_total", label="model") >= NAMES - MAX_SERIES
     assert m.total("phasewatch_ingest_label_overflow_total", label="pod") >= 3 * SPANS - MAX_PODS
     assert m.value("phasewatch_ingest_lifecycle_pending") <= MAX_PENDING
-    assert m.total("phasewatch_ingest_dropped_total") >= 300_000 - MAX_PENDING
+    assert m.total("phasewatch_ingest_dropped_total") >= (
+        LIFECYCLE_PARTS * 100_000 - MAX_PENDING)
     # every request still counted, in __overflow__ when its name did not get a series
     assert m.total("gen_ai_server_request_duration_seconds_count") == NAMES + 3 * SPANS
     # the scrape is bounded by the caps: about 28 KB of series per label set here
