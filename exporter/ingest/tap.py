@@ -103,11 +103,6 @@ class Observed:
             c = self.choices[index] = Choice()
         return c
 
-    @property
-    def emissions(self) -> list[float]:
-        """Every choice's emissions, in time order."""
-        return sorted(t for c in self.choices.values() for t in c.emissions)
-
     def settle(self) -> None:
         """Count a text-less finishing chunk as the end-of-sequence token's emission
         when its choice emitted nothing else, or the usage says a token is unaccounted

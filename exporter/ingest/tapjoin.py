@@ -308,10 +308,7 @@ class TraceJoin:
             self._agg.ingest(batch_of(rs), protocol, pods)
 
 
-_PER_ROW = ("model", "engine", "finish_reason", "request_id", "arrival", "queued",
-            "scheduled", "first_token", "last_token", "finish", "prompt_tokens",
-            "cached_prompt_tokens", "output_tokens", "gap_counts", "prompt_shared",
-            "kv_transfer", "trace_parent", "source", "choice")
+_PER_ROW = (*_STRINGS, *_SCALARS, "gap_counts")  # every column with one value per row
 
 
 def _rows(batch: RequestBatch, keep: np.ndarray) -> RequestBatch:

@@ -79,6 +79,15 @@ def pod_of(resource: dict) -> str:
     return ""
 
 
+def _parent_key(span) -> str:
+    """``record.RequestRecord.trace_parent`` of a request span: its trace and parent span
+    ("" for a root span, which no tap's traceparent preceded)."""
+    parent = span.parent_span_id
+    if len(parent) != 8 or not any(parent):
+        return ""
+    return f"{span.trace_id.hex()}-{parent.hex()}"
+
+
 class OtlpIngest:
     def __init__(self, aggregator: Aggregator | TraceJoin,
                  context: AdapterContext | None = None,
@@ -173,15 +182,18 @@ class OtlpIngest:
         """``kept[i]`` is the span that row ``i`` came from (its pod, its re-emitted
         phases); ``roots[i]`` every request span of the row (released for a retry)."""
         with_pod = "pod" in self._agg.labels.names
-        # the traceparent each request came with (a stream tap's), to join its record
-        table = {s: i for i, s in enumerate(batch.strings)}
-        keys = [f"{s.trace_id.hex()}-{s.parent_span_id.hex()}"
-                if len(s.parent_span_id) == 8 and any(s.parent_span_id) else "" for s in kept]
+        # the traceparent each request came with (a stream tap's), to join its record;
+        # the string table grows only when a span has a parent
+        keys = [_parent_key(s) for s in kept]
         if any(keys):
-            batch.trace_parent = np.fromiter(
-                (table.setdefault(k, len(table)) for k in keys), dtype=np.int32,
-                count=len(keys))
-            batch.strings = list(table)
+            strings, refs = list(batch.strings), {"": 0}
+            for key in keys:
+                if key not in refs:
+                    refs[key] = len(strings)
+                    strings.append(key)
+            batch.trace_parent = np.fromiter((refs[k] for k in keys), dtype=np.int32,
+                                             count=len(keys))
+            batch.strings = strings
         try:
             result = self._agg.ingest(batch, protocol,
                                       [pod_of(s.resource) for s in kept] if with_pod else None)
