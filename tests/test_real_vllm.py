@@ -122,6 +122,7 @@ def spans_of(requests) -> list[dict]:
                         "attributes": attrs(sp.attributes), "start_ns": sp.start_time_unix_nano,
                         "end_ns": sp.end_time_unix_nano, "trace_id": sp.trace_id.hex(),
                         "span_id": sp.span_id.hex(), "parent": sp.parent_span_id.hex(),
+                        **({"trace_state": sp.trace_state} if sp.trace_state else {}),
                     })
     return out
 

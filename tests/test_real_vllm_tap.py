@@ -161,6 +161,15 @@ def test_every_request_through_the_tap_is_counted_once_and_joined(run):
     assert {r["engine"] for r in run.api} == {"vllm"}
 
 
+def test_vllms_spans_inherit_the_taps_tracestate(run):
+    """vLLM reads traceparent and tracestate (vllm/tracing/utils.py TRACE_HEADERS) and its
+    request span inherits the tap's tracestate member: so the exporter holds a span that
+    comes before any of the tap's records (the first requests' spans often do) for its
+    record, instead of counting it alone."""
+    assert len(run.spans) == run.sequences
+    assert {s.get("trace_state") for s in run.spans} == {"phasewatch=tap"}
+
+
 def test_finish_reasons_equal_vllms(run):
     for reason in ("stop", "length", "abort"):
         assert run.pw.total("phasewatch_requests_total", finish_reason=reason) == run.vllm[

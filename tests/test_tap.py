@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from exporter.app import Exporter
 from exporter.client import PhasewatchClient
@@ -43,7 +44,7 @@ class FakeServer:
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None):
         self.ssl_context = ssl_context
-        self.seen_headers: list[dict] = []
+        self.seen_headers: list[CIMultiDict] = []  # every header as it came
         self.body_sizes: list[int] = []
         self.asked: list[dict] = []
         self.cancelled = threading.Event()
@@ -73,7 +74,7 @@ class FakeServer:
         self._thread.join(5)
 
     async def _models(self, request):
-        self.seen_headers.append(dict(request.headers))
+        self.seen_headers.append(CIMultiDict(request.headers))
         resp = web.json_response({"object": "list", "data": [{"id": MODEL}]})
         resp.set_cookie("session", "of-whoever-asked")
         return resp
@@ -87,7 +88,7 @@ class FakeServer:
         return web.Response(status=500, text="engine error\n")
 
     async def _chat(self, request):
-        self.seen_headers.append(dict(request.headers))
+        self.seen_headers.append(CIMultiDict(request.headers))
         raw = await request.read()
         self.body_sizes.append(len(raw))
         ask = json.loads(raw)
@@ -314,12 +315,54 @@ def test_traceparent_is_injected_keeping_the_callers_trace(fake, tapped):
     caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     post(server.port, {"model": MODEL, "max_tokens": 1}, {"traceparent": caller})
     post(server.port, {"model": MODEL, "max_tokens": 1})
-    got = [h.get("Traceparent") or h.get("traceparent") for h in fake.seen_headers]
+    got = [h.get("traceparent") for h in fake.seen_headers]
     version, trace, span, flags = got[0].split("-")
     assert (version, trace, flags) == ("00", "0af7651916cd43dd8448eb211c80319c", "01")
     assert span != "b7ad6b7169203331" and len(span) == 16
     fresh = got[1].split("-")
     assert len(fresh[1]) == 32 and fresh[1] != trace
+    # the tap's tracestate member, which the engine's span inherits
+    assert [h.getall("tracestate") for h in fake.seen_headers] == [["phasewatch=tap"]] * 2
+
+
+def post_lines(port: int, lines: list[tuple[str, str]]) -> int:
+    """A one-token request with these header lines as given (a name may repeat); the
+    answer's status, its body read."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    body = json.dumps({"model": MODEL, "max_tokens": 1}).encode()
+    conn.putrequest("POST", "/v1/chat/completions", skip_accept_encoding=True)
+    for k, v in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                 *lines):
+        conn.putheader(k, v)
+    conn.endheaders(body)
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status
+
+
+def test_tracestate_puts_the_taps_member_first_and_keeps_the_callers(fake, tapped):
+    """W3C trace context: a vendor's member goes to the left, an older one of its own
+    is removed, at most 32 members; the caller's tracestate split over two header lines
+    is one list; with a traceparent that does not parse, its tracestate goes too."""
+    _, server, _ = tapped
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    many = ",".join(f"v{i}=x" for i in range(40))
+    for parent, states in ((caller, ["congo=t61rcWkgMzE, phasewatch=old", "rojo=00f067aa"]),
+                           (caller, [many]), ("not-a-traceparent", ["congo=t61rcWkgMzE"])):
+        assert post_lines(server.port, [("traceparent", parent),
+                                        *(("tracestate", s) for s in states)]) == 200
+    got = [h.getall("tracestate") for h in fake.seen_headers]
+    assert got[0] == ["phasewatch=tap,congo=t61rcWkgMzE,rojo=00f067aa"]
+    assert got[1] == [",".join(["phasewatch=tap", *(f"v{i}=x" for i in range(31))])]
+    assert got[2] == ["phasewatch=tap"] and fake.seen_headers[2]["traceparent"][3:35] != (
+        "0af7651916cd43dd8448eb211c80319c")
+
+
+def test_a_header_sent_twice_goes_upstream_twice(fake, tapped):
+    _, server, _ = tapped
+    assert post_lines(server.port, [("X-Tenant", "a"), ("X-Tenant", "b")]) == 200
+    assert fake.seen_headers[-1].getall("X-Tenant") == ["a", "b"]
 
 
 def test_a_non_streamed_answer_is_one_emission(fake, tapped, exporter):

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from opentelemetry import context
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from exporter.aggregation.aggregate import Aggregator
+from exporter.ingest import tap as tapmod
 from exporter.ingest import wire
+from exporter.ingest.otlp.ingest import OtlpIngest
 from exporter.ingest.tapjoin import TraceJoin
 from exporter.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from exporter.selfstats import SelfStats
+from exporter.sim import otlp_shapes
 
 T0 = 1_800_000_000.0
 KEY = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
@@ -187,3 +196,44 @@ def test_stopping_counts_every_waiting_row_alone(setup):
     join.ingest(tap_batch(tap_record(), tap_record(key=KEY2)), "grpc")
     assert join.flush() == 2 and join.pending_count() == 0
     assert outcomes(agg) == {"tap_only": 2} and len(requests(agg)) == 2
+
+
+def test_an_engine_span_that_came_through_a_tap_waits_before_any_tap_is_seen(setup):
+    _clock, agg, join = setup
+    join.ingest(engine_batch(engine_record()), "otlp_grpc", tapped=np.array([True]))
+    assert requests(agg) == [] and join.pending_count() == 1
+    join.ingest(tap_batch(tap_record()), "grpc")
+    assert [r["source"] for r in requests(agg)] == ["joined"]
+    assert outcomes(agg) == {"joined": 1}
+
+
+def test_the_engines_span_inherits_the_taps_tracestate_through_the_sdk(setup):
+    """As vLLM and SGLang do: the W3C propagator reads the headers the tap sent, the
+    request span starts in that context, and OpenTelemetry's SDK gives it the parent's
+    tracestate; exported as OTLP, it waits for the tap's record though no tap has been
+    seen yet, while a parented span without the member (another caller's traceparent)
+    is counted at once."""
+    _clock, agg, join = setup
+    ingest = OtlpIngest(join)
+    mem = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = provider.get_tracer("vllm.llm_engine")
+    tapped, _ = tapmod.trace_headers(None)
+    for headers in ({"traceparent": tapped, "tracestate": tapmod.trace_headers(None)[1]},
+                    {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                     "tracestate": "congo=t61rcWkgMzE"}):
+        token = context.attach(TraceContextTextMapPropagator().extract(headers))
+        try:
+            otlp_shapes.emit_vllm(tracer, engine_record(key=""))
+        finally:
+            context.detach(token)
+    spans = mem.get_finished_spans()
+    assert [s.context.trace_state.to_header() for s in spans] == [
+        "phasewatch=tap", "congo=t61rcWkgMzE"]
+    out = ingest.export(encode_spans(spans), "otlp_grpc")
+    assert out.accepted == 2 and [r["source"] for r in requests(agg)] == ["engine"]
+    assert join.pending_count() == 1
+    join.ingest(tap_batch(tap_record(key=tapped[3:-3])), "grpc")
+    assert sorted(r["source"] for r in requests(agg)) == ["engine", "joined"]
+    assert outcomes(agg) == {"joined": 1}

@@ -19,7 +19,9 @@ sees:
 
 A W3C ``traceparent`` is injected (a new span of the caller's trace when the request
 carries one), so an engine that traces from the header (vLLM, SGLang) puts its spans
-in the same trace as the tap's record.
+in the same trace as the tap's record, and a ``tracestate`` member
+``phasewatch=tap`` (before the caller's members), which the engine's span inherits: the
+exporter knows from the span that the tap's record is coming.
 
 Records go to the exporter through ``PhasewatchClient`` (never blocking: when the
 exporter is away they are buffered, then dropped and counted; bearer token and TLS as
@@ -54,8 +56,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
-from exporter.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
+from exporter.requests.record import (
+    SOURCE_TAP,
+    TAP_TRACESTATE_KEY,
+    RequestBatch,
+    RequestRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -300,13 +308,28 @@ def _usage(seen: Observed, usage: dict) -> None:
         seen.cached_prompt_tokens = details["cached_tokens"]
 
 
-def traceparent(incoming: str | None) -> str:
-    """A new span in the caller's trace (W3C trace context), or in a new trace."""
+TRACESTATE_MEMBER = f"{TAP_TRACESTATE_KEY}=tap"
+MAX_TRACESTATE_MEMBERS = 32  # W3C trace context
+
+
+def trace_headers(incoming: str | None, states: list[str] | None = None) -> tuple[str, str]:
+    """The ``traceparent`` and ``tracestate`` sent upstream (W3C trace context).
+
+    traceparent: a new span in the caller's trace, or in a new trace when the caller
+    sent none (or one that does not parse: then its tracestate is dropped too).
+    tracestate: the tap's member (``phasewatch=tap``) first, then the caller's members
+    in their order (an older ``phasewatch`` member removed, at most 32 in all). An
+    engine's span inherits its parent's tracestate (vLLM's and SGLang's OpenTelemetry
+    SDK do), so the exporter knows, from the span alone, that a tap's record of the
+    request is coming and waits for it."""
     parts = (incoming or "").strip().split("-")
     trace = parts[1] if (len(parts) == 4 and len(parts[1]) == 32
                          and _hex(parts[1]) and parts[1] != "0" * 32) else None
     flags = parts[3] if trace and len(parts[3]) == 2 and _hex(parts[3]) else "01"
-    return f"00-{trace or secrets.token_hex(16)}-{secrets.token_hex(8)}-{flags}"
+    parent = f"00-{trace or secrets.token_hex(16)}-{secrets.token_hex(8)}-{flags}"
+    members = [m.strip() for h in (states or ()) if trace for m in h.split(",")]
+    theirs = [m for m in members if m and m.split("=", 1)[0].strip() != TAP_TRACESTATE_KEY]
+    return parent, ",".join([TRACESTATE_MEMBER, *theirs[:MAX_TRACESTATE_MEMBERS - 1]])
 
 
 def _hex(s: str) -> bool:
@@ -398,7 +421,9 @@ class Tap:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.time()
         timed = request.method == "POST" and request.path in TIMED_PATHS
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        # a multidict: a header the client sent twice goes on twice
+        headers = CIMultiDict((k, v) for k, v in request.headers.items()
+                              if k.lower() not in _HOP)
         try:
             body, whole = await self._request_body(request, timed)
         except (aiohttp.ClientError, OSError):  # the client went away while sending it
@@ -412,9 +437,10 @@ class Tap:
         seen = Observed(arrival=arrival) if timed else None
         streamed = False
         if timed:
-            headers = {k: v for k, v in headers.items() if k.lower() != "traceparent"}
-            headers["traceparent"] = traceparent(request.headers.get("traceparent"))
-            seen.trace_parent = headers["traceparent"][3:-3]  # "<trace id>-<span id>"
+            parent, state = trace_headers(request.headers.get("traceparent"),
+                                          request.headers.getall("tracestate", []))
+            headers["traceparent"], headers["tracestate"] = parent, state  # replaced
+            seen.trace_parent = parent[3:-3]  # "<trace id>-<span id>"
             try:
                 asked = json.loads(whole) if whole else {}
                 streamed = isinstance(asked, dict) and bool(asked.get("stream"))

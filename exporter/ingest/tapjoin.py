@@ -25,7 +25,10 @@ batches, typically every 5 s; the tap's client every 0.25 s), in a bounded table
 the wait, or when the table is full, a row is counted alone (source tap or engine).
 A side waits only while the other side has been seen within ``active`` seconds (an
 engine is assumed seen at start, a tap is not), so an engine with no tap in front, or
-a tap in front of an engine that does not trace (after ``active``), is counted at once.
+a tap in front of an engine that does not trace (after ``active``), is counted at once;
+except an engine span that inherited the tap's tracestate member (``phasewatch=tap``):
+it came through a tap, so it waits for the tap's record even before any was seen (at
+start, the engine's first spans can arrive before the tap's first records).
 A row arriving after its request was counted without it is dropped, counted as
 ``late``: a request is never counted twice.
 Rows without a traceparent (an engine span with no parent: a request that did not come
@@ -167,9 +170,12 @@ class TraceJoin:
         with self._lock:
             return sum(len(w.tap) + len(w.engine) for w in self._waiting.values())
 
-    def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
+    def ingest(self, batch: RequestBatch, protocol: str, pods=None,
+               tapped: np.ndarray | None = None) -> IngestResult:
         """Hold the rows that may have another side; ingest the rest (and any row this
-        completes) now. Never raises on bad rows."""
+        completes) now. Never raises on bad rows. ``tapped[i]``: engine row ``i``'s span
+        carries the tap's tracestate member, so its tap record is coming: it waits even
+        before any tap has been seen (the first requests' spans can come first)."""
         if self.wait <= 0 or not batch.trace_parent.any():
             return self._agg.ingest(batch, protocol, pods)
         now = self._clock()
@@ -199,7 +205,8 @@ class TraceJoin:
                         held[i] = late[i] = True
                     continue  # a further sequence of a request counted alone: alone too
                 other = SOURCE_ENGINE if side == SOURCE_TAP else SOURCE_TAP
-                if w is None and now - self._seen[other] > self.active:
+                if (w is None and now - self._seen[other] > self.active
+                        and not (tapped is not None and tapped[i])):
                     self._counted(key, now, side)  # the other side is not around: alone
                     continue
                 row = Row.take(batch, i, int(starts[i]), None if pods is None else pods[i],

@@ -88,6 +88,9 @@ ROW_FIELDS = ("model", "engine", "finish_reason", "request_id", "arrival", "queu
 # (its spans, events or own client), the stream tap in front of it, or both (joined).
 SOURCES = ("engine", "tap", "joined")
 SOURCE_ENGINE, SOURCE_TAP, SOURCE_JOINED = range(3)
+# the stream tap's W3C tracestate member key (``phasewatch=tap``): an engine span that
+# inherited it came through a tap, whose record of the request follows
+TAP_TRACESTATE_KEY = "phasewatch"
 
 
 @dataclass

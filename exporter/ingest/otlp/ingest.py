@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,10 +34,8 @@ from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
 from exporter.ingest.adapters.traces import TraceParts
 from exporter.ingest.dedupe import BatchIds
 from exporter.ingest.otlp.spans import walk
-from exporter.requests.record import RequestBatch
-
-if TYPE_CHECKING:
-    from exporter.ingest.tapjoin import TraceJoin
+from exporter.ingest.tapjoin import TraceJoin
+from exporter.requests.record import TAP_TRACESTATE_KEY, RequestBatch
 
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
 EXTRACT = {vllm.SPAN_NAME: LATENCY_KEYS}
@@ -77,6 +74,14 @@ def pod_of(resource: dict) -> str:
         if isinstance(v, str) and v:
             return v
     return ""
+
+
+def _tapped(span) -> bool:
+    """The span's tracestate has the stream tap's member (``record.TAP_TRACESTATE_KEY``): it
+    inherited it from the traceparent the tap sent, so the tap's record is coming."""
+    state = span.trace_state
+    return bool(state) and any(m.split("=", 1)[0].strip() == TAP_TRACESTATE_KEY
+                               for m in state.split(","))
 
 
 def _parent_key(span) -> str:
@@ -194,9 +199,15 @@ class OtlpIngest:
             batch.trace_parent = np.fromiter((refs[k] for k in keys), dtype=np.int32,
                                              count=len(keys))
             batch.strings = strings
+        pods = [pod_of(s.resource) for s in kept] if with_pod else None
+        tapped = None
+        if any(keys) and isinstance(self._agg, TraceJoin):
+            tapped = np.fromiter((bool(k) and _tapped(s) for k, s in zip(keys, kept,
+                                                                         strict=True)),
+                                 dtype=bool, count=len(keys))
         try:
-            result = self._agg.ingest(batch, protocol,
-                                      [pod_of(s.resource) for s in kept] if with_pod else None)
+            result = (self._agg.ingest(batch, protocol, pods) if tapped is None
+                      else self._agg.ingest(batch, protocol, pods, tapped=tapped))
         except Exception:
             for rs in roots:  # let the client's retry through
                 for s in rs:

@@ -323,7 +323,7 @@ def _fast_spans(doc: dict, extract: Mapping[str, tuple[str, ...]]) -> list[SpanV
                 for key in ("flags", "droppedAttributesCount", "droppedEventsCount",
                             "droppedLinksCount"):
                     _get(s, key, _u32, 0)
-                _get(s, "traceState", _str, "")
+                trace_state = _get(s, "traceState", _str, "")
                 if "events" in s:
                     for e in _list(s["events"]):
                         _check_event(e)
@@ -336,5 +336,5 @@ def _fast_spans(doc: dict, extract: Mapping[str, tuple[str, ...]]) -> list[SpanV
                     _get(s, "parentSpanId", _id, b""), name, _get(s, "kind", _kind, 0),
                     _get(s, "startTimeUnixNano", _u64, 0),
                     _get(s, "endTimeUnixNano", _u64, 0), attrs, resource, scope_name, links,
-                    None if keys is None else [attrs.get(k) for k in keys]))
+                    None if keys is None else [attrs.get(k) for k in keys], trace_state))
     return out

@@ -38,6 +38,7 @@ class SpanView:
     scope: str
     links: list[tuple[bytes, bytes]] = field(default_factory=list)
     values: list | None = None  # the ``extract`` keys' values, in order (None = absent)
+    trace_state: str = ""  # W3C tracestate: a stream tap's member says its record follows
 
 
 def any_value(v):
@@ -132,5 +133,5 @@ def walk(msg: ExportTraceServiceRequest,
                 add(SpanView(s.trace_id, s.span_id, s.parent_span_id, name, s.kind,
                              s.start_time_unix_nano, s.end_time_unix_nano, attrs, resource,
                              scope, [(k.trace_id, k.span_id) for k in links] if links else [],
-                             values))
+                             values, s.trace_state))
     return out
