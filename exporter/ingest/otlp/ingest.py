@@ -30,7 +30,7 @@ from exporter.ingest.adapters import (
     sglang,
     vllm,
 )
-from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
+from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS, text
 from exporter.ingest.adapters.traces import TraceParts
 from exporter.ingest.dedupe import BatchIds
 from exporter.ingest.otlp.spans import walk
@@ -69,11 +69,7 @@ POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
 
 def pod_of(resource: dict) -> str:
     """The pod a span came from, for a central exporter's ``pod`` label."""
-    for key in POD_ATTRIBUTES:
-        v = resource.get(key)
-        if isinstance(v, str) and v:
-            return v
-    return ""
+    return text(resource, *POD_ATTRIBUTES)
 
 
 def _tapped(span) -> bool:
