@@ -6,12 +6,17 @@ about 3.0 of 3.35 TB/s). Two measurements, best of ``repeats``:
 
 * memory bandwidth: a large streaming copy, counted as bytes read + bytes written
   (the convention of STREAM's Copy and of device-to-device copy benchmarks);
-* matmul FLOP/s: square ``n x n`` products, 2 n^3 FLOPs each.
+* matmul FLOP/s: square ``n x n`` products, 2 n^3 FLOPs each, **in each dtype a
+  deployment computes in**: a ceiling holds only for its own dtype (a CPU with AMX
+  multiplies bf16 about three times faster than fp32; a GPU's tensor cores likewise),
+  so a bf16 model held to an fp32 ceiling shows a "utilization" above 100 %.
 
-On a GPU (torch with CUDA) both run on the device in bf16; otherwise numpy runs
-them on the CPU (fp32 matmul through its BLAS, a single-threaded copy). The
-result is a hardware profile (JSON) that ``phasewatch serve --hardware-profile``
-and ``phasewatch roofline --hardware-profile`` load.
+Where torch is importable the matmuls run with torch in bf16, fp16 and fp32, on the
+GPU when one is present (and the copy there too), else on the CPU; without torch,
+numpy measures fp32 only, and the profile then has no bf16 or fp16 ceiling (the
+exporter says so rather than borrow the fp32 one). The copy on a CPU is numpy's,
+single-threaded. The result is a hardware profile (JSON) that ``phasewatch serve
+--hardware-profile`` and ``phasewatch roofline --hardware-profile`` load.
 """
 
 from __future__ import annotations
@@ -68,14 +73,10 @@ def cpu_matmul(n: int, repeats: int, progress: Progress) -> float:
     return _best("matmul fp32", repeats, once, progress)
 
 
-def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
-    """(device name, bandwidth, {dtype: flops}) with torch on the first CUDA device."""
-    import torch
+TORCH_DTYPES = ("bf16", "fp16", "fp32")
 
-    dev = torch.device("cuda:0")
-    src = torch.empty(size_bytes // 2, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
 
+def _cuda_timer(torch):
     def timed(fn) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         fn()
@@ -85,15 +86,45 @@ def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 1e3
+    return timed
 
-    bw = _best("bandwidth", repeats, lambda: 2 * src.numel() * 2 / timed(
-        lambda: dst.copy_(src)), progress)
+
+def _cpu_timer(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def torch_matmuls(n: int, repeats: int, progress: Progress, cuda: bool) -> dict[str, float]:
+    """{dtype: FLOP/s} of torch ``n x n`` matmuls in bf16, fp16 and fp32, on the first
+    CUDA device or on the CPU (torch's own threads, oneDNN/AMX where the CPU has it)."""
+    import torch
+
+    dev = torch.device("cuda:0" if cuda else "cpu")
+    timed = _cuda_timer(torch) if cuda else _cpu_timer
     flops = {}
-    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+    for name in TORCH_DTYPES:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
         a = torch.randn(n, n, dtype=dtype, device=dev)
         b = torch.randn(n, n, dtype=dtype, device=dev)
+        a @ b  # warm up: kernels chosen, threads started
         flops[name] = _best(f"matmul {name}", repeats,
                             lambda a=a, b=b: 2 * n**3 / timed(lambda: a @ b), progress)
+    return flops
+
+
+def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
+    """(device name, device count, bandwidth, {dtype: flops}) with torch on the first
+    CUDA device."""
+    import torch
+
+    dev = torch.device("cuda:0")
+    src = torch.empty(size_bytes // 2, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    timed = _cuda_timer(torch)
+    bw = _best("bandwidth", repeats, lambda: 2 * src.numel() * 2 / timed(
+        lambda: dst.copy_(src)), progress)
+    flops = torch_matmuls(n, repeats, progress, cuda=True)
     return torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, flops
 
 
@@ -107,11 +138,19 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _gpu_available() -> bool:
+def _torch_importable() -> bool:
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         return False
+    return True
+
+
+def _gpu_available() -> bool:
+    if not _torch_importable():
+        return False
+    import torch
+
     return bool(torch.cuda.is_available())
 
 
@@ -132,20 +171,42 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
     else:
         name, count = f"{_cpu_name()} ({_cpu_count()} cores)", 1
         bw = cpu_bandwidth(size, repeats, progress)
-        flops = {"fp32": cpu_matmul(matmul_n, repeats, progress)}
-        method = {"device": "cpu", "copy": "numpy copyto, one thread",
-                  "matmul": f"numpy {matmul_n}x{matmul_n} fp32 matmul (BLAS threads)"}
+        method = {"device": "cpu", "copy": "numpy copyto, one thread"}
+        if _torch_importable():
+            flops = torch_matmuls(matmul_n, repeats, progress, cuda=False)
+            method["matmul"] = (f"torch {matmul_n}x{matmul_n} bf16/fp16/fp32 matmul on the "
+                                "CPU (torch threads)")
+        else:
+            flops = {"fp32": cpu_matmul(matmul_n, repeats, progress)}
+            method["matmul"] = (f"numpy {matmul_n}x{matmul_n} fp32 matmul (BLAS threads); "
+                                "no torch here, so no bf16/fp16 ceiling: run calibrate "
+                                "where torch is importable (the engine's image)")
     try:
         part = catalog.hardware(name).name
     except ValueError:
         part = None
+    memory = _device_memory_gb(use_gpu)
     return {"format": PROFILE_FORMAT, "part": part, "device": name, "devices": 1,
+            **({"memory_gb": memory} if memory else {}),
             "visible_devices": count,
             "measured": {"bandwidth_gbps": bw / 1e9,
                          "flops_tflops": {k: v / 1e12 for k, v in flops.items()}},
             "method": method | {"buffer_mib": size_mib, "repeats": repeats, "best_of": True},
             "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "host": platform.node()}
+
+
+def _device_memory_gb(gpu: bool) -> float | None:
+    """The accelerator's memory in GB (a GPU's, else this machine's RAM), for the
+    records-only estimate of how full the KV cache is; None when unknown."""
+    try:
+        if gpu:
+            import torch
+
+            return torch.cuda.get_device_properties(0).total_memory / 1e9
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ImportError, ValueError, OSError, AttributeError):
+        return None
 
 
 def _cpu_count() -> int:

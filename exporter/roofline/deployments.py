@@ -74,6 +74,10 @@ def load_profile(path: str | Path, gpus: int) -> HardwareSpec:
         raise ValueError(f"hardware profile {path} lacks measured figures ({e})") from None
     if bw <= 0 or per_device < 1 or any(v <= 0 for v in flops.values()):
         raise ValueError(f"hardware profile {path} has non-positive figures")
+    try:
+        memory = float(data.get("memory_gb") or 0.0) * 1e9 / per_device
+    except (TypeError, ValueError):
+        raise ValueError(f"hardware profile {path}: memory_gb must be a number") from None
     part = data.get("part")
     if part:  # a known part: datasheet peaks from the catalog, measured ceilings from here
         base = catalog.hardware(part)
@@ -83,7 +87,8 @@ def load_profile(path: str | Path, gpus: int) -> HardwareSpec:
         spec = HardwareSpec(name=str(data.get("device", "measured")), bandwidth=bw / per_device,
                             flops={d: v / per_device for d, v in flops.items()},
                             measured_bandwidth=bw / per_device,
-                            measured_flops={d: v / per_device for d, v in flops.items()})
+                            measured_flops={d: v / per_device for d, v in flops.items()},
+                            memory_bytes=memory)
     return spec.times(gpus)
 
 
@@ -146,21 +151,40 @@ def _hardware(o: ModelOptions, served: str) -> tuple[HardwareSpec | None, str]:
     return spec, "nvml"
 
 
-def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec) -> str:
+def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec,
+                      measured: bool = False) -> str:
     """The dtype whose peak applies: as configured, else fp8 for fp8 weights on parts
-    with fp8 tensor cores (W8A8), else the part's 16-bit figure (weight-only schemes
-    such as fp8 on A100, AWQ/GPTQ int4 or MXFP4 compute in 16 bits)."""
+    with fp8 tensor cores (W8A8), fp32 for fp32 weights, else 16 bits (weight-only
+    schemes such as fp8 on A100, AWQ/GPTQ int4 or MXFP4 compute in 16 bits): fp16 for
+    fp16 weights, bf16 otherwise, either where the part has only the other figure
+    (the same tensor cores).
+
+    A ceiling holds only for its own dtype: with a measured profile that lacks the
+    deployment's dtype the dtype is kept and has no FLOP/s ceiling (a warning says to
+    calibrate in it), rather than borrowing another dtype's and publishing a
+    "utilization" over 100 %."""
     known = {**hw.measured_flops, **hw.flops}
     if o.compute_dtype:
         compute = o.compute_dtype.lower()
         catalog.dtype_bytes(compute)
         if compute not in known:
             raise ValueError(f"{hw.name} has no {compute} FLOP/s figure; set compute_dtype to "
-                             f"one of {', '.join(sorted(known)) or 'none'}")
+                             f"one of {', '.join(sorted(known)) or 'none'}, or measure it "
+                             "with `phasewatch calibrate` where torch is importable")
         return compute
-    for compute in (("fp8",) if spec.weight_dtype == "fp8" else ()) + ("bf16", "fp16", "fp32"):
+    if spec.weight_dtype == "fp8" and "fp8" in known:
+        return "fp8"
+    wanted = {"fp32": ("fp32",), "fp16": ("fp16", "bf16")}.get(spec.weight_dtype,
+                                                               ("bf16", "fp16"))
+    for compute in wanted:
         if compute in known:
             return compute
+    if measured or known:
+        log.warning("%s: the hardware profile has no %s FLOP/s ceiling (it has: %s); the "
+                    "compute side of the roofline is unknown until one is measured: run "
+                    "`phasewatch calibrate` where torch is importable, or set "
+                    "--compute-dtype", hw.name, wanted[0], ", ".join(sorted(known)) or "none")
+        return wanted[0]
     raise ValueError(f"{hw.name} has no FLOP/s figure in the catalog; measure one with "
                      "`phasewatch calibrate` and pass --hardware-profile")
 
@@ -172,7 +196,7 @@ def resolve(o: ModelOptions) -> Deployment | None:
     hw, hw_source = _hardware(o, served)
     if hw is None:
         return None
-    compute = compute_dtype_for(o, spec, hw)
+    compute = compute_dtype_for(o, spec, hw, measured=hw_source == "profile")
     if o.max_batched_tokens < 1:
         raise ValueError(f"max_batched_tokens must be positive, got {o.max_batched_tokens}")
     return Deployment(served_name=served, model=spec, hardware=hw, compute_dtype=compute,

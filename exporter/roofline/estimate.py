@@ -130,6 +130,9 @@ class RooflineEstimate:
     inputs: dict[str, str] = field(default_factory=dict)
     # FLOPs of the other phase performed inside this phase's busy time (mixed steps)
     shared_step_flops: dict[str, float] = field(default_factory=dict)
+    # per phase, the FLOPs and bytes inferred from the records, kept when the engine's
+    # own counters replace them (the two side by side: how far inference is off)
+    inferred: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -314,12 +317,14 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
             shared = {"decode": prefill.flops * overlap / prefill.busy_seconds,
                       "prefill": decode.flops * overlap / decode.busy_seconds}
     in_range = (end >= lo) & (end <= hi)
+    inferred = {name: {"flops": p.flops, "bytes": p.bytes}
+                for name, p in (("prefill", prefill), ("decode", decode)) if p is not None}
     return RooflineEstimate(
         model=model, engine=engine, range_start=lo, range_end=hi,
         range_end_lag_seconds=float(np.nanmax(end)) - hi, requests=int(in_range.sum()),
         prefill=prefill, decode=decode, decode_batch_size=batch, decode_step_seconds=step,
         phase_time_share=_shares({k: v[in_range] for k, v in cols.items()}), inputs=inputs,
-        shared_step_flops=shared)
+        shared_step_flops=shared, inferred=inferred)
 
 
 def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,

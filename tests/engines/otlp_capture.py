@@ -69,10 +69,21 @@ class OtlpCapture:
             self.responses.append(response)
         return response
 
-    def start(self) -> OtlpCapture:
+    def _connect(self) -> None:
         self._channel = grpc.insecure_channel(self.forward_to)
         self._forward = self._channel.unary_unary(
             METHOD, request_serializer=_identity, response_deserializer=_identity)
+
+    def retarget(self, forward_to: str) -> None:
+        """Pass later exports on to ``forward_to`` (a fresh exporter per workload)."""
+        old = self._channel
+        self.forward_to = forward_to
+        self._connect()
+        if old is not None:
+            old.close()
+
+    def start(self) -> OtlpCapture:
+        self._connect()
         handler = grpc.method_handlers_generic_handler(SERVICE, {
             "Export": grpc.unary_unary_rpc_method_handler(
                 self._export, request_deserializer=_identity, response_serializer=_identity),

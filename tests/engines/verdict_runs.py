@@ -1,0 +1,296 @@
+"""Steady workloads on a real vLLM, with phasewatch beside it as a sidecar would run.
+
+One vLLM start per engine configuration (``CONFIGS``), then each of its workloads
+(``WORKLOADS``) in turn, each against a fresh ``phasewatch serve`` so that one
+workload's requests never sit in the next one's window. phasewatch gets vLLM's spans
+over OTLP/gRPC (through ``OtlpCapture``, whose next hop is switched per workload),
+reads vLLM's ``/metrics`` itself (``--engine-metrics-url``), and runs on a hardware
+profile ``phasewatch calibrate`` measured on this machine with torch (bf16, fp16 and
+fp32 ceilings). Beside it the run scrapes vLLM's ``/metrics`` every half second, to
+compare phasewatch's figures with the engine's own counters over the same range.
+
+What a run returns per workload (``WorkloadRun``): the client's counts, vLLM's samples,
+phasewatch's ``/api/v1/roofline`` entry and ``/metrics`` page at the end of the load,
+and its log. ``tests/test_real_vllm_verdict.py`` asserts on them; run this file
+directly to print the figures of one configuration::
+
+    .venv/bin/python -m tests.engines.verdict_runs kv_pressure
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_DIR = ROOT / ".cache" / "tiny-llama-small"
+MODEL_NAME = "tiny-llama"
+SECONDS = 30.0  # each workload's load; phasewatch's window is as long
+WINDOW = 30.0
+
+# Engine configurations: extra vLLM flags, and the workloads run on each start.
+CONFIGS = {
+    "default": ((), ("decode_heavy", "prefill_heavy", "mixed")),
+    "slot_limit": (("--max-num-seqs", "8"), ("slot_limit",)),
+    "kv_pressure": (("--num-gpu-blocks-override", "48"), ("kv_pressure",)),
+}
+# steady_load.py arguments per workload (prompt words ~ tokens for this tokenizer)
+WORKLOADS = {
+    "decode_heavy": dict(streams=8, prompt_words=16, max_tokens=128),
+    "prefill_heavy": dict(streams=4, prompt_words=700, max_tokens=2),
+    "mixed": dict(streams=4, prompt_words=16, max_tokens=128, mix_streams=2,
+                  mix_prompt_words=600, mix_max_tokens=8),
+    "slot_limit": dict(streams=24, prompt_words=32, max_tokens=64),
+    "kv_pressure": dict(streams=12, prompt_words=400, max_tokens=200),
+}
+# vLLM series sampled beside phasewatch (summed over label sets)
+SAMPLED = ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
+           "vllm:estimated_write_bytes_per_gpu_total", "vllm:num_preemptions_total",
+           "vllm:num_requests_running", "vllm:num_requests_waiting",
+           "vllm:kv_cache_usage_perc", "vllm:request_success_total",
+           "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def page_values(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in SAMPLED:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+class Sampler:
+    """vLLM's /metrics every ``interval`` seconds: (time.time(), values) pairs; the raw
+    page at the moment of the most preemptions and of the most waiting is kept too."""
+
+    def __init__(self, url: str, interval: float = 0.5):
+        self.url, self.interval = url, interval
+        self.samples: list[tuple[float, dict]] = []
+        self.pages: dict[str, str] = {}
+        self._best: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                text = get(self.url, 5).decode()
+            except OSError:
+                text = None
+            if text is not None:
+                values = page_values(text)
+                self.samples.append((time.time(), values))
+                for key in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+                    v = values.get(key, 0.0)
+                    if v > self._best.get(key, -1.0):
+                        self._best[key] = v
+                        self.pages[key] = text
+            self._stop.wait(self.interval)
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def at(self, name: str, t: float) -> float:
+        """The series' value at ``t``, linearly between the samples around it."""
+        times = [s[0] for s in self.samples]
+        i = bisect.bisect_left(times, t)
+        if i == 0:
+            return self.samples[0][1].get(name, 0.0)
+        if i >= len(times):
+            return self.samples[-1][1].get(name, 0.0)
+        (t0, a), (t1, b) = self.samples[i - 1], self.samples[i]
+        va, vb = a.get(name, 0.0), b.get(name, 0.0)
+        return va + (vb - va) * (t - t0) / (t1 - t0)
+
+    def increase(self, name: str, lo: float, hi: float) -> float:
+        return self.at(name, hi) - self.at(name, lo)
+
+    def during(self, name: str, lo: float, hi: float) -> list[float]:
+        return [v.get(name, 0.0) for t, v in self.samples if lo <= t <= hi]
+
+
+@dataclass
+class WorkloadRun:
+    name: str
+    config: str
+    client: dict
+    roofline: dict  # phasewatch's /api/v1/roofline entry for the model
+    metrics: str  # phasewatch's /metrics at the same moment
+    sampler: Sampler
+    log: str
+    figures: dict = field(default_factory=dict)
+
+
+def calibrate(tmp: Path) -> Path:
+    """A hardware profile of this machine, measured with torch (the engine's venv)."""
+    out = tmp / "cpu-profile.json"
+    subprocess.run([str(VLLM_PY), "-c",
+                    "import sys; from exporter.roofline import calibrate as c; "
+                    "p = c.calibrate('cpu', 256, 1024, 3); c.write(p, sys.argv[1])", str(out)],
+                   check=True, timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT),
+                                                             "PATH": "/usr/bin:/bin"})
+    return out
+
+
+def load(tmp: Path, base: str, name: str, serial: int) -> dict:
+    out = tmp / f"{name}.load.json"
+    args = []
+    for k, v in WORKLOADS[name].items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    proc = subprocess.run(
+        [str(VLLM_PY), str(ROOT / "tests/engines/steady_load.py"), "--base-url", base + "/v1",
+         "--model", MODEL_NAME, "--out", str(out), "--seconds", str(SECONDS),
+         "--serial-base", str(serial), *args],
+        capture_output=True, text=True, timeout=SECONDS + 300, cwd=tmp)
+    client = json.loads(out.read_text()) if out.exists() else {}
+    client["returncode"], client["stderr"] = proc.returncode, proc.stderr[-3000:]
+    return client
+
+
+def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
+               ) -> list[WorkloadRun]:
+    """Start vLLM with ``config``'s flags and run each of its workloads (see the module
+    docstring); vLLM and every phasewatch are stopped on the way out."""
+    from tests.engines.otlp_capture import OtlpCapture
+    from tests.serve import ServeProcess
+    from tests.test_real_vllm import ensure_model, start_vllm, stop_group, wait_for
+
+    ensure_model(MODEL_DIR, "small")
+    flags, workloads = CONFIGS[config]
+    cap = OtlpCapture(forward_to="127.0.0.1:9").start()  # next hop set per workload
+    vllm = None
+    runs = []
+    try:
+        vllm, _, port = start_vllm(tmp, cap.endpoint, "--enable-mfu-metrics", *flags,
+                                   model_dir=MODEL_DIR)
+        base = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            if vllm.poll() is not None:
+                raise AssertionError("vLLM exited while starting:\n"
+                                     + (tmp / "vllm.log").read_text()[-4000:])
+            try:
+                return get(base + "/health", 2) is not None
+            except OSError:
+                return False
+
+        wait_for(healthy, 300, 0.5, "vLLM's /health")
+        for i, name in enumerate(workloads):
+            runs.append(_workload(tmp, base, config, name, profile, cap, serve_args,
+                                  serial=1_000_000 * (i + 1)))
+    finally:
+        stop_group(vllm)
+        cap.stop()
+    return runs
+
+
+def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
+              serve_args: tuple, serial: int) -> WorkloadRun:
+    from tests.serve import ServeProcess
+
+    serve = ServeProcess(
+        tmp, "--hf-config", str(MODEL_DIR / "config.json"), "--served-model-name",
+        MODEL_NAME, "--default-model", MODEL_NAME, "--hardware-profile", str(profile),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--roofline-interval", "1", *serve_args).start()
+    cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
+    sampler = Sampler(base + "/metrics").start()
+    try:
+        client = load(tmp, base, name, serial)
+        time.sleep(3.0)  # the last spans leave vLLM's batch processor every second
+        pw = f"http://127.0.0.1:{serve.http_port}"
+        roofline = json.loads(get(pw + "/api/v1/roofline"))["models"]
+        metrics = get(pw + "/metrics").decode()
+    finally:
+        sampler.stop()
+        serve.stop()
+    entry = next((m for m in roofline if m["model"] == MODEL_NAME), {})
+    run = WorkloadRun(name, config, client, entry, metrics, sampler,
+                      serve.log_path.read_text())
+    run.figures = figures(run)
+    return run
+
+
+def figures(run: WorkloadRun) -> dict:
+    """phasewatch's inferred FLOPs and decode bytes beside vLLM's counters over the
+    estimate's range, and what the engine knew in the window."""
+    est = run.roofline.get("estimate") or {}
+    verdict = run.roofline.get("verdict") or {}
+    lo, hi = est.get("range_start"), est.get("range_end")
+    out: dict = {"workload": run.name, "client": {
+        g: {k: v[k] for k in ("started", "finished", "failed")}
+        for g, v in run.client.get("groups", {}).items()}}
+    if lo is None:
+        return out
+    s = run.sampler
+    inferred = est.get("inferred") or {}
+    flops = {p: (inferred.get(p) or {}).get("flops") for p in ("prefill", "decode")}
+    nbytes = {p: (inferred.get(p) or {}).get("bytes") for p in ("prefill", "decode")}
+    vllm_flops = s.increase("vllm:estimated_flops_per_gpu_total", lo, hi)
+    vllm_bytes = (s.increase("vllm:estimated_read_bytes_per_gpu_total", lo, hi)
+                  + s.increase("vllm:estimated_write_bytes_per_gpu_total", lo, hi))
+    out.update({
+        "range": [lo, hi],
+        "inferred_flops": sum(v for v in flops.values() if v),
+        "vllm_flops": vllm_flops,
+        "inferred_decode_bytes": nbytes["decode"], "inferred_prefill_bytes": nbytes["prefill"],
+        "vllm_bytes": vllm_bytes,
+        "preemptions": s.increase("vllm:num_preemptions_total", lo, hi),
+        "max_kv_usage": max(s.during("vllm:kv_cache_usage_perc", lo, hi), default=None),
+        "max_waiting": max(s.during("vllm:num_requests_waiting", lo, hi), default=None),
+        "max_running": max(s.during("vllm:num_requests_running", lo, hi), default=None),
+        "verdict": {k: verdict.get(k) for k in ("phase", "resource", "cause", "text")},
+        "cause": verdict.get("cause_detail"),
+        "utilizations": {p: {k: (est.get(p) or {}).get(k) for k in
+                             ("flops_utilization", "bandwidth_utilization")}
+                         for p in ("prefill", "decode")},
+        "inputs": est.get("inputs"),
+    })
+    if out["vllm_flops"]:
+        out["flops_ratio"] = out["inferred_flops"] / out["vllm_flops"]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    import tempfile
+
+    configs = argv or list(CONFIGS)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        profile = calibrate(tmp)
+        for config in configs:
+            for run in run_config(tmp, config, profile):
+                print(json.dumps(run.figures, indent=1, default=str))
+                (Path("/tmp") / f"verdict-{run.name}.log").write_text(run.log)
+                (Path("/tmp") / f"verdict-{run.name}.json").write_text(
+                    json.dumps({"roofline": run.roofline, "client": run.client,
+                                "samples": run.sampler.samples}, default=str))
+                for key, page in run.sampler.pages.items():
+                    (Path("/tmp") / f"verdict-{run.name}-{key.split(':')[1]}.txt"
+                     ).write_text(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
