@@ -38,7 +38,7 @@ from exporter.publish.http_server import (
 )
 from exporter.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from exporter.publish.roofline_metrics import RooflineCollector
-from exporter.roofline.bottleneck import BottleneckMonitor
+from exporter.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from exporter.roofline.deployments import Deployments, resolve
 from exporter.roofline.engine_metrics import EngineMetricsSource
 from exporter.selfstats import SelfStats
@@ -66,14 +66,19 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
                               "typical_efficiency"),
         "ridge_flops_per_byte": d.ridge}
     v = r.verdict
+    c = v.cause if v is not None else None
     verdict = None if v is None else {
         "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
-        "confidence_level": v.confidence_level, "text": v.text, "levers": list(v.levers),
-        "evidence": v.evidence}
+        "confidence_level": v.confidence_level, "headline": v.headline, "text": v.text,
+        "levers": list(v.levers), "evidence": v.evidence,
+        # why: from the engine's own state (engine_metrics) or the records alone
+        "cause": None if c is None else c.name,
+        "cause_detail": None if c is None else {
+            "name": c.name, "text": c.text, "source": c.source, "evidence": c.evidence}}
     more = dict(zip(names[2:], r.labels[2:], strict=False))  # pod, source where labelled
     return {"model": r.model, "engine": r.engine, **more, "configured": d is not None,
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
-            "trail": r.trail}
+            "engine_state": r.engine_state, "trail": r.trail}
 
 
 class _Everything:
@@ -98,6 +103,10 @@ class Exporter:
         deployments = Deployments([d for _, d in resolved if d is not None])
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, None, self.stats)
                    for o, d in resolved if d is not None and o.engine_metrics_url}
+        flags = config.model_flags
+        if flags.engine_metrics_url and not (flags.model or flags.hf_config):
+            # the engine's state without a roofline: the cause of queueing still counts
+            engines[ANY_MODEL] = EngineMetricsSource(flags.engine_metrics_url, None, self.stats)
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
                                      pod_label=config.pod_label, max_pods=config.max_pods,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from exporter.roofline import calibrate
 from exporter.roofline.deployments import ModelOptions, load_profile, resolve
 
+ROOT = Path(__file__).resolve().parent.parent
 CALIBRATE = [sys.executable, "-m", "exporter.cli", "calibrate"]
 
 
@@ -28,8 +30,36 @@ def test_cpu_calibration_writes_a_profile_the_exporter_loads(tmp_path):
     assert 1e-4 < m["flops_tflops"]["fp32"] < 1_000
     hw = load_profile(out, gpus=1)
     assert hw.measured_bandwidth == m["bandwidth_gbps"] * 1e9
+    # without torch numpy measures fp32 alone: a bf16 model keeps bf16 and gets no FLOP/s
+    # ceiling (borrowing fp32's would show a bf16 engine at "184 %" of it)
+    assert set(m["flops_tflops"]) == {"fp32"}, m
+    assert "no torch here" in profile["method"]["matmul"]
     d = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(out)))
-    assert d.compute_dtype == "fp32" and d.hardware_source == "profile"
+    assert d.compute_dtype == "bf16" and d.hardware_source == "profile"
+    assert d.peak_flops == 0
+    fp32 = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(out),
+                                compute_dtype="fp32"))
+    assert fp32.peak_flops == m["flops_tflops"]["fp32"] * 1e12
+
+
+def test_calibration_with_torch_measures_each_dtype(tmp_path):
+    """Where torch is importable (the engine's virtualenv here), the CPU's matmuls are
+    measured in bf16, fp16 and fp32, and a bf16 model is held to the bf16 ceiling."""
+    from tests.test_real_vllm import VLLM_PY, require_vllm
+
+    require_vllm()
+    out = tmp_path / "torch.json"
+    proc = subprocess.run(
+        [str(VLLM_PY), "-c", "import sys; from exporter.roofline import calibrate as c; "
+         "c.write(c.calibrate('cpu', 64, 512, 2), sys.argv[1])", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    profile = json.loads(out.read_text())
+    assert set(profile["measured"]["flops_tflops"]) == {"bf16", "fp16", "fp32"}, profile
+    assert "torch" in profile["method"]["matmul"] and profile["memory_gb"] > 0
+    d = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(out)))
+    assert d.compute_dtype == "bf16"
+    assert d.peak_flops == profile["measured"]["flops_tflops"]["bf16"] * 1e12
 
 
 def test_cuda_without_torch_or_gpu_says_so(tmp_path):

@@ -7,7 +7,11 @@ Sample exposition::
     phasewatch_bandwidth_utilization_ratio{model="Llama-3.1-8B",engine="vllm",phase="decode"} 0.66
     phasewatch_peak_bandwidth_bytes_per_second{model="Llama-3.1-8B",engine="vllm",ceiling="datasheet"} 3.35e+12
     phasewatch_phase_time_share_ratio{model="Llama-3.1-8B",engine="vllm",phase="decode"} 0.98
-    phasewatch_bottleneck_info{model="Llama-3.1-8B",engine="vllm",phase="decode",resource="memory_bandwidth"} 1.0
+    phasewatch_bottleneck_info{model="Llama-3.1-8B",engine="vllm",phase="decode",resource="memory_bandwidth",cause="compute_saturated"} 1.0
+    phasewatch_engine_kv_cache_usage_ratio{model="Llama-3.1-8B",engine="vllm"} 1.0
+    phasewatch_engine_requests{model="Llama-3.1-8B",engine="vllm",state="waiting"} 6.0
+    phasewatch_engine_preemptions_total{model="Llama-3.1-8B",engine="vllm"} 32.0
+    phasewatch_roofline_ceiling_exceeded_ratio{model="Llama-3.1-8B",engine="vllm",phase="prefill",ceiling="flops"} 1.84
     phasewatch_roofline_inputs_info{model="Llama-3.1-8B",engine="vllm",input="decode_steps",origin="token_gaps"} 1.0
 """  # noqa: E501
 
@@ -65,8 +69,8 @@ class RooflineCollector(Collector):
                                   "decode runs.", labels=labels)
         info = GaugeMetricFamily("phasewatch_bottleneck_info",
                                  "1 for the current verdict: the phase that dominates request "
-                                 "time and the resource that limits it.",
-                                 labels=[*labels, "phase", "resource"])
+                                 "time, the resource that limits it and why (cause, none if "
+                                 "unknown).", labels=[*labels, "phase", "resource", "cause"])
         confidence = GaugeMetricFamily("phasewatch_bottleneck_confidence_ratio",
                                        "Confidence of the verdict, 0..1.", labels=labels)
         inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
@@ -79,11 +83,13 @@ class RooflineCollector(Collector):
             if r.estimate.decode_batch_size is not None:
                 batch.add_metric([*r.labels], r.estimate.decode_batch_size)
             if r.verdict is not None:
-                info.add_metric([*r.labels, r.verdict.phase, r.verdict.resource], 1.0)
+                cause = r.verdict.cause.name if r.verdict.cause is not None else "none"
+                info.add_metric([*r.labels, r.verdict.phase, r.verdict.resource, cause], 1.0)
                 confidence.add_metric([*r.labels], r.verdict.confidence)
             for key, source in r.estimate.inputs.items():
                 inputs.add_metric([*r.labels, key, source.split(":")[0]], 1.0)
         yield from (share, batch, info, confidence, inputs)
+        yield from self._engine_state(results, labels)
         yield self._no_roofline(labels)
 
     @staticmethod
@@ -106,6 +112,47 @@ class RooflineCollector(Collector):
             fl.add_metric([*r.labels, "achievable"],
                           d.hardware.achievable_flops(d.compute_dtype))
         yield from (bw, fl)
+
+    @staticmethod
+    def _engine_state(results, labels: list[str]) -> Iterator[Metric]:
+        """The engine's own state from its newest scrape (--engine-metrics-url), under
+        phasewatch's labels and one name for every engine; and the ceilings an achieved
+        rate went over."""
+        kv = GaugeMetricFamily("phasewatch_engine_kv_cache_usage_ratio",
+                               "KV-cache usage the engine reports, 0..1 (vLLM "
+                               "kv_cache_usage_perc, SGLang token_usage).", labels=labels)
+        requests = GaugeMetricFamily("phasewatch_engine_requests",
+                                     "Requests the engine reports running or waiting.",
+                                     labels=[*labels, "state"])
+        preempt = CounterMetricFamily("phasewatch_engine_preemptions",
+                                      "Preemptions the engine has counted since it started "
+                                      "(vLLM num_preemptions, SGLang retracted requests).",
+                                      labels=labels)
+        capacity = GaugeMetricFamily("phasewatch_engine_kv_cache_capacity_tokens",
+                                     "Tokens the engine's KV cache holds (vLLM blocks x block "
+                                     "size, SGLang max_total_num_tokens).", labels=labels)
+        exceeded = GaugeMetricFamily("phasewatch_roofline_ceiling_exceeded_ratio",
+                                     "Achieved over the configured ceiling where it is above 1: "
+                                     "the ceiling is wrong (run phasewatch calibrate in the "
+                                     "compute dtype); no utilization is published then.",
+                                     labels=[*labels, "phase", "ceiling"])
+        for r in results:
+            s = r.engine_sample
+            if s is not None:
+                if s.kv_usage is not None:
+                    kv.add_metric(list(r.labels), s.kv_usage)
+                for state, v in (("running", s.running), ("waiting", s.waiting)):
+                    if v is not None:
+                        requests.add_metric([*r.labels, state], v)
+                if s.preemptions is not None:
+                    preempt.add_metric(list(r.labels), s.preemptions)
+                if s.kv_capacity_tokens is not None:
+                    capacity.add_metric(list(r.labels), s.kv_capacity_tokens)
+            for phase in ("prefill", "decode"):
+                p = getattr(r.estimate, phase)
+                for what, ratio in (p.ceiling_exceeded.items() if p is not None else ()):
+                    exceeded.add_metric([*r.labels, phase, what], ratio)
+        yield from (kv, requests, preempt, capacity, exceeded)
 
     def _no_roofline(self, labels: list[str]) -> Metric:
         fam = CounterMetricFamily("phasewatch_no_roofline_requests",

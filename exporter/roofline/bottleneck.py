@@ -20,7 +20,7 @@ import numpy as np
 from exporter.aggregation.labels import LabelSets
 from exporter.aggregation.window import RollingWindow
 from exporter.roofline.deployments import Deployments
-from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates
+from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
 from exporter.roofline.estimate import (
     LOOKBACK_SPANS,
     Deployment,
@@ -29,9 +29,13 @@ from exporter.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from exporter.roofline.cause import Cause, diagnose
 from exporter.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
+ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
+IMBALANCE_QUEUE = (0.3, 0.05)  # a pod's queue share over the first, another's under the
+# second: the same model's requests queue on one replica while another has room
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
 FLAT_COUNTER_NOTE = ("inferred: the engine's estimated_*_per_gpu_total counter did not move "
                      "while requests finished (vLLM exposes it at 0 unless started with "
@@ -58,6 +62,8 @@ class Result:
     estimate: RooflineEstimate
     verdict: Verdict | None
     trail: list[dict] = field(default_factory=list)
+    engine_state: dict | None = None  # the engine's own state over the window, if scraped
+    engine_sample: EngineSample | None = None  # its newest scrape, if fresh
 
 
 def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRates
@@ -128,7 +134,7 @@ class BottleneckMonitor:
             sel = ls == i
             mine = {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
-            source = self._engines.get(dep.served_name) if dep else None
+            source = self._engine_for(model, dep)
             rates = source.rates(self.span) if source else None
             cached = rates.cached_prompt_share if rates is not None else None
             if cached is not None:
@@ -145,18 +151,50 @@ class BottleneckMonitor:
                         f"engine_prefix_cache: {cached:.1%} of prompt tokens "
                         f"({rates.cached_share_source})")
                 self._warn_flat(source, rates)
-            verdict = decide(est, dep, self._verdicts.get(key))
-            if verdict is not None:
-                self._verdicts[key] = verdict
+            if source is not None and rates is None:
+                est.inputs["engine_state"] = ("unavailable: no fresh scrape of "
+                                              f"{source.url} ({source.last_error or 'waiting'})"
+                                              "; the cause comes from the records")
+            self._warn_ceilings(key, est, dep)
+            verdict = decide(est, dep, self._verdicts.get(key),
+                             lambda phase, m=mine: diagnose(phase, est, dep, m, rates))
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:
                 trail.append(point)
-            results.append(Result(model, engine, key, dep, est, verdict, list(trail)))
+            results.append(Result(model, engine, key, dep, est, verdict, list(trail),
+                                  rates.state() if rates is not None else None,
+                                  source.latest(self.span) if source else None))
+        imbalance(results, self._labels.names)
+        for r in results:
+            if r.verdict is not None:
+                self._verdicts[r.labels] = r.verdict
         with self._lock:
             self._results = results
             self.updated_at = self._clock()
         return results
+
+    def _engine_for(self, model: str, dep: Deployment | None) -> EngineMetricsSource | None:
+        """The engine scraped for ``model``: its deployment's, else one configured for
+        any model (``--engine-metrics-url`` without ``--model``)."""
+        found = self._engines.get(dep.served_name) if dep is not None else None
+        return found or self._engines.get(model) or self._engines.get(ANY_MODEL)
+
+    def _warn_ceilings(self, key: tuple, est: RooflineEstimate, dep: Deployment | None
+                       ) -> None:
+        for phase in ("prefill", "decode"):
+            p = getattr(est, phase)
+            for what, ratio in (p.ceiling_exceeded.items() if p is not None else ()):
+                est.inputs[f"{what}_ceiling"] = (
+                    f"below_achieved: {phase} achieved {ratio:.2f}x the {what} ceiling; run "
+                    "`phasewatch calibrate` in the deployment's compute dtype")
+                if (key, phase, what) not in self._warned:
+                    self._warned.add((key, phase, what))
+                    log.warning("%s: %s achieved %.2fx the %s ceiling of %s (%s): that ceiling "
+                                "is wrong, no utilization is published; run `phasewatch "
+                                "calibrate` in %s on this hardware and pass "
+                                "--hardware-profile", key[0], phase, ratio, what,
+                                dep.hardware.name, dep.hardware_source, dep.compute_dtype)
 
     def _warn_flat(self, source: EngineMetricsSource, rates: EngineRates) -> None:
         for what in rates.flat:
@@ -180,3 +218,36 @@ def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
             point[name] = {"arithmetic_intensity": p.arithmetic_intensity,
                            "achieved_flops_per_second": p.achieved_flops_per_second}
     return point if len(point) > 1 else None
+
+
+def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
+    """Across the pods of one (model, engine[, source]): where some pods' requests queue
+    (queue share over ``IMBALANCE_QUEUE[0]``) while another pod's barely do (under
+    ``IMBALANCE_QUEUE[1]``), the queueing pods' verdicts get the cause ``imbalance``:
+    routing, not capacity, is what to fix. Needs the pod label (a central exporter with
+    --pod-label); a no-op otherwise."""
+    if "pod" not in names:
+        return
+    at = names.index("pod")
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        if r.verdict is not None and r.estimate.phase_time_share:
+            groups.setdefault(r.labels[:at] + r.labels[at + 1:], []).append(r)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        share = {r.labels[at]: r.estimate.phase_time_share.get("queue", 0.0) for r in members}
+        calm = min(share, key=share.get)
+        if share[calm] >= IMBALANCE_QUEUE[1]:
+            continue
+        for r in members:
+            pod = r.labels[at]
+            if share[pod] <= IMBALANCE_QUEUE[0] or r.verdict.phase != "queue":
+                continue
+            r.verdict.cause = Cause(
+                "imbalance", f"Load imbalance: queue {share[pod]:.0%} of request time on "
+                f"{pod} while {calm} queues {share[calm]:.0%}", "records",
+                {"queue_share_by_pod": share})
+            r.verdict.resource = "capacity"
+            r.verdict.levers = r.verdict.cause.levers
+            r.verdict.text = f"{r.verdict.cause.text}. {r.verdict.text.split('. ', 1)[-1]}"

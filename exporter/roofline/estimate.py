@@ -112,6 +112,9 @@ class PhaseEstimate:
     arithmetic_intensity: float
     requests: int
     source: str = "inferred"
+    # achieved / datasheet ceiling where it is over 1: the ceiling is wrong (another
+    # dtype's, another part's); the utilization is then not given
+    ceiling_exceeded: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,12 +168,16 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
     """Achieved rates, utilizations and intensity of ``flops``/``nbytes`` over ``busy``."""
     fps = flops / busy
     bps = nbytes / busy
+    mfu = fps / dep.peak_flops if dep.peak_flops else None
+    mbu = bps / dep.peak_bandwidth if dep.peak_bandwidth else None
+    exceeded = {k: v for k, v in (("flops", mfu), ("bandwidth", mbu)) if v is not None and v > 1}
     return PhaseEstimate(
         busy_seconds=busy, flops=flops, bytes=nbytes, achieved_flops_per_second=fps,
         achieved_bytes_per_second=bps,
-        flops_utilization=fps / dep.peak_flops if dep.peak_flops else None,
-        bandwidth_utilization=bps / dep.peak_bandwidth if dep.peak_bandwidth else None,
-        arithmetic_intensity=flops / nbytes if nbytes else math.inf, requests=n, source=source)
+        flops_utilization=None if "flops" in exceeded else mfu,
+        bandwidth_utilization=None if "bandwidth" in exceeded else mbu,
+        arithmetic_intensity=flops / nbytes if nbytes else math.inf, requests=n, source=source,
+        ceiling_exceeded=exceeded)
 
 
 def _reported_steps(steps: dict | None, lo: float, hi: float):

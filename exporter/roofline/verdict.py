@@ -21,12 +21,20 @@ roofline and the verdict"):
    The threshold moves by ``HYSTERESIS`` in favour of the current verdict.
 3. **Confidence** grows with the sample size, the margins over the thresholds,
    and the quality of the inputs (emission times beat TPOT).
+4. The **cause** (``cause.diagnose``, from the engine's own state where it is
+   scraped) comes last and wins where it knows better: a full KV cache, a slot limit
+   or an imbalance make the resource ``capacity`` whatever the phase, and a cause's
+   levers replace the (phase, resource) ones.
+5. **Honest ceilings**: an achieved rate above a ceiling means the ceiling is wrong
+   (measured in another dtype, or for another part). The verdict then says so and
+   names the fix instead of a percentage over 100; the resource is ``unknown``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter.roofline.cause import Cause
 from exporter.roofline.estimate import Deployment, RooflineEstimate
 
 BOUND_FRACTION = 0.6  # of the achievable ceiling
@@ -78,8 +86,14 @@ def phase_name(phase: str) -> str:
     return "KV transfer" if phase == "kv_transfer" else phase.capitalize()
 
 
-def headline(phase: str, resource: str) -> str:
-    """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound"."""
+def headline(phase: str, resource: str, cause: str | None = None) -> str:
+    """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound",
+    "Queue: KV cache full"."""
+    if cause in ("kv_cache", "concurrency_limit", "imbalance", "preemption_recompute",
+                 "prefill_interference"):
+        from exporter.roofline.cause import CAUSES
+
+        return f"{phase_name(phase)}: {CAUSES[cause]['title']}"
     if resource == "capacity":
         return "Queue: requests wait for capacity"
     if resource == "frontend":
@@ -98,6 +112,11 @@ class Verdict:
     evidence: dict = field(default_factory=dict)
     levers: tuple[str, ...] = ()
     text: str = ""
+    cause: Cause | None = None
+
+    @property
+    def headline(self) -> str:
+        return headline(self.phase, self.resource, self.cause.name if self.cause else None)
 
 
 def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
@@ -112,22 +131,35 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
     that sum is under the bound.
     """
     ph = getattr(est, phase)
+    if ph is not None and ph.ceiling_exceeded:  # over the datasheet (or the profile's) peak
+        return "unknown", None, {"ceiling_exceeded": dict(ph.ceiling_exceeded),
+                                 "arithmetic_intensity": ph.arithmetic_intensity}
+    if ph is not None and not dep.peak_flops:
+        return "unknown", None, {"unavailable": (
+            f"{dep.hardware.name} has no {dep.compute_dtype} FLOP/s ceiling: run `phasewatch "
+            f"calibrate` where torch is importable, or set --compute-dtype")}
     if ph is None or ph.flops_utilization is None or ph.bandwidth_utilization is None:
         return "unknown", None, {}
     hw = dep.hardware
     shared = est.shared_step_flops.get(phase, 0.0)
     of_flops = (ph.flops + shared) / ph.busy_seconds / hw.achievable_flops(dep.compute_dtype)
     of_bw = ph.achieved_bytes_per_second / hw.achievable_bandwidth
+    exceeded = {k: v for k, v in (("flops", of_flops), ("bandwidth", of_bw)) if v > 1.0}
     evidence = {"mfu": ph.flops_utilization, "mbu": ph.bandwidth_utilization,
-                "of_achievable_flops": of_flops, "of_achievable_bandwidth": of_bw,
                 "shared_step_flops_share": shared / (ph.flops + shared) if shared else 0.0,
                 "arithmetic_intensity": ph.arithmetic_intensity, "ridge": dep.ridge}
+    if exceeded:  # a ratio over 1 is no utilization: the ceiling is below what was done
+        evidence["ceiling_exceeded"] = exceeded
+        return "unknown", None, evidence
+    evidence.update(of_achievable_flops=of_flops, of_achievable_bandwidth=of_bw)
     return ("compute" if of_flops >= of_bw else "memory_bandwidth"), of_flops + of_bw, evidence
 
 
-def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None
-           ) -> Verdict | None:
-    """The verdict for one estimate, with hysteresis against ``previous``.
+def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None,
+           diagnose=None) -> Verdict | None:
+    """The verdict for one estimate, with hysteresis against ``previous``; ``diagnose``,
+    called with the phase decided, gives its cause (``cause.diagnose`` bound to the
+    window's columns and the engine's state) or None.
 
     Without a deployment (a model with no roofline configured) the phase is still
     decided; the resource is then ``capacity`` for a dominant queue, ``frontend`` for
@@ -173,13 +205,21 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
     confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
                        (0.5 + 0.5 * util_margin), 3)
+    cause = diagnose(phase) if diagnose is not None else None
+    if cause is not None and cause.resource is not None:
+        resource = cause.resource
     if resource == "unknown":
         confidence = round(confidence * 0.5, 3)
     level = "high" if confidence >= 0.7 else "medium" if confidence >= 0.4 else "low"
+    levers = (cause.levers if cause is not None and cause.levers else
+              LEVERS.get((phase, resource), ()))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
-                      confidence_level=level, evidence=evidence,
-                      levers=LEVERS.get((phase, resource), ()))
+                      confidence_level=level, evidence=evidence, levers=levers, cause=cause)
     verdict.text = describe(verdict, dep)
+    if cause is not None and cause.name == "compute_saturated":
+        verdict.text = f"{verdict.text} {cause.text}."
+    elif cause is not None and cause.name != "frontend":
+        verdict.text = f"{cause.text}. {verdict.text}"
     return verdict
 
 
@@ -194,6 +234,9 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     head = f"{phase_name(v.phase)} takes {_pct(share)} of request time"
     shares = e["phase_time_share"]
     if v.resource == "capacity":
+        if v.phase != "queue":
+            return (f"{head}: its time goes to waiting for KV-cache memory or a slot, not "
+                    f"to arithmetic (queue {_pct(shares['queue'])}).")
         return (f"{head}: requests wait for a free slot, so the service lacks capacity "
                 f"(prefill {_pct(shares['prefill'])}, decode {_pct(shares['decode'])}).")
     if v.resource == "frontend":
@@ -208,6 +251,14 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
                 f"first token, not either GPU (prefill {_pct(shares['prefill'])}, decode "
                 f"{_pct(shares['decode'])}).")
     if v.resource == "unknown":
+        if "ceiling_exceeded" in e:
+            what = " and ".join(f"{k} {x:.2f}x" for k, x in e["ceiling_exceeded"].items())
+            return (f"{head}; it achieved more than the configured ceiling ({what} the "
+                    f"achievable {dep.compute_dtype if 'flops' in e['ceiling_exceeded'] else ''}"
+                    f" figure of {dep.hardware.name}), so that ceiling is wrong and no "
+                    "utilization is given: run `phasewatch calibrate` in the deployment's "
+                    f"compute dtype ({dep.compute_dtype}) on this hardware and pass "
+                    "--hardware-profile.")
         if dep is None:
             return (f"{head}. No roofline is configured for this model: set --model and "
                     "--hardware to see what limits it.")

@@ -1,0 +1,321 @@
+"""The cause under the verdict's resource: why the dominant phase is slow, from what
+the engine itself knows, and the levers that fit that cause.
+
+The phase and the resource say *where* the time goes; the cause says *why*, and it
+is what picks the lever (product.md, "The verdict"). On a real vLLM with a full KV
+cache the roofline alone saw decode steps full of prefill FLOPs and offered FP8; the
+FLOPs were preempted requests being recomputed, and the fix is KV-cache memory. So
+the engine's own state decides first, the roofline after:
+
+======================  ================================================================
+cause                   evidence (engine state; in brackets the records-only fallback)
+======================  ================================================================
+kv_cache                preemptions in the window, or requests waiting while KV-cache
+                        usage is at ``KV_FULL`` [the KV footprint of the requests in
+                        flight reaches ``KV_FULL`` of the memory left after the weights]
+preemption_recompute    preemptions while the KV cache was not seen full (priority
+                        preemption, or a cache that fills between scrapes): compute
+                        spent redoing preempted work
+concurrency_limit       requests wait while running stays pinned at its maximum and the
+                        KV cache has room (usage under ``KV_ROOM``) [the same from the
+                        requests in the engine at each moment]
+imbalance               (across pods of one model) some pods queue while others do not
+prefill_interference    decode steps shared with prefill chunks: most of the FLOPs in
+                        decode's steps are prefill's, and where token times exist, gaps
+                        steps (a decode's TPOT against the share of its decode time that
+                        overlapped others' prefills) fit ``INTERFERENCE_SLOWDOWN`` x
+compute_saturated       none of the above and the engine is busy (``BUSY``): the phase's
+                        own work simply fills the machine
+frontend                the time goes before the engine's queue (the API server)
+======================  ================================================================
+
+A cause may change the resource: a full KV cache, a slot limit and an imbalance are
+``capacity`` whatever phase dominates (the phase's time goes to waiting for memory or
+a slot, not to arithmetic). An idle engine (busy under ``BUSY``) gets no cause and is
+told how idle it was. The thresholds are data here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.roofline import model_costs
+from exporter.roofline.engine_metrics import EngineRates
+from exporter.roofline.estimate import Deployment, RooflineEstimate, union_length
+
+# vLLM preempts when it cannot allocate a block; its usage gauge reads 1.0 then. Scraped
+# every couple of seconds, a cache that fills and frees between scrapes reads a little
+# under: 0.95 is "full".
+KV_FULL = 0.95
+KV_ROOM = 0.8  # under this the KV cache has room for more sequences
+PINNED = 0.6  # share of scrapes (or moments) with running at its maximum
+WAITING = 0.5  # share of scrapes with a request waiting: requests queue
+BUSY = 0.5  # share of the window the engine had a request in prefill or decode
+INTERFERENCE_FLOPS = 0.5  # share of decode steps' FLOPs that are prefill chunks
+INTERFERENCE_SLOWDOWN = 1.25  # TPOT sharing every step with prefill / sharing none
+INTERFERENCE_LOST = 0.2  # share of decode time lost to it: shared x (1 - 1 / slowdown)
+INTERFERENCE_SHARED = 0.3  # share of decode time shared with prefill (FLOPs-only rule)
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of accelerator memory it takes
+
+CAUSES: dict[str, dict] = {
+    "kv_cache": {
+        "title": "KV cache full", "resource": "capacity",
+        "levers": ("FP8 KV cache (vLLM --kv-cache-dtype fp8)",
+                   "a larger KV share of memory (vLLM --gpu-memory-utilization, SGLang "
+                   "--mem-fraction-static)",
+                   "a shorter --max-model-len", "fewer concurrent sequences (--max-num-seqs)",
+                   "prefix caching (--enable-prefix-caching) for shared prompt prefixes",
+                   "more replicas or GPUs (tensor parallelism adds KV memory)")},
+    "preemption_recompute": {
+        "title": "Preempted requests recomputed", "resource": None,
+        "levers": ("more KV-cache memory so fewer requests are preempted (FP8 KV cache, "
+                   "--gpu-memory-utilization)", "fewer concurrent sequences (--max-num-seqs)",
+                   "priority scheduling only where it pays (vLLM --scheduling-policy)")},
+    "concurrency_limit": {
+        "title": "Slot limit", "resource": "capacity",
+        "levers": ("a larger --max-num-seqs (SGLang --max-running-requests, TGI "
+                   "--max-batch-size): the KV cache has room",
+                   "a larger --max-num-batched-tokens (TGI --max-batch-total-tokens)")},
+    "imbalance": {
+        "title": "Load imbalance", "resource": "capacity",
+        "levers": ("a load- or KV-cache-aware router (llm-d's inference scheduler, the "
+                   "SGLang router) instead of round robin",
+                   "session affinity only where prefix reuse pays for it")},
+    "prefill_interference": {
+        "title": "Prefill interference", "resource": None,
+        "levers": ("a smaller prefill chunk budget (vLLM --max-num-batched-tokens, SGLang "
+                   "--chunked-prefill-size)", "disaggregated prefill/decode",
+                   "scheduling priority for decodes")},
+    "compute_saturated": {"title": "Engine busy", "resource": None, "levers": ()},
+    "frontend": {"title": "API server", "resource": None, "levers": ()},
+}
+
+
+@dataclass
+class Cause:
+    name: str
+    text: str  # in words with numbers: "KV cache full: 32 preemptions in 30 s at 100 % usage"
+    source: str  # engine_metrics | records
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def resource(self) -> str | None:
+        return CAUSES[self.name]["resource"]
+
+    @property
+    def levers(self) -> tuple[str, ...]:
+        return CAUSES[self.name]["levers"]
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}".replace("%", " %")
+
+
+def busy_share(cols: dict, lo: float, hi: float) -> float | None:
+    """Share of [lo, hi] in which the engine had a request in prefill or decode."""
+    if hi <= lo:
+        return None
+    start = np.fmin(cols["scheduled_at"], cols["first_token_at"])
+    end = np.fmax(cols["last_token_at"], cols["first_token_at"])
+    ok = ~np.isnan(start) & ~np.isnan(end)
+    if not ok.any():
+        return None
+    return union_length(start[ok], end[ok], lo, hi) / (hi - lo)
+
+
+def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: int = 200
+              ) -> dict:
+    """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
+    (scheduled, not yet finished) and, with a deployment whose memory is known, the KV
+    footprint of their contexts against the memory left after the weights (a decoding
+    request holds its prompt and the tokens decoded so far)."""
+    sched, first, last = cols["scheduled_at"], cols["first_token_at"], cols["last_token_at"]
+    start = np.fmin(sched, first)
+    ok = ~np.isnan(start) & ~np.isnan(last) & (last > lo) & (start < hi)
+    if not ok.any() or hi <= lo:
+        return {}
+    t = np.linspace(lo, hi, points)[None, :]
+    s, f, e = start[ok, None], np.where(np.isnan(first), last, first)[ok, None], last[ok, None]
+    inside = (s <= t) & (t < e)
+    running = inside.sum(axis=0)
+    out = {"max_running": int(running.max()),
+           "running_at_max_share": float((running >= running.max()).mean())
+           if running.max() else 0.0}
+    hw = dep.hardware if dep is not None else None
+    if hw is None or not hw.memory_bytes:
+        return out
+    prompt = np.maximum(cols["prompt"][ok], 0)[:, None].astype(float)
+    output = np.maximum(cols["output"][ok], 0)[:, None].astype(float)
+    done = np.clip((t - f) / np.maximum(e - f, 1e-9), 0.0, 1.0)
+    context = np.where(inside, prompt + output * done, 0.0).sum(axis=0)
+    room = (hw.memory_bytes * GPU_MEMORY_UTILIZATION
+            - float(model_costs.weight_bytes_read(dep.model, 1e9)))
+    if room > 0:
+        footprint = context * model_costs.kv_bytes_per_token(dep.model) / room
+        out.update(max_kv_usage=float(footprint.max()), mean_kv_usage=float(footprint.mean()))
+    return out
+
+
+def _kv_cache(state: dict, window: float, source: str) -> Cause | None:
+    pre = state.get("preemptions") or 0.0
+    top = state.get("max_kv_usage")
+    waiting = (state.get("waiting_share") or 0.0) >= WAITING
+    evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
+                                      "mean_waiting", "kv_capacity_tokens") if k in state}
+    at = f" at {_pct(top)} usage" if top is not None else ""
+    if pre > 0 and (top is None or top >= KV_FULL - 0.15):
+        return Cause("kv_cache", f"KV cache full: {pre:.0f} preemptions in {window:.0f} s{at}",
+                     source, evidence)
+    if pre > 0:
+        return Cause("preemption_recompute", f"{pre:.0f} preemptions in {window:.0f} s with "
+                     f"the KV cache at most {_pct(top)} full: preempted requests are "
+                     "recomputed", source, evidence)
+    if top is not None and top >= KV_FULL and (waiting or source == "records"):
+        wait = (f", {state['mean_waiting']:.1f} requests waiting on average"
+                if state.get("mean_waiting") else "")
+        what = "KV footprint of the requests in flight" if source == "records" else "usage"
+        return Cause("kv_cache", f"KV cache full: {what} up to {_pct(top)}{wait}", source,
+                     evidence)
+    return None
+
+
+def _concurrency_limit(state: dict, source: str) -> Cause | None:
+    waiting = source == "records" or (state.get("waiting_share") or 0.0) >= WAITING
+    top, pinned = state.get("max_running"), state.get("running_at_max_share") or 0.0
+    kv = state.get("max_kv_usage")
+    if not (waiting and top and pinned >= PINNED and (kv is None or kv < KV_ROOM)):
+        return None
+    limit = state.get("configured_max_running")
+    room = (f"the KV cache at most {_pct(kv)} full" if kv is not None else
+            "KV usage unknown")
+    wait = (f", {state['mean_waiting']:.1f} waiting on average" if state.get("mean_waiting")
+            else "")
+    text = (f"Slot limit: {top:.0f} requests running ({_pct(pinned)} of the time at that "
+            f"maximum{f', the configured {limit:.0f}' if limit else ''}){wait}, {room}")
+    return Cause("concurrency_limit", text, source,
+                 {k: state[k] for k in ("max_running", "running_at_max_share", "mean_waiting",
+                                        "max_kv_usage", "configured_max_running",
+                                        "waiting_by_reason") if k in state})
+
+
+def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
+    if est.prefill is None or est.decode is None:
+        return None
+    shared = est.shared_step_flops.get("decode", 0.0)
+    share = shared / (est.decode.flops + shared) if shared else 0.0
+    overlap = shared / est.prefill.flops * est.prefill.busy_seconds if est.prefill.flops else 0
+    evidence = {"prefill_flops_share_of_decode_steps": share,
+                "decode_time_shared_with_prefill": overlap / est.decode.busy_seconds}
+    slowdown = (gaps or {}).get("slowdown")
+    shared_time = evidence["decode_time_shared_with_prefill"]
+    if slowdown is not None:
+        evidence.update(gaps)
+        lost = shared_time * (1.0 - 1.0 / slowdown) if slowdown > 1 else 0.0
+        evidence["decode_time_lost"] = lost
+        if slowdown < INTERFERENCE_SLOWDOWN or lost < INTERFERENCE_LOST:
+            return None
+        how = (f"a decode step shared with prefill takes {slowdown:.1f}x one that is not "
+               f"(TPOT {gaps['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
+               f"{gaps['tpot_without_prefill'] * 1e3:.1f} ms)")
+    elif share >= INTERFERENCE_FLOPS and shared_time >= INTERFERENCE_SHARED:
+        how = f"{_pct(share)} of the FLOPs in decode's steps are other requests' prefill"
+    else:
+        return None
+    return Cause("prefill_interference",
+                 f"Prefill interference: {how}, in {_pct(shared_time)} of decode time",
+                 "records", evidence)
+
+
+def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: dict,
+             engine: EngineRates | None, gaps: dict | None = None) -> Cause | None:
+    """The cause for a verdict on ``phase`` (see the module docstring).
+
+    ``engine`` is the engine's own state over the window (None when it is not scraped or
+    the scrapes failed: the records stand in, and the cause says ``source: records``);
+    ``gaps``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
+    against TPOT without (computed here when not given).
+    """
+    lo, hi = est.range_start, est.range_end
+    window = hi - lo
+    busy = busy_share(cols, lo, hi)
+    if phase == "preprocess":
+        return Cause("frontend", "API server: the time goes before the engine's queue",
+                     "records", {})
+    if phase == "kv_transfer":
+        return None
+    if engine is not None and engine.samples >= 2:
+        state, source = engine.state(), "engine_metrics"
+    else:
+        state, source = in_engine(cols, dep, lo, hi), "records"
+    if phase in ("queue", "decode", "prefill"):
+        cause = _kv_cache(state, window, source)
+        if cause is not None:
+            return _with_recompute(cause, est)
+    if phase == "queue":
+        cause = _concurrency_limit(state, source)
+        if cause is not None:
+            return cause
+    if phase == "decode":
+        cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi))
+        if cause is not None:
+            return cause
+    if busy is not None and busy >= BUSY:
+        return Cause("compute_saturated", f"Engine busy {_pct(busy)} of the window, with no "
+                     "full KV cache, slot limit or prefill interference: its own work fills "
+                     "it", source, {"busy_share": busy})
+    return None
+
+
+def _with_recompute(cause: Cause, est: RooflineEstimate) -> Cause:
+    """The share of the engine's counted FLOPs that the records do not explain: work
+    redone for preempted requests (each request's prompt counts once in the records,
+    every recomputation in the engine's counters). Only with the engine's counters."""
+    if est.inputs.get("flops") != "engine_counters" or not est.inferred:
+        return cause
+    inferred = sum(p["flops"] for p in est.inferred.values())
+    counted = sum(p.flops for p in (est.prefill, est.decode) if p is not None)
+    if counted > 0 and inferred < counted:
+        share = 1.0 - inferred / counted
+        cause.evidence["recompute_flops_share"] = share
+        cause.text += f"; ~{_pct(share)} of the engine's FLOPs redo preempted work"
+    return cause
+
+
+def decode_slowdown(cols: dict, lo: float, hi: float) -> dict | None:
+    """How much slower decoding runs while other requests prefill, from the records: per
+    request, the share of its decode interval that overlaps someone's prefill and its
+    TPOT; a least-squares line TPOT = a + b x share gives the TPOT of a decode that
+    shares every step, (a + b), against one that shares none, (a). None when the shares
+    do not spread enough to fit (every decode overlaps prefills alike)."""
+    sched, first, last = cols["scheduled_at"], cols["first_token_at"], cols["last_token_at"]
+    steps = cols["steps"].astype(float)
+    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched)
+    dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (steps > 0) & (
+        first >= lo) & (last <= hi)
+    if pre.sum() < 2 or dec.sum() < 8:
+        return None
+    s, e = sched[pre], first[pre]
+    order = np.argsort(s)
+    s, e = s[order], np.maximum.accumulate(e[order])
+    starts = np.r_[True, s[1:] > e[:-1]]  # merge into disjoint intervals
+    ms, me = s[starts], np.r_[e[np.flatnonzero(starts)[1:] - 1], e[-1]]
+    cum = np.r_[0.0, np.cumsum(me - ms)]
+
+    def covered(t):  # length of the union of prefill intervals before t
+        i = np.searchsorted(ms, t, side="right")
+        inside = np.clip(t - ms[np.maximum(i - 1, 0)], 0,
+                         (me - ms)[np.maximum(i - 1, 0)]) * (i > 0)
+        return cum[np.maximum(i - 1, 0)] * (i > 0) + inside
+
+    a, b = first[dec], last[dec]
+    share = (covered(b) - covered(a)) / (b - a)
+    tpot = (b - a) / steps[dec]
+    if np.ptp(share) < 0.2:
+        return None
+    slope, base = np.polyfit(share, tpot, 1)
+    if base <= 0:
+        return None
+    return {"tpot_without_prefill": float(base), "tpot_sharing_every_step": float(base + slope),
+            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum())}
