@@ -20,6 +20,7 @@ import numpy as np
 from exporter.aggregation.labels import LabelSets
 from exporter.aggregation.window import RollingWindow
 from exporter.roofline.deployments import Deployments
+from exporter.roofline import model_costs
 from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
 from exporter.roofline.estimate import (
     LOOKBACK_SPANS,
@@ -29,7 +30,7 @@ from exporter.roofline.estimate import (
     estimate,
     phase_estimate,
 )
-from exporter.roofline.cause import Cause, diagnose
+from exporter.roofline.cause import BUSY, Cause, busy_share, diagnose
 from exporter.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -64,6 +65,36 @@ class Result:
     trail: list[dict] = field(default_factory=list)
     engine_state: dict | None = None  # the engine's own state over the window, if scraped
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
+
+
+def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, cols: dict
+                   ) -> RooflineEstimate:
+    """Add the work the engine redid for preempted requests, which no record shows.
+
+    A preempted request loses its KV cache and is prefilled again when it is scheduled
+    again: vLLM's scheduler preempts from the end of its running list, the requests
+    scheduled last, which have decoded little, so each preemption recomputes about one
+    prompt (the window's mean uncached prompt). The engine counts its preemptions (a
+    state series, not its FLOP counters); scaled to the estimate's range, their FLOPs and
+    KV writes go to decode, since they run inside the preempted requests' decode
+    intervals, and ``recompute_flops`` says how much of it there is.
+    """
+    if not rates.preemptions or est.decode is None or rates.seconds <= 0:
+        return est
+    prompts = cols["uncached"][cols["uncached"] >= 0]
+    if not prompts.size:
+        return est
+    count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
+    tokens = count * float(prompts.mean())
+    flops = count * float(model_costs.prefill_flops(dep.model, float(prompts.mean())))
+    nbytes = tokens * model_costs.kv_bytes_per_token(dep.model)
+    d = est.decode
+    decode = phase_estimate(dep, d.busy_seconds, d.flops + flops, d.bytes + nbytes,
+                            d.requests, source=d.source)
+    inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes}}
+    inputs = {**est.inputs, "recompute": "engine_preemptions x mean_prompt"}
+    return replace(est, decode=decode, inferred=inferred, recompute_flops=flops,
+                   inputs=inputs)
 
 
 def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRates
@@ -145,6 +176,7 @@ class BottleneckMonitor:
             if est is None:
                 continue
             if dep is not None and rates is not None:
+                est = with_recompute(est, dep, rates, mine)
                 est = with_engine_counters(est, dep, rates)
                 if cached is not None:
                     est.inputs["cached_tokens"] = (  # label: the part before ":"
@@ -158,6 +190,8 @@ class BottleneckMonitor:
             self._warn_ceilings(key, est, dep)
             verdict = decide(est, dep, self._verdicts.get(key),
                              lambda phase, m=mine: diagnose(phase, est, dep, m, rates))
+            if verdict is not None:
+                _tell_idle(verdict, busy_share(mine, est.range_start, est.range_end))
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:
@@ -218,6 +252,17 @@ def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
             point[name] = {"arithmetic_intensity": p.arithmetic_intensity,
                            "achieved_flops_per_second": p.achieved_flops_per_second}
     return point if len(point) > 1 else None
+
+
+def _tell_idle(verdict: Verdict, busy: float | None) -> None:
+    """How busy the engine was is evidence; an engine idle most of the window is told so
+    (no lever buys speed it does not need)."""
+    if busy is None:
+        return
+    verdict.evidence["busy_share"] = busy
+    if verdict.cause is None and busy < BUSY:
+        verdict.text += (f" The engine had a request in prefill or decode only {busy:.0%} of "
+                         "the window: it is mostly idle, so faster hardware buys little.")
 
 
 def imbalance(results: list[Result], names: tuple[str, ...]) -> None:

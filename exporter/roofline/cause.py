@@ -10,8 +10,9 @@ the engine's own state decides first, the roofline after:
 ======================  ================================================================
 cause                   evidence (engine state; in brackets the records-only fallback)
 ======================  ================================================================
-kv_cache                preemptions in the window, or requests waiting while KV-cache
-                        usage is at ``KV_FULL`` [the KV footprint of the requests in
+kv_cache                preemptions in the window (with the share of FLOPs that redid
+                        preempted prompts), or requests waiting while KV-cache usage is
+                        at ``KV_FULL`` [the KV footprint of the requests in
                         flight reaches ``KV_FULL`` of the memory left after the weights]
 preemption_recompute    preemptions while the KV cache was not seen full (priority
                         preemption, or a cache that fills between scrapes): compute
@@ -20,10 +21,12 @@ concurrency_limit       requests wait while running stays pinned at its maximum 
                         KV cache has room (usage under ``KV_ROOM``) [the same from the
                         requests in the engine at each moment]
 imbalance               (across pods of one model) some pods queue while others do not
-prefill_interference    decode steps shared with prefill chunks: most of the FLOPs in
-                        decode's steps are prefill's, and where token times exist, gaps
-                        steps (a decode's TPOT against the share of its decode time that
-                        overlapped others' prefills) fit ``INTERFERENCE_SLOWDOWN`` x
+prefill_interference    decode steps shared with prefill chunks are slower: a line
+                        fitted through each decode's TPOT against the share of its decode
+                        time that overlapped others' prefills gives a step sharing with
+                        prefill ``INTERFERENCE_SLOWDOWN`` x one that does not, losing
+                        ``INTERFERENCE_LOST`` of decode time (without a fit: most of the
+                        FLOPs in decode's steps are prefill's)
 compute_saturated       none of the above and the engine is busy (``BUSY``): the phase's
                         own work simply fills the machine
 frontend                the time goes before the engine's queue (the API server)
@@ -31,8 +34,8 @@ frontend                the time goes before the engine's queue (the API server)
 
 A cause may change the resource: a full KV cache, a slot limit and an imbalance are
 ``capacity`` whatever phase dominates (the phase's time goes to waiting for memory or
-a slot, not to arithmetic). An idle engine (busy under ``BUSY``) gets no cause and is
-told how idle it was. The thresholds are data here and nowhere else.
+a slot, not to arithmetic). An idle engine (busy under ``BUSY``) gets no cause; the
+verdict tells how idle it was. The thresholds are data here and nowhere else.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     done = np.clip((t - f) / np.maximum(e - f, 1e-9), 0.0, 1.0)
     context = np.where(inside, prompt + output * done, 0.0).sum(axis=0)
     room = (hw.memory_bytes * GPU_MEMORY_UTILIZATION
-            - float(model_costs.weight_bytes_read(dep.model, 1e9)))
+            - model_costs.weight_bytes(dep.model))
     if room > 0:
         footprint = context * model_costs.kv_bytes_per_token(dep.model) / room
         out.update(max_kv_usage=float(footprint.max()), mean_kv_usage=float(footprint.mean()))
@@ -209,6 +212,8 @@ def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
     evidence = {"prefill_flops_share_of_decode_steps": share,
                 "decode_time_shared_with_prefill": overlap / est.decode.busy_seconds}
     slowdown = (gaps or {}).get("slowdown")
+    if gaps and "decode_time_shared" in gaps:  # measured per request, not from the estimate
+        evidence["decode_time_shared_with_prefill"] = gaps["decode_time_shared"]
     shared_time = evidence["decode_time_shared_with_prefill"]
     if slowdown is not None:
         evidence.update(gaps)
@@ -269,17 +274,13 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
 
 
 def _with_recompute(cause: Cause, est: RooflineEstimate) -> Cause:
-    """The share of the engine's counted FLOPs that the records do not explain: work
-    redone for preempted requests (each request's prompt counts once in the records,
-    every recomputation in the engine's counters). Only with the engine's counters."""
-    if est.inputs.get("flops") != "engine_counters" or not est.inferred:
-        return cause
-    inferred = sum(p["flops"] for p in est.inferred.values())
-    counted = sum(p.flops for p in (est.prefill, est.decode) if p is not None)
-    if counted > 0 and inferred < counted:
-        share = 1.0 - inferred / counted
+    """The share of the FLOPs done in the range that redid preempted requests' prompts
+    (``bottleneck.with_recompute``: the engine's preemptions x the mean prompt)."""
+    total = sum(p["flops"] for p in est.inferred.values())
+    if est.recompute_flops > 0 and total > 0:
+        share = est.recompute_flops / total
         cause.evidence["recompute_flops_share"] = share
-        cause.text += f"; ~{_pct(share)} of the engine's FLOPs redo preempted work"
+        cause.text += f"; ~{_pct(share)} of the FLOPs redo preempted requests' prompts"
     return cause
 
 
@@ -318,4 +319,5 @@ def decode_slowdown(cols: dict, lo: float, hi: float) -> dict | None:
     if base <= 0:
         return None
     return {"tpot_without_prefill": float(base), "tpot_sharing_every_step": float(base + slope),
-            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum())}
+            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum()),
+            "decode_time_shared": float((share * (b - a)).sum() / (b - a).sum())}

@@ -136,6 +136,7 @@ class RooflineEstimate:
     # per phase, the FLOPs and bytes inferred from the records, kept when the engine's
     # own counters replace them (the two side by side: how far inference is off)
     inferred: dict[str, dict[str, float]] = field(default_factory=dict)
+    recompute_flops: float = 0.0  # of decode's, redone for preempted requests
 
     def as_dict(self) -> dict:
         return asdict(self)

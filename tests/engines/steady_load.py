@@ -41,7 +41,8 @@ def prompt(words: int, serial: int) -> str:
 
 async def stream_loop(client, model: str, group: dict, deadline: float, counter: list,
                       stats: dict) -> None:
-    while time.time() < deadline:
+    failures = 0
+    while time.time() < deadline and failures < 3:  # a refusing server ends the stream
         counter[0] += 1
         stats["started"] += 1
         try:
@@ -55,7 +56,9 @@ async def stream_loop(client, model: str, group: dict, deadline: float, counter:
                     stats["output_tokens"] += chunk.usage.completion_tokens
                     stats["prompt_tokens"] += chunk.usage.prompt_tokens
             stats["finished"] += 1
+            failures = 0
         except Exception as e:  # the run goes on; the caller judges the failures
+            failures += 1
             stats["failed"] += 1
             if len(stats["errors"]) < 5:
                 stats["errors"].append(f"{type(e).__name__}: {e}"[:300])

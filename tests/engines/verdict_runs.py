@@ -44,14 +44,14 @@ CONFIGS = {
     "slot_limit": (("--max-num-seqs", "8"), ("slot_limit",)),
     "kv_pressure": (("--num-gpu-blocks-override", "48"), ("kv_pressure",)),
 }
-# steady_load.py arguments per workload (prompt words ~ tokens for this tokenizer)
+# steady_load.py arguments per workload; this tokenizer makes ~1.9 tokens of a word
 WORKLOADS = {
     "decode_heavy": dict(streams=8, prompt_words=16, max_tokens=128),
-    "prefill_heavy": dict(streams=4, prompt_words=700, max_tokens=2),
+    "prefill_heavy": dict(streams=4, prompt_words=400, max_tokens=2),
     "mixed": dict(streams=4, prompt_words=16, max_tokens=128, mix_streams=2,
-                  mix_prompt_words=600, mix_max_tokens=8),
+                  mix_prompt_words=300, mix_max_tokens=8),
     "slot_limit": dict(streams=24, prompt_words=32, max_tokens=64),
-    "kv_pressure": dict(streams=12, prompt_words=400, max_tokens=200),
+    "kv_pressure": dict(streams=12, prompt_words=210, max_tokens=200),
 }
 # vLLM series sampled beside phasewatch (summed over label sets)
 SAMPLED = ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
@@ -76,8 +76,9 @@ def page_values(text: str) -> dict[str, float]:
 
 
 class Sampler:
-    """vLLM's /metrics every ``interval`` seconds: (time.time(), values) pairs; the raw
-    page at the moment of the most preemptions and of the most waiting is kept too."""
+    """vLLM's /metrics every ``interval`` seconds: (time.time(), values) pairs; raw pages
+    are kept too (the fixtures): the first, the last, and those at the moment of the
+    most waiting requests and of the fullest KV cache."""
 
     def __init__(self, url: str, interval: float = 0.5):
         self.url, self.interval = url, interval
@@ -94,13 +95,16 @@ class Sampler:
             except OSError:
                 text = None
             if text is not None:
+                self.pages.setdefault("first", text)
+                self.pages["last"] = text
                 values = page_values(text)
                 self.samples.append((time.time(), values))
-                for key in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+                for key, name in (("vllm:num_requests_waiting", "most_waiting"),
+                                  ("vllm:kv_cache_usage_perc", "fullest")):
                     v = values.get(key, 0.0)
                     if v > self._best.get(key, -1.0):
                         self._best[key] = v
-                        self.pages[key] = text
+                        self.pages[name] = text
             self._stop.wait(self.interval)
 
     def start(self) -> Sampler:
@@ -216,8 +220,13 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
         "--roofline-interval", "1", *serve_args).start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
     sampler = Sampler(base + "/metrics").start()
+    from tests.test_real_vllm import WorkerDied
+
     try:
         client = load(tmp, base, name, serial)
+        log = (tmp / "vllm.log").read_text()
+        if client.get("returncode") and "died unexpectedly" in log:
+            raise WorkerDied(f"vLLM's worker died under {name}:\n{log[-3000:]}")
         time.sleep(3.0)  # the last spans leave vLLM's batch processor every second
         pw = f"http://127.0.0.1:{serve.http_port}"
         roofline = json.loads(get(pw + "/api/v1/roofline"))["models"]
@@ -287,8 +296,7 @@ def main(argv: list[str]) -> int:
                     json.dumps({"roofline": run.roofline, "client": run.client,
                                 "samples": run.sampler.samples}, default=str))
                 for key, page in run.sampler.pages.items():
-                    (Path("/tmp") / f"verdict-{run.name}-{key.split(':')[1]}.txt"
-                     ).write_text(page)
+                    (Path("/tmp") / f"verdict-{run.name}-{key}.txt").write_text(page)
     return 0
 
 

