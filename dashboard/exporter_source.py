@@ -30,6 +30,7 @@ from dashboard.frames import (
 from dashboard.http import FetchError, base_url, get_json
 from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from exporter.ingest.tls import ClientTls
+from exporter.roofline.verdict import headline
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
 PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter
@@ -114,14 +115,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
         est = r.get("estimate") or {}
         v = r.get("verdict")
         if v is not None:
-            share = v["evidence"].get("phase_time_share", {})
-            verdicts.append({**k, "phase": v["phase"], "resource": v["resource"],
-                             "confidence": v["confidence"], "text": v["text"],
-                             "levers": tuple(v["levers"]),
-                             **{f"{p}_share": share.get(p) for p in PHASES},
-                             "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
-                             "mfu": (est.get("prefill") or {}).get("flops_utilization"),
-                             "agreeing": 1, "reporting": 1})
+            verdicts.append({**k, **_verdict_row(v, est, r.get("engine_state"))})
         trail = r.get("trail") or []
         for j, p in enumerate(trail):
             for phase in ("prefill", "decode"):
@@ -164,6 +158,35 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
     snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
         drop=True)
     return snap
+
+
+def _verdict_row(v: dict, est: dict, engine_state: dict | None) -> dict:
+    """One verdict of ``/api/v1/roofline`` as a row of VERDICT_COLUMNS. An older exporter's
+    verdict (no headline, no cause) still makes a row."""
+    share = v["evidence"].get("phase_time_share", {})
+    detail = v.get("cause_detail") or {}
+    cause = v.get("cause") or ""
+    return {"phase": v["phase"], "resource": v["resource"],
+            "headline": v.get("headline") or headline(v["phase"], v["resource"], cause or None),
+            "cause": cause, "cause_text": detail.get("text", ""),
+            "cause_source": detail.get("source", ""),
+            "engine_scraped": engine_state is not None,
+            "confidence": v["confidence"], "text": v["text"], "levers": tuple(v["levers"]),
+            **{f"{p}_share": share.get(p) for p in PHASES},
+            "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
+            "mfu": (est.get("prefill") or {}).get("flops_utilization"),
+            "ceiling_exceeded": _exceeded(v, est), "agreeing": 1, "reporting": 1}
+
+
+def _exceeded(v: dict, est: dict) -> tuple[tuple[str, str, float], ...]:
+    """(phase, ceiling, ratio) for every rate over its ceiling: the estimate's (over the
+    datasheet peak) and the verdict's (over the achievable one, for its phase; the ratio
+    its text gives wins)."""
+    over = {(phase, what): ratio for phase in ("prefill", "decode")
+            for what, ratio in ((est.get(phase) or {}).get("ceiling_exceeded") or {}).items()}
+    over |= {(v["phase"], what): ratio
+             for what, ratio in (v["evidence"].get("ceiling_exceeded") or {}).items()}
+    return tuple((phase, what, float(ratio)) for (phase, what), ratio in sorted(over.items()))
 
 
 def _waterfall(requests: list[dict]) -> list[dict]:

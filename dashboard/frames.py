@@ -29,10 +29,18 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
                "requests_in_range", "prompt_tokens_in_range", "output_tokens_in_range",
                "range_seconds", *SHARES)
-# One row per label set: the verdict banner. ``levers`` holds a tuple of strings;
+# One row per label set: the verdict banner. ``headline`` names the phase with the cause
+# ("Decode: KV cache full"); ``cause`` is a cause's name or "" (exporter.roofline.cause);
+# ``cause_text`` says it in words with numbers ("KV cache full: 32 preemptions in 30 s at
+# 100 % usage"); ``cause_source`` is where it came from: ``engine_metrics`` (the engine's
+# own /metrics) or ``records``, and ``engine_scraped`` whether the engine's /metrics was
+# read at all. ``text`` is the whole verdict, cause sentence included. ``levers`` holds
+# a tuple of strings; ``ceiling_exceeded`` a tuple of (phase, ceiling, achieved / ceiling)
+# where an achieved rate went over its ceiling (no utilization is shown then);
 # ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
-VERDICT_COLUMNS = (*KEYS, "phase", "resource", "confidence", "text", "levers",
-                   *SHARES, "mbu", "mfu",
+VERDICT_COLUMNS = (*KEYS, "phase", "resource", "headline", "cause", "cause_text",
+                   "cause_source", "engine_scraped", "confidence", "text", "levers",
+                   *SHARES, "mbu", "mfu", "ceiling_exceeded",
                    "agreeing", "reporting")
 # Roofline operating points, the newest (``latest``) and the trail before it.
 POINT_COLUMNS = (*KEYS, "at", "phase", "intensity", "flops", "latest")

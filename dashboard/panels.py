@@ -4,13 +4,14 @@ KPI cards. Plain functions of a ``Snapshot``, unit-tested without a browser."""
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import pandas as pd
 from dash import html
 
 from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
-from dashboard.theme import GLOSSARY, PHASES, verdict_color
+from dashboard.theme import GLOSSARY, OPTIONAL_PHASES, PHASES, text_color, verdict_color
 from exporter.publish import benchtext
 from exporter.roofline.verdict import headline
 
@@ -76,32 +77,94 @@ def state_panel(snap: Snapshot, last_ok: float | None = None) -> html.Div | None
     return None
 
 
+def utilization_text(x) -> str:
+    """A utilization as a percentage, never one over 100 %: a rate over its ceiling means
+    the ceiling is wrong, not that the GPU did the impossible."""
+    if x is not None and not pd.isna(x) and x > 1:
+        return "over its ceiling"
+    return percent_text(x)
+
+
+# Where the cause came from, in the banner's words.
+CAUSE_SOURCES = {"engine_metrics": "from the engine's /metrics",
+                 "records": "from the records"}
+UNSCRAPED = "from the records: engine metrics not scraped"
+
+
+def cause_source_text(v) -> str:
+    if v["cause_source"] != "engine_metrics" and not v["engine_scraped"]:
+        return UNSCRAPED
+    return CAUSE_SOURCES.get(v["cause_source"], "")
+
+
+def text_after_cause(text: str, cause_text: str) -> str:
+    """The verdict's text without its cause sentence (the banner shows that one first)."""
+    if not cause_text:
+        return text
+    return " ".join(text.replace(f"{cause_text}.", "").split())
+
+
+def _chips(v) -> list:
+    over = {(phase, what) for phase, what, _ in (v["ceiling_exceeded"] or ())}
+    mbu = "over its ceiling" if ("decode", "bandwidth") in over else utilization_text(v["mbu"])
+    mfu = "over its ceiling" if ("prefill", "flops") in over else utilization_text(v["mfu"])
+    chips = [html.Span([term(p), f" {percent_text(v[f'{p}_share'])}"], className="pw-chip")
+             for p in PHASES if not pd.isna(v[f"{p}_share"]) or p not in OPTIONAL_PHASES]
+    chips += [html.Span([term("MBU", "decode MBU"), f" {mbu}"], className="pw-chip"),
+              html.Span([term("MFU", "prefill MFU"), f" {mfu}"], className="pw-chip"),
+              html.Span([term("confidence"), f" {percent_text(v['confidence'])}"],
+                        className="pw-chip")]
+    if v["reporting"] and v["reporting"] > 1:
+        chips.append(html.Span(f"{v['agreeing']} of {v['reporting']} pods agree",
+                               className="pw-chip"))
+    return chips
+
+
+def banner(v) -> html.Div:
+    """One verdict: the headline (phase and cause), the cause in words with numbers and
+    where it came from, the rest of the verdict, its figures, and the levers."""
+    title = v["headline"] or headline(v["phase"], v["resource"], v["cause"] or None)
+    body = []
+    if v["cause_text"]:
+        body.append(html.P([html.Strong(f"{v['cause_text']}."), " ",
+                            html.Span(f"({cause_source_text(v)})", className="pw-cause-source")],
+                           className="pw-cause"))
+    rest = text_after_cause(v["text"], v["cause_text"])
+    if rest:
+        body.append(html.P(rest))
+    levers = list(v["levers"]) if isinstance(v["levers"], (tuple, list)) else []
+    return html.Div(
+        className="pw-banner verdict",
+        style={"background": verdict_color(v["phase"], v["resource"]),
+               "color": text_color(v["phase"], v["resource"])},
+        **{"data-phase": v["phase"], "data-resource": v["resource"],
+           "data-cause": v["cause"], "data-model": v["model"], "data-source": v["source"]},
+        children=[html.H2(f"{title} — {who(v)}"), *body,
+                  html.Div(_chips(v), className="pw-chips"),
+                  _levers(levers)])
+
+
+FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")
+
+
+def lever_parts(lever: str) -> list:
+    """A lever's words with each command-line flag as code that does not break at its
+    hyphens (``--max-model-len`` split over two lines reads as two flags)."""
+    return [html.Code(part, className="pw-flag") if FLAG.fullmatch(part) else part
+            for part in FLAG.split(lever) if part]
+
+
+def _levers(levers: list[str]) -> html.Div:
+    if not levers:
+        return html.Div("No lever: not enough evidence yet.", className="pw-levers")
+    return html.Div([html.Span("Levers that fit:"),
+                     html.Ul([html.Li(lever_parts(lever)) for lever in levers])],
+                    className="pw-levers")
+
+
 def banners(snap: Snapshot) -> list:
     """One banner per selected label set with a verdict."""
-    out = []
-    for _, v in snap.verdicts.iterrows():
-        color = verdict_color(v["phase"], v["resource"])
-        chips = [html.Span([term(p), f" {percent_text(v[f'{p}_share'])}"], className="pw-chip")
-                 for p in PHASES]
-        chips += [html.Span([term("MBU", "decode MBU"), f" {percent_text(v['mbu'])}"],
-                            className="pw-chip"),
-                  html.Span([term("MFU", "prefill MFU"), f" {percent_text(v['mfu'])}"],
-                            className="pw-chip"),
-                  html.Span([term("confidence"), f" {percent_text(v['confidence'])}"],
-                            className="pw-chip")]
-        if v["reporting"] and v["reporting"] > 1:
-            chips.append(html.Span(f"{v['agreeing']} of {v['reporting']} pods agree",
-                                   className="pw-chip"))
-        levers = list(v["levers"]) if isinstance(v["levers"], (tuple, list)) else []
-        out.append(html.Div(
-            className="pw-banner verdict", style={"background": color},
-            **{"data-phase": v["phase"], "data-resource": v["resource"],
-               "data-model": v["model"], "data-source": v["source"]},
-            children=[html.H2(f"{headline(v['phase'], v['resource'])} — {who(v)}"),
-                      html.P(v["text"]),
-                      html.Div(chips, className="pw-chips"),
-                      html.Div(("Levers that fit: " + " · ".join(levers)) if levers else
-                               "No lever: not enough evidence yet.", className="pw-levers")]))
+    out = [banner(v) for _, v in snap.verdicts.iterrows()]
     if not out and not snap.kpis.empty:
         out.append(html.Div(className="pw-state", id="state-no-verdict", children=[
             html.H3("Waiting for the first verdict"),

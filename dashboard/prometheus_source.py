@@ -31,9 +31,9 @@ from dashboard.frames import (
     frame,
 )
 from dashboard.http import FetchError, base_url, get_json
+from dashboard.prometheus_verdicts import verdict_rows
 from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from exporter.requests.buckets import PROMPT_CLASS_RANGES
-from exporter.roofline.verdict import LEVERS, headline
 
 
 def _value(raw: str) -> float:
@@ -110,7 +110,11 @@ class PrometheusSource:
         instant = {f"kpi:{k}": expr(t) for k, t in q.KPIS.items()}
         instant |= {"share": expr(q.PHASE_SHARE), "mean": expr(q.PHASE_MEAN),
                     "votes": expr(q.VERDICT_VOTES), "reporting": expr(q.VERDICT_REPORTING),
-                    "confidence": expr(q.VERDICT_CONFIDENCE), "intensity": expr(q.INTENSITY),
+                    "confidence": expr(q.VERDICT_CONFIDENCE), "causes": expr(q.VERDICT_CAUSES),
+                    "engine_kv": expr(q.ENGINE_KV_USAGE),
+                    "engine_requests": expr(q.ENGINE_REQUESTS),
+                    "engine_preemptions": expr(q.ENGINE_PREEMPTIONS),
+                    "ceiling_exceeded": expr(q.CEILING_EXCEEDED), "intensity": expr(q.INTENSITY),
                     "flops": expr(q.ACHIEVED_FLOPS), "peak_bw": expr(q.PEAK_BANDWIDTH),
                     "peak_flops": expr(q.PEAK_FLOPS),
                     "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
@@ -148,7 +152,8 @@ class PrometheusSource:
         snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds or 0.0,
                         fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
-                        verdicts=frame(VERDICT_COLUMNS, self._verdicts(r, kpis, key)),
+                        verdicts=frame(VERDICT_COLUMNS, verdict_rows(
+                            r, kpis, key, self._range_text())),
                         points=frame(POINT_COLUMNS, self._points(r, key, now)),
                         ceilings=frame(CEILING_COLUMNS, self._ceilings(r, key)),
                         series=frame(SERIES_COLUMNS, self._series(r, key)),
@@ -159,33 +164,9 @@ class PrometheusSource:
             drop=True)
         return snap
 
-    @staticmethod
-    def _verdicts(r: dict, kpis: dict, key) -> list[dict]:
-        votes: dict[tuple, list] = defaultdict(list)
-        for metric, n in r["votes"]:
-            votes[tuple(key(metric).values())].append((n, metric["phase"], metric["resource"]))
-        reporting = {tuple(key(m).values()): n for m, n in r["reporting"]}
-        confidence = {tuple(key(m).values()): v for m, v in r["confidence"]}
-        rows = []
-        for k, options in votes.items():
-            n, phase, resource = max(options)
-            total = int(reporting.get(k, n))
-            figures = kpis.get(k, {})
-            share = figures.get(f"{phase}_share", math.nan)
-            text = f"{headline(phase, resource)} on {int(n)} of {total} pods reporting"
-            if not math.isnan(share):
-                text += f": {phase} takes {share:.0%} of request time"
-            text += "."
-            for label, name in (("Decode MBU", "mbu"), ("Prefill MFU", "mfu")):
-                if not math.isnan(figures.get(name, math.nan)):
-                    text += f" {label} {figures[name]:.0%}."
-            rows.append({**dict(zip(KEYS, k, strict=True)), "phase": phase,
-                         "resource": resource, "confidence": confidence.get(k, math.nan),
-                         "text": text, "levers": LEVERS.get((phase, resource), ()),
-                         **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},
-                         "mbu": figures.get("mbu"), "mfu": figures.get("mfu"),
-                         "agreeing": int(n), "reporting": total})
-        return rows
+    def _range_text(self) -> str:
+        """The rate range as the banner says it: "60 s" (or as given, "1h30m")."""
+        return f"{self.range_seconds:g} s" if self.range_seconds else self.rate_range
 
     def _points(self, r: dict, key, now: float) -> list[dict]:
         rows = []

@@ -84,6 +84,19 @@ PHASE_MEAN = (f"sum by ({BY}, {{pod}}, phase) (rate(phasewatch_phase_duration_se
 VERDICT_VOTES = f"count by ({BY}, phase, resource) (phasewatch_bottleneck_info{{sel}} == 1)"
 VERDICT_REPORTING = f"count by ({BY}) (phasewatch_bottleneck_info{{sel}} == 1)"
 VERDICT_CONFIDENCE = f"avg by ({BY}) (phasewatch_bottleneck_confidence_ratio{{sel}})"
+# ... and why (the cause label: kv_cache, concurrency_limit, ... or none); an exporter
+# older than the label answers series without it.
+VERDICT_CAUSES = (f"count by ({BY}, phase, resource, cause) "
+                  f"(phasewatch_bottleneck_info{{sel}} == 1)")
+
+# The engine's own state as the exporter scraped it (--engine-metrics-url): the fullest
+# pod's KV cache, requests running and waiting over all pods, preemptions in the range.
+ENGINE_KV_USAGE = f"max by ({BY}) (phasewatch_engine_kv_cache_usage_ratio{{sel}})"
+ENGINE_REQUESTS = f"sum by ({BY}, state) (phasewatch_engine_requests{{sel}})"
+ENGINE_PREEMPTIONS = increase("phasewatch_engine_preemptions_total")
+# Achieved over a ceiling where it went above 1: the ceiling is wrong.
+CEILING_EXCEEDED = (f"max by ({BY}, phase, ceiling) "
+                    f"(phasewatch_roofline_ceiling_exceeded_ratio{{sel}})")
 
 # Roofline operating points (per replica: the mean over the selected pods) and ceilings.
 INTENSITY = f"avg by ({BY}, phase) (phasewatch_arithmetic_intensity_flops_per_byte{{sel}})"

@@ -20,6 +20,7 @@ RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "frontend": PHASE_COLORS["
                    "interconnect": PHASE_COLORS["kv_transfer"], "overhead": "#CC79A7",
                    "unknown": "#7F7F7F"}
 NEUTRAL = "#7F7F7F"
+DARK = "#1a1a1a"  # banner text where white would not stand out
 ERROR = "#D55E00"
 CEILING_STYLES = {"datasheet": {"color": "#444444", "dash": "solid"},
                   "achievable": {"color": "#888888", "dash": "dash"},
@@ -30,6 +31,22 @@ def verdict_color(phase: str | None, resource: str | None) -> str:
     if resource in RESOURCE_COLORS:
         return RESOURCE_COLORS[resource]
     return PHASE_COLORS.get(phase or "", NEUTRAL)
+
+
+def _luminance(hex_color: str) -> float:
+    """WCAG 2 relative luminance of ``#RRGGBB``."""
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(int(hex_color[i:i + 2], 16) / 255) for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def text_color(phase: str | None, resource: str | None) -> str:
+    """White or near-black, whichever contrasts more with the banner's colour (white on
+    the queue's orange or KV transfer's yellow is hard to read; WCAG 2 contrast ratio)."""
+    bg = _luminance(verdict_color(phase, resource))
+    return "#fff" if (1.05 / (bg + 0.05)) >= ((bg + 0.05) / (_luminance(DARK) + 0.05)) else DARK
 
 
 # Tooltips for every term a newcomer may not know (shown on hover, dotted underline).
@@ -106,10 +123,16 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-banner { padding: 12px 18px; border-radius: 6px; margin-bottom: 10px; color: #fff; }
 .pw-banner h2 { margin: 0 0 4px 0; font-size: 22px; }
 .pw-banner p { margin: 4px 0; }
+.pw-banner .pw-cause { font-size: 16px; }
+.pw-cause-source { font-size: 13px; opacity: 0.85; white-space: nowrap; }
 .pw-chips { display: flex; gap: 8px; flex-wrap: wrap; margin-top: 6px; }
 .pw-chip { background: rgba(255,255,255,0.2); border-radius: 12px; padding: 2px 10px;
            font-size: 13px; }
 .pw-levers { font-size: 14px; margin-top: 6px; }
+.pw-levers ul { margin: 2px 0 0; padding-left: 20px; columns: 2 420px; column-gap: 28px; }
+.pw-levers li { break-inside: avoid; }
+.pw-flag { white-space: nowrap; font-size: 13px; background: rgba(255,255,255,0.25);
+           border-radius: 3px; padding: 0 1px; }
 .pw-cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr));
             gap: 8px; margin-bottom: 12px; }
 .pw-card { background: #fff; border-radius: 6px; padding: 8px 12px;

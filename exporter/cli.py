@@ -491,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser(
         "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
         description="Measure achievable memory bandwidth (a large streaming copy) and matmul "
-        "FLOP/s, with torch on a CUDA GPU when one is present, else numpy on the CPU, and "
+        "FLOP/s in bf16, fp16 and fp32 with torch (on the GPU when one is present, else on "
+        "the CPU; without torch numpy measures fp32 alone), and "
         "write a hardware profile for --hardware-profile.")
     cal.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where to measure (default auto: the GPU if torch sees one)")
@@ -500,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--size-mib", type=int, default=512,
                      help="copy buffer size in MiB (default 512; larger than any cache)")
     cal.add_argument("--matmul-n", type=int, default=2048,
-                     help="matrix size of the matmul (default 2048; 8192 on a GPU)")
+                     help="matrix size of the matmul (default 2048; 8192 suits a GPU)")
     cal.add_argument("--repeats", type=int, default=5, help="best of this many runs")
     cal.set_defaults(func=cmd_calibrate)
     return parser

@@ -126,8 +126,11 @@ SERVE_OPTIONS = (
            "fp8 for fp8 weights, else bf16)"),
     Option("max_batched_tokens", int, 8192, "the engine's prefill chunk (vLLM "
            "--max-num-batched-tokens)", 1, 10_000_000),
-    Option("engine_metrics_url", str, "", "the engine's /metrics URL, to use its "
-           "estimated_flops/read_bytes counters (vLLM/SGLang --enable-mfu-metrics)"),
+    Option("engine_metrics_url", str, "", "the engine's own /metrics URL (e.g. "
+           "http://localhost:8000/metrics in the pod): its state (running, waiting, KV-cache "
+           "usage, preemptions) names the verdict's cause, and its FLOP/byte counters "
+           "(vLLM/SGLang --enable-mfu-metrics) replace the inferred ones; without --model it "
+           "serves every model"),
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates",
            0.1, 600),
     Option("history_points", int, 300, "window summaries kept per label set for the "

@@ -57,8 +57,8 @@ SELF_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "without it: dropped, never counted twice); bad_trace_parent (not "
         "<32 hex>-<16 hex>: counted alone).", ("outcome",)),
     "phasewatch_engine_scrapes_total": (
-        "counter", "Scrapes of an engine's /metrics for its MFU counters, by result "
-        "(ok, http_error, unreachable, unparsable).", ("url", "result")),
+        "counter", "Scrapes of an engine's /metrics for its state and counters, by "
+        "result (ok, http_error, unreachable, unparsable).", ("url", "result")),
     "phasewatch_auth_refused_total": (
         "counter", "Connections or calls refused by access control, by receiver (phasewatch, "
         "otlp_grpc, otlp_http, http, api) and reason: missing_token, bad_token "

@@ -14,7 +14,9 @@ panel keeps it in its ``by (...)`` and its legend, so a client-visible TTFT is n
 pooled with an engine-only one. The datasource is a variable too, so the JSON imports
 into any Grafana with a Prometheus datasource. Panels use only raw series (no recording
 rules), so the dashboard works before any rule is loaded; the alert panel reads
-Prometheus's ``ALERTS`` series of the phasewatch rules.
+Prometheus's ``ALERTS`` series of the phasewatch rules. Beside the verdict: its cause,
+and the engine's own state (KV-cache usage, running and waiting requests, preemptions)
+that phasewatch republishes where it scrapes the engine's /metrics.
 
 Panel types are the core ones of current Grafana (timeseries, stat, bargauge,
 table, state-timeline, text); schemaVersion 39, which later versions migrate.
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from dashboard import queries, theme
 from exporter.roofline import verdict
+from exporter.roofline.cause import CAUSES
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards" / "phasewatch.json"
@@ -186,6 +189,71 @@ def roofline_table() -> dict:
     }
 
 
+def cause_table() -> dict:
+    """The verdict under its cause, one row per (model, engine, source, verdict): the
+    engine's own state says why (exporter/roofline/cause.py), in the words of its title."""
+    by = f"{BY}, phase, resource, cause"
+    titles = {name: {"text": f"{c['title']} ({name})", "index": i}
+              for i, (name, c) in enumerate(CAUSES.items())}
+    titles["none"] = {"text": "none: no cause found (an idle engine, or too little evidence)",
+                      "index": len(titles)}
+    return {
+        "type": "table", "title": "Cause",
+        "description": "Why the bottleneck phase is slow, from the engine's own state (its "
+                       "/metrics: running and waiting requests, KV-cache usage, preemptions) "
+                       "or from the requests where no engine is scraped: kv_cache, "
+                       "preemption_recompute, concurrency_limit, imbalance, "
+                       "prefill_interference, compute_saturated, frontend. 'pods' is how "
+                       "many pods report that verdict. The levers of each cause are in the "
+                       "alerts and in the exporter's /api/v1/roofline.",
+        "targets": [target(f"count by ({by}) (phasewatch_bottleneck_info{{{SEL}}} == 1)",
+                           instant=True, table=True)],
+        "transformations": [{"id": "organize", "options": {
+            "excludeByName": {"Time": True},
+            "indexByName": {"model": 0, "engine": 1, "source": 2, "phase": 3, "resource": 4,
+                            "cause": 5, "Value": 6},
+            "renameByName": {"Value": "pods"}}}],
+        "fieldConfig": {"defaults": {"decimals": 0}, "overrides": [
+            {"matcher": {"id": "byName", "options": "cause"},
+             "properties": [{"id": "mappings",
+                             "value": [{"type": "value", "options": titles}]}]}]},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+    }
+
+
+def engine_state() -> dict:
+    """KV-cache usage (left axis) and running/waiting requests (right) of each engine."""
+    kv = f"max by ({BY}, pod) (phasewatch_engine_kv_cache_usage_ratio{{{SEL}}})"
+    requests = f"sum by ({BY}, pod, state) (phasewatch_engine_requests{{{SEL}}})"
+    panel = timeseries(
+        "Engine: KV-cache usage and requests",
+        [target(kv, who("{{pod}} KV cache"), "A"),
+         target(requests, who("{{pod}} {{state}}"), "B")], "percentunit",
+        "What the engine's own /metrics says (vLLM kv_cache_usage_perc, num_requests_running "
+        "and _waiting; SGLang token_usage, num_running_reqs, num_queue_reqs), republished "
+        "by phasewatch when it scrapes the engine (engine_metrics_url). A KV cache near 100 % "
+        "with requests waiting is the kv_cache cause; running pinned with room left is "
+        "concurrency_limit. With --source-label the same figures show under each source.")
+    panel["fieldConfig"]["defaults"]["min"] = 0
+    panel["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byRegexp", "options": ".* (running|waiting)$"},
+         "properties": [{"id": "unit", "value": "none"}, {"id": "decimals", "value": 0},
+                        {"id": "custom.axisPlacement", "value": "right"}]}]
+    return panel
+
+
+def preemptions() -> dict:
+    expr = (f"sum by ({BY}, pod) (rate(phasewatch_engine_preemptions_total{{{SEL}}}"
+            f"[{RANGE}]))")
+    return timeseries(
+        "Engine preemptions/s", [target(expr, who("{{pod}}"))], "reqps",
+        "Requests the engine preempted per second (vLLM num_preemptions_total, SGLang "
+        "retracted requests): it ran out of KV-cache blocks, and each preempted request "
+        "is recomputed. Steady preemptions are the kv_cache or preemption_recompute cause "
+        "(alert PhasewatchEnginePreempting). A restart of the engine resets its counter; "
+        "rate() counts that as no preemption, not as a drop.")
+
+
 def alert_states() -> dict:
     by = "alertname, model, engine, source, regressed, quantile, severity"
     sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
@@ -255,6 +323,9 @@ def panels() -> list[dict]:
             ("mbu", "Decode MBU", "percentunit", g["MBU"]),
             ("mfu", "Prefill MFU", "percentunit", g["MFU"])):
         lay.add(stat(title, k[name], unit, desc), 3, 4)
+    lay.add(cause_table(), 8, 7)
+    lay.add(engine_state(), 8, 7)
+    lay.add(preemptions(), 8, 7)
 
     lay.row("Latency split by phase")
     ttft = [target(k["ttft_p50"], who("p50"), "A"),

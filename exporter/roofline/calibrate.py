@@ -167,7 +167,7 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
     if use_gpu:
         name, count, bw, flops = gpu_measure(size, matmul_n, repeats, progress)
         method = {"device": "cuda", "copy": "torch bf16 device-to-device copy_",
-                  "matmul": f"torch {matmul_n}x{matmul_n} bf16/fp16 matmul"}
+                  "matmul": f"torch {matmul_n}x{matmul_n} bf16/fp16/fp32 matmul"}
     else:
         name, count = f"{_cpu_name()} ({_cpu_count()} cores)", 1
         bw = cpu_bandwidth(size, repeats, progress)

@@ -53,6 +53,9 @@ from exporter.roofline.estimate import Deployment, RooflineEstimate, union_lengt
 # under: 0.95 is "full".
 KV_FULL = 0.95
 KV_ROOM = 0.8  # under this the KV cache has room for more sequences
+# preemptions with the cache seen at least this full are kv_cache (a scrape every couple
+# of seconds misses the moment it was full); below it, preemption_recompute
+KV_PREEMPT_FULL = 0.8
 PINNED = 0.6  # share of scrapes (or moments) with running at its maximum
 WAITING = 0.5  # share of scrapes with a request waiting: requests queue
 BUSY = 0.5  # share of the window the engine had a request in prefill or decode
@@ -60,7 +63,9 @@ INTERFERENCE_FLOPS = 0.5  # share of decode steps' FLOPs that are prefill chunks
 INTERFERENCE_SLOWDOWN = 1.25  # TPOT sharing every step with prefill / sharing none
 INTERFERENCE_LOST = 0.2  # share of decode time lost to it: shared x (1 - 1 / slowdown)
 INTERFERENCE_SHARED = 0.3  # share of decode time shared with prefill (FLOPs-only rule)
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of accelerator memory it takes
+# vLLM's default share of accelerator memory it takes (SGLang's --mem-fraction-static
+# is about the same): the records-only KV estimate assumes it for every engine
+GPU_MEMORY_UTILIZATION = 0.9
 
 CAUSES: dict[str, dict] = {
     "kv_cache": {
@@ -168,7 +173,7 @@ def _kv_cache(state: dict, window: float, source: str) -> Cause | None:
     evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
                                       "mean_waiting", "kv_capacity_tokens") if k in state}
     at = f" at {_pct(top)} usage" if top is not None else ""
-    if pre > 0 and (top is None or top >= KV_FULL - 0.15):
+    if pre > 0 and (top is None or top >= KV_PREEMPT_FULL):
         return Cause("kv_cache", f"KV cache full: {pre:.0f} preemptions in {window:.0f} s{at}",
                      source, evidence)
     if pre > 0:
@@ -178,9 +183,14 @@ def _kv_cache(state: dict, window: float, source: str) -> Cause | None:
     if top is not None and top >= KV_FULL and (waiting or source == "records"):
         wait = (f", {state['mean_waiting']:.1f} requests waiting on average"
                 if state.get("mean_waiting") else "")
-        what = "KV footprint of the requests in flight" if source == "records" else "usage"
-        return Cause("kv_cache", f"KV cache full: {what} up to {_pct(top)}{wait}", source,
-                     evidence)
+        if source == "records":  # an estimate: over 100 % says its memory figure is short
+            what = ("the KV footprint of the requests in flight reaches the memory left "
+                    "after the weights" if top >= 1 else
+                    f"the KV footprint of the requests in flight reaches {_pct(top)} of the "
+                    "memory left after the weights")
+        else:
+            what = f"usage up to {_pct(top)}"
+        return Cause("kv_cache", f"KV cache full: {what}{wait}", source, evidence)
     return None
 
 

@@ -252,11 +252,11 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
                 f"{_pct(shares['decode'])}).")
     if v.resource == "unknown":
         if "ceiling_exceeded" in e:
-            what = " and ".join(f"{k} {x:.2f}x" for k, x in e["ceiling_exceeded"].items())
-            return (f"{head}; it achieved more than the configured ceiling ({what} the "
-                    f"achievable {dep.compute_dtype if 'flops' in e['ceiling_exceeded'] else ''}"
-                    f" figure of {dep.hardware.name}), so that ceiling is wrong and no "
-                    "utilization is given: run `phasewatch calibrate` in the deployment's "
+            what = " and ".join(f"{x:.2f}x the {k} ceiling"
+                                for k, x in e["ceiling_exceeded"].items())
+            return (f"{head}; it achieved {what} configured for {dep.hardware.name} "
+                    f"({dep.compute_dtype}), so that ceiling is wrong and the verdict gives "
+                    "no percentage of it: run `phasewatch calibrate` in the deployment's "
                     f"compute dtype ({dep.compute_dtype}) on this hardware and pass "
                     "--hardware-profile.")
         if dep is None:

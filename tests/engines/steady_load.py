@@ -29,9 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-_TEXT = ("the queue was long and the prefill took most of the time while decode kept the "
-         "memory bandwidth busy on every step of the batch so the sidecar measured each "
-         "phase of every request and reported it").split()
+_SENTENCE = ("the queue was long and the prefill took most of the time while decode kept the "
+             "memory bandwidth busy on every step of the batch so the sidecar measured each "
+             "phase of every request and reported it")
+_TEXT = _SENTENCE.split()
 
 
 def prompt(words: int, serial: int) -> str:

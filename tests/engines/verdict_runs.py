@@ -177,7 +177,6 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
     """Start vLLM with ``config``'s flags and run each of its workloads (see the module
     docstring); vLLM and every phasewatch are stopped on the way out."""
     from tests.engines.otlp_capture import OtlpCapture
-    from tests.serve import ServeProcess
     from tests.test_real_vllm import ensure_model, start_vllm, stop_group, wait_for
 
     ensure_model(MODEL_DIR, "small")

@@ -1,0 +1,148 @@
+"""The verdict banner's rows from Prometheus's answers: the pods' votes on the phase and
+the resource (``phasewatch_bottleneck_info``), the cause they name (its ``cause`` label),
+the engine's own state the exporters scraped (``phasewatch_engine_*``) and the ceilings
+an achieved rate went over. Pure functions of the query results, unit-tested on samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from dashboard.frames import KEYS
+from dashboard.theme import PHASES
+from exporter.roofline.cause import CAUSES
+from exporter.roofline.verdict import LEVERS, headline, phase_name
+
+# Causes the exporter finds in the records whatever the engine publishes.
+FROM_RECORDS = ("prefill_interference", "frontend")
+CEILING_WORDS = {"flops": "FLOP/s", "bandwidth": "memory bandwidth"}
+
+
+def _known(x) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def _pct(x: float) -> str:
+    """As the exporter's cause sentences write a share: "100 %"."""
+    return f"{min(x, 1.0):.0%}".replace("%", " %")
+
+
+def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = "") -> str:
+    """The engine's state in words with numbers, from what is there of ``kv_usage``
+    (the fullest pod's), ``running``, ``waiting`` and ``preemptions`` (in the range):
+    "KV cache 100 % full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
+    ``after``: the title it follows; after "KV cache full" the cache is not named again
+    ("100 % usage, 6 waiting, ...")."""
+    parts = []
+    if _known(state.get("kv_usage")):
+        usage = _pct(state["kv_usage"])
+        if "KV cache" in after:
+            parts.append(f"{usage} usage" + (" on the fullest pod" if pods > 1 else ""))
+        else:
+            whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
+            parts.append(f"{whose} {usage} full")
+    parts += [f"{state[k]:.0f} {k}" for k in ("waiting", "running") if _known(state.get(k))]
+    if _known(state.get("preemptions")) and round(state["preemptions"]) > 0:
+        parts.append(f"{state['preemptions']:.0f} preemptions in {range_text}")
+    text = ", ".join(parts)
+    return text[:1].upper() + text[1:]
+
+
+def ceiling_sentence(phase: str, ceiling: str, ratio: float) -> str:
+    return (f"{phase_name(phase)} achieved {ratio:.2f}x its {CEILING_WORDS.get(ceiling, ceiling)}"
+            " ceiling, so that ceiling is wrong and no utilization is given: run `phasewatch "
+            "calibrate` in the deployment's compute dtype and pass --hardware-profile.")
+
+
+def _by_key(rows, key, field: str | None = None) -> dict:
+    """{label set: value}, or {label set: {metric[field]: value}} with ``field``."""
+    out: dict = defaultdict(dict) if field else {}
+    for metric, v in rows:
+        k = tuple(key(metric).values())
+        if field:
+            out[k][metric.get(field, "")] = v
+        else:
+            out[k] = v
+    return out
+
+
+def _engine_state(r: dict, key) -> dict[tuple, dict]:
+    state: dict[tuple, dict] = defaultdict(dict)
+    for k, v in _by_key(r.get("engine_kv", ()), key).items():
+        state[k]["kv_usage"] = v
+    for k, v in _by_key(r.get("engine_preemptions", ()), key).items():
+        state[k]["preemptions"] = v
+    for k, states in _by_key(r.get("engine_requests", ()), key, "state").items():
+        state[k].update(states)
+    return state
+
+
+def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
+    """Rows of VERDICT_COLUMNS: per label set, the (phase, resource) most pods report,
+    the cause most of those name, and the engine's state behind it."""
+    votes: dict[tuple, Counter] = defaultdict(Counter)
+    for metric, n in r["votes"]:
+        votes[tuple(key(metric).values())][(metric["phase"], metric["resource"])] += n
+    causes: dict[tuple, Counter] = defaultdict(Counter)
+    for metric, n in r.get("causes", ()):
+        cause = metric.get("cause") or "none"
+        if cause in CAUSES:  # "none", or a name this dashboard does not know
+            causes[(tuple(key(metric).values()), metric["phase"], metric["resource"])][
+                cause] += n
+    reporting = _by_key(r["reporting"], key)
+    confidence = _by_key(r["confidence"], key)
+    engine = _engine_state(r, key)
+    exceeded: dict[tuple, list] = defaultdict(list)
+    for metric, ratio in r.get("ceiling_exceeded", ()):
+        if _known(ratio) and ratio > 1:
+            exceeded[tuple(key(metric).values())].append(
+                (metric.get("phase", ""), metric.get("ceiling", ""), ratio))
+    rows = []
+    for k, options in votes.items():
+        n, phase, resource = max((n, p, res) for (p, res), n in options.items())
+        named = causes.get((k, phase, resource), Counter())
+        cause_n, cause = max(((m, c) for c, m in named.items()), default=(n, None))
+        total = int(reporting.get(k, n))
+        row = {**dict(zip(KEYS, k, strict=True)), "phase": phase, "resource": resource,
+               "headline": headline(phase, resource, cause), "cause": cause or "",
+               "confidence": confidence.get(k, math.nan), "agreeing": int(n),
+               "reporting": total, "ceiling_exceeded": tuple(sorted(exceeded.get(k, ()))),
+               "levers": (CAUSES[cause]["levers"] if cause and CAUSES[cause]["levers"]
+                          else LEVERS.get((phase, resource), ()))}
+        sentence = engine_sentence(engine.get(k, {}), range_text, total,
+                                   CAUSES[cause]["title"] if cause else "")
+        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence))
+    return rows
+
+
+def _with_words(row: dict, cause_n: int, figures: dict, sentence: str) -> dict:
+    """The row's cause sentence (the cause's title and the engine's state, where it is
+    on Prometheus), its whole text, and the figures the banner's chips show."""
+    cause, phase = row["cause"], row["phase"]
+    backed = bool(sentence) and cause not in FROM_RECORDS  # the engine's state is evidence
+    state = ""
+    if cause:
+        cause_text = CAUSES[cause]["title"] + (f": {sentence}" if backed else "")
+        if sentence and not backed:  # beside the cause, not behind it
+            state = f" Engine state: {sentence}."
+    else:
+        cause_text = f"Engine state: {sentence}" if sentence else ""
+    source = "engine_metrics" if backed else "records" if cause else ""
+    share = figures.get(f"{phase}_share", math.nan)
+    text = f"{phase_name(phase)} takes {share:.0%} of request time." if _known(share) else ""
+    if row["reporting"] > 1:
+        text += (f" {cause_n if cause else row['agreeing']} of {row['reporting']} pods "
+                 "report this verdict.")
+    over = {(p, c) for p, c, _ in row["ceiling_exceeded"]}
+    for label, name, at in (("Decode MBU", "mbu", ("decode", "bandwidth")),
+                            ("Prefill MFU", "mfu", ("prefill", "flops"))):
+        if _known(figures.get(name)) and figures[name] <= 1 and at not in over:
+            text += f" {label} {figures[name]:.0%}."
+    text += "".join(f" {ceiling_sentence(*e)}" for e in row["ceiling_exceeded"]) + state
+    text = text.strip() or row["headline"] + "."
+    return {**row, "cause_text": cause_text, "cause_source": source,
+            "engine_scraped": bool(sentence),
+            "text": f"{cause_text}. {text}" if cause_text else text,
+            **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},
+            "mbu": figures.get("mbu"), "mfu": figures.get("mfu")}
