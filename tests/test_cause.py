@@ -199,3 +199,32 @@ def test_state_over_vllms_own_pages():
     assert r.preemptions > 0 and r.max_kv_usage >= 0.95
     assert r.flops_per_gpu > 0  # --enable-mfu-metrics
     assert dict(r.waiting_by_reason)["capacity"] > 0
+
+
+def test_one_pod_queueing_while_another_idles_is_an_imbalance():
+    """A central exporter with --pod-label: the same model queues on one pod and not on
+    the other: routing, not capacity."""
+    from exporter.roofline.bottleneck import Result, imbalance
+
+    def result(pod: str, shares: dict) -> Result:
+        est = estimate(shares)
+        v = decide(est, DEP, None, lambda phase: diagnose(
+            phase, est, DEP, records(), state(max_running=30.0, running_at_max_share=0.1,
+                                              mean_waiting=3.0, waiting_share=0.8,
+                                              max_kv_usage=0.5, preemptions=0.0)))
+        return Result("m", "vllm", ("m", "vllm", pod), DEP, est, v)
+
+    busy, calm = result("pod-a", QUEUE), result("pod-b", DECODE | {"queue": 0.01})
+    assert busy.verdict.cause.name == "compute_saturated"
+    imbalance([busy, calm], ("model", "engine", "pod"))
+    v = busy.verdict
+    assert (v.phase, v.resource, v.cause.name) == ("queue", "capacity", "imbalance")
+    assert v.text.startswith("Load imbalance: queue 60% of request time on pod-a while "
+                             "pod-b queues 1%. Queue takes 60%"), v.text
+    assert "Engine busy" not in v.text  # the cause it replaced is gone
+    assert any("router" in lever for lever in v.levers)
+    assert calm.verdict.cause is None or calm.verdict.cause.name != "imbalance"
+    alone = result("pod-a", QUEUE)
+    imbalance([alone], ("model", "engine", "pod"))  # one pod: nothing to compare
+    assert alone.verdict.cause.name == "compute_saturated"
+    imbalance([busy, calm], ("model", "engine"))  # no pod label: a no-op

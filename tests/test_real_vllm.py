@@ -234,6 +234,19 @@ def stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGINT,
         os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group it led, if any
 
 
+def wait_healthy(vllm: subprocess.Popen, base: str, log: Path, timeout: float = 300) -> None:
+    """Until vLLM's /health answers; its log's end if it exits first."""
+    def healthy() -> bool:
+        if vllm.poll() is not None:
+            raise AssertionError("vLLM exited while starting:\n" + log.read_text()[-4000:])
+        try:
+            return get(base + "/health", timeout=2) is not None
+        except OSError:
+            return False
+
+    wait_for(healthy, timeout, 0.5, "vLLM's /health")
+
+
 def settle(vllm: subprocess.Popen, base: str, before: dict, sequences: int,
            cap: OtlpCapture) -> dict:
     """After the client's run: vLLM's figures once it has counted every sequence, then
@@ -328,17 +341,8 @@ def _run_once(tmp: Path) -> Run:
         vllm, command, port = start_vllm(tmp, cap.endpoint)
         base = f"http://127.0.0.1:{port}"
 
-        def healthy() -> bool:
-            if vllm.poll() is not None:
-                raise AssertionError("vLLM exited while starting:\n"
-                                     + (tmp / "vllm.log").read_text()[-4000:])
-            try:
-                return get(base + "/health", timeout=2) is not None
-            except OSError:
-                return False
-
         t = time.monotonic()
-        wait_for(healthy, 300, 0.5, "vLLM's /health")
+        wait_healthy(vllm, base, tmp / "vllm.log")
         timings["vllm_start"] = time.monotonic() - t
         vllm_before = vllm_figures(scrape_url(base + "/metrics"))
         pw_before = scrape_url(pw_url + "/metrics")

@@ -310,10 +310,12 @@ def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
             pod = r.labels[at]
             if share[pod] <= IMBALANCE_QUEUE[0] or r.verdict.phase != "queue":
                 continue
-            r.verdict.cause = Cause(
-                "imbalance", f"Load imbalance: queue {share[pod]:.0%} of request time on "
-                f"{pod} while {calm} queues {share[calm]:.0%}", "records",
-                {"queue_share_by_pod": share})
-            r.verdict.resource = "capacity"
-            r.verdict.levers = r.verdict.cause.levers
-            r.verdict.text = f"{r.verdict.cause.text}. {r.verdict.text.split('. ', 1)[-1]}"
+            v, old = r.verdict, r.verdict.cause
+            text = v.text
+            if old is not None:  # the cause it replaces, before or after the verdict's text
+                text = text.replace(f"{old.text}. ", "").replace(f" {old.text}.", "")
+            v.cause = Cause("imbalance", f"Load imbalance: queue {share[pod]:.0%} of request "
+                            f"time on {pod} while {calm} queues {share[calm]:.0%}", "records",
+                            {"queue_share_by_pod": share})
+            v.resource, v.levers = "capacity", v.cause.levers
+            v.text = f"{v.cause.text}. {text}"

@@ -201,6 +201,8 @@ def _concurrency_limit(state: dict, source: str) -> Cause | None:
     if not (waiting and top and pinned >= PINNED and (kv is None or kv < KV_ROOM)):
         return None
     limit = state.get("configured_max_running")
+    if kv is None and not (limit and top >= limit):
+        return None  # pinned, but by slots or by KV memory? neither is known
     room = (f"the KV cache at most {_pct(kv)} full" if kv is not None else
             "KV usage unknown")
     wait = (f", {state['mean_waiting']:.1f} waiting on average" if state.get("mean_waiting")
@@ -277,9 +279,11 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         if cause is not None:
             return cause
     if busy is not None and busy >= BUSY:
-        return Cause("compute_saturated", f"Engine busy {_pct(busy)} of the window, with no "
-                     "full KV cache, slot limit or prefill interference: its own work fills "
-                     "it", source, {"busy_share": busy})
+        ruled_out = ("no full KV cache, slot limit or prefill interference"
+                     if state.get("max_kv_usage") is not None else
+                     "no slot limit or prefill interference seen (KV-cache usage unknown)")
+        return Cause("compute_saturated", f"Engine busy {_pct(busy)} of the window, with "
+                     f"{ruled_out}: its own work fills it", source, {"busy_share": busy})
     return None
 
 

@@ -177,7 +177,7 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
     """Start vLLM with ``config``'s flags and run each of its workloads (see the module
     docstring); vLLM and every phasewatch are stopped on the way out."""
     from tests.engines.otlp_capture import OtlpCapture
-    from tests.test_real_vllm import ensure_model, start_vllm, stop_group, wait_for
+    from tests.test_real_vllm import ensure_model, start_vllm, stop_group, wait_healthy
 
     ensure_model(MODEL_DIR, "small")
     flags, workloads = CONFIGS[config]
@@ -188,17 +188,7 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
         vllm, _, port = start_vllm(tmp, cap.endpoint, "--enable-mfu-metrics", *flags,
                                    model_dir=MODEL_DIR)
         base = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            if vllm.poll() is not None:
-                raise AssertionError("vLLM exited while starting:\n"
-                                     + (tmp / "vllm.log").read_text()[-4000:])
-            try:
-                return get(base + "/health", 2) is not None
-            except OSError:
-                return False
-
-        wait_for(healthy, 300, 0.5, "vLLM's /health")
+        wait_healthy(vllm, base, tmp / "vllm.log")
         for i, name in enumerate(workloads):
             runs.append(_workload(tmp, base, config, name, profile, cap, serve_args,
                                   serial=1_000_000 * (i + 1)))
