@@ -190,11 +190,12 @@ class BottleneckMonitor:
                                               "; the cause comes from the records")
             self._warn_ceilings(key, est, dep)
             previous = self._verdicts.get(key)
-            verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates:
-                             diagnose(phase, e, d, m, r))
+            busy = busy_share(mine, est.range_start, est.range_end)
+            verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
+                             b=busy: diagnose(phase, e, d, m, r, busy=b))
             if verdict is not None:
                 self._hold_cause(key, verdict, previous)
-                _tell_idle(verdict, busy_share(mine, est.range_start, est.range_end))
+                _tell_idle(verdict, busy)
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:

@@ -133,35 +133,55 @@ def busy_share(cols: dict, lo: float, hi: float) -> float | None:
     return union_length(start[ok], end[ok], lo, hi) / (hi - lo)
 
 
+class _UpTo:
+    """Sums of per-request values over the requests whose time ``at`` is <= each moment
+    of ``t``: one sort of the times, then a cumulative sum per value."""
+
+    def __init__(self, at: np.ndarray, t: np.ndarray):
+        self.order = np.argsort(at)
+        self.index = np.searchsorted(at[self.order], t, side="right")
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        return np.r_[0.0, np.cumsum(values[self.order])][self.index]
+
+
 def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: int = 200
               ) -> dict:
     """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
     (scheduled, not yet finished) and, with a deployment whose memory is known, the KV
-    footprint of their contexts against the memory left after the weights (a decoding
-    request holds its prompt and the tokens decoded so far)."""
+    footprint of their contexts against the memory left after the weights (a request
+    holds its prompt from its schedule on, plus the tokens decoded so far, growing
+    evenly from its first token to its last).
+
+    Sums over sorted start and end times (O(n log n), no request x moment matrix): at
+    t, a sum over the requests in the engine is the sum over those started by t less
+    the sum over those finished by t."""
     sched, first, last = cols["scheduled_at"], cols["first_token_at"], cols["last_token_at"]
     start = np.fmin(sched, first)
     ok = ~np.isnan(start) & ~np.isnan(last) & (last > lo) & (start < hi)
     if not ok.any() or hi <= lo:
         return {}
-    t = np.linspace(lo, hi, points)[None, :]
-    s, f, e = start[ok, None], np.where(np.isnan(first), last, first)[ok, None], last[ok, None]
-    inside = (s <= t) & (t < e)
-    running = inside.sum(axis=0)
+    t = np.linspace(lo, hi, points)
+    s, e = start[ok], last[ok]
+    f = np.where(np.isnan(first), last, first)[ok]
+    started, ended = _UpTo(s, t), _UpTo(e, t)
+    running = started.index - ended.index
     out = {"max_running": int(running.max()),
            "running_at_max_share": float((running >= running.max()).mean())
            if running.max() else 0.0}
     hw = dep.hardware if dep is not None else None
     if hw is None or not hw.memory_bytes:
         return out
-    prompt = np.maximum(cols["prompt"][ok], 0)[:, None].astype(float)
-    output = np.maximum(cols["output"][ok], 0)[:, None].astype(float)
-    done = np.clip((t - f) / np.maximum(e - f, 1e-9), 0.0, 1.0)
-    context = np.where(inside, prompt + output * done, 0.0).sum(axis=0)
-    room = (hw.memory_bytes * GPU_MEMORY_UTILIZATION
-            - model_costs.weight_bytes(dep.model))
+    prompt = np.maximum(cols["prompt"][ok], 0).astype(float)
+    rate = np.where(e > f, np.maximum(cols["output"][ok], 0) / np.maximum(e - f, 1e-12), 0.0)
+    held = started.sum(prompt) - ended.sum(prompt)
+    # decoded so far by those decoding at t: sum of rate x (t - first) over first <= t < last
+    decoding = _UpTo(f, t)
+    decoded = (t * (decoding.sum(rate) - ended.sum(rate))
+               - (decoding.sum(rate * f) - ended.sum(rate * f)))
+    room = hw.memory_bytes * GPU_MEMORY_UTILIZATION - model_costs.weight_bytes(dep.model)
     if room > 0:
-        footprint = context * model_costs.kv_bytes_per_token(dep.model) / room
+        footprint = (held + decoded) * model_costs.kv_bytes_per_token(dep.model) / room
         out.update(max_kv_usage=float(footprint.max()), mean_kv_usage=float(footprint.mean()))
     return out
 
@@ -246,17 +266,20 @@ def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
 
 
 def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: dict,
-             engine: EngineRates | None, gaps: dict | None = None) -> Cause | None:
+             engine: EngineRates | None, gaps: dict | None = None,
+             busy: float | None = None) -> Cause | None:
     """The cause for a verdict on ``phase`` (see the module docstring).
 
     ``engine`` is the engine's own state over the window (None when it is not scraped or
     the scrapes failed: the records stand in, and the cause says ``source: records``);
     ``gaps``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
-    against TPOT without (computed here when not given).
+    against TPOT without, and ``busy``, ``busy_share`` (each computed here when not
+    given).
     """
     lo, hi = est.range_start, est.range_end
     window = hi - lo
-    busy = busy_share(cols, lo, hi)
+    if busy is None:
+        busy = busy_share(cols, lo, hi)
     if phase == "preprocess":
         return Cause("frontend", "API server: the time goes before the engine's queue",
                      "records", {})
