@@ -101,7 +101,8 @@ class Exporter:
         options = config.model_options()
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
         deployments = Deployments([d for _, d in resolved if d is not None])
-        engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, None, self.stats)
+        engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, d.served_name,
+                                                      self.stats)
                    for o, d in resolved if d is not None and o.engine_metrics_url}
         flags = config.model_flags
         if flags.engine_metrics_url and not (flags.model or flags.hf_config):

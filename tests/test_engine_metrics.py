@@ -70,7 +70,15 @@ def test_vllm_page_parses():
                         ("preemptions", "vllm:num_preemptions_total")):
         assert getattr(s, field) == line_value(text, name), field
     assert s.flops > 0 and s.kv_usage >= 0.95
-    assert parse_page(text, "other-model").flops is None
+    # the engine's only model under another name: the page is still that engine's
+    assert parse_page(text, "served-as-something-else").flops == s.flops
+    # an engine serving two models: each model's own series, none for a third
+    second = "\n".join(line.replace('model_name="tiny-llama"', 'model_name="other"')
+                       for line in text.splitlines() if line.startswith("vllm:"))
+    both = text + second + "\n"
+    assert parse_page(both, "tiny-llama").flops == s.flops
+    assert parse_page(both, "other").flops == s.flops
+    assert parse_page(both, "third").flops is None
 
 
 def test_sglang_ranks_are_averaged_not_added():

@@ -150,31 +150,36 @@ def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSa
     """The sample of one page (see the module docstring for the series).
 
     With ``model``, only series whose ``model_name`` equals it count (an engine serving
-    several models); series without the label always count.
+    several models). A page of one model that the engine names otherwise (its
+    --served-model-name differs from phasewatch's) counts whole rather than not at all;
+    a page of several models without this one gives nothing. Series without the label
+    always count.
     """
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name.startswith(PREFIXES)]
+    names = {s.labels["model_name"] for s in samples if "model_name" in s.labels}
+    if model is not None and model not in names and len(names) == 1:
+        model = None
     groups: dict[tuple[str, tuple], list[float]] = {}
     reasons: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            prefix = next((p for p in PREFIXES if s.name.startswith(p)), None)
-            if prefix is None:
-                continue
-            if model is not None and s.labels.get("model_name", model) != model:
-                continue
-            key = s.name[len(prefix):]
-            if key == "cache_config_info":
-                tokens = _cache_config_tokens(s.labels)
-                if tokens is not None:
-                    groups.setdefault(("kv_capacity_tokens", ()), []).append(tokens)
-                continue
-            if key == "num_requests_waiting_by_reason" and "reason" in s.labels:
-                reasons[s.labels["reason"]] = reasons.get(s.labels["reason"], 0.0) + s.value
-                continue
-            field = SERIES.get(key)
-            if field is None:
-                continue
-            series = tuple(sorted((k, v) for k, v in s.labels.items() if k not in RANK_LABELS))
-            groups.setdefault((field, series), []).append(float(s.value))
+    for s in samples:
+        prefix = next(p for p in PREFIXES if s.name.startswith(p))
+        if model is not None and s.labels.get("model_name", model) != model:
+            continue
+        key = s.name[len(prefix):]
+        if key == "cache_config_info":
+            tokens = _cache_config_tokens(s.labels)
+            if tokens is not None:
+                groups.setdefault(("kv_capacity_tokens", ()), []).append(tokens)
+            continue
+        if key == "num_requests_waiting_by_reason" and "reason" in s.labels:
+            reasons[s.labels["reason"]] = reasons.get(s.labels["reason"], 0.0) + s.value
+            continue
+        field = SERIES.get(key)
+        if field is None:
+            continue
+        series = tuple(sorted((k, v) for k, v in s.labels.items() if k not in RANK_LABELS))
+        groups.setdefault((field, series), []).append(float(s.value))
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for (field, _), values in groups.items():

@@ -148,7 +148,7 @@ def union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> 
     keep = e > s
     if not keep.any():
         return 0.0
-    order = np.argsort(s[keep], kind="stable")
+    order = np.argsort(s[keep])  # any order of equal starts gives the same union
     s, e = s[keep][order], e[keep][order]
     reach = np.maximum.accumulate(e)
     before = np.concatenate(([s[0]], reach[:-1]))  # furthest end of earlier intervals
