@@ -11,11 +11,12 @@ from collections import Counter, defaultdict
 
 from dashboard.frames import KEYS
 from dashboard.theme import PHASES
+from exporter.roofline.bottleneck import IMBALANCE_QUEUE
 from exporter.roofline.cause import CAUSES
 from exporter.roofline.verdict import LEVERS, headline, phase_name
 
-# Causes the exporter finds in the records whatever the engine publishes.
-FROM_RECORDS = ("prefill_interference", "frontend")
+# Causes found in the records whatever the engine publishes.
+FROM_RECORDS = ("prefill_interference", "frontend", "imbalance")
 CEILING_WORDS = {"flops": "FLOP/s", "bandwidth": "memory bandwidth"}
 
 
@@ -78,6 +79,34 @@ def _engine_state(r: dict, key) -> dict[tuple, dict]:
     return state
 
 
+def queue_by_pod(r: dict, key) -> dict[tuple, dict[str, float]]:
+    """Per label set with two pods or more, each pod's share of request time in the
+    queue, from the mean request per pod (``PHASE_MEAN``)."""
+    means: dict[tuple, dict[str, dict]] = defaultdict(lambda: defaultdict(dict))
+    for metric, v in r.get("mean", ()):
+        pod = key(metric, pod=True)["pod"]
+        if _known(v) and pod:
+            means[tuple(key(metric).values())][pod][metric.get("phase", "")] = v
+    out = {}
+    for k, pods in means.items():
+        shares = {pod: phases.get("queue", 0.0) / sum(phases.values())
+                  for pod, phases in pods.items() if sum(phases.values()) > 0}
+        if len(shares) >= 2:
+            out[k] = shares
+    return out
+
+
+def imbalance_sentence(shares: dict[str, float]) -> str | None:
+    """The exporter's imbalance rule (``bottleneck.imbalance``) over the pods Prometheus
+    scrapes: one pod queueing over ``IMBALANCE_QUEUE[0]`` of request time while another
+    stays under ``IMBALANCE_QUEUE[1]``; each sidecar sees its own pod only."""
+    busy, calm = max(shares, key=shares.get), min(shares, key=shares.get)
+    if shares[busy] <= IMBALANCE_QUEUE[0] or shares[calm] >= IMBALANCE_QUEUE[1]:
+        return None
+    return (f"queue {shares[busy]:.0%} of request time on {busy} while {calm} queues "
+            f"{shares[calm]:.0%}")
+
+
 def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
     """Rows of VERDICT_COLUMNS: per label set, the (phase, resource) most pods report,
     the cause most of those name, and the engine's state behind it."""
@@ -93,6 +122,7 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
     reporting = _by_key(r["reporting"], key)
     confidence = _by_key(r["confidence"], key)
     engine = _engine_state(r, key)
+    by_pod = queue_by_pod(r, key)
     exceeded: dict[tuple, list] = defaultdict(list)
     for metric, ratio in r.get("ceiling_exceeded", ()):
         if _known(ratio) and ratio > 1:
@@ -103,6 +133,9 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
         n, phase, resource = max((n, p, res) for (p, res), n in options.items())
         named = causes.get((k, phase, resource), Counter())
         cause_n, cause = max(((m, c) for c, m in named.items()), default=(n, None))
+        routing = imbalance_sentence(by_pod[k]) if phase == "queue" and k in by_pod else None
+        if routing:  # routing, not capacity: what no single sidecar can see
+            cause, cause_n, resource = "imbalance", n, "capacity"
         total = int(reporting.get(k, n))
         row = {**dict(zip(KEYS, k, strict=True)), "phase": phase, "resource": resource,
                "headline": headline(phase, resource, cause), "cause": cause or "",
@@ -112,17 +145,23 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
                           else LEVERS.get((phase, resource), ()))}
         sentence = engine_sentence(engine.get(k, {}), range_text, total,
                                    CAUSES[cause]["title"] if cause else "")
-        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence))
+        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing))
     return rows
 
 
-def _with_words(row: dict, cause_n: int, figures: dict, sentence: str) -> dict:
+def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
+                routing: str | None = None) -> dict:
     """The row's cause sentence (the cause's title and the engine's state, where it is
-    on Prometheus), its whole text, and the figures the banner's chips show."""
+    on Prometheus; for an imbalance, ``routing``: the pods' queue shares), its whole
+    text, and the figures the banner's chips show."""
     cause, phase = row["cause"], row["phase"]
     backed = bool(sentence) and cause not in FROM_RECORDS  # the engine's state is evidence
     state = ""
-    if cause:
+    if cause == "imbalance":
+        cause_text = f"{CAUSES[cause]['title']}: {routing}"
+        if sentence:
+            state = f" Engine state: {sentence}."
+    elif cause:
         cause_text = CAUSES[cause]["title"] + (f": {sentence}" if backed else "")
         if sentence and not backed:  # beside the cause, not behind it
             state = f" Engine state: {sentence}."

