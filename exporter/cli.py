@@ -304,6 +304,10 @@ def cmd_roofline(args: argparse.Namespace) -> int:
         raise ValueError("give --hardware NAME, --hardware-profile FILE or --bandwidth GBPS")
     compute = args.compute_dtype or (compute_dtype_for(ModelOptions(), m, hw) if hw.flops
                                      else "bf16")
+    if hw.flops and not hw.peak_flops(compute):  # a ceiling holds only for its own dtype
+        raise ValueError(f"{hw.name} has no {compute} FLOP/s figure (it has: "
+                         f"{', '.join(sorted(hw.flops))}): measure it with `phasewatch "
+                         "calibrate` where torch is importable, or pass --compute-dtype")
     tpot = args.tpot if args.tpot else (1.0 / args.tokens_per_second
                                         if args.tokens_per_second else None)
     rows = calculator.table(m, hw, batch=args.batch, context=args.context, prompt=args.prompt,

@@ -40,6 +40,13 @@ def test_cpu_calibration_writes_a_profile_the_exporter_loads(tmp_path):
     fp32 = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(out),
                                 compute_dtype="fp32"))
     assert fp32.peak_flops == m["flops_tflops"]["fp32"] * 1e12
+    # the offline calculator says so instead of a compute ceiling of 0
+    roofline = subprocess.run([sys.executable, "-m", "exporter.cli", "roofline", "--model",
+                               "Llama-3.1-8B", "--hardware-profile", str(out)],
+                              capture_output=True, text=True, timeout=60)
+    assert roofline.returncode == 2, roofline.stdout
+    assert "has no bf16 FLOP/s figure (it has: fp32)" in roofline.stderr
+    assert "phasewatch calibrate" in roofline.stderr
 
 
 def test_calibration_with_torch_measures_each_dtype(tmp_path):
