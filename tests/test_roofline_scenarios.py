@@ -90,3 +90,22 @@ def test_estimate_and_verdict_match_ground_truth(pair, name):
         assert (true_verdict.phase, true_verdict.resource) == EXPECTED[name]
         assert (result.verdict.phase, result.verdict.resource) == EXPECTED[name], \
             result.verdict.text
+
+
+def test_a_label_set_without_requests_in_the_window_has_no_verdict():
+    """Traffic stops: once the window holds none of its requests (the estimator still
+    reads further back for overlaps), the label set has no estimate and no verdict, so
+    no banner or phasewatch_bottleneck_info stays behind from a workload that ended."""
+    now = [EPOCH + 100.0]
+    engine = SCENARIOS["chat"].build(seed=1)
+    records = engine.run(60.0, epoch=EPOCH + 40.0)
+    dep = Deployment("Llama-3.1-8B", engine.model, engine.hw)
+    window = RollingWindow(30.0, capacity=200_000, clock=lambda: now[0])
+    agg = Aggregator(window=window)
+    agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0,
+                                clock=lambda: now[0])
+    [result] = monitor.update()
+    assert result.verdict is not None
+    now[0] += 31.0  # the window (30 s of ingest time) is empty; the lookback is not
+    assert monitor.update() == [] and monitor.results() == []

@@ -160,10 +160,14 @@ class BottleneckMonitor:
         pairs = self._labels.pairs()
         results = []
         ls = cols["ls"]
+        fresh = cols["t"] >= self._clock() - self.span  # ingested inside the window
         for i in np.unique(ls).tolist():
             key = pairs[i]
             model, engine = key[:2]
             sel = ls == i
+            if not (sel & fresh).any():  # no request in the window: no verdict to give,
+                self._verdicts.pop(key, None)  # only older ones read for the lookback
+                continue
             mine = {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
             source = self._engine_for(model, dep)
