@@ -81,6 +81,20 @@ RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwi
 
 
 
+# What "achievable" rests on, by ``achievable_source``.
+ACHIEVABLE_BASIS = {"calibrated": "measured here by phasewatch calibrate",
+                    "published": "as measured on real parts",
+                    "typical_efficiency": "the datasheet x a typical efficiency"}
+
+
+def achievable_source(dep: Deployment) -> str:
+    """Where the achievable ceilings come from: ``calibrated`` (a profile measured by
+    ``phasewatch calibrate``), ``published`` (measurements on real parts, from the
+    catalog), else ``typical_efficiency`` (the datasheet x a typical efficiency)."""
+    return ("calibrated" if dep.hardware_source == "profile" else
+            "published" if dep.hardware.measured_bandwidth else "typical_efficiency")
+
+
 def phase_name(phase: str) -> str:
     """A phase as a sentence starts with it: "Prefill", "KV transfer"."""
     return "KV transfer" if phase == "kv_transfer" else phase.capitalize()
@@ -265,8 +279,11 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
         why = v.evidence.get("unavailable", "not enough data yet")
         return f"{head}; its hardware use cannot be estimated: {why}."
     hw = dep.hardware
-    tail = (f"MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of {hw.name} x{hw.gpus}, at "
-            f"{e['arithmetic_intensity']:.0f} FLOPs/byte against a ridge of {e['ridge']:.0f}.")
+    # two bases, said as such: "achievable" (measured, or the datasheet x a typical
+    # efficiency) decides the verdict; MBU and MFU are against the datasheet peaks
+    tail = (f"{phase_name(v.phase)}'s MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
+            f"datasheet peaks of {hw.name} x{hw.gpus}, at {e['arithmetic_intensity']:.0f} "
+            f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
     if v.resource == "overhead":
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
                 f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
@@ -275,7 +292,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
     what = "FLOP/s" if compute else "memory bandwidth"
     text = f"{head} and is {RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
-    text += f"achievable {what}"
+    text += f"achievable {what} ({ACHIEVABLE_BASIS[achievable_source(dep)]})"
     if other >= 0.25:
         text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"
     if e["of_achievable_flops"] >= 0.25 and e.get("shared_step_flops_share", 0) >= 0.25:
