@@ -15,7 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter.aggregation.aggregate import Aggregator
 from exporter.aggregation.history import SummaryHistory
 from exporter.aggregation.window import RollingWindow
-from exporter.config import ServeConfig
+from exporter.config import ListenError, ServeConfig
 from exporter.ingest import tap as tapmod
 from exporter.ingest.adapters import AdapterContext
 from exporter.ingest.admission import Admission
@@ -41,9 +41,34 @@ from exporter.publish.roofline_metrics import RooflineCollector
 from exporter.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from exporter.roofline.deployments import Deployments, resolve
 from exporter.roofline.engine_metrics import EngineMetricsSource
+from exporter.roofline.verdict import achievable_source
 from exporter.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
+
+
+def _address(host: str, port: int) -> str:
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
+
+
+def _why_not(error: BaseException) -> str:
+    """Why a bind failed, in the OS's words ("address already in use"); else the
+    error's first clause."""
+    for e in (error, error.__cause__, error.__context__):
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno)[0].lower() + os.strerror(e.errno)[1:]
+    return str(error).split(";")[0]
+
+
+def listening(what: str, flag: str, host: str, port: int, start):
+    """``start()``, with a bind failure (OSError, or gRPC's RuntimeError) turned into a
+    ListenError that says which listener, which address and which flag to change."""
+    try:
+        return start()
+    except (OSError, RuntimeError) as e:
+        raise ListenError(f"cannot listen on {_address(host, port)} for {what} ({flag}): "
+                          f"{_why_not(e)}") from e
 
 
 def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dict:
@@ -59,11 +84,7 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
         "peak_flops_per_second": d.peak_flops,
         "achievable_bandwidth_bytes_per_second": d.hardware.achievable_bandwidth,
         "achievable_flops_per_second": d.hardware.achievable_flops(d.compute_dtype),
-        # calibrated: measured here by `phasewatch calibrate`; published: measurements on
-        # real parts from the catalog; else the datasheet x a typical efficiency.
-        "achievable_source": ("calibrated" if d.hardware_source == "profile" else
-                              "published" if d.hardware.measured_bandwidth else
-                              "typical_efficiency"),
+        "achievable_source": achievable_source(d),
         "ridge_flops_per_byte": d.ridge}
     v = r.verdict
     c = v.cause if v is not None else None
@@ -79,6 +100,18 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
     return {"model": r.model, "engine": r.engine, **more, "configured": d is not None,
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
             "engine_state": r.engine_state, "trail": r.trail}
+
+
+def deployment_line(d, engine_metrics_url: str = "") -> str:
+    """The resolved roofline of one deployment, in one log line."""
+    h = d.hardware
+    return (f"roofline for {d.served_name!r}: model {d.model.name} ({d.model_source}), "
+            f"{h.name} x {h.gpus} ({d.hardware_source}), compute {d.compute_dtype}; "
+            f"peak {d.peak_bandwidth / 1e12:.3g} TB/s, {d.peak_flops / 1e12:.4g} TFLOP/s; "
+            f"achievable {h.achievable_bandwidth / 1e12:.3g} TB/s, "
+            f"{h.achievable_flops(d.compute_dtype) / 1e12:.4g} TFLOP/s "
+            f"({achievable_source(d).replace('_', ' ')}); "
+            f"engine metrics {engine_metrics_url or 'none (--engine-metrics-url)'}")
 
 
 class _Everything:
@@ -100,6 +133,7 @@ class Exporter:
         self.stats = SelfStats()
         options = config.model_options()
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
+        self._resolved = [(o, d) for o, d in resolved if d is not None]  # logged by start()
         deployments = Deployments([d for _, d in resolved if d is not None])
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, d.served_name,
                                                       self.stats)
@@ -246,6 +280,27 @@ class Exporter:
 
     # ---- lifecycle -------------------------------------------------------------
     def start(self) -> Exporter:
+        try:
+            return self._start()
+        except ListenError:
+            self._close_listeners()  # those already up: the process is about to exit
+            raise
+
+    def _close_listeners(self) -> None:
+        for front in self._fronts:
+            front.stop()
+        for name in ("_grpc", "_otlp_grpc"):
+            if getattr(self, name) is not None:
+                getattr(self, name).stop(0)
+                setattr(self, name, None)
+        for name in ("_otlp_http", "_http"):
+            if getattr(self, name) is not None:
+                getattr(self, name).stop()
+                setattr(self, name, None)
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _start(self) -> Exporter:
         c = self.config
         tls = None
         if c.tls_cert_file or c.tls_key_file or c.tls_client_ca_file:
@@ -253,32 +308,43 @@ class Exporter:
             self._socket_dir = tempfile.mkdtemp(prefix="phasewatch-")  # 0700: ours only
         service = PhasewatchService(self.trace_join, self.joiner, self.admission)
         auth = BearerAuth(c.auth_token, self.stats)
-        self._grpc, self.grpc_port = self._grpc_server(
-            start_grpc_server, service, c.grpc_host, c.grpc_port, auth, "phasewatch", tls)
+        self._grpc, self.grpc_port = listening(
+            "the phasewatch gRPC receiver", "--grpc-port", c.grpc_host, c.grpc_port,
+            lambda: self._grpc_server(start_grpc_server, service, c.grpc_host, c.grpc_port,
+                                      auth, "phasewatch", tls))
         api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
                "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
                "/api/v1/history": self._history, "/api/v1/bench": self._bench}
         handler = make_handler(self.metrics_page.render, api, auth=auth,
                                ready=lambda: self._grpc is not None and not self._stop.is_set(),
                                mutual_tls=self.stats if tls and tls.mutual else None)
-        self._http = HttpServer(c.http_host, c.http_port, handler, c.max_connections,
-                                self._refused_connection("http"),
-                                tls and (tls, "http", "optional"))
+        self._http = listening(
+            "/metrics and the JSON API", "--http-port", c.http_host, c.http_port,
+            lambda: HttpServer(c.http_host, c.http_port, handler, c.max_connections,
+                               self._refused_connection("http"),
+                               tls and (tls, "http", "optional")))
         self.http_port = self._http.port
         self._http.start()
-        self._otlp_grpc, self.otlp_grpc_port = self._grpc_server(
-            start_otlp_grpc_server, OtlpGrpcService(self.otlp, self.admission),
-            c.otlp_grpc_host, c.otlp_grpc_port, auth, "otlp_grpc", tls)
-        self._otlp_http = HttpServer(c.otlp_http_host, c.otlp_http_port,
-                                     make_otlp_handler(self.otlp, self.admission, auth=auth),
-                                     c.max_connections, self._refused_connection("otlp_http"),
-                                     tls and (tls, "otlp_http",
-                                              "require" if tls.mutual else "none"))
+        self._otlp_grpc, self.otlp_grpc_port = listening(
+            "OTLP/gRPC", "--otlp-grpc-port", c.otlp_grpc_host, c.otlp_grpc_port,
+            lambda: self._grpc_server(start_otlp_grpc_server,
+                                      OtlpGrpcService(self.otlp, self.admission),
+                                      c.otlp_grpc_host, c.otlp_grpc_port, auth, "otlp_grpc",
+                                      tls))
+        self._otlp_http = listening(
+            "OTLP/HTTP", "--otlp-http-port", c.otlp_http_host, c.otlp_http_port,
+            lambda: HttpServer(c.otlp_http_host, c.otlp_http_port,
+                               make_otlp_handler(self.otlp, self.admission, auth=auth),
+                               c.max_connections, self._refused_connection("otlp_http"),
+                               tls and (tls, "otlp_http",
+                                        "require" if tls.mutual else "none")))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         if self.tap is not None:
-            self._tap_server = tapmod.TapServer(self.tap, c.tap_host, c.tap_port,
-                                                grace=c.shutdown_grace).start()
+            self._tap_server = listening(
+                "the stream tap", "--tap-port", c.tap_host, c.tap_port,
+                lambda: tapmod.TapServer(self.tap, c.tap_host, c.tap_port,
+                                         grace=c.shutdown_grace).start())
             self.tap_port = self._tap_server.port
             log.info("stream tap on http://%s:%d -> %s", c.tap_host, self.tap_port,
                      c.tap_upstream)
@@ -294,6 +360,11 @@ class Exporter:
         log.info("OTLP/gRPC receiver on %s:%d, OTLP/HTTP on %s://%s:%d/v1/traces",
                  c.otlp_grpc_host, self.otlp_grpc_port, scheme, c.otlp_http_host,
                  self.otlp_http_port)
+        for o, d in self._resolved:
+            log.info("%s", deployment_line(d, o.engine_metrics_url))
+        if not self._resolved:
+            log.info("roofline: no model configured (--model or --hf-config, with --hardware):"
+                     " latency and phases only")
         return self
 
     def _grpc_server(self, start, service, host: str, port: int, auth: BearerAuth,

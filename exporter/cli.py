@@ -11,13 +11,14 @@ import threading
 import time
 from dataclasses import replace
 
-from exporter.config import ConfigError, add_serve_flags, load_serve_config
+from exporter.config import ConfigError, ListenError, add_serve_flags, load_serve_config
 from exporter.sim.scenarios import SCENARIOS, scenario
 
 log = logging.getLogger("phasewatch")
 
 DESCRIPTION = """\
-phasewatch splits every LLM request into queue, prefill and decode, and exports
+phasewatch splits every LLM request into its phases (preprocess, queue, prefill
+and decode; KV transfer where prefill and decode are disaggregated), and exports
 TTFT, ITL, TPOT, tokens/s per phase to Prometheus.
 
   phasewatch serve                     run the exporter (gRPC :50051, /metrics :9464)
@@ -515,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ListenError as e:  # a port taken: which listener, address and flag, one line
+        print(f"phasewatch {args.command}: {e}", file=sys.stderr)
+        return 2
     except (ConfigError, ValueError, OSError) as e:
         print(f"phasewatch: error: {e}", file=sys.stderr)
         return 2

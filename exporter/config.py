@@ -219,6 +219,11 @@ class ConfigError(ValueError):
     pass
 
 
+class ListenError(OSError):
+    """A listener could not bind its address; the message names the listener, the
+    address and the flag that moves it."""
+
+
 def _coerce(option: Option, value: Any, source: str) -> Any:
     try:
         if option.type is int and isinstance(value, float) and not value.is_integer():

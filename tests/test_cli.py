@@ -146,6 +146,8 @@ def test_serve_logs_its_ports_and_stops_on_sigterm():
 
 @pytest.mark.parametrize("flags,message", [
     (["--model", "Llama-3.1-8", "--hardware", "H100"], "close matches: Llama-3.1-8B"),
+    (["--model", "Llama-3.1-8", "--hardware", "H100"],
+     "or give the model's Hugging Face config.json with --hf-config"),
     (["--model", "Llama-3.1-8B", "--hardware", "H1OO"], "unknown hardware 'H1OO'"),
     (["--hf-config", "/nonexistent/config.json", "--hardware", "H100"],
      "cannot read Hugging Face config"),
@@ -155,6 +157,29 @@ def test_serve_fails_fast_on_bad_model_or_hardware(flags, message):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("flag,host,what", [
+    ("--otlp-grpc-port", "127.0.0.1", "OTLP/gRPC"),
+    ("--otlp-http-port", "127.0.0.1", "OTLP/HTTP"),
+    ("--grpc-port", "127.0.0.1", "the phasewatch gRPC receiver"),
+    ("--http-port", "0.0.0.0", "/metrics and the JSON API"),
+])
+def test_serve_on_a_taken_port_names_the_listener_and_flag(flag, host, what):
+    """Issue 26: gRPC died with a traceback, HTTP said only "[Errno 98]"."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        free = {"--grpc-port": "0", "--http-port": "0", "--otlp-grpc-port": "0",
+                "--otlp-http-port": "0", flag: str(port)}
+        proc = subprocess.run([*PHASEWATCH, "serve", *(w for kv in free.items() for w in kv)],
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"phasewatch serve: cannot listen on {host}:{port} for {what} ({flag}): "
+        "address already in use"]
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("protocol,shape", [("otlp-grpc", "vllm"), ("otlp-http", "sglang")])
@@ -172,3 +197,44 @@ def test_simulate_over_otlp_with_the_sdk_exporter(exporter, protocol, shape):
     s = scrape(exporter.http_port)
     assert s.total("gen_ai_server_request_duration_seconds_count", engine=shape) == n
     assert s.total("phasewatch_phase_duration_seconds_count", phase="prefill") == n
+
+
+def test_serve_logs_the_resolved_roofline_at_start(tmp_path):
+    """Issue 26: what the roofline was resolved to (model, part x GPUs, dtype, ceilings,
+    their sources) was nowhere in the log."""
+    from tests.serve import ServeProcess
+
+    serve = ServeProcess(tmp_path, "--model", "Llama-3.1-8B", "--hardware", "H100-SXM").start()
+    try:
+        deadline = time.monotonic() + 10  # logged right after the ports ServeProcess waits for
+        while "roofline for" not in (log := serve.log_path.read_text()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        serve.stop()
+    assert ("roofline for 'Llama-3.1-8B': model Llama-3.1-8B (catalog), H100-SXM x 1 "
+            "(catalog), compute bf16; peak 3.35 TB/s, 989 TFLOP/s; achievable 3 TB/s, "
+            "800 TFLOP/s (published); engine metrics none (--engine-metrics-url)") in log
+
+
+def test_help_names_every_phase():
+    """Issue 26: the overview named three phases of four (five when disaggregated)."""
+    out = subprocess.run([*PHASEWATCH, "--help"], capture_output=True, text=True,
+                         timeout=30).stdout
+    text = " ".join(out.split())
+    assert "preprocess, queue, prefill and decode; KV transfer where prefill and decode " \
+           "are disaggregated" in text
+
+
+def test_metrics_carry_build_info_and_every_phase_in_the_share_help(exporter):
+    from importlib import metadata
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{exporter.http_port}/metrics",
+                                timeout=10) as r:
+        text = r.read().decode()
+    assert Scrape(text).value("phasewatch_build_info",
+                              version=metadata.version("phasewatch")) == 1.0
+    help_line = next(line for line in text.splitlines()
+                     if line.startswith("# HELP phasewatch_phase_time_share_ratio "))
+    for phase in ("preprocess", "queue", "prefill", "kv_transfer", "decode"):
+        assert phase in help_line

@@ -39,6 +39,8 @@ def test_config_json_resolves():
 @pytest.mark.parametrize("options,message", [
     (ModelOptions(model="Llama-3.1-8", hardware="H100-SXM"),
      "unknown model 'Llama-3.1-8'; close matches: Llama-3.1-8B"),
+    (ModelOptions(model="my-own-finetune-7b", hardware="H100-SXM"),  # issue 26: the way out
+     "; or give the model's Hugging Face config.json with --hf-config$"),
     (ModelOptions(model="Llama-3.1-8B", hardware="H10"),
      "unknown hardware 'H10'; close matches: H100-SXM"),
     (ModelOptions(model="Llama-3.1-8B", hardware="H100", weight_dtype="int3"),

@@ -7,7 +7,10 @@ INVALID_ARGUMENT and counted instead of failing inside the framework.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from concurrent import futures
 from typing import TYPE_CHECKING
@@ -182,6 +185,21 @@ def identity(b: bytes) -> bytes:
     return b
 
 
+def _probe(host: str, port: int | None) -> None:
+    """gRPC's bind failure says only "Failed to bind" (after a C-core log line), and
+    with SO_REUSEPORT it shares a port another gRPC server holds: bind the address with
+    a plain socket first, so a taken port fails here, with the OS's reason."""
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        socket.create_server((host.strip("[]"), port), family=family).close()
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise OSError(e.errno, os.strerror(e.errno)) from None
+        # anything else (a name this probe cannot resolve): gRPC has the last word
+
+
 def serve_grpc(handlers, host: str, port: int | None, max_workers: int, what: str,
                interceptors: Sequence[grpc.ServerInterceptor] = ()) -> tuple[grpc.Server, int]:
     """A started grpc server for ``handlers`` with the message size limit; returns it
@@ -193,6 +211,7 @@ def serve_grpc(handlers, host: str, port: int | None, max_workers: int, what: st
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
     address = host if port is None else f"{host}:{port}"  # port None: host is unix:PATH
+    _probe(host, port)
     bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind the {what} gRPC port on {address}")

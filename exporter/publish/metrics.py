@@ -13,6 +13,7 @@ Sample exposition::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from importlib import metadata
 
 import numpy as np
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
@@ -180,6 +181,14 @@ def _help(doc: str, openmetrics: bool) -> str:
     return _escape(doc) if openmetrics else doc.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+def package_version() -> str:
+    """The installed phasewatch's version (a source tree run without installing: unknown)."""
+    try:
+        return metadata.version("phasewatch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class SelfCollector(Collector):
     """The exporter's own counters (``SelfStats``) and the gauges it is given."""
 
@@ -198,6 +207,11 @@ class SelfCollector(Collector):
             yield fam
         for name, (doc, read) in self._gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(read()))
+        info = GaugeMetricFamily("phasewatch_build_info",
+                                 "Always 1; the running phasewatch's version in its label.",
+                                 labels=["version"])
+        info.add_metric([package_version()], 1.0)
+        yield info
 
 
 class MetricsPage:

@@ -62,8 +62,9 @@ class RooflineCollector(Collector):
             yield fam
         yield from self._peaks(results, labels)
         share = GaugeMetricFamily("phasewatch_phase_time_share_ratio",
-                                  "Share of request time spent in each phase (queue, prefill, "
-                                  "decode) over the rolling window.", labels=[*labels, "phase"])
+                                  "Share of request time spent in each phase (preprocess, "
+                                  "queue, prefill, kv_transfer, decode) over the rolling "
+                                  "window.", labels=[*labels, "phase"])
         batch = GaugeMetricFamily("phasewatch_decode_batch_size",
                                   "Estimated mean number of sequences decoding together while "
                                   "decode runs.", labels=labels)

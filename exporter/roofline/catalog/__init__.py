@@ -131,7 +131,9 @@ def _index(entries: dict[str, dict]) -> dict[str, str]:
     return index
 
 
-def _resolve(kind: str, name: str, entries: dict[str, dict]) -> str:
+def _resolve(kind: str, name: str, entries: dict[str, dict], otherwise: str = "") -> str:
+    """The canonical name of ``name``; unknown: ValueError with the close matches (or
+    all names), then ``otherwise``, the way out for a name outside the catalog."""
     index = _index(entries)
     key = name.strip().lower()
     if key in index:
@@ -140,7 +142,7 @@ def _resolve(kind: str, name: str, entries: dict[str, dict]) -> str:
     names = list(dict.fromkeys(index[c] for c in close))  # canonical names, in rank order
     known = ", ".join(names) if names else ", ".join(sorted(entries))
     hint = ("close matches: " if names else "known: ") + known
-    raise ValueError(f"unknown {kind} {name!r}; {hint}")
+    raise ValueError(f"unknown {kind} {name!r}; {hint}" + (f"; {otherwise}" if otherwise else ""))
 
 
 @cache
@@ -154,7 +156,8 @@ def _hardware() -> dict[str, dict]:
 
 
 def model(name: str) -> ModelSpec:
-    canonical = _resolve("model", name, _models())
+    canonical = _resolve("model", name, _models(),
+                         "or give the model's Hugging Face config.json with --hf-config")
     e = _models()[canonical]
     params = e["params_b"] * 1e9
     return ModelSpec(
