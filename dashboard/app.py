@@ -64,7 +64,8 @@ class CachedSource:
 
 def build_figures(snap: Snapshot) -> list[dict]:
     """Every figure of the page, in ``GRAPHS`` order."""
-    return [figures.roofline_figure(snap.points, snap.ceilings),
+    idle = panels.idle_text(snap.window_seconds) if snap.idle else figures.NO_ROOFLINE
+    return [figures.roofline_figure(snap.points, snap.ceilings, idle),
             figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes),
             figures.ttft_figure(snap.series), figures.token_latency_figure(snap.series),
             figures.throughput_figure(snap.series), figures.shares_figure(snap.series),
@@ -73,23 +74,25 @@ def build_figures(snap: Snapshot) -> list[dict]:
 
 def page_outputs(snap: Snapshot, last_ok: float | None = None,
                  started: float | None = None) -> list:
-    """State or banners, cards, every figure, footer: what one refresh sends the page.
+    """State or banners, cards, the bench fold's blocks and its style, every figure,
+    footer: what one refresh sends the page.
     On a source error only the state and the footer change; the rest keeps its picture.
     ``started``: ``perf_counter()`` when the refresh began (the footer shows its time)."""
     started = time.perf_counter() if started is None else started
     state = panels.state_panel(snap, last_ok)
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
     if snap.error is not None:
-        return [state, dash.no_update, *[dash.no_update] * len(GRAPHS),
+        return [state, *[dash.no_update] * 3, *[dash.no_update] * len(GRAPHS),
                 f"{stamp}: {snap.error.message}"]
     body = [state] if state is not None else panels.banners(snap)
-    cards = ([*panels.kpi_cards(snap.kpis), panels.bench_compare(snap.kpis, snap.source)]
-             if not snap.kpis.empty else [])
+    cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
+    bench = panels.bench_blocks(snap.kpis, snap.source)
+    bench_style = {} if bench else {"display": "none"}
     figs = build_figures(snap)
     took = (time.perf_counter() - started) * 1000
     footer = (f"Updated {stamp} from {snap.source} {snap.target}; window "
               f"{snap.window_seconds:g} s; refresh took {took:.0f} ms on the server.")
-    return [body, cards, *figs, footer]
+    return [body, cards, bench, bench_style, *figs, footer]
 
 
 def _options(values, chosen) -> list[dict]:
@@ -141,19 +144,7 @@ def guard(server, basic_auth: str = "") -> None:
         return Response("phasewatch dashboard is read-only\n", 405, {"Allow": "GET, HEAD"})
 
 
-def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
-               basic_auth: str = "") -> dash.Dash:
-    """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``. The pod
-    selector shows once the source reports pods (Prometheus, or a central exporter), the
-    request-source selector (engine, tap, joined) once it reports sources (an exporter
-    run with --source-label).
-    ``basic_auth``: ``user:password`` the browser must give (empty: none)."""
-    cached = CachedSource(source, ttl=min(1.0, refresh / 2))
-    app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
-                    serve_locally=True)
-    guard(app.server, basic_auth)
-    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
-                                                "</style>")
+def _layout(source, refresh: float, scenario: ScenarioControl | None) -> html.Div:
     controls = [_selector("model", "all models"), _selector("engine", "all engines"),
                 html.Div(_selector("pod", "all pods"), id="pod-wrap",
                          style={"display": "none"}),
@@ -167,7 +158,7 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
                                                options=[{"label": s, "value": s}
                                                         for s in scenario.scenarios])],
                                  style={"display": "flex", "alignItems": "center"}))
-    app.layout = html.Div([
+    return html.Div([
         html.Div([html.H1("phasewatch"),
                   html.Span(f"{source.name} {source.url}", className="pw-source",
                             id="source"),
@@ -175,6 +166,7 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
         html.Div([
             html.Div(id="state"),
             html.Div(id="cards", className="pw-cards"),
+            panels.bench_compare(),
             html.Div([html.Div([dcc.Graph(id=g, config={"displaylogo": False}),
                                 html.P(CAPTIONS[g], className="pw-caption")],
                                className="pw-panel") for g in GRAPHS], className="pw-grid"),
@@ -184,7 +176,30 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
         dcc.Interval(id="tick", interval=int(refresh * 1000)),
     ])
 
+
+def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = None,
+               basic_auth: str = "") -> dash.Dash:
+    """``source`` has ``fetch(Selection) -> Snapshot``, ``name`` and ``url``. The pod
+    selector shows once the source reports pods (Prometheus, or a central exporter), the
+    request-source selector (engine, tap, joined) once it reports sources (an exporter
+    run with --source-label).
+    ``basic_auth``: ``user:password`` the browser must give (empty: none)."""
+    cached = CachedSource(source, ttl=min(1.0, refresh / 2))
+    app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
+                    serve_locally=True)
+    guard(app.server, basic_auth)
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
+                                                "</style>")
+
+    def page() -> html.Div:
+        """The layout, built on every page load: the scenario dropdown shows the live
+        scenario, not the one the demo started with."""
+        return _layout(source, refresh, scenario)
+
+    app.layout = page
+
     @app.callback([Output("state", "children"), Output("cards", "children"),
+                   Output("bench-blocks", "children"), Output("bench-compare", "style"),
                    *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
                    Output("model", "options"), Output("engine", "options"),
                    Output("pod", "options"), Output("pod-wrap", "style"),

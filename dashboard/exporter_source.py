@@ -73,9 +73,11 @@ class ExporterSource:
             one_model = selection.models[0] if len(selection.models) == 1 else None
             params = {"limit": PROMPT_POINTS, **({"model": one_model} if one_model else {})}
             requests = self._get("/api/v1/requests", **params)["requests"]
+            status = self._get("/api/v1/status")
         except FetchError as e:
             return Snapshot(self.name, self.url, error=e.error, fetched_at=time.time())
-        snap = snapshot_from_api(summary, roofline, history, requests, self.url)
+        snap = in_window_only(snapshot_from_api(summary, roofline, history, requests, self.url),
+                              status.get("label_sets"))
         return snap.select(selection.models, selection.engines, selection.pods,
                            selection.sources)
 
@@ -157,6 +159,22 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
             *snap.verdicts[list(KEYS)].to_dict("records")]
     snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
         drop=True)
+    return snap
+
+
+def in_window_only(snap: Snapshot, label_sets_seen: int | None) -> Snapshot:
+    """Verdicts and roofline points only for label sets with requests in the window (the
+    summary lists no other): the roofline's verdicts outlive the window by up to its
+    lookback, and a stopped workload has no bottleneck. ``label_sets_seen``: the label
+    sets the exporter has ever seen (``/api/v1/status``); when it has seen some and none
+    is in the window, the snapshot is ``idle``."""
+    live = set(snap.kpis[list(KEYS)].itertuples(index=False, name=None))
+    for name in ("verdicts", "points"):
+        df = getattr(snap, name)
+        keep = [k in live for k in df[list(KEYS)].itertuples(index=False, name=None)]
+        setattr(snap, name, df[pd.Series(keep, index=df.index, dtype=bool)]
+                .reset_index(drop=True))
+    snap.idle = not live and bool(label_sets_seen)
     return snap
 
 

@@ -72,13 +72,18 @@ def _dates(at: pd.Series) -> list:
 
 
 # ---- roofline ---------------------------------------------------------------------
-def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame) -> dict:
+NO_ROOFLINE = ("No roofline yet: the exporter needs --model and --hardware, and finished "
+               "requests in the window")
+
+
+def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
+                    empty_text: str = NO_ROOFLINE) -> dict:
     """Log-log roofline: per hardware, min(bandwidth x intensity, peak FLOP/s) for each
-    ceiling, and each phase's operating point now (large) and its recent trail."""
+    ceiling, and each phase's operating point now (large) and its recent trail.
+    ``empty_text``: what the figure says with neither (a stopped workload says so)."""
     title = "Roofline: achieved FLOP/s against arithmetic intensity"
     if ceilings.empty and points.empty:
-        return empty_figure(title, "No roofline yet: the exporter needs --model and "
-                                   "--hardware, and finished requests in the window")
+        return empty_figure(title, empty_text)
     ok = points[np.isfinite(points["intensity"].astype(float))
                 & np.isfinite(points["flops"].astype(float))
                 & (points["intensity"].astype(float) > 0) & (points["flops"].astype(float) > 0)]
@@ -267,10 +272,7 @@ def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame
         cls = _of(prompt_classes, key).sort_values("min_tokens")
         if cls.empty:
             continue
-        # a class's x: the geometric middle of its token range (the open top class: 2x min)
-        lo = cls["min_tokens"].clip(lower=1).astype(float)
-        hi = np.minimum(cls["max_tokens"].astype(float), lo * 4)
-        x = np.sqrt(lo * hi).tolist()
+        x = class_midpoints(cls["min_tokens"], cls["max_tokens"])
         per_token = cls["prefill_per_token_p50"].astype(float).fillna(-1).tolist()
         for q, dash in (("p50", "solid"), ("p95", "dot")):
             data.append({"type": "scatter", "mode": "lines+markers",
@@ -284,7 +286,36 @@ def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame
                                           "%{y:.3s}s<br>prefill %{customdata[1]:.3s}s per "
                                           "token (p50; -1: unknown)<br>%{customdata[2]} "
                                           "requests<extra></extra>"})
+    ys = [y for t in data for y in t["y"]]
     return {"data": data, "layout": _layout(
         title, {"type": "log", "title": {"text": "prompt length (tokens)"}},
-        {"type": "log", "title": {"text": "TTFT (seconds)"}, "tickformat": "~s",
-         "ticksuffix": "s"})}
+        {"type": "log", "title": {"text": "TTFT"}, **log_seconds_ticks(ys)})}
+
+
+def class_midpoints(min_tokens: pd.Series, max_tokens: pd.Series) -> list[float]:
+    """A prompt class's x: the middle of its token range (0-256 at 128), the open top
+    class (no finite max) as if it ended at twice its min."""
+    lo = min_tokens.astype(float)
+    hi = max_tokens.astype(float)
+    hi = hi.where(np.isfinite(hi), lo * 2)
+    return ((lo + hi) / 2).clip(lower=1).tolist()
+
+
+def duration_text(x: float) -> str:
+    """An axis label in ms below a second, in s above: ``200 ms``, ``1.5 s``."""
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.3g} s"
+
+
+def log_seconds_ticks(values: list[float]) -> dict:
+    """A log axis of durations labelled 1-2-5 per decade in ms or s: Plotly's own ``~s``
+    labels mix units (``200m 100ms 90m``, where "m" reads as minutes) and crowd the
+    minor ticks with labels."""
+    ok = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not ok:
+        return {"tickformat": "~s", "ticksuffix": "s"}
+    lo = math.floor(math.log10(min(ok)))
+    hi = math.ceil(math.log10(max(ok)))
+    ticks = [m * 10.0 ** e for e in range(lo, max(hi, lo + 1) + 1) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if min(ok) / 2 <= t <= max(ok) * 2] or [10.0 ** lo]
+    return {"tickmode": "array", "tickvals": ticks,
+            "ticktext": [duration_text(t) for t in ticks]}

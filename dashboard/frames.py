@@ -110,6 +110,9 @@ class Snapshot:
     labels: pd.DataFrame = field(default_factory=lambda: frame(KEYS))
     error: SourceError | None = None
     fetched_at: float = 0.0
+    # The source has seen requests, but none finished in the window: a stopped workload,
+    # not an exporter that was never sent anything.
+    idle: bool = False
 
     FRAMES = ("kpis", "verdicts", "points", "ceilings", "series", "waterfall",
               "prompt_points", "prompt_classes")
@@ -122,7 +125,7 @@ class Snapshot:
         """A copy whose frames hold only the chosen label sets (an empty choice keeps all);
         ``labels`` keeps every label set."""
         out = Snapshot(self.source, self.target, self.window_seconds, labels=self.labels,
-                       error=self.error, fetched_at=self.fetched_at)
+                       error=self.error, fetched_at=self.fetched_at, idle=self.idle)
         for name in self.FRAMES:
             df = getattr(self, name)
             keep = pd.Series(True, index=df.index)

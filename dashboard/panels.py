@@ -67,6 +67,13 @@ def state_panel(snap: Snapshot, last_ok: float | None = None) -> html.Div | None
         return html.Div(className="pw-state error", id="state-http-error", children=[
             html.H3(f"{name} answered with an error"),
             html.P(["From ", html.Code(e.target), f": {e.message}.{stale}"])])
+    if snap.idle and snap.empty:
+        return html.Div(className="pw-state", id="state-idle", children=[
+            html.H3(idle_text(snap.window_seconds)),
+            html.P(f"{snap.target} has received requests, but none finished in its "
+                   f"{snap.window_seconds:g} s window: the workload has stopped or its "
+                   "traces no longer arrive. The figures fill in again with the next "
+                   "requests.")])
     if snap.empty:
         return html.Div(className="pw-state", id="state-empty", children=[
             html.H3("No data yet"),
@@ -75,6 +82,10 @@ def state_panel(snap: Snapshot, last_ok: float | None = None) -> html.Div | None
                    "phasewatch client) at the exporter; figures fill in as requests "
                    "finish.")])
     return None
+
+
+def idle_text(window_seconds: float) -> str:
+    return f"No requests in the last {window_seconds:g} s"
 
 
 def utilization_text(x) -> str:
@@ -199,7 +210,7 @@ def _known(v):
     return f if math.isfinite(f) else None
 
 
-def bench_compare(kpis: pd.DataFrame, source: str) -> html.Details:
+def bench_blocks(kpis: pd.DataFrame, source: str) -> list[html.Pre]:
     """Each label set's figures as ``vllm bench serve`` prints a run (mean, median,
     P50/P90/P99 of TTFT, TPOT, ITL and E2EL in ms), to set beside a benchmark's."""
     blocks = []
@@ -213,11 +224,17 @@ def bench_compare(kpis: pd.DataFrame, source: str) -> html.Details:
         title = f"phasewatch {who(r)} ({source}" + (
             f", last {span:.0f} s)" if span else ")")
         blocks.append(html.Pre(benchtext.render(title, figures)))
+    return blocks
+
+
+def bench_compare(blocks: list | None = None) -> html.Details:
+    """The fold around ``bench_blocks``. It is built once, in the layout, and a refresh
+    replaces only its blocks: a fold rebuilt every refresh closes under the user's click."""
     return html.Details(
         [html.Summary("Compare with vllm bench serve: the same rows, names and units "
                       "(requests that finished in the range, as the server saw them)"),
-         html.Div(blocks, className="pw-bench-blocks")],
-        id="bench-compare", className="pw-bench")
+         html.Div(blocks or [], id="bench-blocks", className="pw-bench-blocks")],
+        id="bench-compare", className="pw-bench", style={"display": "none"})
 
 
 def kpi_cards(kpis: pd.DataFrame) -> list:

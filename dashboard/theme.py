@@ -140,7 +140,7 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-card .pw-card-title { font-size: 12px; color: #555; }
 .pw-card .pw-card-value { font-size: 20px; font-weight: 600; }
 .pw-card .pw-card-sub { font-size: 11px; color: #777; }
-.pw-bench { grid-column: 1 / -1; background: #fff; border-radius: 6px; padding: 8px 12px; }
+.pw-bench { background: #fff; border-radius: 6px; padding: 8px 12px; margin-bottom: 12px; }
 .pw-bench summary { cursor: pointer; font-size: 13px; color: #333; }
 .pw-bench-blocks { display: flex; flex-wrap: wrap; gap: 12px; }
 .pw-bench pre { font-size: 12px; margin: 8px 0 0; }

@@ -191,3 +191,74 @@ def test_model_filter_and_exporter_outage(browser):
             f.join(10)
         server.stop()
         ex.stop(grace=1)
+
+
+def _footer_changes(browser: Browser, n: int) -> None:
+    """Wait for ``n`` refreshes (the footer's time and timing change on each)."""
+    for i in range(n):
+        before = browser.text("#footer")
+        browser.wait_for(lambda b=before: browser.text("#footer") not in ("", b), 15,
+                         f"refresh {i + 1}")
+
+
+def test_bench_fold_stays_open_and_a_stopped_workload_says_so(browser):
+    """Issue 26: the "Compare with vllm bench serve" fold closed itself on the next
+    refresh; a stopped workload kept its last verdict, then read "No data yet"."""
+    from selenium.webdriver.common.by import By
+
+    config = ServeConfig(**TEST_PORTS, window_seconds=5.0, roofline_interval=1.0, models=(
+        ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"),))
+    ex = Exporter(config).start()
+    stop = threading.Event()
+    feeder = threading.Thread(target=_feed, args=(ex.grpc_port, "Llama-3.1-8B",
+                                                  "long_generation", "vllm", "engine", stop),
+                              daemon=True)
+    feeder.start()
+    source = ExporterSource(f"http://127.0.0.1:{ex.http_port}", timeout=1)
+    server = DashboardServer(create_app(source, refresh=1.0), port=0).start()
+    try:
+        browser.open(server.url)
+        browser.wait_for(lambda: browser.banners(), 90, "a verdict")
+        browser.driver.find_element(By.CSS_SELECTOR, "#bench-compare summary").click()
+        _footer_changes(browser, 2)
+        assert browser.js("return document.getElementById('bench-compare').open")
+        assert "Successful requests" in browser.text("#bench-compare")
+        browser.screenshot("bench-fold-open")
+
+        stop.set()
+        feeder.join(10)
+        browser.wait_for(lambda: "No requests in the last 5 s" in browser.text("#state"),
+                         60, "the stopped state")
+        _footer_changes(browser, 2)
+        state = browser.text("#state")
+        assert "No requests in the last 5 s" in state and "No data yet" not in state
+        assert browser.banners() == []
+        assert not _shown(browser, "bench-compare")
+        assert "--model" not in browser.text("#roofline")
+        browser.screenshot("workload-stopped")
+        assert browser.console_errors() == []
+    finally:
+        stop.set()
+        feeder.join(10)
+        server.stop()
+        ex.stop(grace=1)
+
+
+def test_scenario_dropdown_shows_the_live_scenario_after_a_reload(browser):
+    """Issue 26: after a reload the demo's dropdown said ``chat`` while rag ran."""
+    demo = Demo("chat")
+    try:
+        browser.open(demo.url)
+        browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
+                         "the first refresh")
+        browser.choose("scenario", "rag")
+        browser.wait_for(lambda: any("rag" in line for line in demo.lines[-5:])
+                         or browser.text("#scenario-note") == "scenario rag", 10,
+                         "the switch to rag")
+        browser.driver.refresh()
+        browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
+                         "the first refresh after the reload")
+        assert browser.text("#scenario").strip() == "rag"
+        browser.screenshot("scenario-after-reload")
+    finally:
+        assert demo.stop() == 0, "".join(demo.lines[-30:])

@@ -287,8 +287,7 @@ def test_bench_compare_lays_out_the_kpis_as_vllm_bench_serve():
            **{f"{k}_{s}": 0.001 * (i + 1) * (j + 1)
               for i, k in enumerate(LATENCIES) for j, s in enumerate(LATENCY_STATS)}}
     row["itl_p99"] = float("nan")
-    details = panels.bench_compare(frame(KPI_COLUMNS, [row]), "prometheus")
-    (pre,) = details.children[1].children
+    (pre,) = panels.bench_blocks(frame(KPI_COLUMNS, [row]), "prometheus")
     lines = dict(line.split(":", 1) for line in pre.children.splitlines() if ":" in line)
     assert lines["Successful requests"].strip() == "120"
     assert float(lines["Request throughput (req/s)"]) == pytest.approx(2.0)
@@ -391,3 +390,49 @@ def test_the_source_selector_shows_only_when_sources_are_reported(two_sources, m
     page = _refresh(create_app(_Fixed(many[1])))
     assert page["request-source-wrap"]["style"] == {"display": "none"}
     assert page["request-source"]["options"] == []
+
+
+def test_prompt_classes_sit_at_their_middle_and_ttft_reads_in_ms_and_s():
+    """Issue 26: the 0-256 class was drawn at 2 tokens, and the log TTFT axis printed
+    ``200m 100ms 90m`` (mixed units, crowded minor labels)."""
+    from dashboard.frames import PROMPT_CLASS_COLUMNS, PROMPT_POINT_COLUMNS, frame
+
+    key = {"model": "m", "engine": "vllm", "pod": "", "source": ""}
+    classes = frame(PROMPT_CLASS_COLUMNS, [
+        {**key, "prompt_class": c, "min_tokens": lo, "max_tokens": hi, "ttft_p50": p50,
+         "ttft_p95": p50 * 3, "prefill_per_token_p50": 1e-4, "count": 10}
+        for c, lo, hi, p50 in (("0-256", 0, 256, 0.03), ("256-1024", 256, 1024, 0.08),
+                               ("8192+", 8192, float("inf"), 0.9))])
+    fig = figures.prompt_ttft_figure(frame(PROMPT_POINT_COLUMNS), classes)
+    line = next(t for t in fig["data"] if t["name"].startswith("class TTFT p50"))
+    assert line["x"] == [128.0, 640.0, 12288.0]  # the open top: as if up to 2x its min
+    y = fig["layout"]["yaxis"]
+    assert y["tickmode"] == "array" and "tickformat" not in y
+    assert all(re.fullmatch(r"[0-9.]+ (ms|s)", t) for t in y["ticktext"]), y["ticktext"]
+    assert "100 ms" in y["ticktext"] and "1 s" in y["ticktext"]
+    assert min(y["tickvals"]) <= 0.03 and max(y["tickvals"]) >= 2.7
+    assert len(y["tickvals"]) <= 3 * 3  # 1-2-5 in each of the decades shown, no more
+
+
+def test_a_stopped_workload_drops_its_verdict_and_says_so():
+    """Issue 26: once the window empties, the roofline's last verdict must not stay on
+    the page, and the page says the window is empty, not "point your traces here"."""
+    from dashboard.exporter_source import in_window_only
+    from dashboard.frames import VERDICT_COLUMNS, frame
+
+    row = {"model": "m", "engine": "vllm", "pod": "", "source": "", "phase": "decode",
+           "resource": "memory_bandwidth", "confidence": 1.0}
+    stopped = in_window_only(snapshot_from_api({"window_seconds": 30, "models": []},
+                                               {"models": []}, {"series": []}, []), 1)
+    stopped.verdicts = frame(VERDICT_COLUMNS, [row])
+    stopped = in_window_only(stopped, 1)
+    assert stopped.verdicts.empty and stopped.idle
+    state = panels.state_panel(stopped)
+    assert state.id == "state-idle" and "No requests in the last 30 s" in str(state.children)
+    assert panels.banners(stopped) == []
+    roof = build_figures(stopped)[0]
+    assert roof["layout"]["annotations"][0]["text"] == "No requests in the last 30 s"
+    never = in_window_only(snapshot_from_api({"models": []}, {"models": []},
+                                             {"series": []}, []), 0)
+    assert not never.idle and panels.state_panel(never).id == "state-empty"
+    assert "--model" in build_figures(never)[0]["layout"]["annotations"][0]["text"]
