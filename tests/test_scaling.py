@@ -1,5 +1,5 @@
 """Scaling out: two exporter replicas behind one Prometheus give the same cluster-wide
-quantiles as one exporter that saw all of the load (README "Scaling to a cluster").
+quantiles as one exporter that saw all of the load (docs/deploy.md, "Scaling to a cluster").
 
 Two simulated servers ("pods") each send their finished requests to their own
 replica (A or B), as a gateway sharded by pod or two sidecars would get them; a third

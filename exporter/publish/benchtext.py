@@ -5,7 +5,7 @@ the same rows, names, units (ms) and layout as vLLM's benchmark (a 50-column blo
 labels left-aligned in 40 columns, values with two decimals), with its
 ``--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99`` choice:
 Mean, Median and P50/P90/P99 per metric. The definitions behind the numbers are the
-same (phasewatch's TTFT, TPOT, pooled ITL and e2e are vLLM's benchmark's, README
+same (phasewatch's TTFT, TPOT, pooled ITL and e2e are vLLM's benchmark's, docs/metrics.md
 "Phases and metrics"); what differs is the population: requests that finished in the
 chosen range, as the server saw them.
 
