@@ -75,6 +75,14 @@ SERVE_OPTIONS = (
            "most recent requests kept for window quantiles and the waterfall", 1, 10_000_000),
     Option("max_series", int, 256, "cap on distinct (model, engine) label sets; the rest "
            "go to model=\"__overflow__\"", 2, 100_000),
+    Option("prompt_class_label", bool, True, "split TTFT by prompt-length class "
+           "(prompt_class, 7 values); false: one TTFT histogram per label set, about 190 "
+           "series fewer each (the JSON API and the exporter-source dashboard keep the "
+           "classes)"),
+    Option("classic_buckets", str, "full", "classic histogram buckets: full, or coarse (only "
+           "the 1-2-5 bounds of each family and its top one, about half the bucket series; "
+           "percentiles then come from the native histograms, and a TTFT SLO must sit on a "
+           "1-2-5 bound)"),
     Option("otlp_join_wait", float, 10.0, "seconds an SGLang request span waits for its "
            "scheduler's stage spans (another process) and its other disaggregated role "
            "before it is counted with what came", 0, 3600),
@@ -165,6 +173,8 @@ class ServeConfig:
     window_seconds: float = 30.0
     window_capacity: int = 65536
     max_series: int = 256
+    prompt_class_label: bool = True
+    classic_buckets: str = "full"
     otlp_join_wait: float = 10.0
     trace_join_wait: float = 10.0
     trace_join_max_pending: int = 20_000
@@ -213,6 +223,7 @@ assert [f.name for f in fields(ServeConfig)][:-2] == [
 assert all(o.default == getattr(ModelOptions(), o.name) for o in SERVE_OPTIONS
            if o.name in MODEL_KEYS)
 _BY_NAME = {o.name: o for o in SERVE_OPTIONS}
+CLASSIC_BUCKETS = ("full", "coarse")
 
 
 class ConfigError(ValueError):
@@ -254,14 +265,51 @@ def _boolean(value: Any) -> bool:
     raise ValueError
 
 
+# ``serve --help`` in sections, the ones a first run sets first. Every option is in
+# exactly one (checked below), so a new option cannot be left out of the help.
+SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("model and hardware", "what the roofline and the verdict are computed for; several "
+     "models: [[models]] tables in --config",
+     ("model", "hf_config", "served_model_name", "hardware", "hardware_profile", "gpus",
+      "tensor_parallel", "weight_dtype", "kv_dtype", "compute_dtype", "max_batched_tokens",
+      "engine_metrics_url", "roofline_interval")),
+    ("listeners", "where the exporter receives and serves (0 picks a free port)",
+     ("grpc_host", "grpc_port", "otlp_grpc_host", "otlp_grpc_port", "otlp_http_host",
+      "otlp_http_port", "http_host", "http_port")),
+    ("the stream tap in this process", "time what clients see, in front of the server",
+     ("tap_upstream", "tap_host", "tap_port", "tap_engine")),
+    ("model names and joins", "how spans are named and joined into requests",
+     ("default_model", "otlp_model_map", "otlp_join_wait", "trace_join_wait",
+      "trace_join_max_pending", "lifecycle_ttl", "lifecycle_grace", "lifecycle_max_pending")),
+    ("labels and series", "what /metrics carries, and its bounds",
+     ("pod_label", "max_pods", "source_label", "max_series", "prompt_class_label",
+      "classic_buckets")),
+    ("window and history", "what the JSON API and the dashboard read",
+     ("window_seconds", "window_capacity", "history_points")),
+    ("security", "", ("auth_token", "tls_cert_file", "tls_key_file", "tls_client_ca_file")),
+    ("overload", "bounds that keep the exporter up under any load",
+     ("max_in_flight", "max_in_flight_mib", "memory_limit_mib", "max_connections",
+      "grpc_workers", "shutdown_grace")),
+    ("output and logging", "", ("otlp_export_endpoint", "log_level")),
+)
+
+if sorted(n for _, _, names in SERVE_GROUPS for n in names) != sorted(_BY_NAME):
+    raise RuntimeError("every serve option belongs in exactly one of SERVE_GROUPS")
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="TOML file with any of the keys below (env: PHASEWATCH_CONFIG)")
-    for o in SERVE_OPTIONS:
-        flag = "--" + o.name.replace("_", "-")
-        parser.add_argument(flag, dest=o.name, default=None, metavar=o.type.__name__.upper(),
-                            help=f"{o.help} (default {o.default}; "
-                                 f"env PHASEWATCH_{o.name.upper()})")
+    for title, description, names in SERVE_GROUPS:
+        group = parser.add_argument_group(title, description or None)
+        for name in names:
+            o = _BY_NAME[name]
+            flag = "--" + o.name.replace("_", "-")
+            default = "none" if o.default == "" else str(o.default).lower() \
+                if isinstance(o.default, bool) else o.default
+            group.add_argument(flag, dest=o.name, default=None, metavar=o.type.__name__.upper(),
+                               help=f"{o.help} (default {default}; "
+                                    f"env PHASEWATCH_{o.name.upper()})")
 
 
 def load_serve_config(args: argparse.Namespace | None = None,
@@ -300,6 +348,9 @@ def load_serve_config(args: argparse.Namespace | None = None,
         flag = getattr(args, o.name, None) if args is not None else None
         if flag is not None:
             values[o.name] = _coerce(o, flag, "--" + o.name.replace("_", "-"))
+    if values["classic_buckets"] not in CLASSIC_BUCKETS:
+        raise ConfigError(f"classic_buckets must be one of {', '.join(CLASSIC_BUCKETS)}, not "
+                          f"{values['classic_buckets']!r}")
     if values["lifecycle_grace"] > values["lifecycle_ttl"]:
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
     flags = ModelOptions(**{k: values.pop(k) for k in MODEL_KEYS})

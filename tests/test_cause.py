@@ -228,3 +228,36 @@ def test_one_pod_queueing_while_another_idles_is_an_imbalance():
     imbalance([alone], ("model", "engine", "pod"))  # one pod: nothing to compare
     assert alone.verdict.cause.name == "compute_saturated"
     imbalance([busy, calm], ("model", "engine"))  # no pod label: a no-op
+
+
+def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
+    """Issue 26: a server busy 10 % of the time at 0.1 req/s was told to buy faster GPUs.
+    The verdict now says first that nothing needs fixing, how busy the engine was, and
+    offers no lever; a busy one keeps its levers."""
+    from exporter.aggregation.aggregate import Aggregator
+    from exporter.aggregation.window import RollingWindow
+    from exporter.requests.record import RequestBatch
+    from exporter.roofline.bottleneck import BottleneckMonitor
+    from exporter.roofline.deployments import Deployment, Deployments
+    from exporter.sim.scenarios import SCENARIOS
+
+    def verdict(rate_scale: float):
+        engine = SCENARIOS["chat"].build(seed=3, model="Llama-3.1-8B",
+                                         hardware="H100-SXM", gpus=1, rate_scale=rate_scale)
+        records = engine.run(240.0, epoch=1_700_000_000.0)
+        window = RollingWindow(120.0, capacity=100_000)
+        agg = Aggregator(window=window)
+        agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
+        monitor = BottleneckMonitor(window, agg.labels, Deployments(
+            [Deployment("Llama-3.1-8B", engine.model, engine.hw)]), span=120.0)
+        [result] = monitor.update()
+        return result.verdict
+
+    busy = verdict(1.0)
+    assert busy.evidence["busy_share"] >= 0.5 and busy.levers, busy
+    assert not busy.text.startswith("Nothing to fix")
+    idle = verdict(0.02)  # 0.12 requests/s
+    assert idle.evidence["busy_share"] < 0.5, idle.evidence
+    assert idle.text.startswith("Nothing to fix: the engine had a request in prefill or "
+                                f"decode only {idle.evidence['busy_share']:.0%}"), idle.text
+    assert idle.levers == () and idle.evidence["idle"] is True

@@ -24,10 +24,16 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client.registry import Collector
 
-from exporter.aggregation.aggregate import COUNTERS, HISTOGRAMS, Aggregator
+from exporter.aggregation.aggregate import COUNTERS, Aggregator
 from exporter.ingest.wire import varint
 from exporter.protocol import exposition_pb2 as pb
-from exporter.publish.metrics import COUNTER_NAMES, HISTOGRAM_NAMES, counter_cells, row_labels
+from exporter.publish.metrics import (
+    COUNTER_NAMES,
+    HISTOGRAM_NAMES,
+    Exposure,
+    counter_cells,
+    row_labels,
+)
 from exporter.requests import native
 
 CONTENT_TYPE = ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
@@ -107,8 +113,9 @@ class HotProto:
     """The aggregator's histograms (classic and native) and counters as MetricFamily
     messages, from one snapshot."""
 
-    def __init__(self, aggregator: Aggregator):
+    def __init__(self, aggregator: Aggregator, exposure: Exposure | None = None):
         self._agg = aggregator
+        self._exposure = exposure or Exposure()
         # (histogram, native?, label values) -> a serialized Metric holding the labels
         # and what never changes (bucket bounds; schema and zero threshold), merged in
         # with one call per series and scrape
@@ -131,12 +138,11 @@ class HotProto:
         return got
 
     def families(self) -> list:
-        snap = self._agg.snapshot()
+        snap = self._exposure.apply(self._agg.snapshot())
         pairs, base = snap.label_sets, list(snap.label_names)
         out = []
-        for spec in HISTOGRAMS:
+        for spec, counts, sums in snap.histograms.values():
             name, doc = HISTOGRAM_NAMES[spec.key]
-            _, counts, sums = snap.histograms[spec.key]
             names = base + ([spec.sub_label] if spec.sub_label else [])
             rows = np.flatnonzero(counts.sum(axis=1)).tolist()
             labels = [row_labels(spec, pairs, row) for row in rows]

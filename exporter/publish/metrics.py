@@ -12,7 +12,9 @@ Sample exposition::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from importlib import metadata
 
 import numpy as np
@@ -27,36 +29,34 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from exporter.aggregation.aggregate import COUNTERS, HISTOGRAMS, Aggregator
+from exporter.aggregation.aggregate import COUNTERS, Aggregator, Snapshot
+from exporter.requests.buckets import BucketSet
 from exporter.selfstats import SELF_METRICS
 
 # Aggregator key -> (Prometheus name, help). Units are in the names.
 HISTOGRAM_NAMES: dict[str, tuple[str, str]] = {
     "ttft": ("gen_ai_server_time_to_first_token_seconds",
-             "Time to first token (first_token - arrival), by prompt-length class."),
+             "Time to first token: first token minus arrival."),
     "tpot": ("gen_ai_server_time_per_output_token_seconds",
              "Per-request time per output token after the first: "
              "(last_token - first_token) / (output_tokens - 1)."),
     "e2e": ("gen_ai_server_request_duration_seconds", "End-to-end request duration."),
     "itl": ("phasewatch_inter_token_latency_seconds",
-            "Pooled inter-token latency per emission: every gap between consecutive "
-            "emissions (streamed chunks), as vLLM's benchmark itl."),
+            "Every gap between consecutive streamed emissions, pooled (vLLM's benchmark "
+            "itl)."),
     "itl_per_token": ("phasewatch_inter_token_latency_per_token_seconds",
-                      "Pooled inter-token latency per token: each gap between emissions "
-                      "spread evenly over the tokens of the emission ending it (multi-token "
-                      "chunks, speculative decoding); the same as per emission where every "
-                      "emission carries one token."),
+                      "Every gap between streamed emissions spread over the tokens of the "
+                      "emission ending it, pooled."),
     "phase": ("phasewatch_phase_duration_seconds",
-              "Time a request spent in each phase: preprocess (arrival to the engine's "
-              "queue), queue, prefill, decode."),
+              "Time a request spent in each phase (preprocess, queue, prefill, "
+              "kv_transfer, decode)."),
     "prefill_spt": ("phasewatch_prefill_seconds_per_token",
                     "Prefill time per uncached prompt token (length-normalised TTFT)."),
     "decode_tps": ("phasewatch_decode_tokens_per_second",
                    "Per-request decode speed: output tokens after the first per decode second."),
     "clock_skew": ("phasewatch_clock_skew_seconds",
-                   "Disagreement between a two-clock server's frontend and engine-core times "
-                   "absorbed per request (vLLM: last token past the finish, or queued before "
-                   "the arrival); every duration is still the server's own."),
+                   "Disagreement absorbed per request between a two-clock server's frontend "
+                   "and engine-core times."),
 }
 COUNTER_NAMES: dict[str, tuple[str, str]] = {
     "tokens": ("phasewatch_tokens_total",
@@ -65,22 +65,72 @@ COUNTER_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+def coarse(bounds: BucketSet) -> BucketSet:
+    """The 1-2-5 bounds of a bucket set (1, 2 or 5 times a power of ten) and its top one."""
+    def one_two_five(b: float) -> bool:
+        mantissa = b / 10 ** math.floor(math.log10(b))
+        return any(math.isclose(mantissa, m, rel_tol=1e-9) for m in (1, 2, 5, 10))
+    kept = tuple(b for b in bounds.bounds[:-1] if one_two_five(b)) + bounds.bounds[-1:]
+    return replace(bounds, bounds=kept)
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """What /metrics shows of the aggregation: every label set's histograms, with the
+    prompt-length split of TTFT (``--prompt-class-label``) and the classic buckets in
+    full or coarse (``--classic-buckets``). The aggregation keeps everything; this only
+    merges what a scrape carries, exactly (a coarse bucket is the sum of the fine ones
+    it covers; TTFT without classes the sum over classes, native buckets too)."""
+
+    prompt_class_label: bool = True
+    classic_buckets: str = "full"
+
+    def apply(self, snap: Snapshot) -> Snapshot:
+        if self.prompt_class_label and self.classic_buckets == "full":
+            return snap
+        hists, natives = dict(snap.histograms), dict(snap.natives)
+        for key, (spec, counts, sums) in snap.histograms.items():
+            if not self.prompt_class_label and spec.sub_label == "prompt_class":
+                k = len(spec.sub_values)
+                counts, sums = _merge_rows(counts, k), _merge_rows(sums[:, None], k)[:, 0]
+                if key in natives:
+                    lo, ncounts = natives[key]
+                    natives[key] = (lo, _merge_rows(ncounts, k))
+                spec = replace(spec, sub_label=None, sub_values=("",))
+            if self.classic_buckets == "coarse":
+                fine = spec.buckets
+                spec = replace(spec, buckets=coarse(fine))
+                cols = [fine.bounds.index(b) for b in spec.buckets.bounds]
+                cum = np.cumsum(counts, axis=1)[:, [*cols, -1]]
+                counts = np.diff(cum, axis=1, prepend=0)
+            hists[key] = (spec, counts, sums)
+        return replace(snap, histograms=hists, natives=natives)
+
+
+def _merge_rows(a: np.ndarray, k: int) -> np.ndarray:
+    """Rows ``i*k .. i*k+k-1`` summed into row ``i`` (a sub-label's values merged)."""
+    rows = -(-a.shape[0] // k) * k
+    padded = np.zeros((rows, a.shape[1]), dtype=a.dtype)
+    padded[: a.shape[0]] = a
+    return padded.reshape(rows // k, k, a.shape[1]).sum(axis=1)
+
+
 class HotCollector(Collector):
     """The aggregator's histograms and counters as prometheus_client families, built from
     ``Aggregator.snapshot()`` at every scrape. ``HotText`` renders the same samples
     straight to text (what /metrics serves in the two standard formats); this is the
     path for any other format, and the reference it is tested against."""
 
-    def __init__(self, aggregator: Aggregator):
+    def __init__(self, aggregator: Aggregator, exposure: Exposure | None = None):
         self._agg = aggregator
+        self._exposure = exposure or Exposure()
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._agg.snapshot()
+        snap = self._exposure.apply(self._agg.snapshot())
         pairs = snap.label_sets
         base = list(snap.label_names)
-        for spec in HISTOGRAMS:
+        for spec, counts, sums in snap.histograms.values():
             name, doc = HISTOGRAM_NAMES[spec.key]
-            _, counts, sums = snap.histograms[spec.key]
             labels = base + ([spec.sub_label] if spec.sub_label else [])
             fam = HistogramMetricFamily(name, doc, labels=labels)
             les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
@@ -125,40 +175,47 @@ class HotText:
     OpenMetrics 1.0.0. A scrape of 20 models x 3 engines is ~20,000 samples; through
     metric family objects that takes ~5 us a sample, here the label part of each line
     is built once per label set and cached, and a sample costs one string join.
-    Counts are written as integers (valid floats in both formats)."""
+    Counts are written as integers (valid floats in both formats). Label names are in
+    alphabetical order, ``le`` among them, as prometheus_client writes every other
+    family on the page."""
 
-    def __init__(self, aggregator: Aggregator):
+    def __init__(self, aggregator: Aggregator, exposure: Exposure | None = None):
         self._agg = aggregator
+        self._exposure = exposure or Exposure()
         self._prefixes: dict[tuple, list[str]] = {}
 
-    def _lines(self, key: tuple, name: str, labels: str, les: list[str]) -> list[str]:
+    def _lines(self, key: tuple, name: str, pairs: list[tuple[str, str]],
+               les: list[str]) -> list[str]:
         got = self._prefixes.get(key)
         if got is None:
             if len(self._prefixes) > 100_000:  # label sets churned: start again
                 self._prefixes.clear()
+            pairs = sorted(pairs)
+            before = "".join(f'{n}="{_escape(v)}",' for n, v in pairs if n < "le")
+            after = "".join(f',{n}="{_escape(v)}"' for n, v in pairs if n > "le")
+            plain = ",".join(f'{n}="{_escape(v)}"' for n, v in pairs)
             got = self._prefixes[key] = [
-                *(f'{name}_bucket{{{labels},le="{le}"}} ' for le in les),
-                f"{name}_count{{{labels}}} ", f"{name}_sum{{{labels}}} "]
+                *(f'{name}_bucket{{{before}le="{le}"{after}}} ' for le in les),
+                f"{name}_count{{{plain}}} ", f"{name}_sum{{{plain}}} "]
         return got
 
     def render(self, openmetrics: bool) -> bytes:
-        snap = self._agg.snapshot()
+        snap = self._exposure.apply(self._agg.snapshot())
         names = snap.label_names
-        sets = [",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, pair, strict=True))
-                for pair in snap.label_sets]
         out = []
-        for spec in HISTOGRAMS:
+        for spec, counts, sums in snap.histograms.values():
             name, doc = HISTOGRAM_NAMES[spec.key]
             out.append(f"# HELP {name} {_help(doc, openmetrics)}\n# TYPE {name} histogram\n")
-            _, counts, sums = snap.histograms[spec.key]
             les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
             k = len(spec.sub_values)
             cum = np.cumsum(counts, axis=1)
             for row in np.flatnonzero(cum[:, -1]).tolist():
-                labels = sets[row // k]
+                pair = snap.label_sets[row // k]
+                sub = spec.sub_values[row % k] if spec.sub_label else None
+                pairs = list(zip(names, pair, strict=True))
                 if spec.sub_label:
-                    labels += f',{spec.sub_label}="{_escape(spec.sub_values[row % k])}"'
-                prefixes = self._lines((spec.key, labels), name, labels, les)
+                    pairs.append((spec.sub_label, sub))
+                prefixes = self._lines((spec.key, pair, sub), name, pairs, les)
                 values = cum[row].tolist()
                 buckets = prefixes[:-2]
                 out.append("".join([f"{p}{v}\n" for p, v in zip(buckets, values, strict=True)]))
@@ -171,8 +228,10 @@ class HotText:
                        f"# TYPE {family} counter\n")
             arr = snap.counters[key]
             for i, j in counter_cells(key, arr):
-                out.append(f'{name}{{{sets[i]},{label}="{values[j]}"}} '
-                           f"{_number(float(arr[i, j]))}\n")
+                pairs = sorted([*zip(names, snap.label_sets[i], strict=True),
+                                (label, values[j])])
+                text = ",".join(f'{n}="{_escape(v)}"' for n, v in pairs)
+                out.append(f"{name}{{{text}}} {_number(float(arr[i, j]))}\n")
         return "".join(out).encode()
 
 
@@ -208,7 +267,7 @@ class SelfCollector(Collector):
         for name, (doc, read) in self._gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(read()))
         info = GaugeMetricFamily("phasewatch_build_info",
-                                 "Always 1; the running phasewatch's version in its label.",
+                                 "1, with the running phasewatch's version in its label.",
                                  labels=["version"])
         info.add_metric([package_version()], 1.0)
         yield info

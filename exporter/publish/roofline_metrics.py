@@ -69,14 +69,13 @@ class RooflineCollector(Collector):
                                   "Estimated mean number of sequences decoding together while "
                                   "decode runs.", labels=labels)
         info = GaugeMetricFamily("phasewatch_bottleneck_info",
-                                 "1 for the current verdict: the phase that dominates request "
-                                 "time, the resource that limits it and why (cause, none if "
-                                 "unknown).", labels=[*labels, "phase", "resource", "cause"])
+                                 "1 for the current verdict: its phase, the resource that "
+                                 "limits it and the cause.",
+                                 labels=[*labels, "phase", "resource", "cause"])
         confidence = GaugeMetricFamily("phasewatch_bottleneck_confidence_ratio",
                                        "Confidence of the verdict, 0..1.", labels=labels)
         inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
-                                   "1 per input of the estimate and where it came from "
-                                   "(origin: token_gaps, tpot, engine_counters, ...).",
+                                   "1 per input of the estimate, by where it came from.",
                                    labels=[*labels, "input", "origin"])
         for r in results:
             for phase, v in (r.estimate.phase_time_share or {}).items():
@@ -96,12 +95,11 @@ class RooflineCollector(Collector):
     @staticmethod
     def _peaks(results, labels: list[str]) -> Iterator[Metric]:
         bw = GaugeMetricFamily("phasewatch_peak_bandwidth_bytes_per_second",
-                               "Memory bandwidth ceiling of the configured hardware x GPUs: "
-                               "datasheet, and achievable (measured, or datasheet x a typical "
-                               "efficiency).", labels=[*labels, "ceiling"])
+                               "Memory bandwidth ceiling of the hardware x GPUs, datasheet "
+                               "or achievable.", labels=[*labels, "ceiling"])
         fl = GaugeMetricFamily("phasewatch_peak_flops_per_second",
-                               "Dense FLOP/s ceiling of the configured hardware x GPUs at the "
-                               "compute dtype: datasheet and achievable.",
+                               "Dense FLOP/s ceiling of the hardware x GPUs at the compute "
+                               "dtype, datasheet or achievable.",
                                labels=[*labels, "ceiling"])
         for r in results:
             d = r.deployment
@@ -134,9 +132,8 @@ class RooflineCollector(Collector):
                                      "Tokens the engine's KV cache holds (vLLM blocks x block "
                                      "size, SGLang max_total_num_tokens).", labels=labels)
         exceeded = GaugeMetricFamily("phasewatch_roofline_ceiling_exceeded_ratio",
-                                     "Achieved over the configured ceiling where it is above 1: "
-                                     "the ceiling is wrong (run phasewatch calibrate in the "
-                                     "compute dtype); no utilization is published then.",
+                                     "Achieved over the configured ceiling, only where above 1 "
+                                     "(the ceiling is then wrong).",
                                      labels=[*labels, "phase", "ceiling"])
         for r in results:
             # the tap's own label set (engine="tap": requests no engine span joined) is no

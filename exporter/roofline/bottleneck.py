@@ -281,14 +281,17 @@ def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
 
 
 def _tell_idle(verdict: Verdict, busy: float | None) -> None:
-    """How busy the engine was is evidence; an engine idle most of the window is told so
-    (no lever buys speed it does not need)."""
+    """How busy the engine was is evidence; an engine idle most of the window with no
+    cause is told so first, and offered no lever (none buys speed it does not need)."""
     if busy is None:
         return
     verdict.evidence["busy_share"] = busy
-    if verdict.cause is None and busy < BUSY:
-        verdict.text += (f" The engine had a request in prefill or decode only {busy:.0%} of "
-                         "the window: it is mostly idle, so faster hardware buys little.")
+    if verdict.cause is None and busy < BUSY:  # say first that nothing needs fixing
+        verdict.text = (f"Nothing to fix: the engine had a request in prefill or decode only "
+                        f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
+                        f"or tuning buys little. {verdict.text}")
+        verdict.evidence["idle"] = True
+        verdict.levers = ()
 
 
 def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
