@@ -5,7 +5,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-otlp test lint bench profile proto system-deps clean
+.PHONY: demo demo-otlp test lint bench profile proto system-deps clean image
+
+# The image the Kubernetes manifests run (deploy/kubernetes: `phasewatch:<version>`, pulled
+# IfNotPresent); no registry publishes it. `make image`, then load it into the cluster
+# (kind load docker-image phasewatch:0.1.0, minikube image load phasewatch:0.1.0) or
+# `make image IMAGE=REGISTRY/phasewatch:0.1.0` and push it (docs/deploy.md).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   := phasewatch:$(VERSION)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +85,9 @@ real-engines: $(STAMP) engines-venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+
+image:
+	docker build -t $(IMAGE) .
 
 # Engine fixtures (tests/fixtures/otlp/engines/): vLLM's and SGLang's own tracing code,
 # driven with a known ground truth by tests/engines/*_spans.py and exporting to a local

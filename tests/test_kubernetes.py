@@ -6,7 +6,16 @@ scrapes the server's own /metrics on its port in the pod (with the flags that pu
 what it reads), and the exporter started with the container's own arguments and
 environment answers its probes. Where the tap is deployed, it fronts the server (its
 --upstream is the server's port, the Service's port reaches the tap) and, started with
-its own arguments, is ready exactly when the server answers through it."""
+its own arguments, is ready exactly when the server answers through it.
+
+What a new user runs works as printed on a plain cluster: the phasewatch image is the
+one `make image` tags (no placeholder registry); nothing in the default overlays needs
+the Prometheus Operator (its PodMonitor, ServiceMonitor and PrometheusRule are the
+opt-in deploy/kubernetes/monitoring) and the pods carry the prometheus.io/* annotations
+of the exporter's real port; the example servers run pinned releases of an ungated
+model, which is the model phasewatch is configured with, and a Hugging Face token only
+from an optional Secret; and examples/existing-vllm adds the sidecar to a Deployment the
+user already runs, keeping all of theirs."""
 
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -33,18 +43,34 @@ from exporter.config import load_serve_config
 from exporter.ingest.adapters import sglang as sglang_adapter
 from exporter.ingest.adapters import tgi as tgi_adapter
 from exporter.ingest.adapters import vllm as vllm_adapter
+from exporter.roofline import catalog
+from exporter.roofline.deployments import resolve
 from tests.conftest import require_binary, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
 SIDECAR_OVERLAYS = [o for o in OVERLAYS if o != "gateway"]
+# Copy-paste examples (examples/<name>): phasewatch added to a Deployment the user runs.
+EXAMPLES = sorted(f"examples/{p.name}" for p in (K8S / "examples").iterdir())
+# Everything with a phasewatch sidecar beside a server.
+SIDECARS = [*SIDECAR_OVERLAYS, *EXAMPLES]
+# The Prometheus Operator's resources: opt-in, applied beside an overlay or an example.
+OPERATOR_PIECE = "monitoring"
+OPERATOR_API = "monitoring.coreos.com/"
 # The oldest Kubernetes still in common support, and the newest the schemas know.
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 # How each server is told where to send OTLP: (container, flag).
 OTLP_FLAGS = {"vllm": "--otlp-traces-endpoint", "tgi": "--otlp-endpoint",
               "sglang": "--otlp-traces-endpoint"}
+# Which server a container runs, by its image (a user's container has its own name).
+ENGINE_IMAGES = {"vllm/vllm-openai": "vllm", "lmsysorg/sglang": "sglang",
+                 "ghcr.io/huggingface/text-generation-inference": "tgi"}
+# Where each server listens without --port (vLLM 8000, SGLang 30000, TGI's launcher 3000).
+DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 3000}
+# How each server is told its model: vLLM's first positional argument or --model.
+MODEL_FLAGS = {"vllm": "--model", "sglang": "--model-path", "tgi": "--model-id"}
 # The engine label each server's spans get: the tap in front of it records under the same.
 ENGINE_LABELS = {"vllm": vllm_adapter.ENGINE, "sglang": sglang_adapter.ENGINE,
                  "tgi": tgi_adapter.ENGINE}
@@ -63,9 +89,11 @@ HEALTH_ANSWER_S = {"sglang": 1.0}
 
 
 @functools.cache
-def render(overlay: str) -> tuple[dict, ...]:
+def render(target: str) -> tuple[dict, ...]:
+    """``kubectl kustomize`` of an overlay's name, or of a path under deploy/kubernetes."""
     kubectl = require_binary("kubectl", "it renders the kustomize overlays")
-    r = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)],
+    path = K8S / target if "/" in target or target == OPERATOR_PIECE else K8S / "overlays" / target
+    r = subprocess.run([kubectl, "kustomize", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
@@ -121,12 +149,16 @@ def hardened(c: dict) -> None:
     assert c["resources"]["requests"] and c["resources"]["limits"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_renders_and_validates(overlay):
-    docs = render(overlay)
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES, OPERATOR_PIECE])
+def test_overlay_renders_and_validates(target):
+    docs = render(target)
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "PrometheusRule"} <= kinds
-    assert kinds & {"PodMonitor", "ServiceMonitor"}
+    if target == OPERATOR_PIECE:
+        assert kinds == OPERATOR_KINDS
+    elif target in EXAMPLES:
+        assert "Deployment" in kinds
+    else:
+        assert {"Namespace", "Deployment", "Service"} <= kinds
     for doc in docs:
         if doc["kind"] in OPERATOR_KINDS:
             continue  # CRDs: checked below
@@ -138,32 +170,67 @@ def test_overlay_renders_and_validates(overlay):
                             f"{e.message} at {'/'.join(map(str, e.path))}")
 
 
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_nothing_but_the_opt_in_piece_needs_the_prometheus_operator(target):
+    """`kubectl apply -k` of an overlay or an example works on a cluster without the
+    Operator's CRDs; everything of the Operator's is in the opt-in piece."""
+    needs = [f"{d['kind']}/{d['metadata']['name']}" for d in render(target)
+             if d["apiVersion"].startswith(OPERATOR_API)]
+    assert not needs, f"{target} needs the Prometheus Operator's CRDs for {needs}"
+    assert all(d["apiVersion"].startswith(OPERATOR_API) for d in render(OPERATOR_PIECE))
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_operator_resources_select_what_exists(overlay, tmp_path):
+def test_an_overlay_creates_the_namespace_it_deploys_into(overlay):
+    """No "namespaces not found" on a fresh cluster: the overlay brings its namespace."""
     docs = render(overlay)
-    pods = [d["spec"]["template"] for d in of_kind(docs, "Deployment")]
-    for pm in of_kind(docs, "PodMonitor"):
-        selected = [p for p in pods if pm["spec"]["selector"]["matchLabels"].items()
-                    <= p["metadata"]["labels"].items()]
-        assert selected, f"PodMonitor {pm['metadata']['name']} selects no pod"
-        for p in selected:
-            names = {port["name"] for c in p["spec"]["containers"] for port in c.get("ports", [])}
+    (namespace,) = of_kind(docs, "Namespace")
+    name = namespace["metadata"]["name"]
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {name}
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_operator_resources_select_what_exists(target):
+    """The opt-in monitors, applied into the target's namespace (`kubectl apply -n NS -k
+    deploy/kubernetes/monitoring`), scrape every exporter the target deploys, on a port
+    its pods or Services have, under the job the alerts watch."""
+    docs = render(target)
+    operator = render(OPERATOR_PIECE)
+    assert not any("namespace" in d["metadata"] for d in operator)  # -n decides
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in of_kind(docs, "Deployment")}
+    scraped = set()
+    for pm in of_kind(operator, "PodMonitor"):
+        for name, p in pods.items():
+            if not pm["spec"]["selector"]["matchLabels"].items() <= p["metadata"][
+                    "labels"].items():
+                continue
+            names = {port.get("name") for c in p["spec"]["containers"]
+                     for port in c.get("ports", [])}
             for ep in pm["spec"]["podMetricsEndpoints"]:
                 assert ep["port"] in names and ep["path"] == "/metrics"
-    for sm in of_kind(docs, "ServiceMonitor"):
-        services = [s for s in of_kind(docs, "Service") if sm["spec"]["selector"]["matchLabels"]
-                    .items() <= s["metadata"]["labels"].items()]
-        assert services, f"ServiceMonitor {sm['metadata']['name']} selects no Service"
-        for ep in sm["spec"]["endpoints"]:
-            assert ep["port"] in {p["name"] for s in services for p in s["spec"]["ports"]}
-    for monitor in of_kind(docs, "PodMonitor") + of_kind(docs, "ServiceMonitor"):
+            scraped.add(name)
+    for sm in of_kind(operator, "ServiceMonitor"):
+        for s in of_kind(docs, "Service"):
+            if not sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items():
+                continue
+            for ep in sm["spec"]["endpoints"]:
+                assert ep["port"] in {p["name"] for p in s["spec"]["ports"]}
+            scraped |= {name for name, p in pods.items()
+                        if s["spec"]["selector"].items() <= p["metadata"]["labels"].items()}
+    exporters = {name for name, p in pods.items() for c in p["spec"]["containers"]
+                 if c["name"] == "phasewatch" and c["args"][0] == "serve"}
+    assert exporters and exporters <= scraped, (exporters, scraped)
+    for monitor in of_kind(operator, "PodMonitor") + of_kind(operator, "ServiceMonitor"):
         endpoints = (monitor["spec"].get("podMetricsEndpoints")
                      or monitor["spec"]["endpoints"])
         # The job the PhasewatchExporterDown alert watches.
         assert all({"targetLabel": "job", "replacement": "phasewatch"} in e["relabelings"]
                    for e in endpoints)
-    # The PrometheusRule's groups are the rule files' groups, and promtool accepts them.
-    (rule,) = of_kind(docs, "PrometheusRule")
+
+
+def test_the_opt_in_prometheus_rule_is_the_shipped_rules(tmp_path):
+    """The PrometheusRule's groups are the rule files' groups, and promtool accepts them."""
+    (rule,) = of_kind(render(OPERATOR_PIECE), "PrometheusRule")
     shipped = [g for f in sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"),
                                  reverse=True)
                for g in yaml.safe_load(f.read_text())["groups"]]
@@ -175,22 +242,192 @@ def test_operator_resources_select_what_exists(overlay, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def pod_templates(docs) -> list[dict]:
+    return [d["spec"]["template"] for d in of_kind(docs, "Deployment")]
+
+
+def exporters(docs) -> list[tuple[dict, dict]]:
+    """(pod template, container) of every `phasewatch serve` in a render."""
+    return [(p, c) for p in pod_templates(docs) for c in p["spec"]["containers"]
+            if c["name"] == "phasewatch" and c["args"][0] == "serve"]
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_pods_ask_a_plain_prometheus_to_scrape_the_exporters_port(target, tmp_path):
+    """Without the Operator, Prometheus's pod discovery finds the exporter by the
+    prometheus.io/* annotations: they name the port and path it really serves."""
+    docs = render(target)
+    found = exporters(docs)
+    assert found
+    for pod, c in found:
+        cfg = serve_config(*localised(docs, c, tmp_path))
+        annotations = pod["metadata"].get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == "true", annotations
+        assert int(annotations["prometheus.io/port"]) == cfg.http_port == ports(c)[
+            "phasewatch-http"]
+        assert annotations["prometheus.io/path"] == "/metrics"
+        assert cfg.http_host == "0.0.0.0"
+    # A pod without an exporter asks for no scrape (its annotated port would be another's).
+    for pod in pod_templates(docs):
+        if not any(c["name"] == "phasewatch" for c in pod["spec"]["containers"]):
+            assert "prometheus.io/scrape" not in pod["metadata"].get("annotations", {})
+
+
+def _repo(image: str) -> str:
+    """The image's name without its tag."""
+    name, _, tag = image.rpartition(":")
+    return name if name and "/" not in tag else image
+
+
+def _tag(image: str) -> str | None:
+    name, _, tag = image.rpartition(":")
+    return tag if name and "/" not in tag else None
+
+
+@functools.cache
+def make_image_tag() -> str:
+    """The tag `make image` gives the image it builds (make's own dry run)."""
+    make = require_binary("make", "it reads the tag `make image` builds")
+    r = subprocess.run([make, "-n", "-s", "image"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    (tag,) = re.findall(r"^docker build -t (\S+) \.$", r.stdout, re.M)
+    return tag
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_phasewatch_runs_the_image_make_image_builds(target):
+    """Nobody publishes the phasewatch image: every manifest runs the tag `make image`
+    builds from the Dockerfile, pulled only if the node lacks it (loaded with kind or
+    minikube), with a phasewatch command line that the image's entrypoint accepts."""
+    tag = make_image_tag()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert tag == f"phasewatch:{version}"
+    ours = [c for p in pod_templates(render(target)) for c in p["spec"]["containers"]
+            if _repo(c["image"]).rsplit("/", 1)[-1] == "phasewatch"]
+    assert ours
+    for c in ours:
+        assert c["image"] == tag, (c["name"], c["image"])
+        assert c["imagePullPolicy"] == "IfNotPresent", c["name"]
+        build_parser().parse_args(c["args"])  # exits (SystemExit) on a command it lacks
+
+
+def test_no_manifest_names_a_placeholder_registry():
+    for path in sorted(K8S.rglob("*.yaml")):
+        text = path.read_text()
+        for placeholder in ("registry.example", "example.com", "example.org"):
+            assert placeholder not in text, f"{path.relative_to(ROOT)}: {placeholder}"
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_every_image_is_a_pinned_release(target):
+    """Never :latest (or no tag): a restart must not change what runs. The servers run
+    released versions; every image comes from Docker Hub or ghcr.io, no placeholder."""
+    for pod in pod_templates(render(target)):
+        for c in pod["spec"]["containers"]:
+            tag = _tag(c["image"])
+            assert tag and tag != "latest", c["image"]
+            repo = _repo(c["image"])
+            first = repo.split("/", 1)[0] if "/" in repo else ""
+            # Docker's rule: a first component with a dot or a port is a registry's host.
+            host = first if "." in first or ":" in first or first == "localhost" else ""
+            assert host in ("", "ghcr.io"), c["image"]
+            if repo in ENGINE_IMAGES:
+                assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), c["image"]
+    for path in sorted(K8S.rglob("*.yaml")):
+        assert not re.search(r"image:\s*\S+:latest\b", path.read_text()), path
+
+
+TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def documented_token_secret() -> tuple[str, str]:
+    """(Secret name, key) of the one `kubectl create secret` command the docs print."""
+    found = set()
+    for doc in (ROOT / "docs" / "deploy.md", ROOT / "README.md"):
+        found |= set(re.findall(r"kubectl\s+(?:-n\s+\S+\s+)?create\s+secret\s+generic\s+"
+                                r"(\S+)\s+--from-literal=([\w.-]+)=", doc.read_text()))
+    assert len(found) == 1, found
+    return found.pop()
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
+def test_a_hugging_face_token_is_optional(target):
+    """Every token comes from the Secret the docs create, and is optional: a pod of an
+    ungated model starts without it."""
+    secret = documented_token_secret()
+    for pod in pod_templates(render(target)):
+        for c in pod["spec"]["containers"]:
+            refs = [e for e in c.get("env", []) if e["name"] in TOKEN_VARIABLES]
+            for e in refs:
+                ref = e["valueFrom"]["secretKeyRef"]
+                assert ref["optional"] is True, (c["name"], e)
+                assert (ref["name"], ref["key"]) == secret, (c["name"], e)
+            # The example servers take it (a user's own Deployment keeps what it has).
+            if target in OVERLAYS and _repo(c["image"]) in ENGINE_IMAGES:
+                assert [e["name"] for e in refs] == ["HF_TOKEN"], c["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_dashboard_reads_an_exporter_its_overlay_deploys(overlay, tmp_path):
+    """The in-cluster dashboard needs no Prometheus: its --exporter URL is a Service of
+    the overlay whose port reaches an exporter's HTTP port; the dashboard's own Service
+    reaches the port it serves on."""
+    docs = render(overlay)
+    deployments = {d["metadata"]["name"]: d for d in of_kind(docs, "Deployment")}
+    dash = container(deployments["phasewatch-dashboard"], "dashboard")
+    args = build_parser().parse_args(dash["args"])
+    assert args.command == "dashboard" and args.host == "0.0.0.0"
+    assert ports(dash) == {"dashboard": args.port}
+    services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+    assert {p["targetPort"] for p in services["phasewatch-dashboard"]["spec"]["ports"]} == {
+        "dashboard"}
+    url = urlsplit(args.exporter)
+    service = services[url.hostname]
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+    reached = [(p, c) for p, c in exporters(docs)
+               if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+    assert reached, f"{url.hostname} selects no exporter"
+    for _, c in reached:
+        cfg = serve_config(*localised(docs, c, tmp_path))
+        assert ports(c)[port["targetPort"]] == cfg.http_port
+
+
 def _server(deployment: dict) -> tuple[str, dict]:
-    (c,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
-            if c["name"] not in ("phasewatch", TAP)]
-    return c["name"], c
+    """(engine, container) of the inference server in a pod, known by its image."""
+    (found,) = [(ENGINE_IMAGES[_repo(c["image"])], c)
+                for c in deployment["spec"]["template"]["spec"]["containers"]
+                if _repo(c["image"]) in ENGINE_IMAGES]
+    return found
+
+
+def _arg(c: dict, flag: str) -> str | None:
+    """The value of ``flag`` in a container's args, spelt ``--flag=V`` or ``--flag V``."""
+    args = c.get("args", [])
+    values = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    values += [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    assert len(values) <= 1, (flag, args)
+    return values[0] if values else None
+
+
+def _engine_model(engine: str, c: dict) -> str:
+    """The model a server is told to load: vLLM's positional argument or --model."""
+    model = _arg(c, MODEL_FLAGS[engine])
+    if model is None and engine == "vllm" and not c["args"][0].startswith("-"):
+        model = c["args"][0]
+    assert model, (engine, c["args"])
+    return model
 
 
 def _otlp_endpoint(c: dict, engine: str) -> tuple[str, int]:
-    flag = OTLP_FLAGS[engine]
-    (value,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith(flag + "=")]
+    value = _arg(c, OTLP_FLAGS[engine])
     url = urlsplit(value if "://" in value else "grpc://" + value)
     return url.hostname, url.port
 
 
-@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
-def test_sidecar_matches_what_the_exporter_serves(overlay, tmp_path):
-    docs = render(overlay)
+@pytest.mark.parametrize("target", SIDECARS)
+def test_sidecar_matches_what_the_exporter_serves(target, tmp_path):
+    docs = render(target)
     dep, side = exporter_container(docs)
     cfg = serve_config(*localised(docs, side, tmp_path))
     assert ports(side) == {"phasewatch-http": cfg.http_port, "otlp-grpc": cfg.otlp_grpc_port,
@@ -205,33 +442,52 @@ def test_sidecar_matches_what_the_exporter_serves(overlay, tmp_path):
     assert _otlp_endpoint(server, engine) == ("localhost", cfg.otlp_grpc_port)
     assert cfg.model_flags.model and cfg.model_flags.hardware != "auto"
     hardened(side)
+    # The sidecar's settings are its container's own: the server's pod keeps its own.
+    assert "securityContext" not in dep["spec"]["template"]["spec"]
 
 
-def _listen_port(c: dict) -> int:
-    """The port the server listens on, from its own ``--port=N`` argument."""
-    (value,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--port=")]
-    return int(value)
+@pytest.mark.parametrize("target", SIDECARS)
+def test_phasewatch_is_told_the_model_the_server_serves(target, tmp_path):
+    """The sidecar's model resolves in phasewatch's catalog to the model the server
+    loads, under the name the server serves it as (what its requests and /metrics
+    carry)."""
+    docs = render(target)
+    dep, side = exporter_container(docs)
+    engine, server = _server(dep)
+    (options,) = serve_config(*localised(docs, side, tmp_path)).model_options()
+    deployment = resolve(options)
+    model = _engine_model(engine, server)
+    assert deployment.model_source == "catalog"
+    assert deployment.model.name == catalog.model(model).name, (options.model, model)
+    assert deployment.served_name == (_arg(server, "--served-model-name") or model)
 
 
-@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
-def test_sidecar_scrapes_the_engines_own_metrics_in_its_pod(overlay, tmp_path):
+def _listen_port(engine: str, c: dict) -> int:
+    """The port the server listens on: its ``--port``, else the server's default."""
+    return int(_arg(c, "--port") or DEFAULT_PORTS[engine])
+
+
+@pytest.mark.parametrize("target", SIDECARS)
+def test_sidecar_scrapes_the_engines_own_metrics_in_its_pod(target, tmp_path):
     """The exporter reads the engine's /metrics (its state, for the verdict's cause) from
     the server container beside it: loopback, the server's own port (not the tap's,
     which fronts the Service) and the flags that make the server publish it."""
-    docs = render(overlay)
+    docs = render(target)
     dep, side = exporter_container(docs)
     cfg = serve_config(*localised(docs, side, tmp_path))
     engine, server = _server(dep)
     url = urlsplit(cfg.model_flags.engine_metrics_url)
     assert (url.scheme, url.hostname, url.path) == ("http", "localhost", "/metrics"), url
-    assert url.port == ports(server)["http"] == _listen_port(server)
+    assert url.port == _listen_port(engine, server)
+    assert url.port in {p["containerPort"] for p in server["ports"]}
     # the URL belongs to the configured model, so its verdict reads that engine's state
     (model,) = cfg.model_options()
     assert model.engine_metrics_url == cfg.model_flags.engine_metrics_url
-    if TAPPED[overlay]:
+    if TAPPED.get(target):
         assert url.port not in ports(container(dep, TAP)).values()
-    for flag in ENGINE_METRICS_FLAGS[engine]:
-        assert flag in server["args"], (engine, flag)
+    if target in SIDECAR_OVERLAYS:  # a user's own server keeps its flags
+        for flag in ENGINE_METRICS_FLAGS[engine]:
+            assert flag in server["args"], (engine, flag)
 
 
 def _engine_service(docs, deployment: dict) -> dict:
@@ -398,7 +654,7 @@ def test_gateway_receives_what_the_servers_send(tmp_path):
     (service,) = [s for s in of_kind(docs, "Service")
                   if s["metadata"]["name"] == "phasewatch-gateway"]
     by_port = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
-    engine, server = _server(deployments["vllm-llama"])
+    engine, server = _server(deployments["vllm-qwen"])
     host, port = _otlp_endpoint(server, engine)
     assert host == "phasewatch-gateway" and ports(gateway)[by_port[port]] == cfg.otlp_grpc_port
     env = {e["name"]: e for e in server["env"]}
@@ -408,18 +664,22 @@ def test_gateway_receives_what_the_servers_send(tmp_path):
     # records, and nothing points it at one pod's engine.
     assert not cfg.model_flags.engine_metrics_url
     assert not any(m.engine_metrics_url for m in cfg.models)
-    # The service name the server sets maps to a configured model.
+    # The service name the server sets maps to a configured model: the one it loads.
     mapped = dict(p.split("=") for p in cfg.otlp_model_map.split(","))
-    assert mapped[env["OTEL_SERVICE_NAME"]["value"]] in {m.served_model_name
-                                                         for m in cfg.models}
+    served = mapped[env["OTEL_SERVICE_NAME"]["value"]]
+    (options,) = [m for m in cfg.models if m.served_model_name == served]
+    model = _engine_model(engine, server)
+    assert served == (_arg(server, "--served-model-name") or model)
+    assert resolve(options).model.name == catalog.model(model).name
 
 
-@pytest.mark.parametrize("overlay", [*SIDECAR_OVERLAYS, "gateway"])
-def test_exporter_started_as_the_manifest_says_answers_its_probes(overlay, tmp_path):
+@pytest.mark.parametrize("target", [*SIDECARS, "gateway"])
+def test_exporter_started_as_the_manifest_says_answers_its_probes(target, tmp_path):
     """`phasewatch serve` with the container's args and env (ports moved to free ones,
-    as two overlays cannot share 9464 on one test machine) passes its own probes."""
-    docs = render(overlay)
-    _, side = exporter_container(docs)
+    as two overlays cannot share 9464 on one test machine) passes its own probes and
+    serves its metrics on the path its pod's prometheus.io/path annotation names."""
+    docs = render(target)
+    dep, side = exporter_container(docs)
     args, manifest_env = localised(docs, side, tmp_path)
     env = {**os.environ, **manifest_env}
     env.update({f"PHASEWATCH_{k}_PORT": "0" for k in ("HTTP", "GRPC", "OTLP_GRPC", "OTLP_HTTP")})
@@ -447,5 +707,58 @@ def test_exporter_started_as_the_manifest_says_answers_its_probes(overlay, tmp_p
                 except OSError:
                     time.sleep(0.2)
             assert status == 200, f"{probe} {path}"
+        path = dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            assert r.status == 200 and "# TYPE " in r.read().decode()
     finally:
         terminate(proc)
+
+
+def _users_deployment(example: str) -> dict:
+    """The Deployment the user already runs: the example's own resource file."""
+    kustomization = yaml.safe_load((K8S / example / "kustomization.yaml").read_text())
+    docs = [d for f in kustomization["resources"]
+            for d in yaml.safe_load_all((K8S / example / f).read_text()) if d]
+    (deployment,) = of_kind(docs, "Deployment")
+    return deployment
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_an_existing_deployment_keeps_everything_of_its_own(example):
+    """phasewatch added to a Deployment the user runs, named and configured their way
+    (a container not called `vllm`, its own arguments, env, ports, probes and volumes):
+    all of it is as it was; the server gets the one OTLP flag the overlays give it,
+    appended; the pod gains the sidecar, the label and annotations, and `kubectl logs`
+    still picks the server."""
+    mine = _users_deployment(example)
+    (rendered,) = [d for d in of_kind(render(example), "Deployment")
+                   if d["metadata"]["name"] == mine["metadata"]["name"]]
+    engine, before = _server(mine)
+    _, after = _server(rendered)
+    dep, _ = exporter_container(render(engine))
+    _, ours = _server(dep)
+    assert before["name"] != ours["name"]
+    # The OTLP flag, spelt as the overlay of the same server spells it.
+    (flag,) = [a for a in ours["args"] if a.startswith(OTLP_FLAGS[engine] + "=")]
+    assert after == {**before, "args": [*before["args"], flag]}
+    theirs, now = mine["spec"]["template"], rendered["spec"]["template"]
+    assert {c["name"] for c in now["spec"]["containers"]} == {
+        c["name"] for c in theirs["spec"]["containers"]} | {"phasewatch"}
+    for c in theirs["spec"]["containers"]:
+        if c["name"] != before["name"]:
+            assert container(rendered, c["name"]) == c
+    # Pod settings: theirs, plus the sidecar's scratch volume.
+    for key, value in theirs["spec"].items():
+        if key == "volumes":
+            assert all(v in now["spec"]["volumes"] for v in value)
+        elif key != "containers":
+            assert now["spec"][key] == value, key
+    assert set(now["spec"]) <= set(theirs["spec"]) | {"volumes"}
+    assert {k: v for k, v in rendered["spec"].items() if k != "template"} == {
+        k: v for k, v in mine["spec"].items() if k != "template"}
+    # Labels and annotations: theirs, plus phasewatch's.
+    for part in ("labels", "annotations"):
+        assert theirs["metadata"].get(part, {}).items() <= now["metadata"][part].items()
+    assert now["metadata"]["labels"]["phasewatch.dev/sidecar"] == "enabled"
+    assert now["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == before[
+        "name"]
