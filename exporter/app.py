@@ -36,10 +36,16 @@ from exporter.publish.http_server import (
     make_handler,
     query_number,
 )
-from exporter.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
+from exporter.publish.metrics import (
+    Exposure,
+    HotCollector,
+    HotText,
+    MetricsPage,
+    SelfCollector,
+)
 from exporter.publish.roofline_metrics import RooflineCollector
 from exporter.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
-from exporter.roofline.deployments import Deployments, resolve
+from exporter.roofline.deployments import Deployments, ModelNames, resolve
 from exporter.roofline.engine_metrics import EngineMetricsSource
 from exporter.roofline.verdict import achievable_source
 from exporter.selfstats import SelfStats
@@ -143,7 +149,10 @@ class Exporter:
             # the engine's state without a roofline: the cause of queueing still counts
             engines[ANY_MODEL] = EngineMetricsSource(flags.engine_metrics_url, None, self.stats)
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
+        # one model, one label: every name of a configured model -> its served name
+        names = self.model_names = ModelNames(options)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
+                                     model_names=names,
                                      pod_label=config.pod_label, max_pods=config.max_pods,
                                      source_label=config.source_label)
         # every receiver's batches pass the join of tap records with engine spans
@@ -152,7 +161,7 @@ class Exporter:
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          span=config.window_seconds, clock=clock)
-        single = deployments.all[0].served_name if len(deployments) == 1 else ""
+        single = names.single  # configured, whether or not its hardware resolved
         emitter = None
         if config.otlp_export_endpoint:
             from exporter.ingest.otlp.reemit import PhaseSpanEmitter
@@ -189,8 +198,8 @@ class Exporter:
                 "Payload bytes of the ingest calls in flight (--max-in-flight-mib bounds it).",
                 self.admission.in_flight_bytes),
             "phasewatch_memory_limit_bytes": (
-                "Resident memory limit (--memory-limit-mib); ingest is refused above 0.8 x "
-                "it. 0: no limit.", lambda: self.admission.memory_limit),
+                "Resident memory limit, above 0.8 x which ingest is refused (0: none).",
+                lambda: self.admission.memory_limit),
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.tap = self._tap_server = self._tap_records = None
@@ -202,10 +211,11 @@ class Exporter:
             self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))
         ProcessCollector(registry=self.registry)
         self.full_registry = CollectorRegistry()
-        self.full_registry.register(HotCollector(self.aggregator))
+        exposure = Exposure(config.prompt_class_label, config.classic_buckets)
+        self.full_registry.register(HotCollector(self.aggregator, exposure))
         self.full_registry.register(_Everything(self.registry))
-        self.metrics_page = MetricsPage(HotText(self.aggregator), self.registry,
-                                        self.full_registry, HotProto(self.aggregator))
+        self.metrics_page = MetricsPage(HotText(self.aggregator, exposure), self.registry,
+                                        self.full_registry, HotProto(self.aggregator, exposure))
         self._grpc = self._otlp_grpc = None
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None
@@ -244,13 +254,19 @@ class Exporter:
 
     def _requests(self, qs: dict) -> dict:
         limit = int(query_number(qs, "limit", 200, 1, MAX_RECENT))
-        model = qs.get("model", [None])[0]
+        model = self._model_query(qs)
         labels = self.aggregator.labels
         rows = self.aggregator.window.recent(labels.pairs(), limit, model, labels.names)
         return {"requests": rows}
 
-    def _roofline_api(self, qs: dict) -> dict:
+    def _model_query(self, qs: dict) -> str | None:
+        """``?model=``: any name of a configured model (its alias, its Hugging Face id)
+        asks for that model's label, as a request carrying the name is labelled."""
         model = qs.get("model", [None])[0]
+        return None if model is None else self.model_names(model)
+
+    def _roofline_api(self, qs: dict) -> dict:
+        model = self._model_query(qs)
         out = []
         for r in self.monitor.results():
             if model is not None and r.model != model:

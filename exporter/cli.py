@@ -64,23 +64,54 @@ def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
                    help="with an OTLP protocol: whose spans to imitate (default vllm)")
 
 
-def _add_token_flag(p: argparse.ArgumentParser, what: str) -> None:
+# TLS to the exporter (the client's side) is spelt --exporter-tls-*; --tls-cert-file and
+# --tls-key-file are always a listener's own (serve's, the tap's). The old client
+# spellings stay as hidden aliases for manifests that use them (issue 26).
+DEPRECATED_CLIENT_TLS = {"--tls-ca": "--exporter-tls-ca", "--tls-cert": "--exporter-tls-cert",
+                         "--tls-key": "--exporter-tls-key"}
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling: stores into the new flag's dest and notes itself, so ``main``
+    prints one deprecation line for all of them."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        used = getattr(namespace, "deprecated_flags", None) or []
+        namespace.deprecated_flags = [*used, option_string]
+
+
+def deprecation_line(command: str, used: list[str]) -> str:
+    """The one line printed when old client TLS spellings were used."""
+    old = ", ".join(dict.fromkeys(used))
+    new = ", ".join(DEPRECATED_CLIENT_TLS[u] for u in dict.fromkeys(used))
+    return (f"phasewatch {command}: warning: {old} deprecated: use {new} (TLS to the "
+            "exporter; --tls-cert-file/--tls-key-file are a listener's own)")
+
+
+def _add_token_flag(p, what: str) -> None:
+    """``--token`` and TLS to the exporter (``--exporter-tls-ca/-cert/-key``) on ``p``, a
+    parser or an argument group."""
     p.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
                    help=f"bearer token {what} (the exporter's --auth-token; default "
                    "$PHASEWATCH_AUTH_TOKEN)")
-    for name, what_file in (("ca", "CA that signed the exporter's certificate (default: "
-                             "the system's)"),
-                            ("cert", "client certificate, when the exporter requires one"),
-                            ("key", "key of --tls-cert")):
+    for name, what_file, otherwise in (
+            ("ca", "CA that signed the exporter's certificate", ", else the system's"),
+            ("cert", "client certificate, when the exporter requires one", ""),
+            ("key", "key of --exporter-tls-cert", "")):
         env = f"PHASEWATCH_CLIENT_TLS_{name.upper()}"
-        p.add_argument(f"--tls-{name}", default=os.environ.get(env, ""), metavar="PEM",
-                       help=f"TLS to the exporter: the {what_file} (default ${env})")
+        p.add_argument(f"--exporter-tls-{name}", default=os.environ.get(env, ""),
+                       metavar="PEM", help=f"TLS to the exporter: the {what_file} "
+                       f"(default ${env}{otherwise})")
+        p.add_argument(f"--tls-{name}", dest=f"exporter_tls_{name}", metavar="PEM",
+                       action=_DeprecatedAlias, default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
 
 
 def _client_tls(args: argparse.Namespace):
     from exporter.ingest.tls import ClientTls
 
-    return ClientTls(args.tls_ca, args.tls_cert, args.tls_key)
+    return ClientTls(args.exporter_tls_ca, args.exporter_tls_cert, args.exporter_tls_key)
 
 
 def _start_exporter(args: argparse.Namespace, demo: bool = False):
@@ -177,7 +208,7 @@ def _summary_line(summary: dict) -> str:
 def _sim_client(args, target: str, token: str = ""):
     from exporter.ingest.tls import ClientTls
 
-    tls = _client_tls(args) if hasattr(args, "tls_ca") else ClientTls()
+    tls = _client_tls(args) if hasattr(args, "exporter_tls_ca") else ClientTls()
     if args.protocol == "phasewatch":
         from exporter.client import PhasewatchClient
 
@@ -358,12 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser("simulate", help="drive an exporter with simulated traffic",
                               description="Simulate a continuous-batching engine and send "
                               "every finished request to an exporter over gRPC.")
-    simulate.add_argument("--target", help="exporter address: host:port for phasewatch "
-                          "(default 127.0.0.1:50051) and otlp-grpc (127.0.0.1:4317), a URL "
-                          "for otlp-http (http://127.0.0.1:4318/v1/traces)")
     simulate.add_argument("--duration", type=float, default=60.0,
                           help="engine seconds to simulate (default 60)")
-    _add_token_flag(simulate, "the exporter's receivers require")
+    to_exporter = simulate.add_argument_group("to the exporter")
+    to_exporter.add_argument("--target", help="exporter address: host:port for phasewatch "
+                             "(default 127.0.0.1:50051) and otlp-grpc (127.0.0.1:4317), a "
+                             "URL for otlp-http (http://127.0.0.1:4318/v1/traces)")
+    _add_token_flag(to_exporter, "the exporter's receivers require")
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
@@ -407,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="span of the time series (default 600)")
     dash_cmd.add_argument("--timeout", type=float, default=5.0,
                           help="seconds to wait for the source (default 5)")
-    _add_token_flag(dash_cmd, "of the exporter's JSON API")
+    _add_token_flag(dash_cmd.add_argument_group("to the exporter (with --exporter)"),
+                    "of the exporter's JSON API")
     dash_cmd.add_argument("--basic-auth", metavar="USER:PASSWORD",
                           default=os.environ.get("PHASEWATCH_DASHBOARD_AUTH", ""),
                           help="require HTTP basic auth for the page (default "
@@ -452,45 +485,54 @@ def build_parser() -> argparse.ArgumentParser:
         "path through) to --upstream, byte for byte, streamed; time what the client sees "
         "(arrival, every streamed emission, the end), read the finish reason and usage, "
         "inject a W3C traceparent, and send each request to an exporter.")
-    tap.add_argument("--upstream", required=True,
-                     help="the server's base URL, e.g. http://127.0.0.1:8000")
-    tap.add_argument("--host", default="127.0.0.1",
-                     help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
-    tap.add_argument("--port", type=int, default=8001, help="port (default 8001)")
-    tap.add_argument("--ask-usage", action="store_true",
-                     help="send streamed requests with stream_options.include_usage when "
-                     "the client did not ask for it (exact token counts), keeping the "
-                     "usage-only chunk from the client")
-    tap.add_argument("--target", default="127.0.0.1:50051",
-                     help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
-    tap.add_argument("--engine", default="tap",
-                     help="engine label of the tap's records (default tap)")
-    tap.add_argument("--model", default="",
-                     help="model label when a request names none")
-    _add_token_flag(tap, "the exporter's receivers require")
+    upstream = tap.add_argument_group("upstream", "the server the tap is in front of")
+    upstream.add_argument("--upstream", required=True, metavar="URL",
+                          help="the server's base URL, e.g. http://127.0.0.1:8000")
+    upstream.add_argument("--upstream-ca",
+                          default=os.environ.get("PHASEWATCH_TAP_UPSTREAM_CA", ""),
+                          metavar="PEM", help="CA that signed an https:// upstream's "
+                          "certificate (default $PHASEWATCH_TAP_UPSTREAM_CA, else the "
+                          "system's)")
+    upstream.add_argument("--ask-usage", action="store_true",
+                          help="send streamed requests with stream_options.include_usage "
+                          "when the client did not ask for it (exact token counts), keeping "
+                          "the usage-only chunk from the client")
+    listener = tap.add_argument_group("listener", "the tap's own port, where clients "
+                                      "connect")
+    listener.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                          help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
+    listener.add_argument("--port", type=int, default=8001, metavar="PORT",
+                          help="port (default 8001)")
     for name, what in (("cert", "certificate (chain) the tap serves HTTPS with; reloaded "
                         "when the file changes. Empty: plain HTTP"),
                        ("key", "private key of --tls-cert-file")):
         env = f"PHASEWATCH_TAP_TLS_{name.upper()}_FILE"  # not serve's: one pod, two containers
-        tap.add_argument(f"--tls-{name}-file", default=os.environ.get(env, ""), metavar="PEM",
-                         help=f"the tap's own listener: {what} (default ${env})")
-    tap.add_argument("--upstream-ca", default=os.environ.get("PHASEWATCH_TAP_UPSTREAM_CA", ""),
-                     metavar="PEM", help="CA that signed an https:// upstream's certificate "
-                     "(default $PHASEWATCH_TAP_UPSTREAM_CA, else the system's)")
-    tap.add_argument("--timeout", type=float, default=3600.0,
-                     help="seconds the upstream may stay silent, before answering (then "
-                     "504) or mid-answer (then the client's answer is cut off there); not a "
-                     "limit on a whole stream (default 3600)")
-    tap.add_argument("--max-body-mib", type=float, default=64.0,
-                     help="a chat or completions request body up to this is read and the "
-                     "request timed; a larger one is streamed to the upstream untimed "
-                     "(counted body_too_large_untimed). Other paths are always streamed "
-                     "(default 64)")
-    tap.add_argument("--metrics-port", type=int, default=None,
-                     help="serve the tap's own counts (phasewatch_tap_*: requests by "
-                     "outcome, aborts, records dropped) as Prometheus text at /metrics on "
-                     "this port of --host (0 picks a free one; default: off; the tap's port "
-                     "passes every path, /metrics too, to the upstream)")
+        listener.add_argument(f"--tls-{name}-file", default=os.environ.get(env, ""),
+                              metavar="PEM", help=f"the tap's own listener: {what} "
+                              f"(default ${env})")
+    listener.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                          help="serve the tap's own counts (phasewatch_tap_*: requests by "
+                          "outcome, aborts, records dropped) as Prometheus text at /metrics "
+                          "on this port of --host (0 picks a free one; default: off; the "
+                          "tap's port passes every path, /metrics too, to the upstream)")
+    exporter = tap.add_argument_group("to the exporter", "where the tap's records go")
+    exporter.add_argument("--target", default="127.0.0.1:50051", metavar="HOST:PORT",
+                          help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
+    _add_token_flag(exporter, "the exporter's receivers require")
+    exporter.add_argument("--engine", default="tap", metavar="NAME",
+                          help="engine label of the tap's records (default tap)")
+    exporter.add_argument("--model", default="", metavar="NAME",
+                          help="model label when a request names none")
+    limits = tap.add_argument_group("limits")
+    limits.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                        help="seconds the upstream may stay silent, before answering (then "
+                        "504) or mid-answer (then the client's answer is cut off there); "
+                        "not a limit on a whole stream (default 3600)")
+    limits.add_argument("--max-body-mib", type=float, default=64.0, metavar="MIB",
+                        help="a chat or completions request body up to this is read and "
+                        "the request timed; a larger one is streamed to the upstream "
+                        "untimed (counted body_too_large_untimed). Other paths are always "
+                        "streamed (default 64)")
     tap.set_defaults(func=cmd_tap)
 
     cal = sub.add_parser(
@@ -514,6 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "deprecated_flags", None):
+        print(deprecation_line(args.command, args.deprecated_flags), file=sys.stderr)
     try:
         return args.func(args)
     except ListenError as e:  # a port taken: which listener, address and flag, one line

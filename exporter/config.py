@@ -62,8 +62,9 @@ SERVE_OPTIONS = (
            "not)"),
     Option("otlp_export_endpoint", str, "", "re-emit each OTLP request as queue/prefill/decode "
            "child spans to this OTLP endpoint (host:port for gRPC, http://.../v1/traces)"),
-    Option("default_model", str, "", "model name for spans that carry none (vLLM V1); "
-           "default: the one configured --model"),
+    Option("default_model", str, "", "model name for spans and tap records that carry none "
+           "(vLLM V1); default: the one configured model's label (--served-model-name, else "
+           "--model)"),
     Option("otlp_model_map", str, "", "service.name=model pairs, comma-separated, naming "
            "the model of spans by their resource"),
     Option("pod_label", bool, False, "central (gateway) exporter: label series with the pod "
@@ -88,7 +89,8 @@ SERVE_OPTIONS = (
            "before it is counted with what came", 0, 3600),
     Option("trace_join_wait", float, 10.0, "seconds a stream tap's record and the engine's "
            "span of the same request (same traceparent) wait for each other before each "
-           "is counted alone; 0: no join", 0, 3600),
+           "is counted alone; a side waits only while the other is sending (a tap with no "
+           "tracing engine behind it is counted at once); 0: no join", 0, 3600),
     Option("trace_join_max_pending", int, 20_000, "cap on rows waiting for their other "
            "side; past it the oldest is counted alone", 1, 10_000_000),
     Option("source_label", bool, False, "label series with source: tap, engine or joined "
@@ -119,7 +121,8 @@ SERVE_OPTIONS = (
     Option("hf_config", str, "", "path to the model's Hugging Face config.json (instead of "
            "a catalog name)"),
     Option("served_model_name", str, "", "model name requests carry, when it differs from "
-           "--model"),
+           "--model; every name of this model (--model, its catalog aliases and Hugging Face "
+           "ids) is labelled with it"),
     Option("hardware", str, "auto", "accelerator: catalog name (e.g. H100-SXM) or auto "
            "(detect through NVML)"),
     Option("hardware_profile", str, "", "hardware profile written by `phasewatch calibrate`"),

@@ -84,7 +84,7 @@ def test_serve_help_names_every_flag_and_its_variable():
 
 
 @pytest.mark.parametrize("command", ["serve", "simulate", "demo", "dashboard", "roofline",
-                                     "calibrate"])
+                                     "calibrate", "tap"])
 def test_every_command_prints_its_help(command):
     r = subprocess.run([*PHASEWATCH, command, "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "usage: phasewatch" in r.stdout, r.stderr[-2000:]
@@ -238,3 +238,55 @@ def test_metrics_carry_build_info_and_every_phase_in_the_share_help(exporter):
                      if line.startswith("# HELP phasewatch_phase_time_share_ratio "))
     for phase in ("preprocess", "queue", "prefill", "kv_transfer", "decode"):
         assert phase in help_line
+
+
+def _sections(help_text: str) -> dict[str, str]:
+    """``--help``'s argument groups: title -> the text under it."""
+    parts = re.split(r"^(\S[^\n]*):\n", help_text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_tap_help_reads_as_sections_and_names_each_side_of_tls():
+    """Issue 26: --tls-cert/--tls-key/--tls-ca (to the exporter) and --tls-cert-file/
+    --tls-key-file (the tap's own listener) differed by a suffix and meant opposite
+    sides; the help was one list."""
+    out = subprocess.run([*PHASEWATCH, "tap", "--help"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    sections = _sections(out)
+    assert list(sections) == ["options", "upstream", "listener", "to the exporter",
+                              "limits"], out
+    flags = {title: set(re.findall(r"^  (--[\w-]+)", text, flags=re.M))
+             for title, text in sections.items()}
+    assert flags["upstream"] == {"--upstream", "--upstream-ca", "--ask-usage"}
+    assert flags["listener"] == {"--host", "--port", "--tls-cert-file", "--tls-key-file",
+                                 "--metrics-port"}
+    assert flags["to the exporter"] == {"--target", "--token", "--exporter-tls-ca",
+                                        "--exporter-tls-cert", "--exporter-tls-key",
+                                        "--engine", "--model"}
+    assert flags["limits"] == {"--timeout", "--max-body-mib"}
+    assert not re.search(r"--tls-(ca|cert|key)\b(?!-file)", out)  # the old spellings: hidden
+
+
+@pytest.mark.parametrize("command", [["tap", "--upstream", "http://127.0.0.1:1"],
+                                     ["simulate"], ["dashboard", "--exporter", "http://a:1"]])
+def test_old_client_tls_spellings_reach_the_exporter_side(command):
+    from exporter.cli import build_parser
+
+    args = build_parser().parse_args([*command, "--tls-ca", "ca.pem", "--tls-cert", "c.pem",
+                                      "--tls-key", "k.pem"])
+    assert (args.exporter_tls_ca, args.exporter_tls_cert, args.exporter_tls_key) == (
+        "ca.pem", "c.pem", "k.pem")
+    assert args.deprecated_flags == ["--tls-ca", "--tls-cert", "--tls-key"]
+    if command[0] == "tap":  # not the listener's
+        assert (args.tls_cert_file, args.tls_key_file) == ("", "")
+    fresh = build_parser().parse_args(command)
+    assert not getattr(fresh, "deprecated_flags", None)
+
+
+def test_client_tls_flags_default_to_their_environment_variables(monkeypatch):
+    from exporter.cli import build_parser
+
+    monkeypatch.setenv("PHASEWATCH_CLIENT_TLS_CA", "env-ca.pem")
+    monkeypatch.setenv("PHASEWATCH_TAP_TLS_CERT_FILE", "listener.pem")
+    args = build_parser().parse_args(["tap", "--upstream", "http://127.0.0.1:1"])
+    assert (args.exporter_tls_ca, args.tls_cert_file) == ("env-ca.pem", "listener.pem")

@@ -12,6 +12,7 @@ from exporter.roofline import catalog
 from exporter.roofline.deployments import (
     PROFILE_FORMAT,
     Deployments,
+    ModelNames,
     ModelOptions,
     load_profile,
     resolve,
@@ -111,3 +112,48 @@ def test_requests_find_their_deployment_by_name_or_alias():
     assert ds.for_model("Llama-3.1-70B") is d70
     assert ds.for_model("mistralai/Mistral-7B-v0.1") is None  # not configured
     assert ds.for_model("some-unknown-model") is None
+
+
+def test_every_name_of_a_configured_model_is_its_served_name():
+    """Issue 26: one model, one label. The served name when set, else --model; hardware
+    plays no part (auto, undetected here)."""
+    names = ModelNames([ModelOptions(model="Llama-3.1-8B",
+                                     served_model_name="meta-llama/Llama-3.1-8B-Instruct"),
+                        ModelOptions(model="Mistral-7B")])
+    for name in ("Llama-3.1-8B", "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct",
+                 "META-LLAMA/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"):
+        assert names(name) == "meta-llama/Llama-3.1-8B-Instruct", name
+    assert names("mistralai/Mistral-7B-Instruct-v0.3") == "Mistral-7B"
+    for other in ("Llama-3.1-70B", "some-unknown-model", "", "__overflow__"):
+        assert names(other) == other  # no configured model's: as it is
+    assert names.single == ""  # two models: spans without a model are not guessed
+
+
+def test_a_name_two_configured_models_share_is_left_as_it_is():
+    names = ModelNames([ModelOptions(model="Llama-3.1-8B", served_model_name="chat"),
+                        ModelOptions(model="Llama-3.1-8B", served_model_name="batch")])
+    assert (names("chat"), names("batch")) == ("chat", "batch")
+    assert names("Llama-3.1-8B") == "Llama-3.1-8B"
+    assert names("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_a_config_json_model_is_named_by_its_config_unless_served_otherwise():
+    config = str(HF / "llama-3.1-8b-instruct.json")
+    names = ModelNames([ModelOptions(hf_config=config)])
+    label = names.single
+    assert label == resolve(ModelOptions(hf_config=config, hardware="H100")).served_name
+    assert names(label) == label
+    served = ModelNames([ModelOptions(hf_config=config, model="llama-8b",
+                                      served_model_name="prod")])
+    assert (served("llama-8b"), served.single) == ("prod", "prod")
+
+
+def test_label_sets_name_every_row_by_its_models_label():
+    from exporter.aggregation.labels import LabelSets
+    from exporter.selfstats import SelfStats
+
+    names = ModelNames([ModelOptions(model="Llama-3.1-8B")])
+    labels = LabelSets(SelfStats(), model_names=names)
+    assert labels.index("meta-llama/Llama-3.1-8B-Instruct", "vllm") == labels.index(
+        "Llama-3.1-8B", "vllm")
+    assert labels.pairs() == [("Llama-3.1-8B", "vllm")]

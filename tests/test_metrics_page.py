@@ -218,3 +218,30 @@ def test_serve_help_comes_in_sections():
     help_text = parser.format_help()
     assert help_text.index("model and hardware:") < help_text.index("listeners:")
     assert "(default ;" not in help_text
+
+
+def test_serve_trims_its_page_with_the_two_flags(tmp_path):
+    """The flags reach the served page: no prompt_class, only 1-2-5 bounds (and the top
+    one), and the same request count as an untrimmed page would show."""
+    sp = ServeProcess(tmp_path, "--prompt-class-label", "false", "--classic-buckets",
+                      "coarse").start()
+    try:
+        with PhasewatchClient(f"127.0.0.1:{sp.grpc_port}", engine="vllm") as c:
+            t0 = time.time() - 5
+            for prompt in (100, 5000, 90_000):
+                c.record("m", arrival=t0, scheduled=t0 + 0.01, first_token=t0 + 0.3,
+                         last_token=t0 + 0.5, finish=t0 + 0.5, prompt_tokens=prompt,
+                         output_tokens=3, token_times=[t0 + 0.3, t0 + 0.4, t0 + 0.5])
+            assert c.flush(timeout=20)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{sp.http_port}/metrics",
+                                      timeout=10).read().decode()
+    finally:
+        sp.stop()
+    ttft = {f.name: f for f in parse_text(text)}["gen_ai_server_time_to_first_token_seconds"]
+    assert not any("prompt_class" in s.labels for s in ttft.samples)
+    les = [s.labels["le"] for s in ttft.samples if s.name.endswith("_bucket")]
+    kept = coarse(next(f.buckets for f in HISTOGRAMS if f.key == "ttft")).bounds
+    assert les[-1] == "+Inf" and [float(x) for x in les[:-1]] == list(kept), les
+    assert 1.0 in kept  # the TTFT SLO alert's default threshold stays a bound
+    count = next(s.value for s in ttft.samples if s.name.endswith("_count"))
+    assert count == 3

@@ -16,6 +16,7 @@ import json
 import ssl
 import threading
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import replace
 
@@ -99,10 +100,11 @@ class FakeServer:
         opts = ask.get("stream_options") or {}
         usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens,
                  "prompt_tokens_details": {"cached_tokens": 8}}
+        model = ask.get("model") or MODEL  # the served name asked for, as vLLM answers
         if not ask.get("stream"):
             await asyncio.sleep(first_delay)
             return web.json_response({
-                "id": "c1", "object": "chat.completion", "model": MODEL, "usage": usage,
+                "id": "c1", "object": "chat.completion", "model": model, "usage": usage,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                              "finish_reason": "length"}]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -118,7 +120,7 @@ class FakeServer:
                     return resp
                 n = min(per_chunk, tokens - sent)
                 sent += n
-                chunk = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "model": model,
                          "choices": [{"index": 0,
                                       "delta": {"content": "" if eos_only else "x" * n},
                                       "finish_reason": "length" if sent == tokens else None}]}
@@ -128,12 +130,12 @@ class FakeServer:
                 await asyncio.sleep(GAP)
             if ask.get("eos_after"):  # vLLM's stop: the end-of-sequence token, no text
                 await resp.write(("data: " + json.dumps({
-                    "id": "c1", "object": "chat.completion.chunk", "model": MODEL,
+                    "id": "c1", "object": "chat.completion.chunk", "model": model,
                     "choices": [{"index": 0, "delta": {"content": ""},
                                  "finish_reason": "stop"}]}) + "\n\n").encode())
                 usage = {**usage, "completion_tokens": tokens + 1}
             if opts.get("include_usage"):
-                final = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
+                final = {"id": "c1", "object": "chat.completion.chunk", "model": model,
                          "choices": [], "usage": usage}
                 await resp.write(f"data: {json.dumps(final)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
@@ -464,10 +466,15 @@ def test_the_command_serves_and_records(fake, exporter, tmp_path):
             "none; unread: none; records_accepted 1") in log.read_text(), log.read_text()
 
 
-def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path):
-    """An exporter requiring TLS and a token, an https upstream with a private CA, the
-    tap's own listener and counts over HTTPS: every option through the command line
-    (the token from $PHASEWATCH_AUTH_TOKEN)."""
+@pytest.mark.parametrize("spelling", ["exporter-tls", "tls"])
+def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path, spelling):
+    """An exporter requiring mutual TLS and a token, an https upstream with a private
+    CA, the tap's own listener and counts over HTTPS: every option through the command
+    line (the token from $PHASEWATCH_AUTH_TOKEN). Each TLS flag reaches its side: the
+    exporter refuses the tap without the client certificate, clients fail without the
+    listener's. Issue 26: the old spellings of TLS to the exporter (--tls-ca, --tls-cert,
+    --tls-key: one suffix from the listener's --tls-cert-file) still work, with one
+    deprecation line."""
     import os
     import re
     import subprocess
@@ -479,8 +486,8 @@ def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path):
     up_tls.load_cert_chain(certs.server_cert, certs.server_key)
     upstream = FakeServer(ssl_context=up_tls).start()
     ex = Exporter(replace(ServeConfig(**TEST_PORTS), auth_token=TOKEN,
-                          tls_cert_file=certs.server_cert,
-                          tls_key_file=certs.server_key)).start()
+                          tls_cert_file=certs.server_cert, tls_key_file=certs.server_key,
+                          tls_client_ca_file=certs.ca)).start()
     log = tmp_path / "tap.log"
     proc = None
     try:
@@ -489,7 +496,9 @@ def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path):
                 [sys.executable, "-m", "exporter.cli", "tap", "--upstream",
                  f"https://127.0.0.1:{upstream.port}", "--upstream-ca", certs.ca,
                  "--port", "0", "--metrics-port", "0", "--target",
-                 f"127.0.0.1:{ex.grpc_port}", "--tls-ca", certs.ca,
+                 f"127.0.0.1:{ex.grpc_port}", f"--{spelling}-ca", certs.ca,
+                 f"--{spelling}-cert", certs.client_cert, f"--{spelling}-key",
+                 certs.client_key,
                  "--tls-cert-file", certs.server_cert, "--tls-key-file", certs.server_key,
                  "--timeout", "30", "--max-body-mib", "1"],
                 stdout=out, stderr=subprocess.STDOUT,
@@ -509,6 +518,11 @@ def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path):
             return "phasewatch_tap_records_accepted_total 1.0" in text
 
         assert wait_for(accepted, timeout=15), log.read_text()
+        warned = [line for line in log.read_text().splitlines() if "deprecated" in line]
+        assert warned == ([] if spelling == "exporter-tls" else [
+            "phasewatch tap: warning: --tls-ca, --tls-cert, --tls-key deprecated: use "
+            "--exporter-tls-ca, --exporter-tls-cert, --exporter-tls-key (TLS to the "
+            "exporter; --tls-cert-file/--tls-key-file are a listener's own)"])
     finally:
         terminate(proc)
         ex.stop(grace=1)
@@ -762,15 +776,103 @@ def test_the_tap_inside_phasewatch_serve_records_straight_into_the_join(fake):
                 assert b"[DONE]" in r.read()
         s = wait_for(lambda: (lambda sc: sc if sc.total("phasewatch_requests_total") == 3
                               else None)(scrape(ex.http_port)), 10)
-        # no engine span came: each counted alone after the wait, as the tap saw it
+        # no engine traces: each counted alone at once, as the tap saw it
         assert s.total("phasewatch_requests_total", engine="vllm", source="tap") == 3
-        assert s.value("phasewatch_trace_join_requests_total", outcome="tap_only") == 3
+        assert s.value("phasewatch_trace_join_requests_total",
+                       outcome="tap_only_no_engine") == 3
         assert s.value("phasewatch_tap_requests_total", outcome="completed") == 3
         assert s.value("phasewatch_tap_records_accepted_total") == 3
         assert s.total("gen_ai_server_time_to_first_token_seconds_sum") >= 3 * FIRST_DELAY
         status = json.loads(urllib.request.urlopen(
             f"http://127.0.0.1:{ex.http_port}/api/v1/status", timeout=5).read())
         assert status["tap_port"] == ex.tap_port
+
+
+def test_serve_with_its_tap_alone_shows_a_request_at_once_not_after_the_join_wait(
+        fake, tmp_path):
+    """Issue 26: with no engine tracing behind it, the in-process tap's request reached
+    /metrics only after --trace-join-wait (10 s, the default here), waiting for an
+    engine span that never came. The real command, its default wait."""
+    import re
+
+    from tests.serve import ServeProcess
+
+    with ServeProcess(tmp_path, "--tap-upstream", f"http://127.0.0.1:{fake.port}",
+                      "--tap-port", "0") as serve:
+        tap_port = int(re.search(r"stream tap on http://[^:]+:(\d+)",
+                                 serve.log_path.read_text())[1])
+        assert fetch(tap_port, STREAM).complete
+        answered = time.monotonic()
+        s = wait_for(lambda: (lambda sc: sc if sc.total("phasewatch_requests_total")
+                              else None)(scrape(serve.http_port)), 12)
+        shown = time.monotonic() - answered
+        assert s.total("phasewatch_requests_total", model=MODEL) == 1, serve.log_path
+        assert shown < 2.0, f"on /metrics {shown:.1f} s after the answer"
+        assert s.value("phasewatch_trace_join_requests_total",
+                       outcome="tap_only_no_engine") == 1
+
+
+LLAMA_HF = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(("flags", "label"), [
+    ({"model": "Llama-3.1-8B", "served_model_name": LLAMA_HF}, LLAMA_HF),
+    ({"model": "Llama-3.1-8B"}, "Llama-3.1-8B"),  # vLLM serves the HF id all the same
+])
+def test_one_model_is_one_label_set_from_the_tap_otlp_and_grpc(fake, flags, label):
+    """Issue 26: the tap's series carried the served name, the same model's vLLM spans
+    (no model attribute) the configured --model: one model, two label sets, the
+    roofline on one of them. Every name of the configured model is now its served name
+    (--served-model-name, else --model), from every receiver."""
+    from exporter.requests.record import RequestRecord
+    from exporter.roofline.deployments import ModelOptions
+    from exporter.sim.otlp_shapes import OtlpSink
+
+    now = time.time()
+    times = dict(arrival=now - 1.0, queued=now - 0.98, scheduled=now - 0.9,
+                 first_token=now - 0.7, last_token=now - 0.1, finish=now - 0.099,
+                 prompt_tokens=12, output_tokens=8)
+
+    config = replace(ServeConfig(**TEST_PORTS), tap_upstream=f"http://127.0.0.1:{fake.port}",
+                     tap_port=0, tap_engine="vllm", source_label=True,
+                     model_flags=ModelOptions(hardware="H100-SXM", **flags))
+    with Exporter(config) as ex:
+        # a client of vLLM asks for the name vLLM serves; no engine traces yet, so its
+        # record is counted at once (before the span below: a tracing engine would
+        # make it wait for its own span)
+        assert fetch(ex.tap_port, {**STREAM, "model": LLAMA_HF}).complete
+        assert wait_for(lambda: scrape(ex.http_port).total("phasewatch_requests_total"), 5)
+        sink = OtlpSink("otlp-grpc", f"127.0.0.1:{ex.otlp_grpc_port}", "vllm")
+        sink.record_request(RequestRecord("", **times))  # vLLM V1's span: no model
+        assert sink.close()
+        client = PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm",
+                                  flush_interval=0.05)
+        client.record("llama-3.1-8b", **times)  # one of the catalog's names for it
+        client.close()
+        s = wait_for(lambda: (lambda sc: sc if sc.total("phasewatch_requests_total") == 3
+                              else None)(scrape(ex.http_port)), 10)
+        models = {x.labels["model"] for x in s.samples
+                  if x.name == "phasewatch_requests_total" and x.value}
+        sources = {x.labels["source"] for x in s.samples
+                   if x.name == "phasewatch_requests_total" and x.value}
+        assert (models, sources) == ({label}, {"tap", "engine"})
+
+        def roofline():
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{ex.http_port}/api/v1/roofline", timeout=5) as r:
+                return [m for m in json.load(r)["models"] if m["configured"]]
+        rows = wait_for(roofline, 10)
+        assert {m["model"] for m in rows} == {label}
+        assert {m["deployment"]["model"] for m in rows} == {"Llama-3.1-8B"}
+        # the JSON API answers a query by any of the model's names, as it labels requests
+        for alias in ("llama-3.1-8b", LLAMA_HF):
+            q = urllib.parse.quote(alias)
+            with urllib.request.urlopen(f"http://127.0.0.1:{ex.http_port}/api/v1/roofline"
+                                        f"?model={q}", timeout=5) as r:
+                assert {m["model"] for m in json.load(r)["models"]} == {label}, alias
+            with urllib.request.urlopen(f"http://127.0.0.1:{ex.http_port}/api/v1/requests"
+                                        f"?model={q}", timeout=5) as r:
+                assert len(json.load(r)["requests"]) == 3, alias
 
 
 def test_ask_usage_gets_the_token_counts_and_keeps_the_clients_stream_as_it_asked(

@@ -212,8 +212,8 @@ def test_the_commands_speak_tls(mtls, certs, tmp_path):
     import sys
 
     from dashboard.exporter_source import ExporterSource
-    flags = ["--tls-ca", certs.ca, "--tls-cert", certs.client_cert, "--tls-key",
-             certs.client_key]
+    flags = ["--exporter-tls-ca", certs.ca, "--exporter-tls-cert", certs.client_cert,
+             "--exporter-tls-key", certs.client_key]
     targets = {"phasewatch": f"127.0.0.1:{mtls.grpc_port}",
                "otlp-grpc": f"127.0.0.1:{mtls.otlp_grpc_port}",
                "otlp-http": f"https://127.0.0.1:{mtls.otlp_http_port}/v1/traces"}

@@ -130,10 +130,12 @@ class Snapshot:
 class Aggregator:
     def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
                  window: RollingWindow | None = None, clock=time.time,
-                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False):
+                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False,
+                 model_names=None):
         self.stats = stats or SelfStats()
         self.labels = LabelSets(self.stats, max_series=max_series, pod_label=pod_label,
-                                max_pods=max_pods, source_label=source_label)
+                                max_pods=max_pods, source_label=source_label,
+                                model_names=model_names)
         self.window = window or RollingWindow(clock=clock)
         self._lock = threading.Lock()
         self._hists = {s.key: _Histogram(s) for s in HISTOGRAMS}

@@ -12,6 +12,10 @@ resource names. Pods have their own cap, ``max_pods``; past it the pod becomes
 With ``--source-label``, ``source`` says who saw the requests (``record.SOURCES``): the
 engine alone, the stream tap alone, or both (joined): a tap's client-visible TTFT is
 then never mixed with an engine's own in one series.
+
+``model_names`` (``deployments.ModelNames``) gives every name of a configured model its
+one label value before anything else: one model, one label set, whichever receiver the
+request came through and whichever of its names it carried.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ UNKNOWN = "unknown"
 
 class LabelSets:
     def __init__(self, stats: SelfStats, max_series: int = 256, max_value_len: int = 200,
-                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False):
+                 pod_label: bool = False, max_pods: int = 64, source_label: bool = False,
+                 model_names=None):
         if max_series < 2:
             raise ValueError(f"max_series must be at least 2, got {max_series}")
         self._stats = stats
         self._max = max_series
         self._max_len = max_value_len
         self._max_pods = max_pods
+        self._model_names = model_names  # name -> its label value; None: as it is
         self.names: tuple[str, ...] = ("model", "engine", *(("pod",) if pod_label else ()),
                                        *(("source",) if source_label else ()))
         self._with_pod, self._with_source = pod_label, source_label
@@ -74,6 +80,8 @@ class LabelSets:
 
     def _lookup(self, model: str, engine: str, pod: str | None, rows: int,
                 source: int = 0) -> int:
+        if self._model_names is not None:
+            model = self._model_names(model)
         model = self._value("model", model, rows)
         engine = self._value("engine", engine, rows)
         key = (model, engine, *(() if pod is None else (self._pod(pod, rows),)),

@@ -21,16 +21,34 @@ per sequence on the engine's, with the same traceparent: they are paired in orde
 their last token.
 
 Rows wait for their other side at most ``wait`` seconds (the engine's span exporter
-batches, typically every 5 s; the tap's client every 0.25 s), in a bounded table; past
+batches, typically every 1-5 s; the tap's client every 0.25 s), in a bounded table; past
 the wait, or when the table is full, a row is counted alone (source tap or engine).
-A side waits only while the other side has been seen within ``active`` seconds (an
-engine is assumed seen at start, a tap is not), so an engine with no tap in front, or
-a tap in front of an engine that does not trace (after ``active``), is counted at once;
-except an engine span that inherited the tap's tracestate member (``phasewatch=tap``):
-it came through a tap, so it waits for the tap's record even before any was seen (at
-start, the engine's first spans can arrive before the tap's first records).
+
+A row waits only while its other side is answering, so a tap with no engine tracing
+behind it, or an engine with no tap in front, is counted at once (outcomes
+``tap_only_no_engine``, ``engine_only_no_tap``), not after the wait:
+
+* expected: a tap's record waits once an engine has been seen tracing (any OTLP
+  export: ``engine_exported``; vLLM exports its start-up spans as it loads) or an
+  engine row with trace context has come; an engine's span once a tap's record has
+  been seen, or when it inherited the tap's tracestate member (``phasewatch=tap``: it
+  came through a tap, so its record is coming, even before any was seen);
+* answering: a side stops waiting once its rows have waited in vain (counted alone
+  after the whole wait) over ``horizon`` seconds (default max(60 s, 6 x ``wait``))
+  with nothing of the other side in between, and waits again as soon as the other side
+  sends anything. Silence is judged by rows that waited in vain, not by the clock: a
+  quiet server whose engine answers each request keeps joining, and so does one whose
+  last request before an idle hour was aborted (vLLM sends no span for it).
+
+At start no engine has been seen. An engine that exports its start-up spans (vLLM) is
+seen before the first request and every request joins. Otherwise (the exporter started
+after them, an engine that sends none) the tap's records are counted at once until the
+engine's first export arrives (vLLM exports every 1-5 s), and the engine spans of those
+first requests, arriving after, are dropped as ``late``: each such request is counted
+once, from the tap alone. From then on tap records wait and join.
 A row arriving after its request was counted without it is dropped, counted as
-``late``: a request is never counted twice.
+``late``: a request is never counted twice; a further sequence of a request counted
+alone is counted alone too, under the same outcome.
 Rows without a traceparent (an engine span with no parent: a request that did not come
 through the tap) pass straight through. Every outcome is counted in
 ``phasewatch_trace_join_requests_total{outcome}``.
@@ -146,25 +164,28 @@ class TraceJoin:
     releases the rows whose wait is over (the exporter calls it every second)."""
 
     def __init__(self, aggregator: Aggregator, *, wait: float = 10.0,
-                 max_pending: int = 20_000, remember: int = 100_000, active: float = 300.0,
-                 clock=time.monotonic):
+                 max_pending: int = 20_000, remember: int = 100_000,
+                 horizon: float | None = None, clock=time.monotonic):
         self._agg = aggregator
         self.stats = aggregator.stats
         self.labels = aggregator.labels
         self.add_steps = aggregator.add_steps
-        self.wait, self.max_pending, self.active = wait, max_pending, active
+        self.wait, self.max_pending = wait, max_pending
+        self.horizon = max(60.0, 6 * wait) if horizon is None else horizon
         # counted requests are remembered (to drop a late other side) this long, at most
         # ``remember`` of them (~0.2 kB each): a side later than that is counted alone
         self._remember, self._forget = remember, max(60.0, 6 * wait)
         self._clock = clock
         self._lock = threading.Lock()
         self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # by deadline
-        # counted keys -> (when, SOURCE_JOINED or the side counted alone)
-        self._done: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        # when each side was last seen: an engine is assumed at start (a tap's record
-        # usually comes first: the engine's span exporter batches), a tap is not (an
-        # engine whose clients send traceparents, with no tap, is never held)
-        self._seen = {SOURCE_TAP: -float("inf"), SOURCE_ENGINE: clock()}
+        # counted keys -> (when, SOURCE_JOINED or the side counted alone, its outcome)
+        self._done: OrderedDict[str, tuple[float, int, str]] = OrderedDict()
+        # whether each side has ever sent a row with trace context (neither at start),
+        # and when its rows that waited in vain first and last did so since the other
+        # side last sent anything (None: none since)
+        self._seen = {SOURCE_TAP: False, SOURCE_ENGINE: False}
+        self._in_vain: dict[int, tuple[float, float] | None] = {SOURCE_TAP: None,
+                                                                SOURCE_ENGINE: None}
 
     def pending_count(self) -> int:
         with self._lock:
@@ -187,9 +208,8 @@ class TraceJoin:
         outcomes: Counter = Counter()
         touched: dict[str, _Waiting] = {}
         with self._lock:
-            for side in (SOURCE_TAP, SOURCE_ENGINE):
-                if (batch.source == side).any():
-                    self._seen[side] = now
+            self._arrived({int(batch.source[i]) for i, key in enumerate(keys)
+                           if key and _KEY.fullmatch(key)})
             for i, key in enumerate(keys):
                 side = int(batch.source[i])
                 if not key or side == SOURCE_JOINED:
@@ -203,11 +223,14 @@ class TraceJoin:
                     if done[1] != side:  # its request was counted without it
                         outcomes["late"] += 1
                         held[i] = late[i] = True
-                    continue  # a further sequence of a request counted alone: alone too
-                other = SOURCE_ENGINE if side == SOURCE_TAP else SOURCE_TAP
-                if (w is None and now - self._seen[other] > self.active
-                        and not (tapped is not None and tapped[i])):
-                    self._counted(key, now, side)  # the other side is not around: alone
+                    else:  # a further sequence of a request counted alone: alone too
+                        outcomes[done[2]] += 1
+                    continue
+                if w is None and not self._expects(side, tapped is not None
+                                                   and bool(tapped[i])):
+                    alone = "tap_only_no_engine" if side == SOURCE_TAP else "engine_only_no_tap"
+                    outcomes[alone] += 1
+                    self._counted(key, now, side, alone)  # the other side is not sending
                     continue
                 row = Row.take(batch, i, int(starts[i]), None if pods is None else pods[i],
                                protocol)
@@ -239,6 +262,14 @@ class TraceJoin:
         self._release(release)
         return result
 
+    def engine_exported(self) -> None:
+        """An engine's trace export arrived, whatever its spans (vLLM exports a dozen
+        start-up spans as it loads, before any request): an engine traces, so a tap's
+        records wait for its spans from the first request on. Not an answer: only spans
+        with trace context keep tap records waiting (``horizon``)."""
+        with self._lock:
+            self._seen[SOURCE_ENGINE] = True
+
     def sweep(self) -> int:
         """Release the rows whose wait is over; how many requests were counted."""
         outcomes: Counter = Counter()
@@ -259,6 +290,24 @@ class TraceJoin:
         return len(release)
 
     # ---- under the lock --------------------------------------------------------
+    def _arrived(self, sides: set[int]) -> None:
+        """Rows with trace context of ``sides`` arrived: each side is seen, and answers
+        the other's rows."""
+        for side in sides & {SOURCE_TAP, SOURCE_ENGINE}:
+            self._seen[side] = True
+            self._in_vain[SOURCE_ENGINE if side == SOURCE_TAP else SOURCE_TAP] = None
+
+    def _expects(self, side: int, tapped: bool) -> bool:
+        """Whether a new row of ``side`` waits for the other side: the other side is
+        expected (seen once, or the row came through a tap) and is answering (the
+        side's rows have not waited in vain over ``horizon`` seconds since it last
+        sent anything)."""
+        other = SOURCE_ENGINE if side == SOURCE_TAP else SOURCE_TAP
+        if not (self._seen[other] or (side == SOURCE_ENGINE and tapped)):
+            return False
+        vain = self._in_vain[side]
+        return vain is None or vain[1] - vain[0] < self.horizon
+
     def _expire(self, now: float, outcomes: Counter) -> list[Row]:
         """Rows whose wait is over, and the oldest past ``max_pending`` (capacity)."""
         out = []
@@ -287,15 +336,19 @@ class TraceJoin:
         for rest, alone in ((taps[n:], "tap_only"), (engines[n:], "engine_only")):
             outcomes["capacity" if capacity else alone] += len(rest)
             out += rest
-        self._counted(key, now, SOURCE_JOINED if n else
-                      SOURCE_TAP if taps else SOURCE_ENGINE)
+        side = SOURCE_JOINED if n else SOURCE_TAP if taps else SOURCE_ENGINE
+        self._counted(key, now, side, "joined" if n else "capacity" if capacity
+                      else "tap_only" if taps else "engine_only")
+        if not n and not capacity and now < float("inf"):  # (flush: stopping, no evidence)
+            vain = self._in_vain[side]  # waited in vain: evidence the other side is quiet
+            self._in_vain[side] = (vain[0] if vain else now, now)
         return out
 
-    def _counted(self, key: str, now: float, side: int) -> None:
-        """Remember that ``key``'s request was counted, joined or by ``side`` alone:
-        the other side, coming later, is late (a further sequence of the same side is
-        counted alone too)."""
-        self._done[key] = (now, side)
+    def _counted(self, key: str, now: float, side: int, outcome: str) -> None:
+        """Remember that ``key``'s request was counted, joined or by ``side`` alone
+        (under ``outcome``): the other side, coming later, is late (a further sequence
+        of the same side is counted alone too, under the same outcome)."""
+        self._done[key] = (now, side, outcome)
         self._done.move_to_end(key)
 
     # ---- outside the lock ------------------------------------------------------

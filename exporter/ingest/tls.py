@@ -49,7 +49,8 @@ class ClientTls:
 
     def __post_init__(self):
         if bool(self.cert) != bool(self.key):
-            raise ValueError("a client certificate needs its key (--tls-cert and --tls-key)")
+            raise ValueError("a client certificate needs its key (--exporter-tls-cert and "
+                             "--exporter-tls-key)")
 
     @property
     def enabled(self) -> bool:

@@ -189,10 +189,17 @@ def compute_dtype_for(o: ModelOptions, spec: ModelSpec, hw: HardwareSpec,
                      "`phasewatch calibrate` and pass --hardware-profile")
 
 
+def served_name(o: ModelOptions, spec: ModelSpec) -> str:
+    """The one model label of a configured model: ``--served-model-name`` when set (the
+    name clients ask for, and vLLM's own metrics carry), else ``--model``, else the
+    name its Hugging Face config gives."""
+    return o.served_model_name or o.model or spec.name
+
+
 def resolve(o: ModelOptions) -> Deployment | None:
     """A deployment, or None when the hardware could not be detected (logged)."""
     spec, model_source = _model(o)
-    served = o.served_model_name or o.model or spec.name
+    served = served_name(o, spec)
     hw, hw_source = _hardware(o, served)
     if hw is None:
         return None
@@ -235,3 +242,44 @@ class Deployments:
         if len(self._cache) < 10_000:  # labels are capped upstream; this is a backstop
             self._cache[label] = found
         return found
+
+
+class ModelNames:
+    """One model, one label: every name that denotes a configured model maps to its
+    ``served_name`` (``ModelNames(options)(name)``), whichever source the request came
+    from (a tap's record carries the name the client asked for, a vLLM span none, so
+    ``--default-model``), so the roofline and verdict find it and tap, engine and joined
+    rows share the label.
+
+    Names of a model: its served name, ``--model``, the name its config gives, and every
+    name the catalog knows it by (aliases and Hugging Face ids, case-insensitive, as
+    the catalog resolves them). A name that denotes two configured models is left as
+    it is (as ``Deployments.for_model`` leaves it unmatched); any other name too.
+    Hardware plays no part: a model whose hardware was not detected is still one label.
+    """
+
+    def __init__(self, options: list[ModelOptions]):
+        exact: dict[str, set[str]] = {}
+        folded: dict[str, set[str]] = {}
+        self.labels: list[str] = []
+        for o in options:
+            spec, _ = _model(o)
+            label = served_name(o, spec)
+            self.labels.append(label)
+            for name in (label, o.model, spec.name):
+                if name:
+                    exact.setdefault(name, set()).add(label)
+            for name in {n for m in (o.model, spec.name) if m for n in catalog.model_names(m)}:
+                folded.setdefault(name.lower(), set()).add(label)
+        self._exact = {n: ls.pop() for n, ls in exact.items() if len(ls) == 1}
+        self._folded = {n: ls.pop() for n, ls in folded.items() if len(ls) == 1}
+
+    @property
+    def single(self) -> str:
+        """The label of the one configured model ("" with none or several): the model of
+        spans and tap records that name none."""
+        return self.labels[0] if len(set(self.labels)) == 1 else ""
+
+    def __call__(self, name: str) -> str:
+        found = self._exact.get(name)
+        return found if found is not None else self._folded.get(name.lower(), name)

@@ -109,6 +109,8 @@ class OtlpIngest:
     def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
         """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
         out = ExportOutcome(spans=len(spans))
+        if spans and isinstance(self._agg, TraceJoin):
+            self._agg.engine_exported()  # an engine traces: tap records wait for its spans
         parts = self.context.trace_parts
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []

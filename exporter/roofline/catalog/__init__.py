@@ -155,6 +155,15 @@ def _hardware() -> dict[str, dict]:
     return _load("hardware.json")["parts"]
 
 
+def model_names(name: str) -> tuple[str, ...]:
+    """Every name the catalog knows ``name``'s model by (canonical name, aliases,
+    Hugging Face ids), or () when it does not know ``name``; no close-match search."""
+    canonical = _index(_models()).get(name.strip().lower())
+    if canonical is None:
+        return ()
+    return (canonical, *_models()[canonical].get("aliases", ()))
+
+
 def model(name: str) -> ModelSpec:
     canonical = _resolve("model", name, _models(),
                          "or give the model's Hugging Face config.json with --hf-config")
