@@ -379,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the exporter",
+                           usage="phasewatch serve [-h] [--config FILE] [--FLAG VALUE ...]",
                            description="Run the exporter: the phasewatch gRPC receiver and "
                            "HTTP /metrics, /healthz, /readyz and /api/v1. Settings come from "
                            "flags, PHASEWATCH_* variables, then --config FILE (TOML), in "
@@ -400,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.set_defaults(func=cmd_simulate)
 
     demo = sub.add_parser("demo", help="exporter + simulated load + dashboard",
+                          usage="phasewatch demo [-h] [--scenario NAME] [--duration S] "
+                          "[--no-dashboard] [--FLAG VALUE ...]",
                           description="Start an exporter, a simulated engine feeding it and "
                           "the Dash dashboard reading it; print the URLs and a one-line "
                           "summary every few seconds. The dashboard switches the scenario.")
