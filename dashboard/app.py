@@ -25,6 +25,11 @@ log = logging.getLogger("phasewatch.dashboard")
 
 GRAPHS = ("roofline", "prompt-ttft", "ttft-series", "token-latency", "throughput",
           "shares", "waterfall")
+# Graphs on a row of their own (the waterfall: one bar per request, as tall as there are
+# requests); the other six tile in one, two or three columns (theme.PAGE_CSS).
+FULL_ROW = ("waterfall",)
+# The mode bar without the box and lasso selections, which select nothing here.
+GRAPH_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
 
 @dataclass
@@ -34,6 +39,28 @@ class ScenarioControl:
     scenarios: tuple[str, ...]
     current: str
     switch: object  # callable(name) -> None
+    switched_at: float | None = None  # Unix time of the last switch from the page
+
+
+# After a switch the window still holds the previous scenario's requests; the verdict
+# follows once the window has turned over and the roofline has been estimated again.
+SWITCH_LAG_S = 10.0
+
+
+def switch_note(scenario: ScenarioControl, window_seconds: float | None, now: float) -> str:
+    """What the page says after a scenario switch, while the window still holds the
+    previous scenario's requests (the banner would otherwise read as the new one's);
+    "" before any switch and once the window has turned over."""
+    if scenario.switched_at is None or not window_seconds:
+        return ""
+    settled = scenario.switched_at + window_seconds + SWITCH_LAG_S
+    if now >= settled:
+        return ""
+    at, by = (time.strftime("%H:%M:%S", time.localtime(t))
+              for t in (scenario.switched_at, settled))
+    return (f"Switched to {scenario.current} at {at}. The banner, the cards and the "
+            f"roofline cover the last {window_seconds:g} s, so until about {by} they still "
+            "count the previous scenario's requests.")
 
 
 @dataclass
@@ -45,6 +72,7 @@ class CachedSource:
     _cache: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     last_ok: float | None = None
+    window_seconds: float | None = None  # the last good snapshot's
 
     def fetch(self, selection: Selection) -> Snapshot:
         now = time.monotonic()
@@ -59,17 +87,20 @@ class CachedSource:
             self._cache[selection] = (now, snap)
             if snap.error is None:
                 self.last_ok = snap.fetched_at
+                self.window_seconds = snap.window_seconds
         return snap
 
 
 def build_figures(snap: Snapshot) -> list[dict]:
-    """Every figure of the page, in ``GRAPHS`` order."""
-    idle = panels.idle_text(snap.window_seconds) if snap.idle else figures.NO_ROOFLINE
+    """Every figure of the page, in ``GRAPHS`` order. A stopped workload's figures of
+    the window say so where they are empty, not "yet" (the time series keep their
+    history)."""
+    idle = panels.idle_text(snap.window_seconds) if snap.idle else None
     return [figures.roofline_figure(snap.points, snap.ceilings, idle),
-            figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes),
+            figures.prompt_ttft_figure(snap.prompt_points, snap.prompt_classes, idle),
             figures.ttft_figure(snap.series), figures.token_latency_figure(snap.series),
             figures.throughput_figure(snap.series), figures.shares_figure(snap.series),
-            figures.waterfall_figure(snap.waterfall)]
+            figures.waterfall_figure(snap.waterfall, idle)]
 
 
 def page_outputs(snap: Snapshot, last_ok: float | None = None,
@@ -164,15 +195,17 @@ def _layout(source, refresh: float, scenario: ScenarioControl | None) -> html.Di
                             id="source"),
                   html.Div(controls, className="pw-selectors")], className="pw-header"),
         html.Div([
+            html.Div(id="scenario-note", className="pw-note", style={"display": "none"}),
             html.Div(id="state"),
             html.Div(id="cards", className="pw-cards"),
             panels.bench_compare(),
-            html.Div([html.Div([dcc.Graph(id=g, config={"displaylogo": False}),
+            html.Div([html.Div([dcc.Graph(id=g, config=GRAPH_CONFIG),
                                 html.P(CAPTIONS[g], className="pw-caption")],
-                               className="pw-panel") for g in GRAPHS], className="pw-grid"),
+                               className="pw-panel pw-full-row" if g in FULL_ROW
+                               else "pw-panel", id=f"panel-{g}") for g in GRAPHS],
+                     className="pw-grid"),
         ], className="pw-main"),
         html.Div(id="footer", className="pw-footer"),
-        html.Div(id="scenario-note", style={"display": "none"}),
         dcc.Interval(id="tick", interval=int(refresh * 1000)),
     ])
 
@@ -222,12 +255,15 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
         return [*page, models, engines, pods, _shown(pods), sources, _shown(sources)]
 
     if scenario is not None:
-        @app.callback(Output("scenario-note", "children"), Input("scenario", "value"),
-                      prevent_initial_call=True)
-        def switch_scenario(name):
-            scenario.switch(name)
-            scenario.current = name
-            return f"scenario {name}"
+        @app.callback([Output("scenario-note", "children"), Output("scenario-note", "style")],
+                      [Input("scenario", "value"), Input("tick", "n_intervals")])
+        def switch_scenario(name, _):
+            if dash.ctx.triggered_id == "scenario" and name and name != scenario.current:
+                scenario.switch(name)
+                scenario.current = name
+                scenario.switched_at = time.time()
+            note = switch_note(scenario, cached.window_seconds, time.time())
+            return note, {} if note else {"display": "none"}
 
     return app
 

@@ -26,6 +26,7 @@ from dashboard.frames import (
     Selection,
     Snapshot,
     frame,
+    in_window_only,
 )
 from dashboard.http import FetchError, base_url, get_json
 from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
@@ -162,22 +163,6 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
     return snap
 
 
-def in_window_only(snap: Snapshot, label_sets_seen: int | None) -> Snapshot:
-    """Verdicts and roofline points only for label sets with requests in the window (the
-    summary lists no other): the roofline's verdicts outlive the window by up to its
-    lookback, and a stopped workload has no bottleneck. ``label_sets_seen``: the label
-    sets the exporter has ever seen (``/api/v1/status``); when it has seen some and none
-    is in the window, the snapshot is ``idle``."""
-    live = set(snap.kpis[list(KEYS)].itertuples(index=False, name=None))
-    for name in ("verdicts", "points"):
-        df = getattr(snap, name)
-        keep = [k in live for k in df[list(KEYS)].itertuples(index=False, name=None)]
-        setattr(snap, name, df[pd.Series(keep, index=df.index, dtype=bool)]
-                .reset_index(drop=True))
-    snap.idle = not live and bool(label_sets_seen)
-    return snap
-
-
 def _verdict_row(v: dict, est: dict, engine_state: dict | None) -> dict:
     """One verdict of ``/api/v1/roofline`` as a row of VERDICT_COLUMNS. An older exporter's
     verdict (no headline, no cause) still makes a row."""
@@ -193,7 +178,8 @@ def _verdict_row(v: dict, est: dict, engine_state: dict | None) -> dict:
             **{f"{p}_share": share.get(p) for p in PHASES},
             "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
             "mfu": (est.get("prefill") or {}).get("flops_utilization"),
-            "ceiling_exceeded": _exceeded(v, est), "agreeing": 1, "reporting": 1}
+            "ceiling_exceeded": _exceeded(v, est), "agreeing": 1, "reporting": 1,
+            "idle": bool(v["evidence"].get("idle"))}
 
 
 def _exceeded(v: dict, est: dict) -> tuple[tuple[str, str, float], ...]:

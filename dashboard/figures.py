@@ -1,8 +1,9 @@
 """Plotly figures (as plain dicts, which Dash sends as they are) from the source frames.
 
-Every function takes frames from ``dashboard.frames`` and returns a figure; an empty
-frame gives a figure that says so. ``uirevision`` is constant, so a live refresh
-keeps the user's zoom and hidden traces.
+Every function takes frames from ``dashboard.frames`` and returns a figure
+(``dashboard.layout.figure``: title, legend and margins); an empty frame gives a figure
+that says so. ``uirevision`` is the title, so a live refresh keeps the user's zoom and
+hidden traces.
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ import numpy as np
 import pandas as pd
 
 from dashboard.frames import KEYS, who
+from dashboard.layout import (
+    PLOT_PX,
+    empty_figure,
+    figure,
+    log_seconds_ticks,
+    log_tokens_ticks,
+    note,
+)
 from dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
 
 DASHES = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
 SECONDS_AXIS = {"tickformat": "~s", "ticksuffix": "s", "rangemode": "tozero"}
-
-
-def _layout(title: str, xaxis: dict, yaxis: dict, **extra) -> dict:
-    # Title on the left (the mode bar sits on the right); legend below the x-axis title.
-    return {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
-            "uirevision": title, "margin": {"l": 60, "r": 10, "t": 36, "b": 90},
-            "height": 360, "legend": {"orientation": "h", "yanchor": "top", "y": -0.28,
-                                      "font": {"size": 11}},
-            "xaxis": xaxis, "yaxis": yaxis, "hovermode": "closest",
-            "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", **extra}
 
 
 def si(x: float) -> str:
@@ -35,13 +34,6 @@ def si(x: float) -> str:
         return f"{x:g} "
     k = min(max(math.floor(math.log10(abs(x)) / 3), -4), 6)
     return f"{x / 10 ** (3 * k):.3g} {'pnum kMGTPE'[k + 4].strip()}"
-
-
-def empty_figure(title: str, message: str) -> dict:
-    return {"data": [], "layout": _layout(
-        title, {"visible": False}, {"visible": False},
-        annotations=[{"text": message, "showarrow": False, "xref": "paper", "yref": "paper",
-                      "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#777"}}])}
 
 
 def _label(key: tuple, several: bool) -> str:
@@ -74,16 +66,19 @@ def _dates(at: pd.Series) -> list:
 # ---- roofline ---------------------------------------------------------------------
 NO_ROOFLINE = ("No roofline yet: the exporter needs --model and --hardware, and finished "
                "requests in the window")
+# Ceilings, so the exporter was given the deployment, but no operating point yet.
+NO_POINTS = "No operating point yet: estimated every few seconds from the window's requests"
 
 
 def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
-                    empty_text: str = NO_ROOFLINE) -> dict:
+                    idle_text: str | None = None) -> dict:
     """Log-log roofline: per hardware, min(bandwidth x intensity, peak FLOP/s) for each
     ceiling, and each phase's operating point now (large) and its recent trail.
-    ``empty_text``: what the figure says with neither (a stopped workload says so)."""
+    ``idle_text``: what a figure without operating points says when the workload has
+    stopped (the ceilings stay); else it says why there are none."""
     title = "Roofline: achieved FLOP/s against arithmetic intensity"
     if ceilings.empty and points.empty:
-        return empty_figure(title, empty_text)
+        return empty_figure(title, idle_text or NO_ROOFLINE)
     ok = points[np.isfinite(points["intensity"].astype(float))
                 & np.isfinite(points["flops"].astype(float))
                 & (points["intensity"].astype(float) > 0) & (points["flops"].astype(float) > 0)]
@@ -109,6 +104,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
                                        f"{si(row.flops)}FLOP/s<br>ridge {ridge:.0f} "
                                        "FLOPs/byte<extra></extra>")})
     sets = _label_sets(ok)
+    spans: list[float] = []  # how far back each trail goes
     for key, phase in [(s, p) for s in sets for p in ("prefill", "decode")]:
         mine = _of(ok, key)
         mine = mine[mine["phase"] == phase].sort_values("at")
@@ -117,17 +113,12 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
         suffix = _label(key, len(sets) > 1)
         color = PHASE_COLORS[phase]
         trail = mine[~mine["latest"].astype(bool)]
-        if not trail.empty:
-            data.append({"type": "scatter", "mode": "lines+markers", "showlegend": False,
-                         "name": f"{phase} trail{suffix}", "legendgroup": phase + suffix,
-                         "x": trail["intensity"].tolist(), "y": trail["flops"].tolist(),
-                         "marker": {"color": color, "size": 5, "opacity": 0.35},
-                         "line": {"color": color, "width": 1}, "opacity": 0.5,
-                         "hovertemplate": f"{phase} earlier{suffix}<br>%{{x:.3g}} FLOPs/byte,"
-                                          " %{y:.3s}FLOP/s<extra></extra>"})
         now = mine[mine["latest"].astype(bool)].tail(1)
         if now.empty:
             now = mine.tail(1)
+        if not trail.empty:
+            data.append(_trail(trail, phase, suffix, float(now["at"].iloc[-1])))
+            spans.append(float(now["at"].iloc[-1]) - float(trail["at"].astype(float).min()))
         data.append({"type": "scatter", "mode": "markers", "name": f"{phase}{suffix}",
                      "legendgroup": phase + suffix, "meta": phase,
                      "x": now["intensity"].tolist(), "y": now["flops"].tolist(),
@@ -135,11 +126,61 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
                                                                      "width": 1.5}},
                      "hovertemplate": f"<b>{phase} now{suffix}</b><br>%{{x:.3g}} FLOPs/byte,"
                                       " %{y:.3s}FLOP/s<extra></extra>"})
-    return {"data": data, "layout": _layout(
-        title,
-        {"type": "log", "title": {"text": "arithmetic intensity (FLOPs/byte)"},
-         "range": [math.log10(lo), math.log10(hi)]},
-        {"type": "log", "title": {"text": "achieved FLOP/s"}, "tickformat": "~s"})}
+    ys = [y for t in data for y in t["y"] if y > 0 and math.isfinite(y)]
+    return figure(data, title,
+                  {"type": "log", "title": {"text": "arithmetic intensity (FLOPs/byte)"},
+                   "range": [math.log10(lo), math.log10(hi)], "dtick": 1},
+                  {"type": "log", "title": {"text": "achieved FLOP/s"}, "tickformat": "~s",
+                   "dtick": 1, "range": flops_range(ys)},
+                  annotations=([trail_note(max(spans))] if spans else
+                               [] if sets else [note(idle_text or NO_POINTS)]))
+
+
+def flops_range(ys: list[float]) -> list[float] | None:
+    """The FLOP/s axis (log10): every line and point, and a strip above the roof about
+    a line of text tall, where the trail's note sits clear of the ceilings."""
+    if not ys:
+        return None
+    bottom, top = math.log10(min(ys)) - 0.05, math.log10(max(ys))
+    return [bottom, top + max(0.3, 0.15 * (top - bottom))]
+
+
+TRAIL_SIZES = (4.0, 10.0)  # the oldest and the newest earlier point; "now" is 16
+
+
+def trail_note(span: float) -> dict:
+    """The key to the trails, along the top of the roofline, in the strip above the roof
+    (``flops_range``) that no operating point reaches."""
+    return {"text": f"Small dots: each phase over the last {span_text(span)}, newest "
+                    "largest; big dots: now",
+            "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.01, "y": 0.99,
+            "xanchor": "left", "yanchor": "top", "align": "left",
+            "font": {"size": 11, "color": "#555"}, "bgcolor": "rgba(255,255,255,0.8)"}
+
+
+def span_text(seconds: float) -> str:
+    """A trail's span as the legend says it: ``40 s`` under 90 s, else ``5 min``."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def _trail(trail: pd.DataFrame, phase: str, suffix: str, now_at: float) -> dict:
+    """A phase's earlier operating points, oldest first, joined by a line and growing
+    toward the newest (``trail_note`` says so); shown and hidden with the phase's point
+    now (one legend group)."""
+    at = trail["at"].astype(float).to_numpy()
+    age = now_at - at
+    span = float(max(age.max(), 0.0))
+    lo, hi = TRAIL_SIZES
+    sizes = hi - (hi - lo) * (age / span if span > 0 else np.zeros_like(age))
+    color = PHASE_COLORS[phase]
+    return {"type": "scatter", "mode": "lines+markers", "showlegend": False,
+            "name": f"{phase} earlier{suffix}",
+            "legendgroup": phase + suffix, "x": trail["intensity"].tolist(),
+            "y": trail["flops"].tolist(), "customdata": np.round(age).tolist(),
+            "marker": {"color": color, "size": np.round(sizes, 1).tolist(), "opacity": 0.45},
+            "line": {"color": color, "width": 1}, "opacity": 0.6,
+            "hovertemplate": f"{phase} %{{customdata:.0f}} s before now{suffix}<br>"
+                             "%{x:.3g} FLOPs/byte, %{y:.3s}FLOP/s<extra></extra>"}
 
 
 # ---- time series --------------------------------------------------------------------
@@ -162,20 +203,20 @@ def _series_figure(series: pd.DataFrame, title: str, metrics: dict[str, tuple[st
             data.append({"type": "scatter", "mode": "lines", "name": name + suffix,
                          "x": _dates(m["at"]), "y": m["value"].tolist(),
                          "line": {"color": color, "dash": dash, "width": 2}})
-    return {"data": data, "layout": _layout(title, _time_axis(), yaxis)}
+    return figure(data, title, _time_axis(), yaxis)
 
 
 def ttft_figure(series: pd.DataFrame) -> dict:
     return _series_figure(series, "TTFT percentiles", {
         "ttft_p50": ("TTFT p50", "#0072B2"), "ttft_p95": ("TTFT p95", "#56B4E9")},
-        {**SECONDS_AXIS, "title": {"text": "TTFT (seconds)"}}, "No TTFT samples yet")
+        {**SECONDS_AXIS, "title": {"text": "TTFT"}}, "No TTFT samples yet")
 
 
 def token_latency_figure(series: pd.DataFrame) -> dict:
     return _series_figure(series, "ITL and TPOT percentiles", {
         "itl_p50": ("ITL p50", "#009E73"), "itl_p95": ("ITL p95", "#7FCDB4"),
         "tpot_p50": ("TPOT p50", "#CC79A7"), "tpot_p95": ("TPOT p95", "#E5B3D2")},
-        {**SECONDS_AXIS, "title": {"text": "seconds per token"}},
+        {**SECONDS_AXIS, "title": {"text": "time per token"}},
         "No ITL/TPOT samples yet")
 
 
@@ -207,22 +248,21 @@ def shares_figure(series: pd.DataFrame) -> dict:
                      "line": {"color": PHASE_COLORS[p], "width": 0.5},
                      "fillcolor": PHASE_COLORS[p],
                      "hovertemplate": f"{p}: %{{y:.0%}}<extra></extra>"})
-    note = (f" ({who(dict(zip(KEYS, sets[0], strict=True)))}; pick one to change)"
-            if len(sets) > 1 else "")
-    return {"data": data, "layout": _layout(
-        title + note, _time_axis(),
-        {"title": {"text": "share of request time"}, "tickformat": ".0%", "range": [0, 1]})}
+    shown = (f" ({who(dict(zip(KEYS, sets[0], strict=True)))}; pick one to change)"
+             if len(sets) > 1 else "")
+    return figure(data, title + shown, _time_axis(),
+                  {"title": {"text": "share of request time"}, "tickformat": ".0%",
+                   "range": [0, 1]})
 
 
 # ---- requests -----------------------------------------------------------------------
-def waterfall_figure(waterfall: pd.DataFrame) -> dict:
-    """Recent requests as horizontal bars split into queue, prefill and decode."""
-    title = "Recent requests: queue, prefill, decode"
+def waterfall_figure(waterfall: pd.DataFrame, idle_text: str | None = None) -> dict:
+    """Recent requests as horizontal bars split into their phases; the title names the
+    phases drawn (preprocess and the KV transfer only where the server reports them)."""
     if waterfall.empty:
-        return empty_figure(title, "No finished requests with all three phases yet")
+        return empty_figure("Recent requests by phase", idle_text or
+                            "No finished requests with queue, prefill and decode yet")
     df = waterfall.sort_values("start").reset_index(drop=True)
-    if (df["kind"] == "mean").all():
-        title = "Mean request per pod: queue, prefill, decode"
     # "joined: <request>" where the exporter labels sources (a tap's request, the
     # engine's, or both joined), so a client-visible bar is never taken for an engine's
     labels = [(f"{src}: {x}" if src else str(x))[:28]
@@ -243,19 +283,22 @@ def waterfall_figure(waterfall: pd.DataFrame) -> dict:
                                       "%{customdata[0]:.0f} tokens, output "
                                       "%{customdata[1]:.0f}<extra></extra>"})
         base = base + width
-    height = max(320, 60 + 14 * len(labels))
-    return {"data": data, "layout": _layout(
-        title, {"title": {"text": "seconds (0 = the newest request's end)"}},
-        {"title": {"text": "request"}, "type": "category", "automargin": True,
-         "tickfont": {"size": 9}}, barmode="overlay", height=height)}
+    which = ("Mean request per pod" if (df["kind"] == "mean").all() else "Recent requests")
+    title = f"{which}: {', '.join(t['name'] for t in data)}"
+    return figure(data, title, {"title": {"text": "seconds (0 = the newest request's end)"}},
+                  {"title": {"text": "request"}, "type": "category", "automargin": True,
+                   "tickfont": {"size": 9}}, plot_px=max(PLOT_PX, 14 * len(labels)),
+                  barmode="overlay")
 
 
-def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame) -> dict:
+def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame,
+                       idle_text: str | None = None) -> dict:
     """TTFT against prompt length: each request (where the source has them) and the p50
     and p95 of each prompt-length class, with prefill seconds per token on hover."""
     title = "TTFT against prompt length"
     if prompt_points.empty and prompt_classes.empty:
-        return empty_figure(title, "No requests with a prompt length and a TTFT yet")
+        return empty_figure(title, idle_text or
+                            "No requests with a prompt length and a TTFT yet")
     data = []
     sets = _label_sets(pd.concat([prompt_points[list(KEYS)], prompt_classes[list(KEYS)]]))
     for i, key in enumerate(sets):
@@ -287,9 +330,10 @@ def prompt_ttft_figure(prompt_points: pd.DataFrame, prompt_classes: pd.DataFrame
                                           "token (p50; -1: unknown)<br>%{customdata[2]} "
                                           "requests<extra></extra>"})
     ys = [y for t in data for y in t["y"]]
-    return {"data": data, "layout": _layout(
-        title, {"type": "log", "title": {"text": "prompt length (tokens)"}},
-        {"type": "log", "title": {"text": "TTFT"}, **log_seconds_ticks(ys)})}
+    xs = [x for t in data for x in t["x"]]
+    return figure(data, title, {"type": "log", "title": {"text": "prompt length (tokens)"},
+                                **log_tokens_ticks(xs)},
+                  {"type": "log", "title": {"text": "TTFT"}, **log_seconds_ticks(ys)})
 
 
 def class_midpoints(min_tokens: pd.Series, max_tokens: pd.Series) -> list[float]:
@@ -299,23 +343,3 @@ def class_midpoints(min_tokens: pd.Series, max_tokens: pd.Series) -> list[float]
     hi = max_tokens.astype(float)
     hi = hi.where(np.isfinite(hi), lo * 2)
     return ((lo + hi) / 2).clip(lower=1).tolist()
-
-
-def duration_text(x: float) -> str:
-    """An axis label in ms below a second, in s above: ``200 ms``, ``1.5 s``."""
-    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.3g} s"
-
-
-def log_seconds_ticks(values: list[float]) -> dict:
-    """A log axis of durations labelled 1-2-5 per decade in ms or s: Plotly's own ``~s``
-    labels mix units (``200m 100ms 90m``, where "m" reads as minutes) and crowd the
-    minor ticks with labels."""
-    ok = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    if not ok:
-        return {"tickformat": "~s", "ticksuffix": "s"}
-    lo = math.floor(math.log10(min(ok)))
-    hi = math.ceil(math.log10(max(ok)))
-    ticks = [m * 10.0 ** e for e in range(lo, max(hi, lo + 1) + 1) for m in (1, 2, 5)]
-    ticks = [t for t in ticks if min(ok) / 2 <= t <= max(ok) * 2] or [10.0 ** lo]
-    return {"tickmode": "array", "tickvals": ticks,
-            "ticktext": [duration_text(t) for t in ticks]}

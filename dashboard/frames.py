@@ -38,10 +38,12 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
 # a tuple of strings; ``ceiling_exceeded`` a tuple of (phase, ceiling, achieved / ceiling)
 # where an achieved rate went over its ceiling (no utilization is shown then);
 # ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
+# ``idle``: the engine was busy so little of the window that nothing needs fixing (the
+# exporter's verdict then offers no lever); unknown (None) from Prometheus.
 VERDICT_COLUMNS = (*KEYS, "phase", "resource", "headline", "cause", "cause_text",
                    "cause_source", "engine_scraped", "confidence", "text", "levers",
                    *SHARES, "mbu", "mfu", "ceiling_exceeded",
-                   "agreeing", "reporting")
+                   "agreeing", "reporting", "idle")
 # Roofline operating points, the newest (``latest``) and the trail before it.
 POINT_COLUMNS = (*KEYS, "at", "phase", "intensity", "flops", "latest")
 # Roofline ceilings: ``ceiling`` is datasheet, achievable or measured.
@@ -142,3 +144,21 @@ def who(row) -> str:
     the exporter labels sources (``Llama-3.1-8B/vllm (joined)``)."""
     name = "/".join(p for p in (row["model"], row["engine"], row["pod"]) if p)
     return f"{name} ({row['source']})" if row.get("source") else name
+
+
+def in_window_only(snap: Snapshot, label_sets_seen: int | None) -> Snapshot:
+    """Verdicts and roofline points only for label sets with requests in the window
+    (those with a KPI row: the exporter's summary lists no other, and the Prometheus
+    source keeps only those with a request rate over its range): a verdict outlives the
+    window (the exporter's roofline lookback; a gauge Prometheus still holds), and a
+    stopped workload has no bottleneck. ``label_sets_seen``: the label sets the source
+    has ever seen (the exporter's ``/api/v1/status``, the series Prometheus holds); when
+    it has seen some and none is in the window, the snapshot is ``idle``."""
+    live = set(snap.kpis[list(KEYS)].itertuples(index=False, name=None))
+    for name in ("verdicts", "points"):
+        df = getattr(snap, name)
+        keep = [k in live for k in df[list(KEYS)].itertuples(index=False, name=None)]
+        setattr(snap, name, df[pd.Series(keep, index=df.index, dtype=bool)]
+                .reset_index(drop=True))
+    snap.idle = not live and bool(label_sets_seen)
+    return snap

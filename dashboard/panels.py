@@ -69,19 +69,32 @@ def state_panel(snap: Snapshot, last_ok: float | None = None) -> html.Div | None
             html.P(["From ", html.Code(e.target), f": {e.message}.{stale}"])])
     if snap.idle and snap.empty:
         return html.Div(className="pw-state", id="state-idle", children=[
-            html.H3(idle_text(snap.window_seconds)),
-            html.P(f"{snap.target} has received requests, but none finished in its "
-                   f"{snap.window_seconds:g} s window: the workload has stopped or its "
-                   "traces no longer arrive. The figures fill in again with the next "
-                   "requests.")])
+            html.H3(idle_text(snap.window_seconds)), html.P(_idle_detail(snap))])
     if snap.empty:
         return html.Div(className="pw-state", id="state-empty", children=[
-            html.H3("No data yet"),
-            html.P(f"No requests finished in the last {snap.window_seconds:g} s at "
-                   f"{snap.target}. Point the inference server's OTLP traces (or the "
-                   "phasewatch client) at the exporter; figures fill in as requests "
-                   "finish.")])
+            html.H3("No data yet"), html.P(_empty_detail(snap))])
     return None
+
+
+def _idle_detail(snap: Snapshot) -> str:
+    if snap.source == "prometheus":
+        return (f"Prometheus at {snap.target} holds phasewatch series, but no request "
+                f"finished in the last {snap.window_seconds:g} s (--range): the workload "
+                "has stopped or its traces no longer reach the exporters. The figures "
+                "fill in again with the next requests.")
+    return (f"{snap.target} has received requests, but none finished in its "
+            f"{snap.window_seconds:g} s window: the workload has stopped or its traces no "
+            "longer arrive. The figures fill in again with the next requests.")
+
+
+def _empty_detail(snap: Snapshot) -> str:
+    if snap.source == "prometheus":
+        return (f"Prometheus at {snap.target} has no phasewatch series yet: have it scrape "
+                "each exporter's /metrics (:9464), and point the inference servers' OTLP "
+                "traces at the exporters; figures fill in as requests finish.")
+    return (f"No requests finished in the last {snap.window_seconds:g} s at {snap.target}. "
+            "Point the inference server's OTLP traces (or the phasewatch client) at the "
+            "exporter; figures fill in as requests finish.")
 
 
 def idle_text(window_seconds: float) -> str:
@@ -152,7 +165,7 @@ def banner(v) -> html.Div:
            "data-cause": v["cause"], "data-model": v["model"], "data-source": v["source"]},
         children=[html.H2(f"{title} — {who(v)}"), *body,
                   html.Div(_chips(v), className="pw-chips"),
-                  _levers(levers)])
+                  _levers(levers, _flag(v.get("idle")))])
 
 
 FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")
@@ -165,9 +178,16 @@ def lever_parts(lever: str) -> list:
             for part in FLAG.split(lever) if part]
 
 
-def _levers(levers: list[str]) -> html.Div:
+def _flag(x) -> bool:
+    """A frame's yes/no that may be unknown (None, NaN): True only for a known yes."""
+    return x is not None and not pd.isna(x) and bool(x)
+
+
+def _levers(levers: list[str], idle: bool = False) -> html.Div:
     if not levers:
-        return html.Div("No lever: not enough evidence yet.", className="pw-levers")
+        why = ("the engine is idle most of the window, so nothing needs fixing" if idle
+               else "not enough evidence yet")
+        return html.Div(f"No lever: {why}.", className="pw-levers")
     return html.Div([html.Span("Levers that fit:"),
                      html.Ul([html.Li(lever_parts(lever)) for lever in levers])],
                     className="pw-levers")
@@ -178,10 +198,22 @@ def banners(snap: Snapshot) -> list:
     out = [banner(v) for _, v in snap.verdicts.iterrows()]
     if not out and not snap.kpis.empty:
         out.append(html.Div(className="pw-state", id="state-no-verdict", children=[
-            html.H3("Waiting for the first verdict"),
-            html.P("Requests are arriving; the roofline and the verdict are estimated every "
-                   "few seconds once the window holds enough of them.")]))
+            html.H3("No verdict yet"), html.P(_no_verdict_detail(snap))]))
     return out
+
+
+def _no_verdict_detail(snap: Snapshot) -> str:
+    """Requests finished in the window, and no verdict: the exporter has not estimated
+    one yet, or (through Prometheus, whose range may outlast an exporter's window) the
+    exporters have dropped theirs with a workload that just stopped."""
+    done = f"Requests finished in the last {snap.window_seconds:g} s"
+    if snap.source == "prometheus":
+        return (f"{done} (--range), but no exporter publishes a verdict for them: each "
+                "estimates one every few seconds once its own window holds enough "
+                "requests, and drops it once that window has none (a workload that has "
+                "just stopped reads so until the range is empty too).")
+    return (f"{done}; the roofline and the verdict are estimated every few seconds once "
+            "the window holds enough of them.")
 
 
 # ---- KPI cards --------------------------------------------------------------------

@@ -29,6 +29,7 @@ from dashboard.frames import (
     Snapshot,
     SourceError,
     frame,
+    in_window_only,
 )
 from dashboard.http import FetchError, base_url, get_json
 from dashboard.prometheus_verdicts import verdict_rows
@@ -147,8 +148,11 @@ class PrometheusSource:
                 kpis[tuple(key(metric).values())][name] = v
         for metric, v in r["share"]:
             kpis[tuple(key(metric).values())][f"{metric.get('phase')}_share"] = v
+        # A label set is in the window when it finished requests over the range: one whose
+        # series Prometheus still holds at a rate of 0 has stopped (exporter_source's
+        # summary likewise lists only label sets with requests in its window).
         kpi_rows = [{**dict(zip(KEYS, k, strict=True)), **v, "range_seconds": self.range_seconds}
-                    for k, v in kpis.items() if any(not math.isnan(x) for x in v.values())]
+                    for k, v in kpis.items() if v.get("request_rate", 0.0) > 0]
         snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds or 0.0,
                         fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
@@ -162,7 +166,7 @@ class PrometheusSource:
                         labels=frame(KEYS, [key(m, pod=True) for m, _ in r["labels"]]))
         snap.labels = snap.labels.drop_duplicates().sort_values(list(KEYS)).reset_index(
             drop=True)
-        return snap
+        return in_window_only(snap, len(snap.labels))
 
     def _range_text(self) -> str:
         """The rate range as the banner says it: "60 s" (or as given, "1h30m")."""

@@ -96,15 +96,16 @@ CAPTIONS = {
     "prompt-ttft": "Dots are requests, lines the p50/p95 of each prompt-length class. TTFT "
                    "rising along the line is longer prompts; the line itself rising is a "
                    "slower prefill or a longer queue.",
-    "ttft-series": "TTFT = preprocess + queue + prefill, over the rolling window.",
+    "ttft-series": "TTFT runs from the request's arrival to its first token: every phase "
+                   "before decode. Percentiles over the rolling window.",
     "token-latency": "ITL pools every gap between tokens (stalls show in p95); TPOT is each "
                      "request's mean decode time per token.",
     "throughput": "Prompt tokens read by prefill and output tokens written by decode, per "
                   "second.",
     "shares": "Where request time goes: the API server's work (preprocess), waiting "
               "(queue), reading the prompt (prefill), writing tokens (decode).",
-    "waterfall": "Each bar is one request on a shared clock: preprocess, queue, prefill, "
-                 "then decode.",
+    "waterfall": "Each bar is one request on a shared clock, split into the phases the "
+                 "title names, in the order the request passed them.",
 }
 
 PAGE_CSS = """
@@ -119,6 +120,8 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-main { padding: 12px 20px; }
 .pw-state { padding: 14px 18px; border-radius: 6px; margin-bottom: 12px;
             border-left: 8px solid #7F7F7F; background: #fff; }
+.pw-note { padding: 8px 14px; border-radius: 6px; margin-bottom: 10px; font-size: 14px;
+           background: #fff; border-left: 8px solid #56B4E9; }
 .pw-state.error { border-left-color: #D55E00; background: #fdf1ea; }
 .pw-banner { padding: 12px 18px; border-radius: 6px; margin-bottom: 10px; color: #fff; }
 .pw-banner h2 { margin: 0 0 4px 0; font-size: 22px; }
@@ -145,8 +148,13 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-bench-blocks { display: flex; flex-wrap: wrap; gap: 12px; }
 .pw-bench pre { font-size: 12px; margin: 8px 0 0; }
 .pw-term { text-decoration: underline dotted; cursor: help; }
-.pw-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr));
-           gap: 10px; }
+/* Six panels in 1, 2 or 3 columns (six fills each) and the waterfall on a row of its
+   own: no width leaves a hole. auto-fill put seven panels in rows of two at 1280 px
+   (the last one alone: one hole) and of three at 1920 px (two holes). */
+.pw-grid { display: grid; grid-template-columns: minmax(0, 1fr); gap: 10px; }
+@media (min-width: 1100px) { .pw-grid { grid-template-columns: repeat(2, minmax(0, 1fr)); } }
+@media (min-width: 1700px) { .pw-grid { grid-template-columns: repeat(3, minmax(0, 1fr)); } }
+.pw-panel.pw-full-row { grid-column: 1 / -1; }
 .pw-panel { background: #fff; border-radius: 6px; padding: 6px;
             box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
 .pw-caption { font-size: 12px; color: #555; margin: 2px 8px 4px; }

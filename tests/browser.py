@@ -78,6 +78,31 @@ class Browser:
         self.driver.save_screenshot(str(path))
         return path
 
+    def viewport(self, width: int, height: int = 1000) -> None:
+        """Lay the page out ``width`` CSS pixels wide (``height`` tall), exactly: a
+        window's size would include the scroll bar and the window's frame."""
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+
+    def full_page(self, name: str, width: int) -> Path:
+        """A screenshot of the whole page at ``width`` (the viewport stretched to the
+        page's height, so every panel is in it)."""
+        self.viewport(width)
+        height = self.js("return document.documentElement.scrollHeight")
+        self.viewport(width, int(height))
+        try:
+            return self.screenshot(name)
+        finally:
+            self.viewport(width)
+
+    def boxes(self, css: str) -> list[dict]:
+        """The bounding boxes (left, top, right, bottom, in CSS pixels) of every element
+        ``css`` selects, with its id (or its closest ancestor's with one)."""
+        return self.js("return Array.from(document.querySelectorAll(arguments[0])).map(e => {"
+                       "const r = e.getBoundingClientRect(); const o = e.closest('[id]'); "
+                       "return {id: o ? o.id : '', left: r.left, top: r.top, right: r.right, "
+                       "bottom: r.bottom, width: r.width, height: r.height}})", css)
+
     # ---- the dashboard's pieces ---------------------------------------------------
     def banners(self) -> list[dict]:
         return self.js("return Array.from(document.querySelectorAll('.verdict')).map(b => ({"

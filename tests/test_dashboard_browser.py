@@ -29,6 +29,9 @@ from tests.conftest import TEST_PORTS
 EXPECTED = {"long_generation": ("decode", "memory_bandwidth"),
             "rag": ("prefill", "compute"),
             "overload": ("queue", "capacity")}
+# rag's engine has a request in it ~13% of the time: nothing to fix, no lever, and the
+# banner says why (it read "not enough evidence yet" beside "Nothing to fix")
+IDLE = {"rag"}
 
 
 @pytest.fixture
@@ -104,7 +107,11 @@ def test_demo_banner_follows_the_scenario_switch(browser):
                              f"prefill and decode points on the roofline for {name}")
             (banner,) = browser.banners()
             assert banner["model"] == "Llama-3.1-8B"
-            assert "Levers that fit" in banner["text"]
+            if name in IDLE:
+                assert "Nothing to fix" in banner["text"], banner["text"]
+                assert "No lever: the engine is idle most of the window" in banner["text"]
+            else:
+                assert "Levers that fit" in banner["text"], banner["text"]
             browser.screenshot(f"scenario-{name}")
             assert browser.console_errors() == []
         cards = browser.text("#cards")
@@ -234,7 +241,12 @@ def test_bench_fold_stays_open_and_a_stopped_workload_says_so(browser):
         assert "No requests in the last 5 s" in state and "No data yet" not in state
         assert browser.banners() == []
         assert not _shown(browser, "bench-compare")
-        assert "--model" not in browser.text("#roofline")
+        # the ceilings stay (the exporter has the deployment), the points go, and the
+        # figure says why: not "the exporter needs --model", nor "yet"
+        roofline = browser.js("const p = document.querySelector('#roofline .js-plotly-plot');"
+                              " return {points: p.data.filter(t => t.meta).length, notes: "
+                              "(p.layout.annotations || []).map(a => a.text)}")
+        assert roofline == {"points": 0, "notes": ["No requests in the last 5 s"]}, roofline
         browser.screenshot("workload-stopped")
         assert browser.console_errors() == []
     finally:
@@ -245,20 +257,29 @@ def test_bench_fold_stays_open_and_a_stopped_workload_says_so(browser):
 
 
 def test_scenario_dropdown_shows_the_live_scenario_after_a_reload(browser):
-    """Issue 26: after a reload the demo's dropdown said ``chat`` while rag ran."""
+    """Issue 26: after a reload the demo's dropdown said ``chat`` while rag ran; and
+    after a switch the banner went on naming the old scenario's bottleneck for the
+    window's length with nothing saying why. A note says so until the window has
+    turned over (the demo's 10 s and the roofline's lag), across a reload too."""
     demo = Demo("chat")
     try:
         browser.open(demo.url)
         browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
                          "the first refresh")
+        assert not _shown(browser, "scenario-note")  # no switch yet: nothing to explain
         browser.choose("scenario", "rag")
-        browser.wait_for(lambda: any("rag" in line for line in demo.lines[-5:])
-                         or browser.text("#scenario-note") == "scenario rag", 10,
-                         "the switch to rag")
+        browser.wait_for(lambda: browser.text("#scenario-note").startswith(
+            "Switched to rag at "), 10, "the note on the switch to rag")
+        note = browser.text("#scenario-note")
+        assert "cover the last 10 s" in note and "previous scenario's requests" in note, note
         browser.driver.refresh()
         browser.wait_for(lambda: browser.text("#footer").startswith("Updated"), 30,
                          "the first refresh after the reload")
         assert browser.text("#scenario").strip() == "rag"
+        assert browser.text("#scenario-note") == note  # the same switch, the same note
         browser.screenshot("scenario-after-reload")
+        browser.wait_for(lambda: not _shown(browser, "scenario-note"), 40,
+                         "the note to go once the window holds rag's requests only")
     finally:
         assert demo.stop() == 0, "".join(demo.lines[-30:])
+    assert any("[rag]" in line for line in demo.lines)  # the demo ran rag to the end

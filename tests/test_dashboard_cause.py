@@ -146,7 +146,10 @@ def _prometheus_snapshot(answers: dict) -> Snapshot:
     return snap
 
 
+LIVE = {q.KPIS["request_rate"]: [(LABELS, 2.0)]}  # requests finished in the range
+
 SLOT_LIMIT = {
+    **LIVE,
     q.VERDICT_VOTES: [({**LABELS, "phase": "queue", "resource": "capacity"}, 1.0)],
     q.VERDICT_CAUSES: [({**LABELS, "phase": "queue", "resource": "capacity",
                          "cause": "concurrency_limit"}, 1.0)],
@@ -186,6 +189,7 @@ def test_prometheus_without_the_cause_label_keeps_the_phase_and_resource_levers(
 
 def test_prometheus_ceiling_exceeded_shows_no_percentage_over_100():
     answers = {
+        **LIVE,
         q.VERDICT_VOTES: [({**LABELS, "phase": "prefill", "resource": "unknown"}, 1.0)],
         q.VERDICT_CAUSES: [({**LABELS, "phase": "prefill", "resource": "unknown",
                              "cause": "none"}, 1.0)],
@@ -219,3 +223,19 @@ def test_a_full_kv_cache_from_prometheus_gives_the_engine_gauges_in_words():
     assert cause == ("KV cache full: 100 % usage, 6 waiting, 14 running, 32 preemptions in "
                      "60 s. (from the engine's /metrics)")
     assert "--kv-cache-dtype fp8" in levers
+
+
+def test_a_verdict_prometheus_still_holds_for_a_stopped_workload_is_not_shown():
+    """Issue 26: an exporter publishes its verdict until its own window empties, which a
+    shorter --range outlasts: with no request finished in the range (a rate of 0 over
+    series that are still there), the page has no banner and reads as stopped."""
+    stopped = {**SLOT_LIMIT, q.KPIS["request_rate"]: [(LABELS, 0.0)],
+               q.INTENSITY: [({**LABELS, "phase": "decode"}, 20.0)],
+               q.ACHIEVED_FLOPS: [({**LABELS, "phase": "decode"}, 5e13)],
+               q.LABEL_SETS: [({**LABELS, "pod": "vllm-0"}, 1.0)]}
+    snap = _prometheus_snapshot(stopped)
+    assert snap.idle and snap.verdicts.empty and snap.points.empty and snap.kpis.empty
+    assert panels.banners(snap) == []
+    assert panels.state_panel(snap).id == "state-idle"
+    live = _prometheus_snapshot({**stopped, **LIVE})
+    assert not live.idle and len(live.verdicts) == 1 and len(live.points) == 1

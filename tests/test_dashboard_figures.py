@@ -412,6 +412,8 @@ def test_prompt_classes_sit_at_their_middle_and_ttft_reads_in_ms_and_s():
     assert "100 ms" in y["ticktext"] and "1 s" in y["ticktext"]
     assert min(y["tickvals"]) <= 0.03 and max(y["tickvals"]) >= 2.7
     assert len(y["tickvals"]) <= 3 * 3  # 1-2-5 in each of the decades shown, no more
+    x = fig["layout"]["xaxis"]  # prompt lengths likewise: 100 200 500 1k ..., not "2"
+    assert x["ticktext"] == ["100", "200", "500", "1k", "2k", "5k", "10k", "20k"], x
 
 
 def test_a_stopped_workload_drops_its_verdict_and_says_so():
@@ -430,9 +432,135 @@ def test_a_stopped_workload_drops_its_verdict_and_says_so():
     state = panels.state_panel(stopped)
     assert state.id == "state-idle" and "No requests in the last 30 s" in str(state.children)
     assert panels.banners(stopped) == []
-    roof = build_figures(stopped)[0]
-    assert roof["layout"]["annotations"][0]["text"] == "No requests in the last 30 s"
+    figs = dict(zip(GRAPHS, build_figures(stopped), strict=True))
+    for g in ("roofline", "prompt-ttft", "waterfall"):  # not "... yet"
+        assert figs[g]["layout"]["annotations"][0]["text"] == "No requests in the last 30 s"
     never = in_window_only(snapshot_from_api({"models": []}, {"models": []},
                                              {"series": []}, []), 0)
     assert not never.idle and panels.state_panel(never).id == "state-empty"
     assert "--model" in build_figures(never)[0]["layout"]["annotations"][0]["text"]
+
+
+# ---- docs ----------------------------------------------------------------------------------
+def test_every_scenario_the_dropdown_offers_is_documented():
+    """Issue 26: the demo's scenario dropdown offered ``api_bound``, which no doc named.
+    docs/commands.md's scenario table lists exactly the simulator's scenarios (the
+    dropdown offers every one), each with its workload and the banner it gives."""
+    from pathlib import Path
+
+    from exporter.sim.scenarios import SCENARIOS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
+    table = text.split("| scenario | workload | the banner reads |", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in table.strip().splitlines()[1:]]
+    documented = [row[0].strip("`") for row in rows]
+    assert sorted(documented) == sorted(SCENARIOS), documented
+    assert all(len(row) == 3 and row[1] and row[2] for row in rows), rows
+
+
+# ---- the roofline's trail ----------------------------------------------------------
+def _trail_note(fig: dict) -> str:
+    return " ".join(a["text"] for a in fig["layout"].get("annotations", ()))
+
+
+def test_the_roofline_says_what_its_trail_is_and_it_grows_toward_now():
+    """Issue 26: the faint trail of earlier operating points was in no legend. The figure
+    says what the small dots are (each phase over the span they cover, newest largest),
+    they grow toward now, and each trail hides and shows with its phase's point now."""
+    from dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
+
+    key = {"model": "m", "engine": "vllm", "pod": "", "source": ""}
+    points = frame(POINT_COLUMNS, [
+        {**key, "at": 1000.0 + t, "phase": phase, "intensity": i * (1 + t / 1000),
+         "flops": f, "latest": t == 120}
+        for phase, i, f in (("prefill", 800.0, 7e14), ("decode", 10.0, 2e13))
+        for t in range(0, 121, 15)])
+    fig = figures.roofline_figure(points, frame(CEILING_COLUMNS))
+    assert _trail_note(fig) == ("Small dots: each phase over the last 2 min, newest "
+                                "largest; big dots: now")
+    for phase in ("prefill", "decode"):
+        (now,) = [t for t in fig["data"] if t.get("meta") == phase]
+        (trail,) = [t for t in fig["data"] if not t.get("meta")
+                    and t.get("legendgroup") == now["legendgroup"]]
+        sizes = trail["marker"]["size"]
+        assert len(sizes) == 8 and sizes == sorted(sizes) and sizes[0] < sizes[-1]
+        assert sizes[-1] < now["marker"]["size"]  # the point now stays the largest
+        assert trail["customdata"][0] == 120 and trail["customdata"][-1] == 15  # s ago
+    assert figures.span_text(40) == "40 s" and figures.span_text(300) == "5 min"
+    only_now = points[points["latest"]]  # no trail yet: nothing to explain
+    assert _trail_note(figures.roofline_figure(only_now, frame(CEILING_COLUMNS))) == ""
+
+
+def test_a_live_roofline_explains_its_trail(many):
+    """The trails of a real exporter's points: one per (model, phase), explained."""
+    _, snap = many
+    fig = figures.roofline_figure(snap.points, snap.ceilings)
+    groups = {t["legendgroup"] for t in fig["data"] if t.get("meta")}
+    trails = {t["legendgroup"] for t in fig["data"]
+              if t.get("legendgroup") and not t.get("meta")}
+    assert groups and trails == groups, (groups, trails)
+    assert "newest largest" in _trail_note(fig)
+
+
+def test_every_legend_row_has_room_under_the_x_axis():
+    """A legend wrapped over several rows rode up over the x-axis title (Plotly grew the
+    bottom margin for it and shrank the plot, and the legend sits at a fraction of the
+    plot). The bottom margin holds the axis and every row, whatever the entries."""
+    from dashboard import layout as layout_
+
+    short = [f"e{i}" for i in range(3)]
+    long = [f"class TTFT p95 · Model-{i}/vllm (engine)" for i in range(6)]
+    assert layout_.legend_rows(short) == 1
+    assert layout_.legend_rows(long) == 6  # each ~290 px: one a row at 440 px
+    for names in (short, long):
+        data = [{"type": "scatter", "name": n, "x": [1], "y": [1]} for n in names]
+        layout = layout_.figure(data, "t", {"type": "date"}, {})["layout"]
+        rows = layout_.legend_rows(names)
+        plot = layout["height"] - layout["margin"]["t"] - layout["margin"]["b"]
+        assert plot == layout_.PLOT_PX
+        below = -layout["legend"]["y"] * plot  # px from the plot's bottom to the legend
+        assert below >= layout_.BELOW_AXIS_PX["date"]
+        assert layout["margin"]["b"] >= below + rows * layout_.LEGEND_ROW_PX
+
+
+def test_an_idle_engines_banner_says_why_it_offers_no_lever():
+    """An engine busy a few % of the window gets "Nothing to fix" and no lever from the
+    exporter; the banner's lever line said "not enough evidence yet" beside it."""
+    key = {"model": "m", "engine": "sglang"}
+    verdict = {"phase": "prefill", "resource": "compute", "confidence": 0.9, "levers": [],
+               "text": "Nothing to fix: the engine had a request in prefill or decode only "
+                       "7% of the window. Prefill takes 66% of request time.",
+               "evidence": {"phase_time_share": {"prefill": 0.66, "decode": 0.34},
+                            "busy_share": 0.07, "idle": True}}
+    summary = {"window_seconds": 10, "models": []}
+    for idle, words in ((True, "No lever: the engine is idle most of the window"),
+                        (False, "No lever: not enough evidence yet")):
+        v = {**verdict, "evidence": {**verdict["evidence"], "idle": idle}}
+        snap = snapshot_from_api(summary, {"models": [{**key, "verdict": v}]},
+                                 {"series": []}, [])
+        (banner,) = panels.banners(snap)
+        assert words in str(banner.to_plotly_json()), idle
+    prometheus = {**snap.verdicts.iloc[0].to_dict(), "idle": float("nan")}  # unknown
+    assert "not enough evidence" in str(panels.banner(prometheus).to_plotly_json())
+
+
+def test_prometheus_states_speak_of_prometheus_and_its_range():
+    """The empty, stopped and no-verdict states through Prometheus: what it holds and its
+    --range, not one exporter's window (its range may outlast an exporter's window, whose
+    verdict then goes first: "requests are arriving" was wrong then)."""
+    from dashboard.frames import KPI_COLUMNS, frame
+
+    url = "http://prometheus:9090"
+    empty = panels.state_panel(Snapshot("prometheus", url, window_seconds=60.0))
+    assert empty.id == "state-empty" and "scrape" in str(empty.children)
+    idle = panels.state_panel(Snapshot("prometheus", url, window_seconds=60.0, idle=True))
+    assert idle.id == "state-idle" and "No requests in the last 60 s" in str(idle.children)
+    assert "--range" in str(idle.children)
+    row = {"model": "m", "engine": "vllm", "pod": "", "source": "", "request_rate": 0.5}
+    for source, words in (("prometheus", "drops it once that window has none"),
+                          ("exporter", "estimated every few seconds")):
+        snap = Snapshot(source, url, window_seconds=60.0, kpis=frame(KPI_COLUMNS, [row]))
+        (waiting,) = panels.banners(snap)
+        assert waiting.id == "state-no-verdict" and words in str(waiting.children), source
+        assert "arriving" not in str(waiting.children)

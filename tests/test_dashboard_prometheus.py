@@ -1,6 +1,7 @@
 """The dashboard's two sources agree: a real Prometheus scraping an exporter under
 simulated load gives the same KPIs (within 10%) as the exporter's own JSON API; pods and
-request sources (--source-label) are kept apart and selectable."""
+request sources (--source-label) are kept apart and selectable; a workload that stops
+reads as stopped on the page (a real headless Chromium), as it does with the exporter."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from dashboard.app import DashboardServer, create_app
 from dashboard.exporter_source import ExporterSource
 from dashboard.frames import Selection, Snapshot
 from dashboard.prometheus_source import PrometheusSource
@@ -19,8 +21,10 @@ from exporter.client import PhasewatchClient
 from exporter.config import ServeConfig
 from exporter.roofline.deployments import ModelOptions
 from exporter.sim.scenarios import scenario
+from tests.browser import Browser
 from tests.conftest import TEST_PORTS
 from tests.prom import PrometheusServer, free_port
+from tests.test_dashboard_browser import _footer_changes
 
 KPIS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50",
         "request_rate", "prompt_tokens_per_second", "output_tokens_per_second", "mbu", "mfu",
@@ -211,3 +215,64 @@ def test_the_cause_reaches_the_banner_through_prometheus(tmp_path):
     assert row["cause_text"].startswith("Load imbalance: queue "), row
     assert "vllm-a queues" in row["cause_text"], row
     assert any("router" in lever for lever in row["levers"]), row
+
+
+def _reads_stopped(browser: Browser, seconds: int) -> None:
+    """The page of a stopped workload: the window is empty and says so, with no verdict,
+    no cards, no roofline point, and none of the hints for a setup that never worked."""
+    state = browser.text("#state")
+    assert f"No requests in the last {seconds} s" in state, state
+    for stale in ("No data yet", "No verdict yet", "OTLP", "--model"):
+        assert stale not in state, (stale, state)
+    assert browser.banners() == [] and browser.text("#cards") == ""
+    roofline = browser.js("const p = document.querySelector('#roofline .js-plotly-plot'); "
+                          "return {points: p.data.filter(t => t.meta).length, notes: "
+                          "(p.layout.annotations || []).map(a => a.text).join(' ')}")
+    assert roofline == {"points": 0, "notes": f"No requests in the last {seconds} s"}, roofline
+    for graph in ("prompt-ttft", "waterfall"):  # empty for want of requests, not "yet"
+        notes = browser.js("return document.querySelector('#' + arguments[0] + "
+                           "' .js-plotly-plot').layout.annotations.map(a => a.text)", graph)
+        assert notes == [f"No requests in the last {seconds} s"], (graph, notes)
+
+
+def test_a_stopped_workload_reads_stopped_through_prometheus(tmp_path):
+    """Issue 26: with --prometheus, a workload that stopped kept its verdict banner while
+    the exporter still published it (its 30 s window outlasts a 10 s --range), then read
+    "Waiting for the first verdict: requests are arriving". Once no request finished in
+    the range, the page says so, as with the exporter source: before the exporter drops
+    its verdict, and after."""
+    config = ServeConfig(**TEST_PORTS, window_seconds=30.0, roofline_interval=1.0,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    browser = Browser()
+    try:
+        with Exporter(config) as ex, PrometheusServer(
+                tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+            source = PrometheusSource(prom.url, rate_range="10s")
+            server = DashboardServer(create_app(source, refresh=1.0), port=0).start()
+            try:
+                with _driving([(scenario("chat").build(seed=2), PhasewatchClient(
+                        f"127.0.0.1:{ex.grpc_port}", engine="vllm"))]):
+                    browser.open(server.url)
+                    browser.wait_for(lambda: browser.banners(), 60, "a verdict")
+                    assert "No requests" not in browser.text("#state")
+                browser.wait_for(lambda: "No requests in the last 10 s" in browser.text(
+                    "#state"), 40, "the stopped state")
+                # the exporter still publishes its verdict: the page must not show it
+                assert prom.query("phasewatch_bottleneck_info == 1")
+                _footer_changes(browser, 2)
+                _reads_stopped(browser, 10)
+                browser.screenshot("prometheus-stopped-verdict-still-published")
+
+                deadline = time.monotonic() + 60
+                while prom.query("phasewatch_bottleneck_info") and time.monotonic() < deadline:
+                    time.sleep(1)
+                assert not prom.query("phasewatch_bottleneck_info")
+                _footer_changes(browser, 2)
+                _reads_stopped(browser, 10)
+                browser.screenshot("prometheus-stopped")
+                assert browser.console_errors() == []
+            finally:
+                server.stop()
+                source.close()
+    finally:
+        browser.close()

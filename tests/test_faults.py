@@ -181,7 +181,7 @@ def test_prometheus_going_away_and_back_shows_an_error_then_data(tmp_path, expor
     def fetch_data(deadline: float):
         while True:
             snap = source.fetch()
-            if snap.error is None and len(snap.kpis):
+            if snap.error is None and not snap.labels.empty:
                 return snap
             assert time.monotonic() < deadline, snap.error
             time.sleep(0.5)
