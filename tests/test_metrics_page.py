@@ -31,7 +31,9 @@ def pages(tmp_path_factory):
     """A served page with every kind of family on it: requests of every prompt class and
     finish reason, a roofline and a verdict; in the text format and in OpenMetrics."""
     sp = ServeProcess(tmp_path_factory.mktemp("page"), "--model", "Llama-3.1-8B",
-                      "--hardware", "H100-SXM", "--roofline-interval", "0.2").start()
+                      "--hardware", "H100-SXM", "--roofline-interval", "0.2",
+                      # the in-process tap's families are on the page too
+                      "--tap-upstream", "http://127.0.0.1:9", "--tap-port", "0").start()
     try:
         with PhasewatchClient(f"127.0.0.1:{sp.grpc_port}", engine="vllm") as c:
             t0 = time.time() - 20
@@ -55,6 +57,7 @@ def pages(tmp_path_factory):
     finally:
         sp.stop()
     assert "phasewatch_bottleneck_info{" in text, text[-2000:]
+    assert "# HELP phasewatch_tap_requests_total " in text
     return {"text": text, "openmetrics": om}
 
 

@@ -606,18 +606,12 @@ def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = 
     return out
 
 
-_HELP = {"requests": ("outcome", "requests through the tap, one outcome each: completed, "
-                      "aborted (recorded, finish reason abort), unanswered (ended before the "
-                      "server answered: not recorded), untimed (other paths), "
-                      "body_too_large_untimed, upstream_unreachable (502), upstream_timeout "
-                      "(504), upstream_status_<N>xx (an error answer: passed on, not "
-                      "recorded)"),
-         "aborts": ("reason", "requests cut short, on any path, by why"),
-         "records_dropped": ("reason", "records of timed requests lost, by why (the "
-                             "client's buffer_full, refused, shutdown, invalid, closed and "
-                             "the exporter's rejected among them)"),
-         "unread": ("reason", "requests or answers passed on without being read"),
-         "records_accepted": ("", "records the exporter accepted")}
+# One sentence each (the label values are listed in docs/metrics.md).
+_HELP = {"requests": ("outcome", "Requests through the tap, one outcome each."),
+         "aborts": ("reason", "Requests cut short on any path, by reason."),
+         "records_dropped": ("reason", "Records of timed requests lost, by reason."),
+         "unread": ("reason", "Requests or answers passed on without being read, by reason."),
+         "records_accepted": ("", "Records the exporter accepted.")}
 
 
 class TapCollector:
