@@ -25,16 +25,16 @@ def _known(x) -> bool:
 
 
 def _pct(x: float) -> str:
-    """As the exporter's cause sentences write a share: "100 %"."""
-    return f"{min(x, 1.0):.0%}".replace("%", " %")
+    """As the exporter's cause sentences write a share: "100%"."""
+    return f"{min(x, 1.0):.0%}"
 
 
 def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = "") -> str:
     """The engine's state in words with numbers, from what is there of ``kv_usage``
     (the fullest pod's), ``running``, ``waiting`` and ``preemptions`` (in the range):
-    "KV cache 100 % full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
+    "KV cache 100% full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
     ``after``: the title it follows; after "KV cache full" the cache is not named again
-    ("100 % usage, 6 waiting, ...")."""
+    ("100% usage, 6 waiting, ...")."""
     parts = []
     if _known(state.get("kv_usage")):
         usage = _pct(state["kv_usage"])

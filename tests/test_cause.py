@@ -69,9 +69,9 @@ def test_a_full_kv_cache_with_preemptions_is_kv_cache_whatever_the_roofline_says
                    mean_waiting=6.0, waiting_share=1.0)
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
     assert (v.phase, v.resource, v.cause.name) == ("decode", "capacity", "kv_cache")
-    assert v.cause.text.startswith("KV cache full: 32 preemptions in 30 s at 100 % usage")
+    assert v.cause.text.startswith("KV cache full: 32 preemptions in 30 s at 100% usage")
     assert v.cause.evidence["recompute_flops_share"] == pytest.approx(0.4)  # 2 of 5e15
-    assert "~40 % of the FLOPs redo preempted requests' prompts" in v.cause.text
+    assert "~40% of the FLOPs redo preempted requests' prompts" in v.cause.text
     assert v.levers == CAUSES["kv_cache"]["levers"]
     assert not any(lever == "FP8" or lever == "tensor parallelism" for lever in v.levers)
     assert v.headline == "Decode: KV cache full"
@@ -87,7 +87,7 @@ def test_waiting_with_running_pinned_and_kv_room_is_the_slot_limit():
                    waiting_by_reason=(("capacity", 15.6), ("deferred", 0.0)))
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
     assert (v.phase, v.resource, v.cause.name) == ("queue", "capacity", "concurrency_limit")
-    assert "8 requests running" in v.cause.text and "1 % full" in v.cause.text
+    assert "8 requests running" in v.cause.text and "1% full" in v.cause.text
     assert any("--max-num-seqs" in lever for lever in v.levers)
     assert v.cause.evidence["waiting_by_reason"] == {"capacity": 15.6, "deferred": 0.0}
 

@@ -84,7 +84,7 @@ def test_a_full_kv_cache_heads_the_banner_with_its_preemptions_and_levers():
                    inferred={"prefill": {"flops": 2e15}, "decode": {"flops": 1e15}})
     heading, (cause, rest, chips, levers) = _banner_text(entry)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"
-    assert cause.startswith("KV cache full: 32 preemptions in 30 s at 100 % usage")
+    assert cause.startswith("KV cache full: 32 preemptions in 30 s at 100% usage")
     # the cause's whole sentence (with the recomputed share, where there is one), once
     detail = entry["verdict"]["cause_detail"]["text"]
     assert cause == f"{detail}. (from the engine's /metrics)"
@@ -169,7 +169,7 @@ def test_a_slot_limit_from_prometheus_names_the_limit_and_its_lever():
     (banner,) = panels.banners(snap)
     heading, (cause, rest, _chips, levers) = _lines(banner)
     assert heading == f"Queue: Slot limit — {LLAMA}/vllm"
-    assert cause == ("Slot limit: KV cache 1 % full, 16 waiting, 8 running. "
+    assert cause == ("Slot limit: KV cache 1% full, 16 waiting, 8 running. "
                      "(from the engine's /metrics)")
     assert rest == "Queue takes 60% of request time."
     assert "a larger --max-num-seqs" in levers and "more replicas" not in levers
@@ -220,7 +220,7 @@ def test_a_full_kv_cache_from_prometheus_gives_the_engine_gauges_in_words():
     (banner,) = panels.banners(_prometheus_snapshot(answers))
     heading, (cause, *_, levers) = _lines(banner)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"
-    assert cause == ("KV cache full: 100 % usage, 6 waiting, 14 running, 32 preemptions in "
+    assert cause == ("KV cache full: 100% usage, 6 waiting, 14 running, 32 preemptions in "
                      "60 s. (from the engine's /metrics)")
     assert "--kv-cache-dtype fp8" in levers
 

@@ -104,7 +104,7 @@ CAUSES: dict[str, dict] = {
 @dataclass
 class Cause:
     name: str
-    text: str  # in words with numbers: "KV cache full: 32 preemptions in 30 s at 100 % usage"
+    text: str  # in words with numbers: "KV cache full: 32 preemptions in 30 s at 100% usage"
     source: str  # engine_metrics | records
     evidence: dict = field(default_factory=dict)
 
@@ -118,7 +118,7 @@ class Cause:
 
 
 def _pct(x: float) -> str:
-    return f"{x:.0%}".replace("%", " %")
+    return f"{x:.0%}"
 
 
 def busy_share(cols: dict, lo: float, hi: float) -> float | None:
