@@ -1,4 +1,4 @@
-"""`phasewatch roofline` against every test vector of references.md section 4 (within 2%)."""
+"""`phasewatch roofline` against public examples (Databricks, gpt-fast, kipply...) within 2%."""
 
 from __future__ import annotations
 

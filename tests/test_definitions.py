@@ -1,4 +1,4 @@
-"""TTFT, pooled ITL and TPOT match the benchmark tools' definitions (references.md s.3)."""
+"""TTFT, pooled ITL and TPOT match the benchmark tools' definitions (vllm/benchmarks/serve.py)."""
 
 import itertools
 

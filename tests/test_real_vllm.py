@@ -742,7 +742,7 @@ def test_vllm_inter_token_latency_is_its_decode(run):
 
 
 def test_spans_as_vllm_sends_them(run):
-    """What the real spans look like (references.md section 9), so a change in vLLM's
+    """What the real spans look like (vllm/v1/engine/output_processor.py), so a change in vLLM's
     shape shows here first."""
     s = run.spans[0]
     assert s["kind"] == 2, s  # SPAN_KIND_SERVER

@@ -130,3 +130,17 @@ def test_a_dominant_preprocess_is_the_api_server_not_the_engine_queue():
     assert v.levers == LEVERS[("preprocess", "frontend")]
     assert any("API-server" in lever for lever in v.levers)
     assert "API server" in v.text and "engine queue 0%" in v.text
+
+
+def test_the_levers_table_in_the_docs_is_the_code_s():
+    """docs/verdict.md's table of levers by phase and resource is LEVERS, row for row."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "verdict.md").read_text()
+    section = doc.split("### Levers by phase and resource", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[0] != "phase":
+            rows[(cells[0], cells[1])] = tuple(cells[2].split("; "))
+    assert rows == LEVERS

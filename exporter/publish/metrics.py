@@ -1,6 +1,6 @@
 """Prometheus exposition: one collector that renders the aggregation snapshot at scrape.
 
-Names follow product.md's catalog; the OTel GenAI semconv names where one exists
+Names follow docs/metrics.md's catalog; the OTel GenAI semconv names where one exists
 (``gen_ai.server.time_to_first_token`` -> ``gen_ai_server_time_to_first_token_seconds``).
 Sample exposition::
 

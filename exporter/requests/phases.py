@@ -1,6 +1,6 @@
 """Split finished requests into their phases: one pure, vectorised function.
 
-Interval endpoints (product.md, "The request record and its phases"):
+Interval endpoints (docs/metrics.md, "Phases and metrics"):
 
 * preprocess  = queued      - arrival   templating, tokenisation, hand-off to the engine
 * queue       = scheduled   - queued    the engine's own queue (from arrival when queued

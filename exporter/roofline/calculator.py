@@ -4,7 +4,7 @@ The same arithmetic as the live estimator (``model_costs``), for one operating
 point: a decode step of ``batch`` sequences at ``context`` tokens each, and a
 prefill of ``prompt`` tokens. With a measured TPOT (or tokens/s) and TTFT it also
 gives the achieved bandwidth and FLOP/s and the utilizations (MBU, MFU), as in
-the Databricks and gpt-fast examples of references.md section 4.
+the examples of Databricks ("LLM Inference Performance Engineering") and gpt-fast.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``phasewatch calibrate``: measure this machine's achievable bandwidth and FLOP/s.
 
 The datasheet is a ceiling no kernel reaches; the roofline is more honest against
-what the part really does (references.md section 5: an H100 SXM copy reaches
-about 3.0 of 3.35 TB/s). Two measurements, best of ``repeats``:
+what the part really does (measured on real parts: an H100 SXM copy reaches
+about 3.0 of the datasheet's 3.35 TB/s). Two measurements, best of ``repeats``:
 
 * memory bandwidth: a large streaming copy, counted as bytes read + bytes written
   (the convention of STREAM's Copy and of device-to-device copy benchmarks);

@@ -2,7 +2,7 @@
 the engine itself knows, and the levers that fit that cause.
 
 The phase and the resource say *where* the time goes; the cause says *why*, and it
-is what picks the lever (product.md, "The verdict"). On a real vLLM with a full KV
+is what picks the lever (docs/verdict.md, "The cause"). On a real vLLM with a full KV
 cache the roofline alone saw decode steps full of prefill FLOPs and offered FP8; the
 FLOPs were preempted requests being recomputed, and the fix is KV-cache memory. So
 the engine's own state decides first, the roofline after:

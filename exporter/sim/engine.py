@@ -16,7 +16,7 @@ KV traffic per step (activations are ignored, a few % at most for decode):
   reads c-1 cached tokens and writes 1: c x kv_bytes_per_token;
 * a prefill chunk of n tokens after s cached ones reads s and writes n.
 So a pure decode step moves exactly weights + kv_bytes_per_token x sum(c_i)
-(references.md section 4). Every step is recorded as ground truth.
+(as ``model_costs`` and docs/verdict.md count it). Every step is recorded as ground truth.
 """
 
 from __future__ import annotations

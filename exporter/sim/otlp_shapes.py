@@ -1,7 +1,7 @@
 """Simulated requests as the real servers' OpenTelemetry spans, through the SDK.
 
 Each ``emit_*`` creates the spans one server's own tracing code creates for a
-finished request (references.md section 1), with an OpenTelemetry SDK tracer, so
+finished request (docs/engines.md; sources below), with an OpenTelemetry SDK tracer, so
 the SDK's own OTLP exporters carry them: used by ``phasewatch simulate --protocol
 otlp`` and by the tests as real clients.
 

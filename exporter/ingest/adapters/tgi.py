@@ -1,6 +1,6 @@
 """Hugging Face TGI router request spans, as TGI v3.3.7's own code builds them.
 
-Read from TGI's source at v3.3.7 (references.md section 9; the spans of
+Read from TGI's source at v3.3.7 (huggingface/text-generation-inference; the spans of
 ``tests/fixtures/otlp/engines/tgi-3.3.7-from-source`` follow it, with file and line):
 
 * The handler span (``generate``, ``generate_stream``, ``chat_completions``,

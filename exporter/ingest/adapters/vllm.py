@@ -1,4 +1,4 @@
-"""vLLM ``llm_request`` spans (references.md section 1: V1 0.33 and the older V0).
+"""vLLM ``llm_request`` spans (V1 0.33: ``vllm/v1/engine/output_processor.py``; older V0).
 
 One span per finished request, started at the request's arrival. Latencies are
 float seconds: ``time_to_first_token`` (first token - arrival),

@@ -18,7 +18,7 @@ from importlib import resources
 # int4 with one fp16 scale per 32 weights = 4.5 bits (llama.cpp Q4_0: Llama-2-7B is
 # 3.56 GiB); MXFP4 = 4 bits + one 8-bit scale per 32-element block = 4.25 bits (OCP
 # Microscaling spec v1.0). "4bit" is the back-of-envelope 4 bits flat, scales
-# ignored (references.md section 4: "70B at Q4 (35 GB)").
+# ignored (the usual "70B at Q4 = 35 GB"; tests/test_calculator.py).
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -67,7 +67,7 @@ class ModelSpec:
 
 # Fractions of the datasheet peaks real kernels reach when the part has no measured
 # ceiling: a large streaming copy reaches ~90% of HBM bandwidth on H100/H200
-# (references.md section 5: 3.0 of 3.35 TB/s, 4.3 of 4.8 TB/s), tuned decode kernels
+# (measured on real parts: 3.0 of 3.35 TB/s, 4.3 of 4.8 TB/s), tuned decode kernels
 # ~70-75% (gpt-fast 68.5%, llama.cpp 71.7%); large bf16 GEMMs ~80% of dense peak
 # (800 of 989 TFLOP/s), a serving mix less.
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
