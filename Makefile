@@ -77,7 +77,16 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-engines-venv: $(VLLM_STAMP)
+# phasewatch itself in the engine's virtualenv (no dependencies: vLLM's are enough for
+# what runs there, `phasewatch.roofline.calibrate` with torch), reinstalled when
+# pyproject.toml changes
+VLLM_PW := $(VLLM_VENV)/.phasewatch
+
+$(VLLM_PW): $(VLLM_STAMP) pyproject.toml
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(VLLM_PW)
+
+engines-venv: $(VLLM_STAMP) $(VLLM_PW)
 
 # The real-engine test alone: phasewatch against a live vLLM on this CPU.
 real-engines: $(STAMP) engines-venv

@@ -29,7 +29,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from prometheus_client import start_http_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from exporter.requests import buckets
+from phasewatch.requests import buckets
 
 
 def value(v):

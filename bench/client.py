@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import CLIENT_CORE, Row, pin, scrape, serve, total, unpin
-from exporter.client import PhasewatchClient
+from phasewatch.client import PhasewatchClient
 
 RATE = 10_000  # requests/s
 BURST_EVERY = 0.001

@@ -17,13 +17,13 @@ import urllib.request
 import plotly.utils
 
 from bench.common import Row
-from dashboard.app import page_outputs
-from dashboard.exporter_source import PROMPT_POINTS, ExporterSource
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard.app import page_outputs
+from phasewatch.dashboard.exporter_source import PROMPT_POINTS, ExporterSource
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import scenario
 
 TARGET_MS = 200.0
 REQUESTS = 10_000

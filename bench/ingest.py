@@ -37,9 +37,9 @@ from bench.common import (
     total,
     wait_for,
 )
-from exporter.ingest import wire
-from exporter.protocol import phasewatch_pb2 as pb
-from exporter.requests.record import RequestBatch
+from phasewatch.ingest import wire
+from phasewatch.protocol import phasewatch_pb2 as pb
+from phasewatch.requests.record import RequestBatch
 
 REQUESTS_PER_BATCH = 1000
 GAPS_PER_REQUEST = 200
@@ -135,7 +135,7 @@ def _decode_only_server() -> str:
     return (
         "import sys, grpc\n"
         "from concurrent import futures\n"
-        "from exporter.ingest import wire\n"
+        "from phasewatch.ingest import wire\n"
         "def export(request, context):\n"
         "    batch, meta = wire.decode_export(request)\n"
         "    return wire.export_response(len(batch), {})\n"
@@ -237,7 +237,7 @@ def otlp_rate(make_exporter, templates, seconds: float, done, in_flight: int = 3
     take different ones, or their ids repeat and count as retries)."""
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from exporter.sim.otlp_load import FreshBatches
+    from phasewatch.sim.otlp_load import FreshBatches
 
     exporters = [make_exporter() for _ in range(in_flight)]
     fresh = [FreshBatches(templates, seed=seed + k) for k in range(in_flight)]
@@ -263,7 +263,7 @@ def otlp_rate(make_exporter, templates, seconds: float, done, in_flight: int = 3
 
 
 def otlp_rows() -> list[Row]:
-    from exporter.sim.otlp_load import (
+    from phasewatch.sim.otlp_load import (
         FreshBatches,
         grpc_exporter,
         http_exporter,
@@ -338,7 +338,7 @@ def sglang_rows() -> list[Row]:
     request. Level 3 adds one decode_loop span per output token (16 here); level 1 is
     the recommended setting. Spans/s and requests/s over OTLP/gRPC, beside the vLLM
     row's load (one span per request)."""
-    from exporter.sim.otlp_load import FreshBatches, grpc_exporter, template_spans
+    from phasewatch.sim.otlp_load import FreshBatches, grpc_exporter, template_spans
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ from bench.common import CLIENT_CORE, pin
 
 def _export_payloads(with_gaps: bool) -> list[bytes]:
     from bench.ingest import synthetic_batch
-    from exporter.ingest import wire
+    from phasewatch.ingest import wire
 
     rng = np.random.default_rng(0)
     # batch id 0: not deduplicated, so the 8 batches can be sent again and again
@@ -28,15 +28,15 @@ def _export_payloads(with_gaps: bool) -> list[bytes]:
 
 
 def _otlp_payloads() -> list[bytes]:
-    from exporter.sim.otlp_load import FreshBatches, template_spans
+    from phasewatch.sim.otlp_load import FreshBatches, template_spans
 
     fresh = FreshBatches(template_spans(), seed=1)
     return [fresh.next().request.SerializeToString() for _ in range(400)]
 
 
 def _lifecycle_payloads() -> list[bytes]:
-    from exporter.ingest import wire
-    from exporter.ingest.lifecycle import EventKind, LifecycleEvent
+    from phasewatch.ingest import wire
+    from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
 
     out = []
     t0 = time.time_ns() - 10**9
@@ -61,12 +61,12 @@ def _lifecycle_payloads() -> list[bytes]:
 def paths():
     """(name, payloads, units per payload, unit, make) per ingest path; ``make()`` gives
     a handler(payload) with fresh state (OTLP spans are deduplicated by id)."""
-    from exporter.aggregation.aggregate import Aggregator
-    from exporter.ingest import wire
-    from exporter.ingest.lifecycle import LifecycleJoiner
-    from exporter.ingest.otlp.ingest import EXTRACT, OtlpIngest
-    from exporter.ingest.otlp.jsonform import json_spans, request_json
-    from exporter.ingest.otlp.spans import parse_request
+    from phasewatch.aggregation.aggregate import Aggregator
+    from phasewatch.ingest import wire
+    from phasewatch.ingest.lifecycle import LifecycleJoiner
+    from phasewatch.ingest.otlp.ingest import EXTRACT, OtlpIngest
+    from phasewatch.ingest.otlp.jsonform import json_spans, request_json
+    from phasewatch.ingest.otlp.spans import parse_request
 
     def export():
         agg = Aggregator()

@@ -26,15 +26,15 @@ import numpy as np
 
 from bench.common import CLIENT_CORE, Row, pin, rss_bytes, scrape, serve, total, wait_for
 from bench.ingest import synthetic_batch
-from exporter.ingest import wire
-from exporter.publish import exposition
+from phasewatch.ingest import wire
+from phasewatch.publish import exposition
 
 ENGINES = ("vllm", "sglang", "tgi")
 MODELS = 20
 
 
 def _models_toml() -> str:
-    from exporter.roofline import catalog
+    from phasewatch.roofline import catalog
 
     names = sorted(catalog._models())
     out = []
@@ -144,9 +144,9 @@ def _native_series(body: bytes) -> int:
 
 
 def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
-    from exporter.app import Exporter
-    from exporter.config import ServeConfig
-    from exporter.roofline.deployments import ModelOptions
+    from phasewatch.app import Exporter
+    from phasewatch.config import ServeConfig
+    from phasewatch.roofline.deployments import ModelOptions
 
     rng = np.random.default_rng(5)
     config = ServeConfig(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,
@@ -176,7 +176,7 @@ def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
 
 def memory_row(seconds: float = 180.0, rate: int = 10_000) -> Row:
     from bench.client import _rows
-    from exporter.client import PhasewatchClient
+    from phasewatch.client import PhasewatchClient
 
     rows = _rows(2000)
     samples: list[tuple[float, int]] = []

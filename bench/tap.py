@@ -524,7 +524,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
     up_url = f"http://127.0.0.1:{upstream.port}"
     ex = ServeProcess(tmp, prefix=taskset(CLIENT_CORE)).start()
     procs.append(ex)
-    tap = _Proc([*taskset(SERVER_CORE), py, "-m", "exporter.cli", "tap", "--upstream", up_url,
+    tap = _Proc([*taskset(SERVER_CORE), py, "-m", "phasewatch.cli", "tap", "--upstream", up_url,
                  "--host", "127.0.0.1", "--port", "0", "--target",
                  f"127.0.0.1:{ex.grpc_port}", "--engine", "tap", "--model", MODEL],
                 r"phasewatch tap on https?://[^:]+:(\d+)")

@@ -17,9 +17,9 @@ import dash
 from dash import Input, Output, dcc, html
 from werkzeug.serving import make_server
 
-from dashboard import figures, panels
-from dashboard.frames import Selection, Snapshot
-from dashboard.theme import CAPTIONS, PAGE_CSS
+from phasewatch.dashboard import figures, panels
+from phasewatch.dashboard.frames import Selection, Snapshot
+from phasewatch.dashboard.theme import CAPTIONS, PAGE_CSS
 
 log = logging.getLogger("phasewatch.dashboard")
 

@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 import pandas as pd
 
-from dashboard.frames import (
+from phasewatch.dashboard.frames import (
     ALL,
     CEILING_COLUMNS,
     KEYS,
@@ -28,10 +28,10 @@ from dashboard.frames import (
     frame,
     in_window_only,
 )
-from dashboard.http import FetchError, base_url, get_json
-from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
-from exporter.ingest.tls import ClientTls
-from exporter.roofline.verdict import headline
+from phasewatch.dashboard.http import FetchError, base_url, get_json
+from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
+from phasewatch.ingest.tls import ClientTls
+from phasewatch.roofline.verdict import headline
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
 PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter

@@ -1,7 +1,7 @@
 """Plotly figures (as plain dicts, which Dash sends as they are) from the source frames.
 
-Every function takes frames from ``dashboard.frames`` and returns a figure
-(``dashboard.layout.figure``: title, legend and margins); an empty frame gives a figure
+Every function takes frames from ``phasewatch.dashboard.frames`` and returns a figure
+(``phasewatch.dashboard.layout.figure``: title, legend and margins); an empty frame gives a figure
 that says so. ``uirevision`` is the title, so a live refresh keeps the user's zoom and
 hidden traces.
 """
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from dashboard.frames import KEYS, who
-from dashboard.layout import (
+from phasewatch.dashboard.frames import KEYS, who
+from phasewatch.dashboard.layout import (
     PLOT_PX,
     empty_figure,
     figure,
@@ -22,7 +22,7 @@ from dashboard.layout import (
     log_tokens_ticks,
     note,
 )
-from dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
+from phasewatch.dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
 
 DASHES = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
 SECONDS_AXIS = {"tickformat": "~s", "ticksuffix": "s", "rangemode": "tozero"}

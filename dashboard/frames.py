@@ -4,7 +4,7 @@ A source (the exporter's JSON API, or PromQL over Prometheus's HTTP API) turns i
 answers into a ``Snapshot``: pandas frames with the columns below, keyed by
 ``model``, ``engine``, ``pod`` ("" where the source does not split by pod) and
 ``source`` (who saw the requests: ``engine``, ``tap`` or ``joined``, from an exporter
-run with ``--source-label``; "" without it). The figures in ``dashboard.figures`` only
+run with ``--source-label``; "" without it). The figures in ``phasewatch.dashboard.figures`` only
 ever see these frames, so they are the same whatever the source. Times are Unix
 seconds, durations seconds, rates per second.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dashboard.theme import PHASES
+from phasewatch.dashboard.theme import PHASES
 
 KEYS = ("model", "engine", "pod", "source")
 SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request time
@@ -30,7 +30,7 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
                "requests_in_range", "prompt_tokens_in_range", "output_tokens_in_range",
                "range_seconds", *SHARES)
 # One row per label set: the verdict banner. ``headline`` names the phase with the cause
-# ("Decode: KV cache full"); ``cause`` is a cause's name or "" (exporter.roofline.cause);
+# ("Decode: KV cache full"); ``cause`` is a cause's name or "" (phasewatch.roofline.cause);
 # ``cause_text`` says it in words with numbers ("KV cache full: 32 preemptions in 30 s at
 # 100 % usage"); ``cause_source`` is where it came from: ``engine_metrics`` (the engine's
 # own /metrics) or ``records``, and ``engine_scraped`` whether the engine's /metrics was

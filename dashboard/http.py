@@ -8,9 +8,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from dashboard.frames import SourceError
-from exporter.ingest.auth import bearer
-from exporter.ingest.tls import ClientTls
+from phasewatch.dashboard.frames import SourceError
+from phasewatch.ingest.auth import bearer
+from phasewatch.ingest.tls import ClientTls
 
 
 class FetchError(Exception):

@@ -1,6 +1,6 @@
 """The frame every figure shares: the title under Plotly's mode bar, the legend under
 the x axis with room for all its rows, the note across an empty figure, and log axes
-labelled 1-2-5 per decade. Plain dicts, as ``dashboard.figures`` builds them."""
+labelled 1-2-5 per decade. Plain dicts, as ``phasewatch.dashboard.figures`` builds them."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ import time
 import pandas as pd
 from dash import html
 
-from dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
-from dashboard.theme import GLOSSARY, OPTIONAL_PHASES, PHASES, text_color, verdict_color
-from exporter.publish import benchtext
-from exporter.roofline.verdict import headline
+from phasewatch.dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
+from phasewatch.dashboard.theme import GLOSSARY, OPTIONAL_PHASES, PHASES, text_color, verdict_color
+from phasewatch.publish import benchtext
+from phasewatch.roofline.verdict import headline
 
 SOURCE_NAMES = {"exporter": "Exporter", "prometheus": "Prometheus"}
 

@@ -1,6 +1,6 @@
 """Frames from PromQL over Prometheus's HTTP API: a whole cluster, aggregated across pods.
 
-Every expression comes from ``dashboard.queries``. Queries of one refresh run
+Every expression comes from ``phasewatch.dashboard.queries``. Queries of one refresh run
 concurrently; the first failure becomes the snapshot's error, naming the query
 (or the URL, when Prometheus cannot be reached).
 """
@@ -14,8 +14,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode
 
-from dashboard import queries as q
-from dashboard.frames import (
+from phasewatch.dashboard import queries as q
+from phasewatch.dashboard.frames import (
     ALL,
     CEILING_COLUMNS,
     KEYS,
@@ -31,10 +31,10 @@ from dashboard.frames import (
     frame,
     in_window_only,
 )
-from dashboard.http import FetchError, base_url, get_json
-from dashboard.prometheus_verdicts import verdict_rows
-from dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
-from exporter.requests.buckets import PROMPT_CLASS_RANGES
+from phasewatch.dashboard.http import FetchError, base_url, get_json
+from phasewatch.dashboard.prometheus_verdicts import verdict_rows
+from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
+from phasewatch.requests.buckets import PROMPT_CLASS_RANGES
 
 
 def _value(raw: str) -> float:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from dashboard.frames import KEYS
-from dashboard.theme import PHASES
-from exporter.roofline.bottleneck import IMBALANCE_QUEUE
-from exporter.roofline.cause import CAUSES
-from exporter.roofline.verdict import LEVERS, headline, phase_name
+from phasewatch.dashboard.frames import KEYS
+from phasewatch.dashboard.theme import PHASES
+from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
+from phasewatch.roofline.cause import CAUSES
+from phasewatch.roofline.verdict import LEVERS, headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
 FROM_RECORDS = ("prefill_interference", "frontend", "imbalance")

@@ -12,43 +12,43 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.aggregation.history import SummaryHistory
-from exporter.aggregation.window import RollingWindow
-from exporter.config import ListenError, ServeConfig
-from exporter.ingest import tap as tapmod
-from exporter.ingest.adapters import AdapterContext
-from exporter.ingest.admission import Admission
-from exporter.ingest.auth import BearerAuth
-from exporter.ingest.grpc_server import PhasewatchService, start_grpc_server
-from exporter.ingest.lifecycle import LifecycleJoiner
-from exporter.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
-from exporter.ingest.otlp.http_receiver import make_otlp_handler
-from exporter.ingest.otlp.ingest import OtlpIngest
-from exporter.ingest.tapjoin import TraceJoin
-from exporter.ingest.tls import TlsFiles, TlsFront
-from exporter.publish import benchtext
-from exporter.publish.exposition import HotProto
-from exporter.publish.http_server import (
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.history import SummaryHistory
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.config import ListenError, ServeConfig
+from phasewatch.ingest import tap as tapmod
+from phasewatch.ingest.adapters import AdapterContext
+from phasewatch.ingest.admission import Admission
+from phasewatch.ingest.auth import BearerAuth
+from phasewatch.ingest.grpc_server import PhasewatchService, start_grpc_server
+from phasewatch.ingest.lifecycle import LifecycleJoiner
+from phasewatch.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
+from phasewatch.ingest.otlp.http_receiver import make_otlp_handler
+from phasewatch.ingest.otlp.ingest import OtlpIngest
+from phasewatch.ingest.tapjoin import TraceJoin
+from phasewatch.ingest.tls import TlsFiles, TlsFront
+from phasewatch.publish import benchtext
+from phasewatch.publish.exposition import HotProto
+from phasewatch.publish.http_server import (
     MAX_RECENT,
     ApiError,
     HttpServer,
     make_handler,
     query_number,
 )
-from exporter.publish.metrics import (
+from phasewatch.publish.metrics import (
     Exposure,
     HotCollector,
     HotText,
     MetricsPage,
     SelfCollector,
 )
-from exporter.publish.roofline_metrics import RooflineCollector
-from exporter.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
-from exporter.roofline.deployments import Deployments, ModelNames, resolve
-from exporter.roofline.engine_metrics import EngineMetricsSource
-from exporter.roofline.verdict import achievable_source
-from exporter.selfstats import SelfStats
+from phasewatch.publish.roofline_metrics import RooflineCollector
+from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
+from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
+from phasewatch.roofline.engine_metrics import EngineMetricsSource
+from phasewatch.roofline.verdict import achievable_source
+from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
 
@@ -164,7 +164,7 @@ class Exporter:
         single = names.single  # configured, whether or not its hardware resolved
         emitter = None
         if config.otlp_export_endpoint:
-            from exporter.ingest.otlp.reemit import PhaseSpanEmitter
+            from phasewatch.ingest.otlp.reemit import PhaseSpanEmitter
 
             emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
         self.otlp = OtlpIngest(self.trace_join, AdapterContext(

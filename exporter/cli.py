@@ -11,8 +11,8 @@ import threading
 import time
 from dataclasses import replace
 
-from exporter.config import ConfigError, ListenError, add_serve_flags, load_serve_config
-from exporter.sim.scenarios import SCENARIOS, scenario
+from phasewatch.config import ConfigError, ListenError, add_serve_flags, load_serve_config
+from phasewatch.sim.scenarios import SCENARIOS, scenario
 
 log = logging.getLogger("phasewatch")
 
@@ -109,7 +109,7 @@ def _add_token_flag(p, what: str) -> None:
 
 
 def _client_tls(args: argparse.Namespace):
-    from exporter.ingest.tls import ClientTls
+    from phasewatch.ingest.tls import ClientTls
 
     return ClientTls(args.exporter_tls_ca, args.exporter_tls_cert, args.exporter_tls_key)
 
@@ -120,7 +120,7 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
     For the demo, the simulated model and hardware (the scenario's unless given)
     are what the exporter is configured with, so the roofline has a deployment.
     """
-    from exporter.app import Exporter
+    from phasewatch.app import Exporter
 
     config = load_serve_config(args)
     _setup_logging(config.log_level)
@@ -206,21 +206,21 @@ def _summary_line(summary: dict) -> str:
 
 
 def _sim_client(args, target: str, token: str = ""):
-    from exporter.ingest.tls import ClientTls
+    from phasewatch.ingest.tls import ClientTls
 
     tls = _client_tls(args) if hasattr(args, "exporter_tls_ca") else ClientTls()
     if args.protocol == "phasewatch":
-        from exporter.client import PhasewatchClient
+        from phasewatch.client import PhasewatchClient
 
         return PhasewatchClient(target, engine="sim", token=token, tls_ca=tls.ca,
                                 tls_cert=tls.cert, tls_key=tls.key)
-    from exporter.sim.otlp_shapes import OtlpSink
+    from phasewatch.sim.otlp_shapes import OtlpSink
 
     return OtlpSink(args.protocol, target, args.span_shape, token=token, tls=tls)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from exporter.sim.live import SwitchableLoad
+    from phasewatch.sim.live import SwitchableLoad
 
     config, stop, exporter = _start_exporter(args, demo=True)
     host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
@@ -235,8 +235,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                            "gpus": args.gpus, "rate_scale": args.rate_scale}, duration)
     dashboard = None
     if not args.no_dashboard:
-        from dashboard.app import DashboardServer, ScenarioControl, create_app
-        from dashboard.exporter_source import ExporterSource
+        from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
+        from phasewatch.dashboard.exporter_source import ExporterSource
 
         control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, load.switch)
         app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
@@ -272,9 +272,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from dashboard.app import DashboardServer, create_app
-    from dashboard.exporter_source import ExporterSource
-    from dashboard.prometheus_source import PrometheusSource
+    from phasewatch.dashboard.app import DashboardServer, create_app
+    from phasewatch.dashboard.exporter_source import ExporterSource
+    from phasewatch.dashboard.prometheus_source import PrometheusSource
 
     _setup_logging(args.log_level)
     if bool(args.exporter) == bool(args.prometheus):
@@ -308,9 +308,9 @@ def _print_summary(exporter, current: str) -> None:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    from exporter.roofline import calculator, catalog
-    from exporter.roofline.deployments import ModelOptions, compute_dtype_for, load_profile
-    from exporter.roofline.hf_config import load_model_config
+    from phasewatch.roofline import calculator, catalog
+    from phasewatch.roofline.deployments import ModelOptions, compute_dtype_for, load_profile
+    from phasewatch.roofline.hf_config import load_model_config
 
     sources = [bool(args.model), bool(args.hf_config), bool(args.params)]
     if sum(sources) != 1:
@@ -349,7 +349,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from exporter.roofline import calibrate
+    from phasewatch.roofline import calibrate
 
     profile = calibrate.calibrate(args.device, args.size_mib, args.matmul_n, args.repeats,
                                   progress=calibrate.stderr_progress)
@@ -360,7 +360,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_tap(args) -> int:
-    from exporter.ingest import tap
+    from phasewatch.ingest import tap
 
     _setup_logging("info")
     stop = threading.Event()

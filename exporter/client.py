@@ -30,10 +30,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2
 
-from exporter.ingest import auth, wire
-from exporter.ingest.grpc_server import MAX_MESSAGE_BYTES, SERVICE
-from exporter.ingest.tls import ClientTls
-from exporter.requests.record import SOURCES, RequestBatch, RequestRecord
+from phasewatch.ingest import auth, wire
+from phasewatch.ingest.grpc_server import MAX_MESSAGE_BYTES, SERVICE
+from phasewatch.ingest.tls import ClientTls
+from phasewatch.requests.record import SOURCES, RequestBatch, RequestRecord
 
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,

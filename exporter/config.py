@@ -14,8 +14,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from exporter.ingest.admission import container_memory_limit
-from exporter.roofline.deployments import ModelOptions
+from phasewatch.ingest.admission import container_memory_limit
+from phasewatch.roofline.deployments import ModelOptions
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Counters about phasewatch itself: what was received, rejected, dropped and why.
 
 Every drop or rejection anywhere in the exporter goes through ``SelfStats.inc`` with
-a reason, and ``exporter.publish.metrics`` exposes them as ``phasewatch_ingest_*`` series.
+a reason, and ``phasewatch.publish.metrics`` exposes them as ``phasewatch_ingest_*`` series.
 """
 
 from __future__ import annotations

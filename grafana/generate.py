@@ -30,9 +30,9 @@ import re
 import sys
 from pathlib import Path
 
-from dashboard import queries, theme
-from exporter.roofline import verdict
-from exporter.roofline.cause import CAUSES
+from phasewatch.dashboard import queries, theme
+from phasewatch.roofline import verdict
+from phasewatch.roofline.cause import CAUSES
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards" / "phasewatch.json"

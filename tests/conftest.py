@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.app import Exporter
-from exporter.config import ServeConfig
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
 
 # Every port 0 (the OS picks), loopback only: the config of every in-process test exporter.
 TEST_PORTS = dict(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,

@@ -46,7 +46,7 @@ def _rows(n: int) -> list[dict]:
 
 
 def flood_phasewatch(target: str, seconds: float, threads: int) -> dict:
-    from exporter.client import PhasewatchClient
+    from phasewatch.client import PhasewatchClient
 
     rows = _rows(1000)
     clients = [PhasewatchClient(target, engine="vllm", max_buffer=20_000, timeout=30.0,
@@ -86,7 +86,7 @@ class _Statuses(grpc.UnaryUnaryClientInterceptor):
 
 
 def _grpc_exporter(target: str, seen: Counter, lock: threading.Lock):
-    from exporter.sim.otlp_load import grpc_exporter
+    from phasewatch.sim.otlp_load import grpc_exporter
 
     return grpc_exporter(target, _Statuses(seen, lock))
 
@@ -94,7 +94,7 @@ def _grpc_exporter(target: str, seen: Counter, lock: threading.Lock):
 def _http_exporter(target: str, seen: Counter, lock: threading.Lock):
     import requests
 
-    from exporter.sim.otlp_load import http_exporter
+    from phasewatch.sim.otlp_load import http_exporter
 
     def hook(response, *args, **kwargs):
         with lock:
@@ -114,7 +114,7 @@ def flood_otlp(protocol: str, target: str, seconds: float, threads: int,
 
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from exporter.sim.otlp_load import FreshBatches, template_spans
+    from phasewatch.sim.otlp_load import FreshBatches, template_spans
 
     fresh = FreshBatches(template_spans(BATCH_SPANS), seed=os.getpid())
     seen: Counter = Counter()

@@ -22,15 +22,15 @@ with atheris.instrument_imports(include=["exporter"]):
 
 def seeds(name: str) -> list[bytes]:
     """Valid inputs for each target, made by phasewatch's own encoders."""
-    from exporter.ingest import wire
-    from exporter.requests.record import RequestBatch
-    from exporter.sim.scenarios import scenario
+    from phasewatch.ingest import wire
+    from phasewatch.requests.record import RequestBatch
+    from phasewatch.sim.scenarios import scenario
 
     records = scenario("chat").build(seed=3).run(20.0, epoch=time.time() - 60)[:8]
     if name == "phasewatch_export":
         return [wire.encode_export(RequestBatch.from_records(records), "vllm", 5, 1)]
     if name == "phasewatch_lifecycle":
-        from exporter.ingest.lifecycle import EventKind, LifecycleEvent
+        from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
 
         t0 = int(records[0].arrival * 1e9)
         events = [LifecycleEvent(request_id="r", kind=k, time_unix_nano=t0 + i * 1000,
@@ -42,8 +42,8 @@ def seeds(name: str) -> list[bytes]:
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from exporter.ingest.otlp.jsonform import to_json
-        from exporter.sim import otlp_shapes
+        from phasewatch.ingest.otlp.jsonform import to_json
+        from phasewatch.sim import otlp_shapes
 
         out = []
         for shape in otlp_shapes.SHAPES:

@@ -19,18 +19,18 @@ from dataclasses import fields
 
 import numpy as np
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.aggregation.window import RollingWindow
-from exporter.config import ConfigError, load_serve_config
-from exporter.ingest import wire
-from exporter.ingest.adapters import AdapterContext
-from exporter.ingest.adapters.tgi import parse_duration
-from exporter.ingest.lifecycle import LifecycleJoiner
-from exporter.ingest.otlp.ingest import EXTRACT, OtlpIngest
-from exporter.ingest.otlp.jsonform import json_spans
-from exporter.ingest.otlp.spans import MalformedPayload, parse_request
-from exporter.roofline.hf_config import load_model_config
-from exporter.selfstats import SelfStats
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.config import ConfigError, load_serve_config
+from phasewatch.ingest import wire
+from phasewatch.ingest.adapters import AdapterContext
+from phasewatch.ingest.adapters.tgi import parse_duration
+from phasewatch.ingest.lifecycle import LifecycleJoiner
+from phasewatch.ingest.otlp.ingest import EXTRACT, OtlpIngest
+from phasewatch.ingest.otlp.jsonform import json_spans
+from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
+from phasewatch.roofline.hf_config import load_model_config
+from phasewatch.selfstats import SelfStats
 
 
 class Pipeline:

@@ -39,7 +39,7 @@ class ServeProcess:
     def start(self, timeout: float = 30.0) -> ServeProcess:
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "exporter.cli", "serve", *FREE, *self.args],
+            [*self.prefix, sys.executable, "-m", "phasewatch.cli", "serve", *FREE, *self.args],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.ingest.adapters import (
+from phasewatch.ingest.adapters import (
     AdapterContext,
     Rejected,
     classify,
@@ -14,9 +14,9 @@ from exporter.ingest.adapters import (
     tgi,
     vllm,
 )
-from exporter.ingest.adapters.tgi import parse_duration
-from exporter.ingest.adapters.traces import TraceParts
-from exporter.ingest.otlp.spans import SpanView
+from phasewatch.ingest.adapters.tgi import parse_duration
+from phasewatch.ingest.adapters.traces import TraceParts
+from phasewatch.ingest.otlp.spans import SpanView
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -146,8 +146,8 @@ def test_sglang_stages_of_two_scheduler_ranks_are_not_added_up():
 
 
 def _ingest():
-    from exporter.aggregation.aggregate import Aggregator
-    from exporter.ingest.otlp.ingest import OtlpIngest
+    from phasewatch.aggregation.aggregate import Aggregator
+    from phasewatch.ingest.otlp.ingest import OtlpIngest
 
     now = [0.0]
     ing = OtlpIngest(Aggregator(), join_wait=10.0)
@@ -353,8 +353,8 @@ def test_latency_batch_equals_latency_row_span_by_span(adapter):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from exporter.ingest.otlp.ingest import MAX_TIME_NS  # later spans are refused before this
-    from exporter.requests.record import RequestBatch
+    from phasewatch.ingest.otlp.ingest import MAX_TIME_NS  # later spans are refused before this
+    from phasewatch.requests.record import RequestBatch
 
     resources = [{}, {"service.name": "svc-a"}, {"service.name": "unknown_service:python"}]
 
@@ -386,7 +386,7 @@ def test_latency_batch_equals_latency_row_span_by_span(adapter):
 
 
 def test_parallel_sampling_counts_the_prompt_once_across_exports():
-    from exporter.aggregation.aggregate import Aggregator
+    from phasewatch.aggregation.aggregate import Aggregator
 
     ctx = AdapterContext(default_model="m")
     agg = Aggregator()

@@ -13,13 +13,13 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.ingest import wire
-from exporter.ingest.admission import Admission, Refused
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.selfstats import SelfStats
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.ingest import wire
+from phasewatch.ingest.admission import Admission, Refused
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.selfstats import SelfStats
 from tests.conftest import TEST_PORTS, scrape
 from tests.test_otlp import _request_bytes
 from tests.test_otlp_overload import _post

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.engine import EngineConfig
-from exporter.sim.scenarios import Scenario
-from exporter.sim.workload import Lengths, Workload
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.engine import EngineConfig
+from phasewatch.sim.scenarios import Scenario
+from phasewatch.sim.workload import Lengths, Workload
 from tests.conftest import TEST_PORTS
 from tests.prom import PrometheusServer
 from tests.test_engine_metrics import Pages

@@ -10,12 +10,12 @@ import urllib.request
 
 import pytest
 
-from dashboard.exporter_source import ExporterSource
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.sim.otlp_shapes import OtlpSink
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard.exporter_source import ExporterSource
+from phasewatch.sim.otlp_shapes import OtlpSink
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape
 
 TOKEN = "s3cret-token"

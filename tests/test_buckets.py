@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from exporter.aggregation.aggregate import HISTOGRAMS
-from exporter.publish.metrics import HISTOGRAM_NAMES
-from exporter.requests import buckets
-from exporter.requests.gaps import GapBins, row_sums
+from phasewatch.aggregation.aggregate import HISTOGRAMS
+from phasewatch.publish.metrics import HISTOGRAM_NAMES
+from phasewatch.requests import buckets
+from phasewatch.requests.gaps import GapBins, row_sums
 
 
 def test_every_set_is_strictly_increasing_and_positive():
@@ -70,7 +70,7 @@ def _gap_values(rng, b):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("n_series", [1, 3, 200])  # 200: past the dense histogram's limit
 def test_gap_bins_equal_searchsorted_and_the_window_index(dtype, n_series):
-    """One pass of exporter.requests.gaps gives, per series, exactly the Prometheus buckets of
+    """One pass of phasewatch.requests.gaps gives, per series, exactly the Prometheus buckets of
     searchsorted and the window bins of WINDOW_INDEX, for float32 and float64 gaps."""
     rng = np.random.default_rng(n_series)
     b = buckets.TOKEN_LATENCY.array()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-PHASEWATCH = [sys.executable, "-m", "exporter.cli", "roofline", "--json"]
+PHASEWATCH = [sys.executable, "-m", "phasewatch.cli", "roofline", "--json"]
 
 
 def rows(*args: str) -> dict[str, float]:
@@ -95,11 +95,11 @@ def test_databricks_ttft_is_above_the_prefill_floor(args, ttft):
 
 
 def test_table_and_errors():
-    out = subprocess.run([sys.executable, "-m", "exporter.cli", "roofline", "--model",
+    out = subprocess.run([sys.executable, "-m", "phasewatch.cli", "roofline", "--model",
                           "Llama-3.1-8B", "--hardware", "H100-SXM"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
     assert "binds: memory bandwidth" in out.stdout and "ridge point" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "exporter.cli", "roofline", "--model",
+    bad = subprocess.run([sys.executable, "-m", "phasewatch.cli", "roofline", "--model",
                           "Llama-3.1-8B"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--hardware NAME" in bad.stderr

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter.roofline import calibrate
-from exporter.roofline.deployments import ModelOptions, load_profile, resolve
+from phasewatch.roofline import calibrate
+from phasewatch.roofline.deployments import ModelOptions, load_profile, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
-CALIBRATE = [sys.executable, "-m", "exporter.cli", "calibrate"]
+CALIBRATE = [sys.executable, "-m", "phasewatch.cli", "calibrate"]
 
 
 def test_cpu_calibration_writes_a_profile_the_exporter_loads(tmp_path):
@@ -41,7 +41,7 @@ def test_cpu_calibration_writes_a_profile_the_exporter_loads(tmp_path):
                                 compute_dtype="fp32"))
     assert fp32.peak_flops == m["flops_tflops"]["fp32"] * 1e12
     # the offline calculator says so instead of a compute ceiling of 0
-    roofline = subprocess.run([sys.executable, "-m", "exporter.cli", "roofline", "--model",
+    roofline = subprocess.run([sys.executable, "-m", "phasewatch.cli", "roofline", "--model",
                                "Llama-3.1-8B", "--hardware-profile", str(out)],
                               capture_output=True, text=True, timeout=60)
     assert roofline.returncode == 2, roofline.stdout
@@ -57,9 +57,9 @@ def test_calibration_with_torch_measures_each_dtype(tmp_path):
     require_vllm()
     out = tmp_path / "torch.json"
     proc = subprocess.run(
-        [str(VLLM_PY), "-c", "import sys; from exporter.roofline import calibrate as c; "
+        [str(VLLM_PY), "-c", "import sys; from phasewatch.roofline import calibrate as c; "
          "c.write(c.calibrate('cpu', 64, 512, 2), sys.argv[1])", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     profile = json.loads(out.read_text())
     assert set(profile["measured"]["flops_tflops"]) == {"bf16", "fp16", "fp32"}, profile

@@ -16,9 +16,9 @@ import grpc
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from exporter.client import PhasewatchClient
-from exporter.ingest import wire
-from exporter.ingest.lifecycle import EventKind, LifecycleEvent
+from phasewatch.client import PhasewatchClient
+from phasewatch.ingest import wire
+from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
 from tests.conftest import scrape
 from tests.serve import ServeProcess
 

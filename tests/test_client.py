@@ -2,9 +2,9 @@
 
 import time
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
 from tests.conftest import scrape
 from tests.prom import free_port
 

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from exporter.config import ConfigError, add_serve_flags, load_serve_config
+from phasewatch.config import ConfigError, add_serve_flags, load_serve_config
 
 
 def parse(argv):

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from exporter.client import PhasewatchClient
-from exporter.sim.scenarios import scenario
+from phasewatch.client import PhasewatchClient
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import scrape
 
 
@@ -85,8 +85,8 @@ def test_counts_and_sums_survive_the_trip(exporter, records):
 def test_a_resent_batch_is_counted_once(exporter, records):
     import grpc
 
-    from exporter.ingest import wire
-    from exporter.requests.record import RequestBatch
+    from phasewatch.ingest import wire
+    from phasewatch.requests.record import RequestBatch
 
     payload = wire.encode_export(RequestBatch.from_records(records[:10]), "vllm",
                                  batch_id=1234)

@@ -8,6 +8,7 @@ dashboard, Prometheus (`promtool check config`) and Grafana's provisioning accep
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from exporter.cli import build_parser
-from exporter.config import load_serve_config
+from phasewatch.cli import build_parser
+from phasewatch.config import load_serve_config
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,21 +72,33 @@ def test_dockerfile_copies_what_exists_and_runs_phasewatch_as_non_root():
 
 
 def test_the_package_the_image_installs_carries_everything(tmp_path):
-    """`pip install .` in the Dockerfile: the wheel holds both packages, the catalog
-    data and the generated protocol code, and installs the `phasewatch` command."""
+    """`pip install .` in the Dockerfile: the wheel holds one import name, `phasewatch`
+    (exporter/ and dashboard/ under it), the catalog data and the generated protocol
+    code, and installs the `phasewatch` command."""
+    # what the Dockerfile copies, built apart (setuptools leaves build/ in its source
+    # tree, and a stale one would add its files to the wheel)
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        src.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("exporter", "dashboard"):
+        shutil.copytree(ROOT / folder, src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                        "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                        "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = tmp_path.glob("phasewatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("exporter/cli.py", "exporter/roofline/catalog/models.json",
-                     "exporter/roofline/catalog/hardware.json",
-                     "exporter/protocol/phasewatch_pb2.py", "dashboard/app.py",
-                     "exporter/sim/scenarios.py"):
+    for required in ("phasewatch/cli.py", "phasewatch/roofline/catalog/models.json",
+                     "phasewatch/roofline/catalog/hardware.json",
+                     "phasewatch/protocol/phasewatch_pb2.py", "phasewatch/dashboard/app.py",
+                     "phasewatch/sim/scenarios.py"):
         assert required in names, required
+    # no generic top-level name (exporter, dashboard) to collide with a user's own
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"phasewatch"}
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "phasewatch = exporter.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "phasewatch = phasewatch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def _argv(service: dict) -> list[str]:

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from dashboard.app import MAX_BODY_BYTES, DashboardServer, create_app
-from dashboard.exporter_source import ExporterSource
+from phasewatch.dashboard.app import MAX_BODY_BYTES, DashboardServer, create_app
+from phasewatch.dashboard.exporter_source import ExporterSource
 
 
 def _call(url: str, method: str = "GET", body: bytes | None = None, auth: str = "",

@@ -15,13 +15,13 @@ from dataclasses import replace
 
 import pytest
 
-from dashboard.app import DashboardServer, create_app
-from dashboard.exporter_source import ExporterSource
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard.app import DashboardServer, create_app
+from phasewatch.dashboard.exporter_source import ExporterSource
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import scenario
 from tests.browser import Browser
 from tests.conftest import TEST_PORTS
 
@@ -47,7 +47,7 @@ class Demo:
 
     def __init__(self, first: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "demo", "--scenario", first,
+            [sys.executable, "-m", "phasewatch.cli", "demo", "--scenario", first,
              "--http-port", "0", "--grpc-port", "0", "--otlp-grpc-port", "0",
              "--otlp-http-port", "0", "--dashboard-port", "0", "--time-scale", "4",
              "--window-seconds", "10", "--roofline-interval", "1", "--refresh", "1",

@@ -11,18 +11,18 @@ import re
 
 import numpy as np
 
-from dashboard import panels
-from dashboard import queries as q
-from dashboard.exporter_source import snapshot_from_api
-from dashboard.frames import Snapshot
-from dashboard.prometheus_source import PrometheusSource
-from exporter.app import roofline_json
-from exporter.roofline import catalog
-from exporter.roofline.bottleneck import Result
-from exporter.roofline.cause import diagnose
-from exporter.roofline.engine_metrics import EngineRates
-from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
-from exporter.roofline.verdict import decide
+from phasewatch.app import roofline_json
+from phasewatch.dashboard import panels
+from phasewatch.dashboard import queries as q
+from phasewatch.dashboard.exporter_source import snapshot_from_api
+from phasewatch.dashboard.frames import Snapshot
+from phasewatch.dashboard.prometheus_source import PrometheusSource
+from phasewatch.roofline import catalog
+from phasewatch.roofline.bottleneck import Result
+from phasewatch.roofline.cause import diagnose
+from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.verdict import decide
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 DEP = Deployment(LLAMA, catalog.model(LLAMA), catalog.hardware("H100", 1))

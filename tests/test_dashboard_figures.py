@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-from dashboard import figures, panels, queries
-from dashboard.app import GRAPHS, build_figures
-from dashboard.exporter_source import ExporterSource, snapshot_from_api
-from dashboard.frames import ALL, Selection, Snapshot, SourceError
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard import figures, panels, queries
+from phasewatch.dashboard.app import GRAPHS, build_figures
+from phasewatch.dashboard.exporter_source import ExporterSource, snapshot_from_api
+from phasewatch.dashboard.frames import ALL, Selection, Snapshot, SourceError
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
 from tests.prom import free_port
 
@@ -203,7 +203,7 @@ def test_series_figures_draw_one_line_per_model_and_metric(many):
 
 
 def test_roofline_tolerates_a_ceiling_without_a_figure():
-    from dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
+    from phasewatch.dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
 
     ceilings = frame(CEILING_COLUMNS, [
         {"model": "m", "engine": "e", "hardware": "", "ceiling": "datasheet",
@@ -279,7 +279,7 @@ def test_frames_keep_their_columns_after_selection(many):
 def test_bench_compare_lays_out_the_kpis_as_vllm_bench_serve():
     """The "Compare with vllm bench serve" block: one per label set, vLLM's rows and
     units (ms), unknown figures as "-", never a made-up 0."""
-    from dashboard.frames import KPI_COLUMNS, LATENCIES, LATENCY_STATS, frame
+    from phasewatch.dashboard.frames import KPI_COLUMNS, LATENCIES, LATENCY_STATS, frame
 
     row = {"model": "m", "engine": "vllm", "pod": "", "requests_in_range": 120.0,
            "prompt_tokens_in_range": 24_000.0, "output_tokens_in_range": 6_000.0,
@@ -373,7 +373,7 @@ class _Fixed:
 
 
 def test_the_source_selector_shows_only_when_sources_are_reported(two_sources, many):
-    from dashboard.app import create_app
+    from phasewatch.dashboard.app import create_app
 
     source = _Fixed(two_sources[1])
     page = _refresh(create_app(source))
@@ -395,7 +395,7 @@ def test_the_source_selector_shows_only_when_sources_are_reported(two_sources, m
 def test_prompt_classes_sit_at_their_middle_and_ttft_reads_in_ms_and_s():
     """Issue 26: the 0-256 class was drawn at 2 tokens, and the log TTFT axis printed
     ``200m 100ms 90m`` (mixed units, crowded minor labels)."""
-    from dashboard.frames import PROMPT_CLASS_COLUMNS, PROMPT_POINT_COLUMNS, frame
+    from phasewatch.dashboard.frames import PROMPT_CLASS_COLUMNS, PROMPT_POINT_COLUMNS, frame
 
     key = {"model": "m", "engine": "vllm", "pod": "", "source": ""}
     classes = frame(PROMPT_CLASS_COLUMNS, [
@@ -419,8 +419,8 @@ def test_prompt_classes_sit_at_their_middle_and_ttft_reads_in_ms_and_s():
 def test_a_stopped_workload_drops_its_verdict_and_says_so():
     """Issue 26: once the window empties, the roofline's last verdict must not stay on
     the page, and the page says the window is empty, not "point your traces here"."""
-    from dashboard.exporter_source import in_window_only
-    from dashboard.frames import VERDICT_COLUMNS, frame
+    from phasewatch.dashboard.exporter_source import in_window_only
+    from phasewatch.dashboard.frames import VERDICT_COLUMNS, frame
 
     row = {"model": "m", "engine": "vllm", "pod": "", "source": "", "phase": "decode",
            "resource": "memory_bandwidth", "confidence": 1.0}
@@ -448,7 +448,7 @@ def test_every_scenario_the_dropdown_offers_is_documented():
     dropdown offers every one), each with its workload and the banner it gives."""
     from pathlib import Path
 
-    from exporter.sim.scenarios import SCENARIOS
+    from phasewatch.sim.scenarios import SCENARIOS
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
     table = text.split("| scenario | workload | the banner reads |", 1)[1].split("\n\n", 1)[0]
@@ -468,7 +468,7 @@ def test_the_roofline_says_what_its_trail_is_and_it_grows_toward_now():
     """Issue 26: the faint trail of earlier operating points was in no legend. The figure
     says what the small dots are (each phase over the span they cover, newest largest),
     they grow toward now, and each trail hides and shows with its phase's point now."""
-    from dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
+    from phasewatch.dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
 
     key = {"model": "m", "engine": "vllm", "pod": "", "source": ""}
     points = frame(POINT_COLUMNS, [
@@ -507,7 +507,7 @@ def test_every_legend_row_has_room_under_the_x_axis():
     """A legend wrapped over several rows rode up over the x-axis title (Plotly grew the
     bottom margin for it and shrank the plot, and the legend sits at a fraction of the
     plot). The bottom margin holds the axis and every row, whatever the entries."""
-    from dashboard import layout as layout_
+    from phasewatch.dashboard import layout as layout_
 
     short = [f"e{i}" for i in range(3)]
     long = [f"class TTFT p95 · Model-{i}/vllm (engine)" for i in range(6)]
@@ -549,7 +549,7 @@ def test_prometheus_states_speak_of_prometheus_and_its_range():
     """The empty, stopped and no-verdict states through Prometheus: what it holds and its
     --range, not one exporter's window (its range may outlast an exporter's window, whose
     verdict then goes first: "requests are arriving" was wrong then)."""
-    from dashboard.frames import KPI_COLUMNS, frame
+    from phasewatch.dashboard.frames import KPI_COLUMNS, frame
 
     url = "http://prometheus:9090"
     empty = panels.state_panel(Snapshot("prometheus", url, window_seconds=60.0))

@@ -14,14 +14,14 @@ import time
 import pytest
 from opentelemetry import trace
 
-from dashboard.app import GRAPHS, DashboardServer, create_app
-from dashboard.exporter_source import ExporterSource
-from exporter.app import Exporter
-from exporter.config import ServeConfig
-from exporter.requests.record import RequestRecord
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.otlp_shapes import provider, tracer_for
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard.app import GRAPHS, DashboardServer, create_app
+from phasewatch.dashboard.exporter_source import ExporterSource
+from phasewatch.requests.record import RequestRecord
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.otlp_shapes import provider, tracer_for
+from phasewatch.sim.scenarios import scenario
 from tests.browser import Browser
 from tests.conftest import TEST_PORTS
 from tests.test_dashboard_browser import Demo, _both_phase_points, _feed, _footer_changes

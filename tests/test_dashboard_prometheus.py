@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from dashboard.app import DashboardServer, create_app
-from dashboard.exporter_source import ExporterSource
-from dashboard.frames import Selection, Snapshot
-from dashboard.prometheus_source import PrometheusSource
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.dashboard.app import DashboardServer, create_app
+from phasewatch.dashboard.exporter_source import ExporterSource
+from phasewatch.dashboard.frames import Selection, Snapshot
+from phasewatch.dashboard.prometheus_source import PrometheusSource
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import scenario
 from tests.browser import Browser
 from tests.conftest import TEST_PORTS
 from tests.prom import PrometheusServer, free_port

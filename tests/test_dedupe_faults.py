@@ -17,8 +17,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporter.client import PhasewatchClient
-from exporter.sim.scenarios import scenario
+from phasewatch.client import PhasewatchClient
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import scrape
 from tests.faultproxy import FaultProxy
 from tests.test_otlp import _send

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from exporter.requests.phases import split_phases
-from exporter.requests.record import RequestBatch, RequestRecord
+from phasewatch.requests.phases import split_phases
+from phasewatch.requests.record import RequestBatch, RequestRecord
 
 T = 1_700_000_000.0
 

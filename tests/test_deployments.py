@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.roofline import catalog
-from exporter.roofline.deployments import (
+from phasewatch.roofline import catalog
+from phasewatch.roofline.deployments import (
     PROFILE_FORMAT,
     Deployments,
     ModelNames,
@@ -149,8 +149,8 @@ def test_a_config_json_model_is_named_by_its_config_unless_served_otherwise():
 
 
 def test_label_sets_name_every_row_by_its_models_label():
-    from exporter.aggregation.labels import LabelSets
-    from exporter.selfstats import SelfStats
+    from phasewatch.aggregation.labels import LabelSets
+    from phasewatch.selfstats import SelfStats
 
     names = ModelNames([ModelOptions(model="Llama-3.1-8B")])
     labels = LabelSets(SelfStats(), model_names=names)

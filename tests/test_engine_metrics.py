@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter.roofline import catalog
-from exporter.roofline.bottleneck import with_cached_share, with_engine_counters
-from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
-from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
-from exporter.selfstats import SelfStats
+from phasewatch.roofline import catalog
+from phasewatch.roofline.bottleneck import with_cached_share, with_engine_counters
+from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.selfstats import SelfStats
 
 FIX = Path(__file__).parent / "fixtures" / "engine"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -14,9 +14,9 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.publish.metrics import HotCollector, HotText
-from exporter.requests.record import RequestBatch, RequestRecord
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.publish.metrics import HotCollector, HotText
+from phasewatch.requests.record import RequestBatch, RequestRecord
 
 T = 1_700_000_000.0
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-"
@@ -72,7 +72,7 @@ def test_hot_text_equals_prometheus_client_in_both_formats(pod_label):
 def test_metrics_page_serves_the_hot_families_in_every_format(exporter):
     """What Prometheus asks for (OpenMetrics), plain text, and a format HotText does not
     write (through prometheus_client over everything) carry the same samples."""
-    from exporter.client import PhasewatchClient
+    from phasewatch.client import PhasewatchClient
 
     with PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="vllm") as client:
         for i in range(20):

@@ -12,12 +12,12 @@ import time
 import grpc
 import numpy as np
 
-from dashboard.exporter_source import ExporterSource
-from dashboard.prometheus_source import PrometheusSource
-from exporter.client import PhasewatchClient
-from exporter.ingest import wire
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.sim.otlp_shapes import OtlpSink
+from phasewatch.client import PhasewatchClient
+from phasewatch.dashboard.exporter_source import ExporterSource
+from phasewatch.dashboard.prometheus_source import PrometheusSource
+from phasewatch.ingest import wire
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.sim.otlp_shapes import OtlpSink
 from tests.conftest import scrape
 from tests.prom import PrometheusServer
 from tests.serve import ServeProcess

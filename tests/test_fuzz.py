@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from exporter.config import SERVE_OPTIONS
-from exporter.ingest.otlp.jsonform import request_json
-from exporter.protocol import phasewatch_pb2 as pb
+from phasewatch.config import SERVE_OPTIONS
+from phasewatch.ingest.otlp.jsonform import request_json
+from phasewatch.protocol import phasewatch_pb2 as pb
 from tests import fuzz_targets as t
 
 SETTINGS = settings(max_examples=150, deadline=None,

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from exporter.app import Exporter
-from exporter.config import ServeConfig
-from exporter.publish import exposition
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import SCENARIOS
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
+from phasewatch.publish import exposition
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import SCENARIOS
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 EPOCH = 1_750_000_000.0

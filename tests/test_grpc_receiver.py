@@ -3,10 +3,10 @@
 import grpc
 import pytest
 
-from exporter.aggregation.labels import OVERFLOW, LabelSets
-from exporter.ingest import wire
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.selfstats import SelfStats
+from phasewatch.aggregation.labels import OVERFLOW, LabelSets
+from phasewatch.ingest import wire
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.selfstats import SelfStats
 from tests.conftest import scrape
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.roofline import model_costs
-from exporter.roofline.hf_config import load_model_config, model_from_config
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.hf_config import load_model_config, model_from_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 

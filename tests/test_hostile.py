@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporter.client import PhasewatchClient
-from exporter.requests.record import RequestRecord
-from exporter.sim import otlp_shapes
+from phasewatch.client import PhasewatchClient
+from phasewatch.requests.record import RequestRecord
+from phasewatch.sim import otlp_shapes
 from tests.conftest import scrape
 from tests.test_otlp import _grpc
 

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from exporter.client import PhasewatchClient
-from exporter.sim.scenarios import scenario
+from phasewatch.client import PhasewatchClient
+from phasewatch.sim.scenarios import scenario
 
 
 def get(port, path, headers=None):

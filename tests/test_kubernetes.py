@@ -38,13 +38,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.cli import build_parser
-from exporter.config import load_serve_config
-from exporter.ingest.adapters import sglang as sglang_adapter
-from exporter.ingest.adapters import tgi as tgi_adapter
-from exporter.ingest.adapters import vllm as vllm_adapter
-from exporter.roofline import catalog
-from exporter.roofline.deployments import resolve
+from phasewatch.cli import build_parser
+from phasewatch.config import load_serve_config
+from phasewatch.ingest.adapters import sglang as sglang_adapter
+from phasewatch.ingest.adapters import tgi as tgi_adapter
+from phasewatch.ingest.adapters import vllm as vllm_adapter
+from phasewatch.roofline import catalog
+from phasewatch.roofline.deployments import resolve
 from tests.conftest import require_binary, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,7 +623,7 @@ def test_tap_started_as_the_manifest_says_is_ready_when_the_server_is(overlay, t
                                 "--host": "127.0.0.1", "--port": "0"})
     log = tmp_path / "tap.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "phasewatch.cli", *args], cwd=tmp_path,
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         found = wait_for(lambda: re.search(r"tap on http://127\.0\.0\.1:(\d+)",
@@ -684,7 +684,7 @@ def test_exporter_started_as_the_manifest_says_answers_its_probes(target, tmp_pa
     env = {**os.environ, **manifest_env}
     env.update({f"PHASEWATCH_{k}_PORT": "0" for k in ("HTTP", "GRPC", "OTLP_GRPC", "OTLP_HTTP")})
     env["PHASEWATCH_HTTP_HOST"] = "127.0.0.1"
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], env=env, cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "phasewatch.cli", *args], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         port, lines = None, []

@@ -6,12 +6,12 @@ import time
 import grpc
 import pytest
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.ingest import wire
-from exporter.ingest.lifecycle import EventKind, LifecycleEvent
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.ingest import wire
+from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape
 
 
@@ -89,7 +89,9 @@ def test_shuffled_duplicated_unfinished_events_equal_the_finished_batch(pair):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         m = scrape(streamed.http_port)
-        if m.value("phasewatch_ingest_dropped_total", reason="lifecycle_unfinished_ttl"):
+        # the sweep may expire them over more than one pass: wait for all five
+        if (m.value("phasewatch_ingest_dropped_total", reason="lifecycle_unfinished_ttl") == 5
+                and m.value("phasewatch_ingest_lifecycle_pending") == 0):
             break
         time.sleep(0.2)
     assert m.value("phasewatch_ingest_dropped_total", reason="lifecycle_unfinished_ttl") == 5

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.aggregation.aggregate import COUNTERS, HISTOGRAMS
-from exporter.client import PhasewatchClient
-from exporter.publish import exposition
-from exporter.publish.metrics import HISTOGRAM_NAMES, Exposure, HotText, coarse
+from phasewatch.aggregation.aggregate import COUNTERS, HISTOGRAMS
+from phasewatch.client import PhasewatchClient
+from phasewatch.publish import exposition
+from phasewatch.publish.metrics import HISTOGRAM_NAMES, Exposure, HotText, coarse
 from tests.serve import ServeProcess
 from tests.test_exposition import _aggregator
 
@@ -200,7 +200,7 @@ def test_trimmed_pages_merge_exactly(exposure):
 
 
 def test_a_bad_classic_buckets_value_is_refused_at_start(capsys):
-    from exporter.cli import main
+    from phasewatch.cli import main
 
     assert main(["serve", "--classic-buckets", "few", "--http-port", "0"]) == 2
     assert "classic_buckets must be one of full, coarse, not 'few'" in capsys.readouterr().err
@@ -211,7 +211,7 @@ def test_serve_help_comes_in_sections():
     and hardware first."""
     import argparse
 
-    from exporter.config import SERVE_GROUPS, SERVE_OPTIONS, add_serve_flags
+    from phasewatch.config import SERVE_GROUPS, SERVE_OPTIONS, add_serve_flags
 
     parser = argparse.ArgumentParser()
     add_serve_flags(parser)

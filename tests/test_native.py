@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.aggregation.aggregate import HISTOGRAMS, Aggregator
-from exporter.protocol import exposition_pb2 as pb
-from exporter.publish import exposition
-from exporter.publish.metrics import HotText
-from exporter.requests import native
-from exporter.requests.buckets import TOKEN_LATENCY, WINDOW_INDEX
-from exporter.requests.gaps import GapBins
-from exporter.requests.record import RequestBatch, RequestRecord
+from phasewatch.aggregation.aggregate import HISTOGRAMS, Aggregator
+from phasewatch.protocol import exposition_pb2 as pb
+from phasewatch.publish import exposition
+from phasewatch.publish.metrics import HotText
+from phasewatch.requests import native
+from phasewatch.requests.buckets import TOKEN_LATENCY, WINDOW_INDEX
+from phasewatch.requests.gaps import GapBins
+from phasewatch.requests.record import RequestBatch, RequestRecord
 from tests.test_exposition import _aggregator
 
 NATIVE_ACCEPT = exposition.PROMETHEUS_NATIVE_ACCEPT
@@ -171,7 +171,7 @@ def test_protobuf_page_holds_the_text_pages_samples_and_the_native_histograms():
 
 
 def fams_name(spec) -> str:
-    from exporter.publish.metrics import HISTOGRAM_NAMES
+    from phasewatch.publish.metrics import HISTOGRAM_NAMES
 
     return HISTOGRAM_NAMES[spec.key][0]
 
@@ -209,7 +209,7 @@ def test_protobuf_only_when_the_scraper_prefers_it(accept, proto):
 
 
 def test_metrics_endpoint_answers_prometheus_native_accept(exporter):
-    from exporter.client import PhasewatchClient
+    from phasewatch.client import PhasewatchClient
 
     t = 1_700_000_000.0
     with PhasewatchClient(f"127.0.0.1:{exporter.grpc_port}", engine="vllm") as client:
@@ -260,7 +260,7 @@ def test_many_series_encode_as_each_alone():
 def test_counts_of_the_rows_kept_equal_counting_them_alone(dense, series, monkeypatch):
     """GapBins.count(leave_out=...) gives, from one pass, what counting only the other
     rows' gaps gives (the per-token ITL of requests whose emissions are one token)."""
-    import exporter.requests.gaps as gaps_mod
+    import phasewatch.requests.gaps as gaps_mod
 
     if not dense:
         monkeypatch.setattr(gaps_mod, "_MAX_DENSE_CELLS", 1)

@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.ingest.otlp.jsonform import request_json
-from exporter.sim import otlp_shapes
-from exporter.sim.scenarios import scenario
+from phasewatch.ingest.otlp.jsonform import request_json
+from phasewatch.sim import otlp_shapes
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import scrape
 
 NS = 1_000_000_000
@@ -168,7 +168,7 @@ def _otlp_json(payload: bytes) -> bytes:
         ExportTraceServiceRequest,
     )
 
-    from exporter.ingest.otlp.jsonform import request_json
+    from phasewatch.ingest.otlp.jsonform import request_json
 
     doc = request_json(ExportTraceServiceRequest.FromString(payload))
     doc["someFutureField"] = {"ignored": True}  # unknown fields are ignored
@@ -189,8 +189,8 @@ def _post(ex, body: bytes, ctype: str, encoding: str | None = None):
 
 
 def test_otlp_json_gives_the_same_metrics_as_protobuf(exporter, records):
-    from exporter.app import Exporter
-    from exporter.config import ServeConfig
+    from phasewatch.app import Exporter
+    from phasewatch.config import ServeConfig
     from tests.conftest import TEST_PORTS
 
     payload = _request_bytes("vllm", records)
@@ -291,9 +291,9 @@ def test_a_failure_inside_phasewatch_is_answered_and_counted(exporter, records, 
 
     payload = _request_bytes("vllm", records[:5])
     monkeypatch.setattr(exporter.otlp, "export", broken)
-    from exporter.ingest import wire
-    from exporter.ingest.grpc_server import PhasewatchService
-    from exporter.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
+    from phasewatch.ingest import wire
+    from phasewatch.ingest.grpc_server import PhasewatchService
+    from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
 
     monkeypatch.setattr(PhasewatchService, "_export", broken)
     monkeypatch.setattr(LifecycleJoiner, "add", broken)
@@ -411,7 +411,7 @@ def test_engine_captures_as_otlp_json(exporter, capture):
 
 def test_grpc_refuses_messages_past_its_hard_limit(exporter):
     """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it: tests/test_body_limits.py)."""
-    from exporter.ingest.grpc_server import GRPC_HARD_LIMIT
+    from phasewatch.ingest.grpc_server import GRPC_HARD_LIMIT
 
     with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",
                                options=[("grpc.max_send_message_length", -1)]) as ch:

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporter.ingest.otlp.ingest import EXTRACT
-from exporter.ingest.otlp.jsonform import fast_spans, json_spans, parse_json_request, request_json
-from exporter.ingest.otlp.spans import MalformedPayload, walk
-from exporter.sim import otlp_shapes
-from exporter.sim.scenarios import scenario
+from phasewatch.ingest.otlp.ingest import EXTRACT
+from phasewatch.ingest.otlp.jsonform import fast_spans, json_spans, parse_json_request, request_json
+from phasewatch.ingest.otlp.spans import MalformedPayload, walk
+from phasewatch.sim import otlp_shapes
+from phasewatch.sim.scenarios import scenario
 
 
 def _nan_equal(x):

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from exporter.app import Exporter
-from exporter.config import ServeConfig
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
 from tests.conftest import TEST_PORTS
 from tests.test_otlp import _request_bytes
 
@@ -84,7 +84,7 @@ def test_the_sdk_exporter_retries_and_nothing_is_lost(held):
     from opentelemetry.sdk.trace.export import SpanExportResult
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from exporter.sim.scenarios import scenario
+    from phasewatch.sim.scenarios import scenario
     from tests.conftest import scrape
     from tests.test_otlp import _grpc, _send
 

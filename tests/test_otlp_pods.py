@@ -9,10 +9,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from exporter.app import Exporter
-from exporter.config import ServeConfig
-from exporter.sim import otlp_shapes
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
+from phasewatch.sim import otlp_shapes
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape
 from tests.test_otlp import _grpc
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from exporter.app import Exporter
-from exporter.config import ServeConfig
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.config import ServeConfig
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
 from tests.test_otlp import _grpc, _send
 

@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.requests.buckets import WINDOW_INDEX
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.requests.buckets import WINDOW_INDEX
 from tests.conftest import TEST_PORTS, Scrape, scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "requests.json"
@@ -418,7 +418,7 @@ def test_prometheus_percentiles_within_5_percent(peers, tmp_path):
     must lie within 5% of the range from vLLM's linear percentile to the nearest-rank
     one. The error against vLLM's alone and the classic buckets' answers (the fallback
     for a Prometheus without native histograms) are printed beside them."""
-    from exporter.sim.scenarios import scenario
+    from phasewatch.sim.scenarios import scenario
     from tests.prom import PrometheusServer
 
     reqs = peers["requests"]

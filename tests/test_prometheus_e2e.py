@@ -5,9 +5,9 @@ import time
 
 import numpy as np
 
-from exporter.client import PhasewatchClient
-from exporter.requests import buckets
-from exporter.sim.scenarios import scenario
+from phasewatch.client import PhasewatchClient
+from phasewatch.requests import buckets
+from phasewatch.sim.scenarios import scenario
 from tests.prom import PrometheusServer
 
 

@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from exporter.protocol import codegen
+from phasewatch.protocol import codegen
 
 
 @pytest.mark.parametrize("proto", sorted(codegen.MODULES))

@@ -87,7 +87,7 @@ def _run_once(tmp: Path) -> TapRun:
         tap_log = tmp / "tap.log"
         with open(tap_log, "w") as log:
             tap = subprocess.Popen(
-                [sys.executable, "-m", "exporter.cli", "tap", "--upstream", base,
+                [sys.executable, "-m", "phasewatch.cli", "tap", "--upstream", base,
                  "--port", str(tap_port), "--target", f"127.0.0.1:{serve.grpc_port}",
                  "--model", MODEL_NAME], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 

@@ -40,3 +40,39 @@ def test_no_citation_of_notes_outside_the_repository():
                 hits.append(f"{rel}:{n}: {line.strip()[:120]}")
     assert not hits, ("cite the public source or the docs/ page instead of notes kept "
                       "outside the repository:\n" + "\n".join(hits))
+
+
+IMPORTS_BY_FOLDER = re.compile(r"^\s*(?:from|import)\s+(?:exporter|dashboard)\b|"
+                               r"-m\"?,?\s*\"?(?:exporter|dashboard)\.", re.M)
+
+
+def test_code_imports_the_one_installed_name():
+    """The installed code is `phasewatch` (exporter/ and dashboard/ are its folders, mapped
+    in pyproject.toml): an import by folder name works only from the repository root and
+    would load a second copy of every module beside the installed one."""
+    hits = []
+    for rel in tracked_files():
+        if not rel.endswith((".py", ".md")) or rel.endswith("_pb2.py"):
+            continue
+        text = (ROOT / rel).read_text(encoding="utf-8", errors="replace")
+        hits += [f"{rel}: {m[0].strip()}" for m in IMPORTS_BY_FOLDER.finditer(text)]
+    assert not hits, "\n".join(hits)
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists every folder with an __init__.py under its import name, so a
+    new subpackage cannot be left out of the wheel."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = config["package-dir"]
+    assert mapping == {"phasewatch": "exporter", "phasewatch.dashboard": "dashboard"}
+    found = set()
+    for name, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            sub = ".".join(rel.parts)
+            if name == "phasewatch" and rel.parts[:1] == ("dashboard",):
+                continue
+            found.add(f"{name}.{sub}" if sub else name)
+    assert set(config["packages"]) == found

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.aggregation.window import RollingWindow
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.roofline import catalog, model_costs
-from exporter.roofline.estimate import Deployment, estimate, inside_fraction, union_length
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.roofline import catalog, model_costs
+from phasewatch.roofline.estimate import Deployment, estimate, inside_fraction, union_length
 
 M = catalog.model("Llama-3.1-8B")
 DEP = Deployment("Llama-3.1-8B", M, catalog.hardware("H100-SXM"))

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.roofline.deployments import ModelOptions
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import PrometheusServer
 from tests.test_engine_metrics import FIX, Pages

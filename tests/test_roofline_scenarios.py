@@ -13,15 +13,15 @@ import dataclasses
 
 import pytest
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.aggregation.window import RollingWindow
-from exporter.requests.record import RequestBatch
-from exporter.roofline.bottleneck import BottleneckMonitor
-from exporter.roofline.deployments import Deployments
-from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
-from exporter.roofline.verdict import decide
-from exporter.sim.scenarios import SCENARIOS
-from exporter.sim.truth import truth_between
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.requests.record import RequestBatch
+from phasewatch.roofline.bottleneck import BottleneckMonitor
+from phasewatch.roofline.deployments import Deployments
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.verdict import decide
+from phasewatch.sim.scenarios import SCENARIOS
+from phasewatch.sim.truth import truth_between
 
 EPOCH = 1.7e9
 PAIRS = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H200", 4),

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.sim.scenarios import scenario
 from tests.prom import PrometheusServer
 
 PORTS = dict(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,

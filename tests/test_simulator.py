@@ -5,10 +5,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from exporter.requests.phases import split_phases
-from exporter.requests.record import RequestBatch
-from exporter.roofline import model_costs
-from exporter.sim.scenarios import scenario
+from phasewatch.requests.phases import split_phases
+from phasewatch.requests.record import RequestBatch
+from phasewatch.roofline import model_costs
+from phasewatch.sim.scenarios import scenario
 
 
 def shares(records):

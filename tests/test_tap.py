@@ -24,10 +24,10 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.ingest import tap as tapmod
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.ingest import tap as tapmod
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port
@@ -447,7 +447,7 @@ def test_the_command_serves_and_records(fake, exporter, tmp_path):
     log = tmp_path / "tap.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "tap", "--upstream",
+            [sys.executable, "-m", "phasewatch.cli", "tap", "--upstream",
              f"http://127.0.0.1:{fake.port}", "--port", "0", "--target",
              f"127.0.0.1:{exporter.grpc_port}"], stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -493,7 +493,7 @@ def test_the_command_with_tls_and_a_token_everywhere(certs, tmp_path, spelling):
     try:
         with open(log, "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter.cli", "tap", "--upstream",
+                [sys.executable, "-m", "phasewatch.cli", "tap", "--upstream",
                  f"https://127.0.0.1:{upstream.port}", "--upstream-ca", certs.ca,
                  "--port", "0", "--metrics-port", "0", "--target",
                  f"127.0.0.1:{ex.grpc_port}", f"--{spelling}-ca", certs.ca,
@@ -662,7 +662,7 @@ def certs(tmp_path):
 
 def test_the_tap_serves_https_and_reloads_its_certificate(fake, make_tap, exporter, certs,
                                                           tmp_path, monkeypatch):
-    from exporter.ingest import tls
+    from phasewatch.ingest import tls
 
     monkeypatch.setattr(tls, "CHECK_SECONDS", 0.0)
     listener = tapmod.server_ssl(certs.server_cert, certs.server_key)
@@ -824,9 +824,9 @@ def test_one_model_is_one_label_set_from_the_tap_otlp_and_grpc(fake, flags, labe
     (no model attribute) the configured --model: one model, two label sets, the
     roofline on one of them. Every name of the configured model is now its served name
     (--served-model-name, else --model), from every receiver."""
-    from exporter.requests.record import RequestRecord
-    from exporter.roofline.deployments import ModelOptions
-    from exporter.sim.otlp_shapes import OtlpSink
+    from phasewatch.requests.record import RequestRecord
+    from phasewatch.roofline.deployments import ModelOptions
+    from phasewatch.sim.otlp_shapes import OtlpSink
 
     now = time.time()
     times = dict(arrival=now - 1.0, queued=now - 0.98, scheduled=now - 0.9,

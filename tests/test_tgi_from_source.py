@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from exporter.roofline import catalog
-from exporter.roofline.estimate import Deployment
+from phasewatch.roofline import catalog
+from phasewatch.roofline.estimate import Deployment
 from tests.conftest import scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
@@ -110,9 +110,9 @@ def test_decode_steps_give_the_roofline_a_real_batch(scenario):
         ExportTraceServiceRequest,
     )
 
-    from exporter.aggregation.aggregate import Aggregator
-    from exporter.ingest.otlp.ingest import OtlpIngest
-    from exporter.roofline.estimate import estimate
+    from phasewatch.aggregation.aggregate import Aggregator
+    from phasewatch.ingest.otlp.ingest import OtlpIngest
+    from phasewatch.roofline.estimate import estimate
 
     truth = json.loads((FIXTURE / "truth.json").read_text())["scenarios"][scenario]
     agg = Aggregator()

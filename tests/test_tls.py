@@ -19,12 +19,12 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.ingest.tls import ClientTls
-from exporter.requests.record import RequestRecord
-from exporter.sim.scenarios import scenario
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.ingest.tls import ClientTls
+from phasewatch.requests.record import RequestRecord
+from phasewatch.sim.scenarios import scenario
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, Scrape
 from tests.test_otlp import _send
@@ -211,7 +211,7 @@ def test_the_commands_speak_tls(mtls, certs, tmp_path):
     import subprocess
     import sys
 
-    from dashboard.exporter_source import ExporterSource
+    from phasewatch.dashboard.exporter_source import ExporterSource
     flags = ["--exporter-tls-ca", certs.ca, "--exporter-tls-cert", certs.client_cert,
              "--exporter-tls-key", certs.client_key]
     targets = {"phasewatch": f"127.0.0.1:{mtls.grpc_port}",
@@ -220,7 +220,7 @@ def test_the_commands_speak_tls(mtls, certs, tmp_path):
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}  # see above
     for protocol, target in targets.items():
-        out = subprocess.run([sys.executable, "-m", "exporter.cli", "simulate", "--protocol",
+        out = subprocess.run([sys.executable, "-m", "phasewatch.cli", "simulate", "--protocol",
                               protocol, "--target", target, "--duration", "3",
                               "--time-scale", "20", *flags], capture_output=True, text=True,
                              timeout=120, env=env)

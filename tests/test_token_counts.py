@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.app import Exporter
-from exporter.client import PhasewatchClient
-from exporter.config import ServeConfig
-from exporter.ingest import wire
-from exporter.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
-from exporter.requests.phases import split_phases
-from exporter.requests.record import RequestBatch, RequestRecord
-from exporter.selfstats import SelfStats
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.app import Exporter
+from phasewatch.client import PhasewatchClient
+from phasewatch.config import ServeConfig
+from phasewatch.ingest import wire
+from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent, LifecycleJoiner
+from phasewatch.requests.phases import split_phases
+from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.selfstats import SelfStats
 from tests.conftest import TEST_PORTS, scrape
 
 T = 1_700_000_000.0

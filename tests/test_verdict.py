@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.roofline import catalog
-from exporter.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
-from exporter.roofline.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
+from phasewatch.roofline import catalog
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
 
 DEP = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.aggregation.window import RollingWindow
-from exporter.requests.record import RequestBatch, RequestRecord
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.requests.record import RequestBatch, RequestRecord
 
 T0 = 1_790_000_000.0
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from exporter.ingest import wire
-from exporter.protocol import phasewatch_pb2 as pb
-from exporter.requests.record import RequestBatch, RequestRecord
+from phasewatch.ingest import wire
+from phasewatch.protocol import phasewatch_pb2 as pb
+from phasewatch.requests.record import RequestBatch, RequestRecord
 
 T = 1_700_000_000.0
 

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from dashboard import queries
-from exporter.roofline.cause import CAUSES, KV_FULL
+from phasewatch.dashboard import queries
+from phasewatch.roofline.cause import CAUSES, KV_FULL
 
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules"
@@ -136,7 +136,7 @@ def recording(p: Params) -> dict:
 
 def _le(seconds: float) -> str:
     """The ``le`` label value client_python writes for a bucket bound (1.0 -> "1.0")."""
-    from exporter.requests.buckets import TTFT
+    from phasewatch.requests.buckets import TTFT
 
     if seconds not in TTFT.bounds:
         raise ValueError(f"the TTFT SLO threshold must be a TTFT bucket bound, one of "

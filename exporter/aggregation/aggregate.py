@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.aggregation.labels import LabelSets
-from exporter.aggregation.window import RollingWindow
-from exporter.requests import buckets, native
-from exporter.requests.buckets import WINDOW_INDEX
-from exporter.requests.gaps import GapBins, GapCounts
-from exporter.requests.phases import Phases, split_phases
-from exporter.requests.record import FINISH_REASONS, NS, RequestBatch, finish_reason_codes
-from exporter.selfstats import SelfStats
+from phasewatch.aggregation.labels import LabelSets
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.requests import buckets, native
+from phasewatch.requests.buckets import WINDOW_INDEX
+from phasewatch.requests.gaps import GapBins, GapCounts
+from phasewatch.requests.phases import Phases, split_phases
+from phasewatch.requests.record import FINISH_REASONS, NS, RequestBatch, finish_reason_codes
+from phasewatch.selfstats import SelfStats
 
 PHASE_NAMES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
 TOKEN_KINDS = ("prompt", "cached_prompt", "output")
@@ -40,7 +40,7 @@ class HistogramSpec:
     buckets: buckets.BucketSet
     sub_label: str | None = None
     sub_values: tuple[str, ...] = ("",)
-    # also kept as a native histogram (exporter.requests.native), for the latency figures
+    # also kept as a native histogram (phasewatch.requests.native), for the latency figures
     # whose percentiles people compare with their benchmarks
     native: native.NativeLayout | None = None
 

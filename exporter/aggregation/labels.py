@@ -24,8 +24,8 @@ import threading
 
 import numpy as np
 
-from exporter.requests.record import SOURCES, RequestBatch
-from exporter.selfstats import SelfStats
+from phasewatch.requests.record import SOURCES, RequestBatch
+from phasewatch.selfstats import SelfStats
 
 OVERFLOW = "__overflow__"
 UNKNOWN = "unknown"

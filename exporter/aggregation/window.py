@@ -30,14 +30,14 @@ import time
 
 import numpy as np
 
-from exporter.requests.buckets import (
+from phasewatch.requests.buckets import (
     PROMPT_CLASS_RANGES,
     PROMPT_CLASSES,
     WINDOW_INDEX,
     prompt_class_codes,
 )
-from exporter.requests.gaps import GapCounts
-from exporter.requests.record import FINISH_REASONS, NS
+from phasewatch.requests.gaps import GapCounts
+from phasewatch.requests.record import FINISH_REASONS, NS
 
 _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
                "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at",
@@ -90,7 +90,7 @@ class RollingWindow:
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
             gaps: GapCounts) -> None:
         """Add a batch's kept requests; ``gaps`` holds its token gaps binned by
-        ``WINDOW_INDEX`` (``exporter.requests.gaps``)."""
+        ``WINDOW_INDEX`` (``phasewatch.requests.gaps``)."""
         now = self._clock()
         kept = ph.kept
 

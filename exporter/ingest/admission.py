@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from exporter.selfstats import SelfStats
+from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 1  # what the refusal tells clients to wait

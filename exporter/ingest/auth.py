@@ -17,8 +17,8 @@ import hmac
 
 import grpc
 
-from exporter.ingest.grpc_server import identity
-from exporter.selfstats import SelfStats
+from phasewatch.ingest.grpc_server import identity
+from phasewatch.selfstats import SelfStats
 
 HEADER = "authorization"
 

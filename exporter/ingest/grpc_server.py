@@ -1,7 +1,7 @@
 """The phasewatch gRPC receiver: ``Export`` (columnar batches) and ``StreamLifecycle``.
 
 Wired with grpcio's generic handlers and an identity deserializer, so each call
-decodes its own payload (``exporter.ingest.wire``): a malformed message is answered with
+decodes its own payload (``phasewatch.ingest.wire``): a malformed message is answered with
 INVALID_ARGUMENT and counted instead of failing inside the framework.
 """
 
@@ -19,14 +19,14 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.ingest import wire
-from exporter.ingest.admission import RETRY_AFTER_SECONDS, Admission, Refused
-from exporter.ingest.dedupe import BatchIds
-from exporter.ingest.lifecycle import LifecycleJoiner
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.ingest import wire
+from phasewatch.ingest.admission import RETRY_AFTER_SECONDS, Admission, Refused
+from phasewatch.ingest.dedupe import BatchIds
+from phasewatch.ingest.lifecycle import LifecycleJoiner
 
 if TYPE_CHECKING:
-    from exporter.ingest.tapjoin import TraceJoin
+    from phasewatch.ingest.tapjoin import TraceJoin
 
 log = logging.getLogger(__name__)
 SERVICE = "phasewatch.v1.Phasewatch"

@@ -29,8 +29,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.requests.record import RequestBatch
-from exporter.selfstats import SelfStats
+from phasewatch.requests.record import RequestBatch
+from phasewatch.selfstats import SelfStats
 
 
 class EventKind(enum.Enum):

@@ -67,8 +67,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.aggregation.aggregate import Aggregator, IngestResult
-from exporter.requests.record import SOURCE_ENGINE, SOURCE_JOINED, SOURCE_TAP, RequestBatch
+from phasewatch.aggregation.aggregate import Aggregator, IngestResult
+from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_JOINED, SOURCE_TAP, RequestBatch
 
 _KEY = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 _SCALARS = ("arrival", "queued", "scheduled", "first_token", "last_token", "finish",

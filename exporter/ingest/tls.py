@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.selfstats import SelfStats
+from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger(__name__)
 CHECK_SECONDS = 1.0

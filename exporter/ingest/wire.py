@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from exporter.ingest.lifecycle import EventKind, LifecycleEvent
-from exporter.protocol import phasewatch_pb2 as pb
-from exporter.requests.record import SOURCE_ENGINE, SOURCE_TAP, RequestBatch
+from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
+from phasewatch.protocol import phasewatch_pb2 as pb
+from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_TAP, RequestBatch
 
 PROTOCOL_VERSION = 1
 

@@ -6,7 +6,7 @@ becomes ``exposition_pb2.py``. Both are committed (so installing phasewatch need
 protoc), and ``tests/test_protocol_codegen.py`` regenerates them into a temporary
 directory and fails when a committed copy is stale. Regenerate with
 ``make proto``. Only message types are generated: the service is wired with
-grpcio's generic handlers (see ``exporter.ingest.grpc_server``) so that ``Export`` can
+grpcio's generic handlers (see ``phasewatch.ingest.grpc_server``) so that ``Export`` can
 decode its payload itself, straight into numpy columns.
 """
 

@@ -4,7 +4,7 @@ Prometheus asks for ``application/vnd.google.protobuf;
 proto=io.prometheus.client.MetricFamily; encoding=delimited`` when native histograms
 are on (2.40+ with ``--enable-feature=native-histograms``). The page holds every
 family the text page holds, with the same samples, plus one native family per
-latency histogram (``exporter.requests.native``), named ``<histogram>_native``::
+latency histogram (``phasewatch.requests.native``), named ``<histogram>_native``::
 
     gen_ai_server_time_to_first_token_seconds          classic buckets, as in text
     gen_ai_server_time_to_first_token_seconds_native   schema 4, ~4.4% buckets
@@ -13,7 +13,7 @@ Separate names because a Prometheus reading native histograms ingests a family t
 carries both kinds as native only, and every ``_bucket``/``_count``/``_sum`` query
 (rules, Grafana, the dashboard) would go empty; with two families the classic
 series stay as they are and quantile queries prefer the native one where it exists
-(``dashboard.queries.quantile``).
+(``phasewatch.dashboard.queries.quantile``).
 
 The body is a stream of ``MetricFamily`` messages, each preceded by its length as
 a varint.
@@ -24,17 +24,17 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client.registry import Collector
 
-from exporter.aggregation.aggregate import COUNTERS, Aggregator
-from exporter.ingest.wire import varint
-from exporter.protocol import exposition_pb2 as pb
-from exporter.publish.metrics import (
+from phasewatch.aggregation.aggregate import COUNTERS, Aggregator
+from phasewatch.ingest.wire import varint
+from phasewatch.protocol import exposition_pb2 as pb
+from phasewatch.publish.metrics import (
     COUNTER_NAMES,
     HISTOGRAM_NAMES,
     Exposure,
     counter_cells,
     row_labels,
 )
-from exporter.requests import native
+from phasewatch.requests import native
 
 CONTENT_TYPE = ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
                 "encoding=delimited")

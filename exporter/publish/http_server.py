@@ -6,7 +6,7 @@ JSON API (for the dashboard):
 * ``GET /api/v1/roofline?model=NAME``: deployment, estimate, verdict and trail per model;
 * ``GET /api/v1/history?seconds=S``: the summary's figures sampled on the roofline timer;
 * ``GET /api/v1/bench?window=SECONDS``: the window as ``vllm bench serve`` prints a run
-  (``exporter.publish.benchtext``), its text and figures per (model, engine);
+  (``phasewatch.publish.benchtext``), its text and figures per (model, engine);
 * ``GET /api/v1/status``: ingest totals and the bound ports.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from exporter.ingest.auth import BearerAuth
+from phasewatch.ingest.auth import BearerAuth
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 5000  # most requests one /api/v1/requests call returns

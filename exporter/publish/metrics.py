@@ -29,9 +29,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from exporter.aggregation.aggregate import COUNTERS, Aggregator, Snapshot
-from exporter.requests.buckets import BucketSet
-from exporter.selfstats import SELF_METRICS
+from phasewatch.aggregation.aggregate import COUNTERS, Aggregator, Snapshot
+from phasewatch.requests.buckets import BucketSet
+from phasewatch.selfstats import SELF_METRICS
 
 # Aggregator key -> (Prometheus name, help). Units are in the names.
 HISTOGRAM_NAMES: dict[str, tuple[str, str]] = {
@@ -276,7 +276,7 @@ class SelfCollector(Collector):
 class MetricsPage:
     """The /metrics body for an ``Accept`` header: text 0.0.4 and OpenMetrics 1.0.0 (what
     Prometheus asks for) are ``HotText`` followed by ``rest``; the protobuf format
-    (what Prometheus asks for with native histograms on) is ``exporter.publish.exposition``'s,
+    (what Prometheus asks for with native histograms on) is ``phasewatch.publish.exposition``'s,
     the hot families with their native histograms followed by ``rest``; any other
     format goes through prometheus_client's own encoder over ``full``."""
 
@@ -284,7 +284,7 @@ class MetricsPage:
         self._hot, self._rest, self._full, self._proto = hot, rest, full, proto
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        from exporter.publish import exposition
+        from phasewatch.publish import exposition
 
         if self._proto is not None and exposition.wants_protobuf(accept):
             families = self._proto.families() + exposition.registry_families(self._rest)

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.roofline.bottleneck import BottleneckMonitor
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.roofline.bottleneck import BottleneckMonitor
 
 # (name, help, PhaseEstimate attribute) per phase-labelled gauge.
 PHASE_GAUGES = (

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.requests.buckets import LogLinearIndex
+from phasewatch.requests.buckets import LogLinearIndex
 
 FINE_MANTISSA_BITS = 10
 _F64_TO_F32_EXPONENT = (1023 - 127) << FINE_MANTISSA_BITS  # rebias float32 exponents

@@ -6,7 +6,7 @@ buckets per doubling, bucket ``k`` holding ``(2**((k-1)/16), 2**(k/16)]``, so an
 bucket is 4.4% wide: whichever sample a quantile falls on, Prometheus's answer lies
 in that sample's bucket, within 4.4% of it. Prometheus keeps one series per label
 set however many buckets are filled, and reads them from the protobuf exposition
-(``exporter.publish.exposition``) when started with ``--enable-feature=native-histograms``
+(``phasewatch.publish.exposition``) when started with ``--enable-feature=native-histograms``
 (2.40+; a scrape setting in 3.x).
 
 Counts are kept dense per series over a window of bucket indexes that grows to the
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.requests.buckets import Bucketer, BucketSet
+from phasewatch.requests.buckets import Bucketer, BucketSet
 
 SCHEMA = 4
 PER_DOUBLING = 1 << SCHEMA

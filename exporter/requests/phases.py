@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.requests.gaps import row_sums
-from exporter.requests.record import NS, RequestBatch
+from phasewatch.requests.gaps import row_sums
+from phasewatch.requests.record import NS, RequestBatch
 
 # Columns in the order a consistent request's clocks must follow.
 CLOCK_ORDER = ("arrival", "queued", "scheduled", "first_token", "last_token", "finish")

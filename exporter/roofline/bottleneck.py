@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from exporter.aggregation.labels import LabelSets
-from exporter.aggregation.window import RollingWindow
-from exporter.roofline import model_costs
-from exporter.roofline.cause import BUSY, Cause, busy_share, diagnose
-from exporter.roofline.deployments import Deployments
-from exporter.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
-from exporter.roofline.estimate import (
+from phasewatch.aggregation.labels import LabelSets
+from phasewatch.aggregation.window import RollingWindow
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.cause import BUSY, Cause, busy_share, diagnose
+from phasewatch.roofline.deployments import Deployments
+from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
+from phasewatch.roofline.estimate import (
     LOOKBACK_SPANS,
     Deployment,
     PhaseEstimate,
@@ -31,7 +31,7 @@ from exporter.roofline.estimate import (
     estimate,
     phase_estimate,
 )
-from exporter.roofline.verdict import Verdict, decide
+from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
 ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
@@ -282,11 +282,14 @@ def _operating_point(est: RooflineEstimate, at: float) -> dict | None:
 
 def _tell_idle(verdict: Verdict, busy: float | None) -> None:
     """How busy the engine was is evidence; an engine idle most of the window with no
-    cause is told so first, and offered no lever (none buys speed it does not need)."""
+    cause is told so first, and offered no lever (none buys speed it does not need).
+    Requests that spend most of their time queued are demand the service does not meet,
+    however little the records show in prefill or decode (a window a load change
+    straddles, a limit in front of the engine): never "nothing to fix"."""
     if busy is None:
         return
     verdict.evidence["busy_share"] = busy
-    if verdict.cause is None and busy < BUSY:  # say first that nothing needs fixing
+    if verdict.cause is None and busy < BUSY and verdict.phase != "queue":  # say first that nothing needs fixing
         verdict.text = (f"Nothing to fix: the engine had a request in prefill or decode only "
                         f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
                         f"or tuning buys little. {verdict.text}")

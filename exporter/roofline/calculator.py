@@ -13,8 +13,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from exporter.roofline import model_costs
-from exporter.roofline.catalog import HardwareSpec, ModelSpec, dtype_bytes
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.catalog import HardwareSpec, ModelSpec, dtype_bytes
 
 GIB = 2**30
 

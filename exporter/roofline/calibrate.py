@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.roofline import catalog
-from exporter.roofline.deployments import PROFILE_FORMAT
+from phasewatch.roofline import catalog
+from phasewatch.roofline.deployments import PROFILE_FORMAT
 
 Progress = Callable[[str, int, int, float], None]
 

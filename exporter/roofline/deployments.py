@@ -25,10 +25,10 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporter.roofline import catalog
-from exporter.roofline.catalog import HardwareSpec, ModelSpec
-from exporter.roofline.estimate import Deployment
-from exporter.roofline.hf_config import load_model_config
+from phasewatch.roofline import catalog
+from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
+from phasewatch.roofline.estimate import Deployment
+from phasewatch.roofline.hf_config import load_model_config
 
 log = logging.getLogger("phasewatch")
 

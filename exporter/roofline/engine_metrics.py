@@ -48,7 +48,7 @@ from dataclasses import dataclass, fields
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.selfstats import SelfStats
+from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
 

@@ -61,9 +61,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from exporter.aggregation.window import phase_time_shares
-from exporter.roofline import model_costs
-from exporter.roofline.catalog import HardwareSpec, ModelSpec
+from phasewatch.aggregation.window import phase_time_shares
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
 
 # Requests whose first tokens are this close together completed prefill in the same
 # engine step (real engines stamp a whole step's outputs with one time).

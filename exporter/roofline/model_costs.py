@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exporter.roofline.catalog import ModelSpec, dtype_bytes
+from phasewatch.roofline.catalog import ModelSpec, dtype_bytes
 
 
 def kv_bytes_per_token(m: ModelSpec) -> float:

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.roofline.cause import Cause
-from exporter.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.cause import Cause
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 
 BOUND_FRACTION = 0.6  # of the achievable ceiling
 HYSTERESIS = 0.05
@@ -105,7 +105,7 @@ def headline(phase: str, resource: str, cause: str | None = None) -> str:
     "Queue: KV cache full"."""
     if cause in ("kv_cache", "concurrency_limit", "imbalance", "preemption_recompute",
                  "prefill_interference"):
-        from exporter.roofline.cause import CAUSES
+        from phasewatch.roofline.cause import CAUSES
 
         return f"{phase_name(phase)}: {CAUSES[cause]['title']}"
     if resource == "capacity":

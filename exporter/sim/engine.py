@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.requests.record import RequestRecord
-from exporter.roofline import model_costs
-from exporter.roofline.catalog import HardwareSpec, ModelSpec
-from exporter.sim.workload import Workload
+from phasewatch.requests.record import RequestRecord
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
+from phasewatch.sim.workload import Workload
 
 
 @dataclass(frozen=True)

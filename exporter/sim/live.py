@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from exporter.sim.scenarios import scenario
+from phasewatch.sim.scenarios import scenario
 
 log = logging.getLogger("phasewatch")
 

@@ -31,8 +31,8 @@ def template_spans(n: int = VLLM_BATCH_SPANS, tokens: int = 16, seed: int = 7,
     ``n`` spans; ``emit``: the emitter's options (SGLang's ``level``)."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from exporter.requests.record import RequestRecord
-    from exporter.sim import otlp_shapes
+    from phasewatch.requests.record import RequestRecord
+    from phasewatch.sim import otlp_shapes
 
     rng = random.Random(seed)
     now = time.time()

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from exporter.roofline import catalog
-from exporter.sim.engine import EngineConfig, SimEngine
-from exporter.sim.workload import Lengths, Workload
+from phasewatch.roofline import catalog
+from phasewatch.sim.engine import EngineConfig, SimEngine
+from phasewatch.sim.workload import Lengths, Workload
 
 
 @dataclass(frozen=True)

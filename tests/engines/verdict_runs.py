@@ -150,10 +150,9 @@ def calibrate(tmp: Path) -> Path:
     """A hardware profile of this machine, measured with torch (the engine's venv)."""
     out = tmp / "cpu-profile.json"
     subprocess.run([str(VLLM_PY), "-c",
-                    "import sys; from exporter.roofline import calibrate as c; "
+                    "import sys; from phasewatch.roofline import calibrate as c; "
                     "p = c.calibrate('cpu', 256, 1024, 3); c.write(p, sys.argv[1])", str(out)],
-                   check=True, timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT),
-                                                             "PATH": "/usr/bin:/bin"})
+                   check=True, timeout=300, cwd=ROOT, env={"PATH": "/usr/bin:/bin"})
     return out
 
 

@@ -8,8 +8,8 @@ GenAI-instrumented gateway at once. Spans no adapter claims are not requests
 
 from __future__ import annotations
 
-from exporter.ingest.adapters import genai, sglang, tgi, vllm
-from exporter.ingest.adapters.common import AdapterContext, Rejected
+from phasewatch.ingest.adapters import genai, sglang, tgi, vllm
+from phasewatch.ingest.adapters.common import AdapterContext, Rejected
 
 ADAPTERS = (vllm, sglang, tgi, genai)  # most specific first
 # adapters whose request's timeline is in child spans (``traces.TraceParts``)

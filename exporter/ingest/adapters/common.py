@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.requests.record import RequestBatch
+from phasewatch.requests.record import RequestBatch
 
 NS = 1_000_000_000
 _MAX_COUNT = 2**53  # token counts exact in float64 (the vectorised path) and int64

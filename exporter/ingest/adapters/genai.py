@@ -9,7 +9,7 @@ decode, queue and prefill are left out (and counted as unavailable), not guessed
 
 from __future__ import annotations
 
-from exporter.ingest.adapters.common import after, count, first_reason, row, seconds, text
+from phasewatch.ingest.adapters.common import after, count, first_reason, row, seconds, text
 
 ENGINE = "otel"
 USAGE = ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",

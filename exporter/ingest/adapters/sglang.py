@@ -51,7 +51,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from exporter.ingest.adapters.common import (
+from phasewatch.ingest.adapters.common import (
     COUNT_KEYS,
     NS,
     Rejected,

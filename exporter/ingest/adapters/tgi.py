@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 
-from exporter.ingest.adapters.common import Rejected, after, row
+from phasewatch.ingest.adapters.common import Rejected, after, row
 
 ENGINE = "tgi"
 REQUEST_SPANS = frozenset({"generate", "generate_stream", "chat_completions", "completions",

@@ -11,7 +11,7 @@ V1 sends no model name: ``AdapterContext.model_for`` names it.
 
 from __future__ import annotations
 
-from exporter.ingest.adapters.common import latency_batch, latency_row
+from phasewatch.ingest.adapters.common import latency_batch, latency_row
 
 ENGINE = "vllm"
 SPAN_NAME = "llm_request"

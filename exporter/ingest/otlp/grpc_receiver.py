@@ -15,10 +15,10 @@ from __future__ import annotations
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from exporter.ingest.admission import Admission
-from exporter.ingest.grpc_server import gated, identity, serve_grpc
-from exporter.ingest.otlp.ingest import OtlpIngest
-from exporter.ingest.otlp.spans import MalformedPayload, parse_request
+from phasewatch.ingest.admission import Admission
+from phasewatch.ingest.grpc_server import gated, identity, serve_grpc
+from phasewatch.ingest.otlp.ingest import OtlpIngest
+from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 PROTOCOL = "otlp_grpc"

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.aggregation.aggregate import Aggregator
-from exporter.ingest.adapters import (
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.ingest.adapters import (
     AdapterContext,
     Rejected,
     classify,
@@ -30,12 +30,12 @@ from exporter.ingest.adapters import (
     sglang,
     vllm,
 )
-from exporter.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS, text
-from exporter.ingest.adapters.traces import TraceParts
-from exporter.ingest.dedupe import BatchIds
-from exporter.ingest.otlp.spans import walk
-from exporter.ingest.tapjoin import TraceJoin
-from exporter.requests.record import TAP_TRACESTATE_KEY, RequestBatch
+from phasewatch.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS, text
+from phasewatch.ingest.adapters.traces import TraceParts
+from phasewatch.ingest.dedupe import BatchIds
+from phasewatch.ingest.otlp.spans import walk
+from phasewatch.ingest.tapjoin import TraceJoin
+from phasewatch.requests.record import TAP_TRACESTATE_KEY, RequestBatch
 
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
 EXTRACT = {vllm.SPAN_NAME: LATENCY_KEYS}

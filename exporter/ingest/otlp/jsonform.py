@@ -28,7 +28,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from exporter.ingest.otlp.spans import MalformedPayload, SpanView, walk
+from phasewatch.ingest.otlp.spans import MalformedPayload, SpanView, walk
 
 _ID_KEYS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"}
 
