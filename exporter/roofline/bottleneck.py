@@ -289,7 +289,8 @@ def _tell_idle(verdict: Verdict, busy: float | None) -> None:
     if busy is None:
         return
     verdict.evidence["busy_share"] = busy
-    if verdict.cause is None and busy < BUSY and verdict.phase != "queue":  # say first that nothing needs fixing
+    # say first that nothing needs fixing
+    if verdict.cause is None and busy < BUSY and verdict.phase != "queue":
         verdict.text = (f"Nothing to fix: the engine had a request in prefill or decode only "
                         f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
                         f"or tuning buys little. {verdict.text}")
