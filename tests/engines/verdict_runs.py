@@ -208,6 +208,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
         "--roofline-interval", "1", *serve_args).start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
     sampler = Sampler(base + "/metrics").start()
+    forward_errors = len(cap.forward_errors)
     from tests.test_real_vllm import WorkerDied
 
     try:
@@ -226,6 +227,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     run = WorkloadRun(name, config, client, entry, metrics, sampler,
                       serve.log_path.read_text())
     run.figures = figures(run)
+    run.figures["capture_forward_errors"] = cap.forward_errors[forward_errors:][:5]
     return run
 
 
@@ -263,6 +265,16 @@ def figures(run: WorkloadRun) -> dict:
                              ("flops_utilization", "bandwidth_utilization")}
                          for p in ("prefill", "decode")},
         "inputs": est.get("inputs"),
+        # where a ratio is off: did phasewatch see the requests and prompt tokens vLLM
+        # served over the range, and did it drop any?
+        "requests": {"phasewatch": est.get("requests"),
+                     "prefill": (est.get("prefill") or {}).get("requests"),
+                     "decode": (est.get("decode") or {}).get("requests"),
+                     "vllm": s.increase("vllm:request_success_total", lo, hi)},
+        "vllm_prompt_tokens": s.increase("vllm:prompt_tokens_total", lo, hi),
+        "dropped": {line.split(" ")[0]: float(line.split(" ")[1])
+                    for line in run.metrics.splitlines()
+                    if line.startswith("phasewatch_ingest_dropped_total{")},
     })
     if out["vllm_flops"]:
         out["flops_ratio"] = out["inferred_flops"] / out["vllm_flops"]
