@@ -109,7 +109,7 @@ def _add_token_flag(p, what: str) -> None:
 
 
 def _client_tls(args: argparse.Namespace):
-    from phasewatch.ingest.tls import ClientTls
+    from phasewatch.transport.tls import ClientTls
 
     return ClientTls(args.exporter_tls_ca, args.exporter_tls_cert, args.exporter_tls_key)
 
@@ -206,7 +206,7 @@ def _summary_line(summary: dict) -> str:
 
 
 def _sim_client(args, target: str, token: str = ""):
-    from phasewatch.ingest.tls import ClientTls
+    from phasewatch.transport.tls import ClientTls
 
     tls = _client_tls(args) if hasattr(args, "exporter_tls_ca") else ClientTls()
     if args.protocol == "phasewatch":

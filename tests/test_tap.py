@@ -662,7 +662,7 @@ def certs(tmp_path):
 
 def test_the_tap_serves_https_and_reloads_its_certificate(fake, make_tap, exporter, certs,
                                                           tmp_path, monkeypatch):
-    from phasewatch.ingest import tls
+    from phasewatch.transport import tls
 
     monkeypatch.setattr(tls, "CHECK_SECONDS", 0.0)
     listener = tapmod.server_ssl(certs.server_cert, certs.server_key)

@@ -653,7 +653,7 @@ def metrics_app(tap: Tap, client=None) -> web.Application:
 def server_ssl(cert_file: str, key_file: str) -> ssl.SSLContext:
     """The tap's HTTPS listener, from PEM files checked at most once a second as
     ``phasewatch serve``'s are: new connections get renewed certificates."""
-    from phasewatch.ingest.tls import TlsFiles
+    from phasewatch.transport.tls import TlsFiles
 
     files = TlsFiles(cert_file, key_file)
     ctx = files.context(("http/1.1",), "none")
@@ -801,10 +801,10 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
                   metrics_port: int | None = None, ask_usage: bool = False,
                   stop: threading.Event | None = None) -> int:
     """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
-    ``token`` / ``client_tls`` (an ``phasewatch.ingest.tls.ClientTls``): to the exporter;
+    ``token`` / ``client_tls`` (an ``phasewatch.transport.tls.ClientTls``): to the exporter;
     ``tls_cert_file`` / ``tls_key_file``: the tap's own HTTPS listener."""
     from phasewatch.client import PhasewatchClient
-    from phasewatch.ingest.tls import ClientTls
+    from phasewatch.transport.tls import ClientTls
 
     tls = client_tls or ClientTls()
     client = PhasewatchClient(target, engine=engine, source="tap", token=token,
