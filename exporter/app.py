@@ -16,7 +16,6 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.config import ListenError, ServeConfig
-from phasewatch.ingest import tap as tapmod
 from phasewatch.ingest.adapters import AdapterContext
 from phasewatch.ingest.grpc_server import PhasewatchService, start_grpc_server
 from phasewatch.ingest.lifecycle import LifecycleJoiner
@@ -39,6 +38,7 @@ from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.roofline.verdict import achievable_source
 from phasewatch.selfstats import SelfStats
+from phasewatch.tap import proxy as tapmod
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth
 from phasewatch.transport.http_server import (

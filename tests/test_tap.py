@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
-from phasewatch.ingest import tap as tapmod
+from phasewatch.tap import proxy as tapmod
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port

@@ -18,13 +18,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from phasewatch.aggregation.aggregate import Aggregator
-from phasewatch.ingest import tap as tapmod
 from phasewatch.ingest import wire
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from phasewatch.sim import otlp_shapes
+from phasewatch.tap import proxy as tapmod
 
 T0 = 1_800_000_000.0
 KEY = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"

@@ -1,0 +1,1 @@
+"""The stream tap (``proxy``), split by concern in the next commit."""
