@@ -12,6 +12,7 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
 from phasewatch.aggregation.window import RollingWindow
@@ -38,7 +39,6 @@ from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.roofline.verdict import achievable_source
 from phasewatch.selfstats import SelfStats
-from phasewatch.tap import proxy as tapmod
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth
 from phasewatch.transport.http_server import (

@@ -360,7 +360,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_tap(args) -> int:
-    from phasewatch.tap import proxy as tap
+    from phasewatch import tap
 
     _setup_logging("info")
     stop = threading.Event()

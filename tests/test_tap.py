@@ -24,10 +24,10 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
+from phasewatch import tap as tapmod
 from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
-from phasewatch.tap import proxy as tapmod
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.ingest import wire
 from phasewatch.ingest.otlp.ingest import OtlpIngest
@@ -24,7 +25,6 @@ from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from phasewatch.sim import otlp_shapes
-from phasewatch.tap import proxy as tapmod
 
 T0 = 1_800_000_000.0
 KEY = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
