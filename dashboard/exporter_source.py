@@ -30,8 +30,8 @@ from phasewatch.dashboard.frames import (
 )
 from phasewatch.dashboard.http import FetchError, base_url, get_json
 from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
-from phasewatch.ingest.tls import ClientTls
 from phasewatch.roofline.verdict import headline
+from phasewatch.transport.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall
 PROMPT_POINTS = 2000  # newest requests in the TTFT-vs-prompt scatter

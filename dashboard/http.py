@@ -9,8 +9,8 @@ import urllib.parse
 import urllib.request
 
 from phasewatch.dashboard.frames import SourceError
-from phasewatch.ingest.auth import bearer
-from phasewatch.ingest.tls import ClientTls
+from phasewatch.transport.auth import bearer
+from phasewatch.transport.tls import ClientTls
 
 
 class FetchError(Exception):

@@ -12,30 +12,20 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.config import ListenError, ServeConfig
-from phasewatch.ingest import tap as tapmod
 from phasewatch.ingest.adapters import AdapterContext
-from phasewatch.ingest.admission import Admission
-from phasewatch.ingest.auth import BearerAuth
 from phasewatch.ingest.grpc_server import PhasewatchService, start_grpc_server
 from phasewatch.ingest.lifecycle import LifecycleJoiner
 from phasewatch.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
 from phasewatch.ingest.otlp.http_receiver import make_otlp_handler
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.tapjoin import TraceJoin
-from phasewatch.ingest.tls import TlsFiles, TlsFront
 from phasewatch.publish import benchtext
 from phasewatch.publish.exposition import HotProto
-from phasewatch.publish.http_server import (
-    MAX_RECENT,
-    ApiError,
-    HttpServer,
-    make_handler,
-    query_number,
-)
 from phasewatch.publish.metrics import (
     Exposure,
     HotCollector,
@@ -49,6 +39,16 @@ from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.roofline.verdict import achievable_source
 from phasewatch.selfstats import SelfStats
+from phasewatch.transport.admission import Admission
+from phasewatch.transport.auth import BearerAuth
+from phasewatch.transport.http_server import (
+    MAX_RECENT,
+    ApiError,
+    HttpServer,
+    make_handler,
+    query_number,
+)
+from phasewatch.transport.tls import TlsFiles, TlsFront
 
 log = logging.getLogger("phasewatch")
 

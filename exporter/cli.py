@@ -1,20 +1,23 @@
-"""The ``phasewatch`` command: serve, simulate, demo."""
+"""The ``phasewatch`` command: its parser (flags, help) and ``main``, which runs the chosen
+command (``phasewatch.commands``)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
 import sys
-import threading
-import time
-from dataclasses import replace
 
-from phasewatch.config import ConfigError, ListenError, add_serve_flags, load_serve_config
-from phasewatch.sim.scenarios import SCENARIOS, scenario
-
-log = logging.getLogger("phasewatch")
+from phasewatch.commands import (
+    cmd_calibrate,
+    cmd_dashboard,
+    cmd_demo,
+    cmd_roofline,
+    cmd_serve,
+    cmd_simulate,
+    cmd_tap,
+)
+from phasewatch.config import ConfigError, ListenError, add_serve_flags
+from phasewatch.sim.scenarios import SCENARIOS
 
 DESCRIPTION = """\
 phasewatch splits every LLM request into its phases (preprocess, queue, prefill
@@ -28,16 +31,6 @@ TTFT, ITL, TPOT, tokens/s per phase to Prometheus.
   phasewatch roofline --model M --hardware H   offline ceilings for a model on a part
   phasewatch calibrate                 measure this machine's bandwidth and FLOP/s
 """
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _stop_on_signals(stop: threading.Event) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
 
 
 def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
@@ -106,272 +99,6 @@ def _add_token_flag(p, what: str) -> None:
         p.add_argument(f"--tls-{name}", dest=f"exporter_tls_{name}", metavar="PEM",
                        action=_DeprecatedAlias, default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)
-
-
-def _client_tls(args: argparse.Namespace):
-    from phasewatch.ingest.tls import ClientTls
-
-    return ClientTls(args.exporter_tls_ca, args.exporter_tls_cert, args.exporter_tls_key)
-
-
-def _start_exporter(args: argparse.Namespace, demo: bool = False):
-    """Config from flags/env/file, logging, signal handling, a started exporter.
-
-    For the demo, the simulated model and hardware (the scenario's unless given)
-    are what the exporter is configured with, so the roofline has a deployment.
-    """
-    from phasewatch.app import Exporter
-
-    config = load_serve_config(args)
-    _setup_logging(config.log_level)
-    if demo and (config.tls_cert_file or config.tls_client_ca_file):
-        raise ConfigError("the demo's own simulator and dashboard talk to its exporter in "
-                          "plain TCP on this machine; run it without --tls-* (use serve, "
-                          "simulate and dashboard for TLS)")
-    if demo:
-        sc = scenario(args.scenario)
-        m = config.model_flags
-        m = replace(m, model=m.model or sc.model, gpus=m.gpus or sc.gpus,
-                    hardware=m.hardware if m.hardware.lower() != "auto" else sc.hardware)
-        config = replace(config, model_flags=m)
-        args.model, args.hardware, args.gpus = m.model, m.hardware, m.gpus
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    return config, stop, Exporter(config).start()
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    config, stop, exporter = _start_exporter(args)
-    stop.wait()
-    log.info("shutting down: in-flight calls get %gs", config.shutdown_grace)
-    exporter.stop(grace=config.shutdown_grace)
-    return 0
-
-
-def _simulate(args, target: str, stop: threading.Event, duration: float):
-    """Run the scenario, sending each finished request over the chosen protocol."""
-    sc = scenario(args.scenario)
-    engine = sc.build(seed=args.seed, model=args.model, hardware=args.hardware,
-                      gpus=args.gpus, rate_scale=args.rate_scale)
-    client = _sim_client(args, target, getattr(args, "token", ""))
-    try:
-        engine.run(duration, on_finish=client.record_request, time_scale=args.time_scale,
-                   should_stop=stop.is_set)
-    finally:
-        client.close()
-    return engine, client
-
-
-DEFAULT_TARGETS = {"phasewatch": "127.0.0.1:50051", "otlp-grpc": "127.0.0.1:4317",
-                   "otlp-http": "http://127.0.0.1:4318/v1/traces"}
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    _setup_logging("info")
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    target = args.target or DEFAULT_TARGETS[args.protocol]
-    engine, client = _simulate(args, target, stop, args.duration)
-    truth = engine.truth.arrays()
-    delivered = (f"{client.stats['accepted']} accepted by {target}, "
-                 f"{client.stats['dropped_buffer_full']} dropped"
-                 if args.protocol == "phasewatch" else
-                 f"{client.stats['sent']} sent as {client.shape} spans over {args.protocol} "
-                 f"to {target}")
-    print(f"scenario {args.scenario}: {len(engine.finished)} requests finished, "
-          f"{delivered}; mean decode batch "
-          f"{truth['decode_seqs'].mean() if len(truth['start']) else 0:.1f}")
-    if args.protocol != "phasewatch":
-        ok = client.stats["exported"] == client.stats["spans"] and not client.stats["failed"]
-        print(f"{client.stats['exported']} spans exported, {client.stats['failed']} failed")
-        return 0 if ok else 1
-    return 0 if client.stats["sent"] == len(engine.finished) else 1
-
-
-def _summary_line(summary: dict) -> str:
-    parts = []
-    for m in summary["models"]:
-        def ms(d: dict, q: str) -> str:
-            return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
-        sh = m["phase_time_share"]
-        share = "-" if sh["queue"] is None else " ".join(
-            f"{p} {sh[p]:.0%}" for p in ("preprocess", "queue", "prefill", "kv_transfer", "decode")
-            if sh.get(p) is not None)
-        parts.append(
-            f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"
-            f" p99 {ms(m['ttft_seconds'], 'p99')} | ITL p50 {ms(m['itl_seconds'], 'p50')} | "
-            f"TPOT p50 {ms(m['tpot_seconds'], 'p50')} | out {m['output_tokens_per_second']:.0f}"
-            f" tok/s | {share}")
-    return " || ".join(parts) or "no requests finished yet"
-
-
-def _sim_client(args, target: str, token: str = ""):
-    from phasewatch.ingest.tls import ClientTls
-
-    tls = _client_tls(args) if hasattr(args, "exporter_tls_ca") else ClientTls()
-    if args.protocol == "phasewatch":
-        from phasewatch.client import PhasewatchClient
-
-        return PhasewatchClient(target, engine="sim", token=token, tls_ca=tls.ca,
-                                tls_cert=tls.cert, tls_key=tls.key)
-    from phasewatch.sim.otlp_shapes import OtlpSink
-
-    return OtlpSink(args.protocol, target, args.span_shape, token=token, tls=tls)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from phasewatch.sim.live import SwitchableLoad
-
-    config, stop, exporter = _start_exporter(args, demo=True)
-    host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
-    base = f"http://{host}:{exporter.http_port}"
-    target = {"phasewatch": f"127.0.0.1:{exporter.grpc_port}",
-              "otlp-grpc": f"127.0.0.1:{exporter.otlp_grpc_port}",
-              "otlp-http": f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces"}
-    client = _sim_client(args, target[args.protocol], config.auth_token)
-    duration = args.duration if args.duration else float("inf")
-    load = SwitchableLoad(args.scenario, client.record_request, args.time_scale,
-                          {"seed": args.seed, "model": args.model, "hardware": args.hardware,
-                           "gpus": args.gpus, "rate_scale": args.rate_scale}, duration)
-    dashboard = None
-    if not args.no_dashboard:
-        from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
-        from phasewatch.dashboard.exporter_source import ExporterSource
-
-        control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, load.switch)
-        app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
-                         scenario=control)
-        dashboard = DashboardServer(app, args.dashboard_host, args.dashboard_port).start()
-    print(f"phasewatch demo: scenario {args.scenario}", flush=True)
-    if dashboard is not None:
-        print(f"  dashboard: {dashboard.url}   (switch the scenario at the top right)",
-              flush=True)
-    print(f"  metrics:   {base}/metrics", flush=True)
-    print(f"  JSON API:  {base}/api/v1/summary, roofline, history, requests", flush=True)
-    print(f"  gRPC:      {config.grpc_host}:{exporter.grpc_port}", flush=True)
-    print(f"  OTLP:      {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC), "
-          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces", flush=True)
-    print(f"  sending:   {args.protocol}"
-          + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
-    load.start()
-    end = time.monotonic() + duration
-    try:
-        while not stop.wait(min(args.summary_every, max(0.0, end - time.monotonic()))):
-            if time.monotonic() >= end:
-                break
-            _print_summary(exporter, load.current)
-    finally:
-        stop.set()
-        load.stop()
-        client.close()
-        _print_summary(exporter, load.current)
-        if dashboard is not None:
-            dashboard.stop()
-        exporter.stop()
-    return 0
-
-
-def cmd_dashboard(args: argparse.Namespace) -> int:
-    from phasewatch.dashboard.app import DashboardServer, create_app
-    from phasewatch.dashboard.exporter_source import ExporterSource
-    from phasewatch.dashboard.prometheus_source import PrometheusSource
-
-    _setup_logging(args.log_level)
-    if bool(args.exporter) == bool(args.prometheus):
-        raise ValueError("give exactly one of --exporter URL or --prometheus URL")
-    if args.exporter:
-        source = ExporterSource(args.exporter, timeout=args.timeout,
-                                history_seconds=args.history_seconds, token=args.token,
-                                tls=_client_tls(args))
-    else:
-        source = PrometheusSource(args.prometheus, rate_range=args.range, timeout=args.timeout,
-                                  history_seconds=args.history_seconds,
-                                  pod_label=args.pod_label)
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    app = create_app(source, refresh=args.refresh, basic_auth=args.basic_auth)
-    server = DashboardServer(app, args.host, args.port).start()
-    print(f"phasewatch dashboard on {server.url} reading {source.name} {source.url}",
-          flush=True)
-    stop.wait()
-    server.stop()
-    return 0
-
-
-def _print_summary(exporter, current: str) -> None:
-    summary = exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())
-    print(f"[{current}] {_summary_line(summary)}", flush=True)
-    for r in exporter.monitor.results():
-        if r.verdict is not None:
-            print(f"  verdict {r.model}: {r.verdict.text} Levers: "
-                  f"{', '.join(r.verdict.levers) or '-'}.", flush=True)
-
-
-def cmd_roofline(args: argparse.Namespace) -> int:
-    from phasewatch.roofline import calculator, catalog
-    from phasewatch.roofline.deployments import ModelOptions, compute_dtype_for, load_profile
-    from phasewatch.roofline.hf_config import load_model_config
-
-    sources = [bool(args.model), bool(args.hf_config), bool(args.params)]
-    if sum(sources) != 1:
-        raise ValueError("give exactly one of --model, --hf-config or --params")
-    if args.params:
-        m = calculator.generic_model(calculator.parse_params(args.params),
-                                     args.weight_dtype or "bf16")
-    else:
-        m = load_model_config(args.hf_config) if args.hf_config else catalog.model(args.model)
-        m = replace(m, weight_dtype=args.weight_dtype or m.weight_dtype,
-                    kv_dtype=args.kv_dtype or m.kv_dtype)
-        for dtype in (m.weight_dtype, m.kv_dtype):
-            catalog.dtype_bytes(dtype)  # raises, listing the known dtypes
-    if args.bandwidth:
-        hw = catalog.HardwareSpec(name="custom", bandwidth=args.bandwidth * 1e9,
-                                  flops={"bf16": args.flops * 1e12} if args.flops else {})
-        hw = hw.times(args.gpus)
-    elif args.hardware_profile:
-        hw = load_profile(args.hardware_profile, args.gpus)
-    elif args.hardware:
-        hw = catalog.hardware(args.hardware, args.gpus)
-    else:
-        raise ValueError("give --hardware NAME, --hardware-profile FILE or --bandwidth GBPS")
-    compute = args.compute_dtype or (compute_dtype_for(ModelOptions(), m, hw) if hw.flops
-                                     else "bf16")
-    if hw.flops and not hw.peak_flops(compute):  # a ceiling holds only for its own dtype
-        raise ValueError(f"{hw.name} has no {compute} FLOP/s figure (it has: "
-                         f"{', '.join(sorted(hw.flops))}): measure it with `phasewatch "
-                         "calibrate` where torch is importable, or pass --compute-dtype")
-    tpot = args.tpot if args.tpot else (1.0 / args.tokens_per_second
-                                        if args.tokens_per_second else None)
-    rows = calculator.table(m, hw, batch=args.batch, context=args.context, prompt=args.prompt,
-                            compute_dtype=compute, tpot=tpot, ttft=args.ttft)
-    print(calculator.as_json(rows) if args.json else calculator.render(rows))
-    return 0
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from phasewatch.roofline import calibrate
-
-    profile = calibrate.calibrate(args.device, args.size_mib, args.matmul_n, args.repeats,
-                                  progress=calibrate.stderr_progress)
-    calibrate.write(profile, args.output)
-    print(calibrate.report(profile))
-    print(f"profile written to {args.output}; use it with --hardware-profile {args.output}")
-    return 0
-
-
-def cmd_tap(args) -> int:
-    from phasewatch.ingest import tap
-
-    _setup_logging("info")
-    stop = threading.Event()
-    _stop_on_signals(stop)  # SIGTERM too: open streams get their grace, counts are logged
-    return tap.serve_forever(args.upstream, args.target, args.host, args.port, args.engine,
-                             args.model, token=args.token, client_tls=_client_tls(args),
-                             tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
-                             upstream_ca=args.upstream_ca, timeout_s=args.timeout,
-                             max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                             metrics_port=args.metrics_port, ask_usage=args.ask_usage,
-                             stop=stop)
 
 
 def build_parser() -> argparse.ArgumentParser:

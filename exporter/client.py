@@ -30,10 +30,11 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2
 
-from phasewatch.ingest import auth, wire
-from phasewatch.ingest.grpc_server import MAX_MESSAGE_BYTES, SERVICE
-from phasewatch.ingest.tls import ClientTls
+from phasewatch.ingest import wire
 from phasewatch.requests.record import SOURCES, RequestBatch, RequestRecord
+from phasewatch.transport import auth
+from phasewatch.transport.grpc import MAX_MESSAGE_BYTES
+from phasewatch.transport.tls import ClientTls
 
 log = logging.getLogger(__name__)
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -127,7 +128,7 @@ class PhasewatchClient:
                 target, ClientTls(tls_ca, tls_cert, tls_key).grpc_credentials(),
                 options=options)
         self._channel = channel or grpc.insecure_channel(target, options=options)
-        self._export = self._channel.unary_unary(f"/{SERVICE}/Export")
+        self._export = self._channel.unary_unary(f"/{wire.SERVICE}/Export")
         self._metadata = ((auth.HEADER, auth.bearer(token)),) if token else None
         self._lock = threading.Lock()
         self._buffer: list[tuple] = []

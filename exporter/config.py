@@ -14,8 +14,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from phasewatch.ingest.admission import container_memory_limit
 from phasewatch.roofline.deployments import ModelOptions
+from phasewatch.transport.admission import container_memory_limit
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
 from phasewatch.ingest import wire
-from phasewatch.ingest.admission import Admission, Refused
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
+from phasewatch.transport.admission import Admission, Refused
 from tests.conftest import TEST_PORTS, scrape
 from tests.test_otlp import _request_bytes
 from tests.test_otlp_overload import _post

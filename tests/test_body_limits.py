@@ -7,7 +7,7 @@ import socket
 import grpc
 import pytest
 
-from phasewatch.ingest.grpc_server import MAX_MESSAGE_BYTES
+from phasewatch.transport.grpc import MAX_MESSAGE_BYTES
 from tests.conftest import scrape
 
 METHODS = {"phasewatch": ("grpc_port", "/phasewatch.v1.Phasewatch/Export"),

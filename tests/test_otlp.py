@@ -411,7 +411,7 @@ def test_engine_captures_as_otlp_json(exporter, capture):
 
 def test_grpc_refuses_messages_past_its_hard_limit(exporter):
     """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it: tests/test_body_limits.py)."""
-    from phasewatch.ingest.grpc_server import GRPC_HARD_LIMIT
+    from phasewatch.transport.grpc import GRPC_HARD_LIMIT
 
     with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",
                                options=[("grpc.max_send_message_length", -1)]) as ch:

@@ -24,10 +24,10 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
+from phasewatch import tap as tapmod
 from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
-from phasewatch.ingest import tap as tapmod
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
 from tests.prom import free_port
@@ -662,7 +662,7 @@ def certs(tmp_path):
 
 def test_the_tap_serves_https_and_reloads_its_certificate(fake, make_tap, exporter, certs,
                                                           tmp_path, monkeypatch):
-    from phasewatch.ingest import tls
+    from phasewatch.transport import tls
 
     monkeypatch.setattr(tls, "CHECK_SECONDS", 0.0)
     listener = tapmod.server_ssl(certs.server_cert, certs.server_key)

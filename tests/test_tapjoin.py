@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
-from phasewatch.ingest import tap as tapmod
 from phasewatch.ingest import wire
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.tapjoin import TraceJoin

@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
-from phasewatch.ingest.tls import ClientTls
 from phasewatch.requests.record import RequestRecord
 from phasewatch.sim.scenarios import scenario
+from phasewatch.transport.tls import ClientTls
 from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, Scrape
 from tests.test_otlp import _send

@@ -3,11 +3,11 @@
 In: the phasewatch gRPC protocol (``grpc_server`` + ``wire``: finished requests, or the
 lifecycle stream joined per request in ``lifecycle``), OTLP traces over gRPC and HTTP
 (``otlp/``) read by one adapter per server's span shape (``adapters/``), and the
-stream tap's records (``tap``: a proxy in front of an OpenAI-compatible server, timing
-what the client sees). Guarding them: ``admission`` (the overload gate), ``auth``
-(bearer tokens), ``tls``; ``dedupe`` remembers recent batch and span ids so a retry is
-counted once. ``tapjoin`` joins a tap's record with the engine's span of the same
-request.
+stream tap's records (from the ``tap`` stage: a proxy in front of an OpenAI-compatible
+server, timing what the client sees). Guarding them, from ``transport``:
+``admission`` (the overload gate), ``auth`` (bearer tokens), ``tls``, the gRPC servers
+and their limits; ``dedupe`` remembers recent batch and span ids so a retry is counted
+once. ``tapjoin`` joins a tap's record with the engine's span of the same request.
 
 Out: ``requests.record.RequestBatch`` columns, handed to
 ``aggregation.aggregate.Aggregator.ingest`` (through ``tapjoin.TraceJoin``); every

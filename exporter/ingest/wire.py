@@ -21,6 +21,7 @@ from phasewatch.protocol import phasewatch_pb2 as pb
 from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_TAP, RequestBatch
 
 PROTOCOL_VERSION = 1
+SERVICE = "phasewatch.v1.Phasewatch"  # the gRPC service (Export, StreamLifecycle)
 
 # (proto field, RequestBatch column, wire dtype, value when the column is absent)
 _COLUMNS = (

@@ -6,8 +6,9 @@ becomes ``exposition_pb2.py``. Both are committed (so installing phasewatch need
 protoc), and ``tests/test_protocol_codegen.py`` regenerates them into a temporary
 directory and fails when a committed copy is stale. Regenerate with
 ``make proto``. Only message types are generated: the service is wired with
-grpcio's generic handlers (see ``phasewatch.ingest.grpc_server``) so that ``Export`` can
-decode its payload itself, straight into numpy columns.
+grpcio's generic handlers (see ``phasewatch.ingest.grpc_server`` and
+``phasewatch.transport.grpc``) so that ``Export`` can decode its payload itself,
+straight into numpy columns.
 """
 
 from __future__ import annotations

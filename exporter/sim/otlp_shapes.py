@@ -29,8 +29,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanKind
 
-from phasewatch.ingest.auth import HEADER, bearer
 from phasewatch.requests.record import RequestRecord
+from phasewatch.transport.auth import HEADER, bearer
 
 NS = 1_000_000_000
 SHAPES = ("vllm", "sglang", "tgi")
@@ -212,7 +212,7 @@ class OtlpSink:
 
     def __init__(self, protocol: str, target: str, shape: str = "vllm", token: str = "",
                  tls=None):
-        """``tls``: an ``phasewatch.ingest.tls.ClientTls`` for an exporter serving TLS."""
+        """``tls``: an ``phasewatch.transport.tls.ClientTls`` for an exporter serving TLS."""
         if shape not in EMIT:
             raise ValueError(f"unknown span shape {shape!r}; choose one of {', '.join(EMIT)}")
         # The exporter's --auth-token, as any OTLP exporter sends a bearer token.

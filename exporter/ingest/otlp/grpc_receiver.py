@@ -15,10 +15,10 @@ from __future__ import annotations
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from phasewatch.ingest.admission import Admission
-from phasewatch.ingest.grpc_server import gated, identity, serve_grpc
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
+from phasewatch.transport.admission import Admission
+from phasewatch.transport.grpc import gated, identity, serve_grpc
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 PROTOCOL = "otlp_grpc"

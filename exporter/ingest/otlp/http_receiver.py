@@ -18,13 +18,13 @@ from http.server import BaseHTTPRequestHandler
 
 from google.rpc import code_pb2, status_pb2
 
-from phasewatch.ingest.admission import RETRY_AFTER_SECONDS, Admission, Refused
-from phasewatch.ingest.auth import BearerAuth
-from phasewatch.ingest.grpc_server import MAX_MESSAGE_BYTES
 from phasewatch.ingest.otlp.grpc_receiver import export_response
 from phasewatch.ingest.otlp.ingest import EXTRACT, OtlpIngest
 from phasewatch.ingest.otlp.jsonform import json_spans, to_json
 from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
+from phasewatch.transport.admission import RETRY_AFTER_SECONDS, Admission, Refused
+from phasewatch.transport.auth import BearerAuth
+from phasewatch.transport.grpc import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 PROTOCOL = "otlp_http"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from phasewatch.ingest.auth import BearerAuth
+from phasewatch.transport.auth import BearerAuth
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 5000  # most requests one /api/v1/requests call returns

@@ -17,8 +17,8 @@ import hmac
 
 import grpc
 
-from phasewatch.ingest.grpc_server import identity
 from phasewatch.selfstats import SelfStats
+from phasewatch.transport.grpc import identity
 
 HEADER = "authorization"
 

@@ -1,0 +1,283 @@
+"""The proxying handler, ``Tap``: every request and answer passed on byte for byte,
+streamed as it comes; a timed request (``POST /v1/chat/completions``,
+``/v1/completions``) read for its model, sent with the tap's trace context (and
+``stream_options.include_usage`` with ``ask_usage``), its answer read as it streams
+(``sse``) into an ``Observed``, and its records handed to the ``record`` callback.
+
+Nothing the tap does for phasewatch can fail the user's request: an answer it cannot
+read is passed on unread and counted; a request body larger than the tap reads
+(64 MiB) is streamed to the server as it comes, untimed and counted; an upstream that
+cannot be reached is answered 502, one silent for ``timeout_s`` before answering 504,
+as any proxy does; one that breaks off or goes silent mid-answer leaves the client's
+answer cut off where it stopped (no clean end the server never sent); a client that
+hangs up mid-stream closes the upstream request (the server stops generating). Every
+request has one outcome in ``Tap.counts``, every cut-short answer its reason, every
+record lost its reason (``stats.tallies``).
+
+Other paths (``/v1/models``, ``/health``, ``/metrics`` ...) pass through untimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from phasewatch.tap.observed import Observed
+from phasewatch.tap.sse import MAX_EVENT, EventReader, UsageFilter
+from phasewatch.tap.tracecontext import trace_headers
+
+log = logging.getLogger(__name__)
+
+TIMED_PATHS = ("/v1/chat/completions", "/v1/completions")
+# RFC 9110 hop-by-hop headers, and those the proxy recomputes (an Expect: 100-continue
+# was answered by the tap's own server, which then read the body)
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                  "te", "trailer", "transfer-encoding", "upgrade", "host",
+                  "content-length", "expect"})
+# headers aiohttp's client would add to a request that lacks them: the tap adds none
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+class Tap:
+    """The proxy. ``record`` receives (model, kwargs of ``PhasewatchClient.record``) for
+    each timed request; ``counts`` holds what happened (its families: ``tallies``).
+
+    ``max_body_bytes``: a timed request's body up to this is read (and the request
+    timed); a larger one is streamed to the upstream as it comes, untimed and counted.
+    ``timeout_s``: how long the upstream may stay silent, before its answer (then 504)
+    or between two pieces of it (then the client's answer is cut off, as the server
+    left it). ``upstream_ca``: PEM file of the CA that signed an https upstream's
+    certificate (empty: the system's). ``ask_usage``: a streamed request without
+    ``stream_options.include_usage`` is sent with it, for the exact prompt, cached and
+    output tokens, and the usage-only chunk it adds (the last, with no choices, as vLLM
+    and SGLang send it) is kept from the client, whose stream is then as it asked."""
+
+    def __init__(self, upstream: str, record, *, default_model: str = "",
+                 max_body_bytes: int = 64 << 20, timeout_s: float = 3600.0,
+                 upstream_ca: str = "", ask_usage: bool = False):
+        parts = urlsplit(upstream)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
+        if timeout_s <= 0 or max_body_bytes < 0:
+            raise ValueError("the tap's timeout must be positive and its body limit >= 0")
+        self.upstream = upstream.rstrip("/")
+        self._record = record
+        self.default_model = default_model
+        self.max_body_bytes = max_body_bytes
+        self.timeout_s = timeout_s
+        self._upstream_ssl: ssl.SSLContext | bool = True  # aiohttp's default: the system's CAs
+        if upstream_ca:
+            try:
+                self._upstream_ssl = ssl.create_default_context(cafile=upstream_ca)
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"cannot load --upstream-ca {upstream_ca}: {e}") from None
+        # ask the server for the final usage (stream_options.include_usage) when a
+        # streamed request did not, and keep that usage-only chunk from the client
+        self.ask_usage = ask_usage
+        self.counts: Counter = Counter()
+        self._session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()  # bodies are read (or streamed) by _request_body
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app) -> None:
+        self._session = aiohttp.ClientSession(
+            # no cap on connections (aiohttp's default of 100 would queue the 101st
+            # concurrent stream), and no cookie jar (one client's cookies are no other's)
+            connector=aiohttp.TCPConnector(limit=0, ssl=self._upstream_ssl),
+            cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=_NO_AUTO_HEADERS,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, self.timeout_s),
+                                          sock_read=self.timeout_s),
+            auto_decompress=False)
+
+    async def _stop(self, _app) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _request_body(self, request: web.Request, timed: bool):
+        """(what to send upstream, the body when the tap read all of it, else None).
+        A timed request's body is read up to ``max_body_bytes``; past that, and on
+        every other path, it is streamed as it comes (never refused for its size)."""
+        if not request.body_exists:
+            return None, b""
+        limit = self.max_body_bytes if timed else 0
+        size = request.content_length
+        if size is not None and size > limit:
+            return _relay_body(b"", request.content), None
+        head = bytearray()
+        while len(head) <= limit:
+            piece = await request.content.readany()
+            if not piece:
+                return bytes(head), bytes(head)
+            head += piece
+        return _relay_body(bytes(head), request.content), None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        arrival = time.time()
+        timed = request.method == "POST" and request.path in TIMED_PATHS
+        # a multidict: a header the client sent twice goes on twice
+        headers = CIMultiDict((k, v) for k, v in request.headers.items()
+                              if k.lower() not in _HOP)
+        try:
+            body, whole = await self._request_body(request, timed)
+        except (aiohttp.ClientError, OSError):  # the client went away while sending it
+            return self._unanswered(timed, "client_disconnected")
+        untimed = None if timed else "untimed"  # the outcome, when not timed
+        if whole is None:
+            if request.content_length is not None:  # framed as the client framed it
+                headers["Content-Length"] = str(request.content_length)
+            if timed:
+                timed, untimed = False, "body_too_large_untimed"
+        seen = Observed(arrival=arrival) if timed else None
+        streamed = False
+        if timed:
+            parent, state = trace_headers(request.headers.get("traceparent"),
+                                          request.headers.getall("tracestate", []))
+            headers["traceparent"], headers["tracestate"] = parent, state  # replaced
+            seen.trace_parent = parent[3:-3]  # "<trace id>-<span id>"
+            try:
+                asked = json.loads(whole) if whole else {}
+                streamed = isinstance(asked, dict) and bool(asked.get("stream"))
+                if isinstance(asked, dict):
+                    seen.model = str(asked.get("model") or "")
+            except ValueError:
+                self.counts["unreadable_request"] += 1  # passed on as it is
+            if streamed and self.ask_usage:
+                options = asked.get("stream_options")
+                if options is None or (isinstance(options, dict)
+                                       and not options.get("include_usage")):
+                    asked["stream_options"] = {**(options or {}), "include_usage": True}
+                    body = json.dumps(asked).encode()
+                    seen.hide_usage = True
+        url = self.upstream + request.path_qs
+        try:
+            upstream = await self._session.request(request.method, url, headers=headers,
+                                                   data=body, allow_redirects=False)
+        except asyncio.CancelledError:  # the tap is stopping before the server answered
+            self._unanswered(timed, "tap_stopped", untimed)
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            if request.transport is None or request.transport.is_closing():
+                return self._unanswered(timed, "client_disconnected", untimed)
+            if isinstance(e, TimeoutError):  # no answer within --timeout: 504, as nginx
+                self.counts["upstream_timeout"] += 1
+                return web.Response(status=504, text=f"phasewatch tap: upstream {url}: no "
+                                    f"answer within {self.timeout_s:g}s\n")
+            self.counts["upstream_unreachable"] += 1
+            return web.Response(status=502, text=f"phasewatch tap: upstream {url}: {e}\n")
+        if untimed:
+            self.counts[untimed] += 1
+        try:
+            return await self._relay(request, upstream, seen, streamed,
+                                     UsageFilter() if seen is not None and seen.hide_usage
+                                     and upstream.content_length is None else None)
+        finally:
+            upstream.release()
+
+    def _unanswered(self, timed: bool, why: str, untimed: str | None = "untimed"
+                    ) -> web.Response:
+        """A request that ended before the server answered, for ``why`` (an abort)."""
+        self.counts[why] += 1
+        self.counts["unanswered" if timed else untimed] += 1
+        return web.Response(status=499)  # to nobody: the client is gone
+
+    async def _relay(self, request, upstream, seen: Observed | None, streamed: bool,
+                     hide: UsageFilter | None = None) -> web.StreamResponse:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for k, v in upstream.headers.items():
+            if k.lower() not in _HOP:
+                resp.headers.add(k, v)
+        if upstream.content_length is not None:  # framed as the server framed it
+            resp.content_length = upstream.content_length
+        reader = EventReader(seen, self.counts) if seen is not None else None
+        if reader is not None and upstream.headers.get(
+                "Content-Encoding", "identity").lower() != "identity":
+            self.counts["compressed_answer"] += 1  # passed on, not read
+            reader = None
+        whole = bytearray()
+        aborted, side = "", "client"  # whose fault an exception is
+        try:
+            await resp.prepare(request)
+            while True:
+                side = "upstream"
+                chunk = await upstream.content.readany()
+                if not chunk:
+                    break
+                t = time.time()
+                side = "client"
+                passed = hide.feed(chunk) if hide is not None else chunk
+                if passed:
+                    await resp.write(passed)
+                if reader is not None and upstream.status == 200:
+                    if streamed:
+                        reader.feed(chunk, t)
+                    elif len(whole) < MAX_EVENT:
+                        whole += chunk
+            side = "client"
+            if hide is not None and hide.rest():
+                await resp.write(hide.rest())
+            await resp.write_eof()
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            # ConnectionResetError: writing to a client that hung up (aiohttp's own too)
+            aborted = ("client_disconnected" if side == "client" else
+                       "upstream_stalled" if isinstance(e, TimeoutError) else
+                       "upstream_broke_off")
+            upstream.close()  # the server stops generating
+            if side == "upstream" and request.transport is not None:
+                # the client sees the answer cut off where the server left it (no
+                # final chunk), not a clean end the server never sent
+                request.transport.close()
+        except asyncio.CancelledError:  # the tap is stopping with this stream open
+            aborted = "tap_stopped"
+            upstream.close()
+            raise
+        finally:
+            if aborted:
+                self.counts[aborted] += 1
+            if seen is not None:
+                seen.aborted = aborted
+                seen.end = time.time()
+                seen.status = upstream.status
+                if reader is not None and not streamed and whole and not seen.aborted:
+                    reader.whole(bytes(whole), seen.end)
+                seen.settle()
+                self._finish(seen)
+        return resp
+
+    def _finish(self, seen: Observed) -> None:
+        if seen.status != 200:
+            self.counts[f"upstream_status_{seen.status // 100}xx"] += 1
+            return  # an error answer is no request the engine served
+        self.counts["aborted" if seen.aborted else "completed"] += 1
+        model = seen.model or self.default_model
+        if not model:
+            self.counts["no_model"] += 1
+            return
+        for kwargs in seen.records():
+            try:
+                self._record(model, kwargs)
+            except Exception:  # never let phasewatch's side fail the user's request
+                log.exception("recording a tapped request failed")
+                self.counts["record_failed"] += 1
+
+
+async def _relay_body(head: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """A request body streamed to the upstream: what was read of it, then the rest."""
+    if head:
+        yield head
+    while piece := await rest.readany():
+        yield piece

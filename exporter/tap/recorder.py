@@ -1,0 +1,77 @@
+"""Where a tapped request goes: ``Tap``'s record callback, over a ``PhasewatchClient``
+(``phasewatch tap``) or into batches for the exporter's trace join in the same process
+(``phasewatch serve --tap-upstream``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+def client_recorder(client):
+    """``Tap``'s record callback over a ``PhasewatchClient``."""
+    def record(model: str, kwargs: dict) -> None:
+        client.record(model, **kwargs)
+    return record
+
+
+class BatchRecorder:
+    """``Tap``'s record callback inside ``phasewatch serve`` (``--tap-upstream``): records
+    gather here and go to ``sink`` (the exporter's trace join: ``ingest(batch,
+    protocol)``) as one batch every ``interval`` seconds, from a thread of their own,
+    never from the tap's event loop. Past ``max_buffer`` waiting records, or after
+    ``close()``, a record is dropped and counted; ``stats`` has the client's keys
+    (accepted, rejected, dropped_<reason>), so ``tallies`` reads either."""
+
+    def __init__(self, sink, engine: str, interval: float = 0.25,
+                 max_buffer: int = 100_000):
+        self._sink, self._engine = sink, engine
+        self._interval, self._max = interval, max_buffer
+        self._rows: list[tuple] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.stats: Counter = Counter()
+        self._thread = threading.Thread(target=self._run, name="pw-tap-records",
+                                        daemon=True)
+        self._thread.start()
+
+    def __call__(self, model: str, kwargs: dict) -> None:
+        row = RequestRecord(model, **kwargs).row(self._engine)
+        with self._lock:
+            if self._closed.is_set() or len(self._rows) >= self._max:
+                self.stats["dropped_closed" if self._closed.is_set()
+                           else "dropped_buffer_full"] += 1
+                return
+            self._rows.append(row)
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._interval):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return
+        try:
+            batch = RequestBatch.from_rows(rows)
+            batch.source[:] = SOURCE_TAP
+            result = self._sink(batch, "tap")
+        except Exception:  # a bug here must not stop the tap: the records are counted
+            log.exception("handing the tap's records to the exporter failed")
+            self.stats["dropped_invalid"] += len(rows)
+            return
+        self.stats["sent"] += len(rows)
+        self.stats["accepted"] += result.accepted
+        self.stats["rejected"] += len(rows) - result.accepted
+
+    def close(self) -> None:
+        """Hand over what is waiting, then drop (and count) what comes after."""
+        self._closed.set()
+        self._thread.join(10)

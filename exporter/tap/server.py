@@ -1,0 +1,127 @@
+"""The tap's listener: TLS from reloaded PEM files, the aiohttp sites on an event loop
+thread of their own (``TapServer``), and ``serve_forever`` (``phasewatch tap``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import threading
+
+from aiohttp import web
+
+from phasewatch.tap.proxy import Tap
+from phasewatch.tap.recorder import client_recorder
+from phasewatch.tap.stats import metrics_app, summary
+
+log = logging.getLogger(__name__)
+
+
+def server_ssl(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The tap's HTTPS listener, from PEM files checked at most once a second as
+    ``phasewatch serve``'s are: new connections get renewed certificates."""
+    from phasewatch.transport.tls import TlsFiles
+
+    files = TlsFiles(cert_file, key_file)
+    ctx = files.context(("http/1.1",), "none")
+
+    def current(conn: ssl.SSLObject, _name, _ctx) -> None:  # called on every handshake
+        conn.context = files.context(("http/1.1",), "none")
+
+    ctx.sni_callback = current
+    return ctx
+
+
+class TapServer:
+    """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``; with
+    ``metrics_port`` (0: a free one) its counts (and ``client``'s) on ``/metrics``
+    there; with ``ssl_context``, both over HTTPS. ``stop()`` lets open streams finish
+    for ``grace`` seconds, then cuts them (counted ``tap_stopped``)."""
+
+    def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0, *,
+                 ssl_context: ssl.SSLContext | None = None, metrics_port: int | None = None,
+                 client=None, grace: float = 10.0):
+        self.tap, self.host, self.port = tap, host, port
+        self.metrics_port, self._client = metrics_port, client
+        self._ssl, self._grace = ssl_context, grace
+        self._loop = asyncio.new_event_loop()
+        self._runners: list[web.AppRunner] = []
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pw-tap",
+                                        daemon=True)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._ssl is not None else "http"
+
+    def start(self) -> TapServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._up(), self._loop).result(30)
+        return self
+
+    async def _site(self, app: web.Application, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._grace)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.host, port, reuse_address=True,
+                           ssl_context=self._ssl)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    async def _up(self) -> None:
+        self.port = await self._site(self.tap.app(), self.port)
+        if self.metrics_port is not None:
+            self.metrics_port = await self._site(metrics_app(self.tap, self._client),
+                                                 self.metrics_port)
+
+    def stop(self) -> None:
+        """Idempotent."""
+        if not self._thread.is_alive():
+            return
+        runners, self._runners = self._runners, []
+        for runner in reversed(runners):
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop).result(
+                self._grace + 30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
+                  default_model: str, *, token: str = "", client_tls=None,
+                  tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
+                  timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
+                  metrics_port: int | None = None, ask_usage: bool = False,
+                  stop: threading.Event | None = None) -> int:
+    """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
+    ``token`` / ``client_tls`` (an ``phasewatch.transport.tls.ClientTls``): to the exporter;
+    ``tls_cert_file`` / ``tls_key_file``: the tap's own HTTPS listener."""
+    from phasewatch.client import PhasewatchClient
+    from phasewatch.transport.tls import ClientTls
+
+    tls = client_tls or ClientTls()
+    client = PhasewatchClient(target, engine=engine, source="tap", token=token,
+                              tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+    tap = server = None
+    try:
+        tap = Tap(upstream, client_recorder(client), default_model=default_model,
+                  max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca,
+                  ask_usage=ask_usage)
+        listener = (server_ssl(tls_cert_file, tls_key_file)
+                    if tls_cert_file or tls_key_file else None)
+        server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,
+                           client=client).start()
+        print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
+              f"records to {target} (pid {os.getpid()})", flush=True)
+        if server.metrics_port is not None:
+            print(f"phasewatch tap counts on {server.scheme}://{host}:{server.metrics_port}"
+                  "/metrics", flush=True)
+        (stop or threading.Event()).wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.stop()
+        client.close()
+        if tap is not None:
+            log.info("phasewatch tap stopped: %s", summary(tap.counts, client.stats))
+    return 0
