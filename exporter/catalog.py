@@ -251,8 +251,11 @@ ENGINE_STATE = (ENGINE_KV_CACHE_USAGE, ENGINE_REQUESTS, ENGINE_PREEMPTIONS,
 
 
 # ---- the stream tap (``phasewatch tap --metrics-port``, or serve --tap-upstream) --------
+TAP_NEEDS = "--tap-upstream (or on the /metrics of `phasewatch tap --metrics-port`)"
+
+
 def _tap(name: str, doc: str, *labels: str) -> Family:
-    return Family(name, "counter", doc, labels, needs="--tap-upstream")
+    return Family(name, "counter", doc, labels, needs=TAP_NEEDS)
 
 
 TAP_REQUESTS = _tap("phasewatch_tap_requests_total",
@@ -263,9 +266,8 @@ TAP_RECORDS_DROPPED = _tap("phasewatch_tap_records_dropped_total",
                            "Records of timed requests lost, by reason.", "reason")
 TAP_UNREAD = _tap("phasewatch_tap_unread_total",
                   "Requests or answers passed on without being read, by reason.", "reason")
-TAP_RECORDS_ACCEPTED = Family("phasewatch_tap_records_accepted_total", "counter",
-                              "Records the exporter accepted.",
-                              needs="phasewatch tap with an exporter to send to")
+TAP_RECORDS_ACCEPTED = _tap("phasewatch_tap_records_accepted_total",
+                            "Records the exporter accepted.")
 # tap.tallies() family key -> family
 TAP: dict[str, Family] = {"requests": TAP_REQUESTS, "aborts": TAP_ABORTS,
                           "records_dropped": TAP_RECORDS_DROPPED, "unread": TAP_UNREAD,
@@ -318,10 +320,17 @@ def reference() -> str:
         f"*label set*: {series}; then `pod` with `--pod-label true` and `source` with",
         "`--source-label true`. Counters are listed by the name Prometheus stores (with",
         "`_total`). A histogram marked *native* has a second family, `<name>_native`, a",
-        "native histogram on protobuf scrapes.",
+        "native histogram on protobuf scrapes. `prompt_class` is left out with",
+        "`--prompt-class-label false`, and `--classic-buckets coarse` keeps the 1-2-5",
+        "bounds of each bucket set and its top one.",
     ]
     for title, families in SECTIONS.items():
-        lines += ["", f"## {title}", "", "| metric | type | labels | help |", "|---|---|---|---|"]
+        lines += ["", f"## {title}", ""]
+        shared = {f.needs for f in families}
+        if len(shared) == 1 and "" not in shared:  # said once for the section
+            lines += [f"With {shared.pop()}.", ""]
+            families = [f._replace(needs="") for f in families]
+        lines += ["| metric | type | labels | help |", "|---|---|---|---|"]
         for f in families:
             labels = ", ".join((["*label set*"] if f.per_series else []) + list(f.labels))
             kind = f.type + (", native" if f.native else "")
