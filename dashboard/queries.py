@@ -1,5 +1,7 @@
 """The PromQL behind the dashboard's Prometheus source: one place, named, templated.
 
+Metric names are the catalog's (``phasewatch.catalog``), never spelled here.
+
 The Grafana dashboards use these same expressions (with Grafana's ``$model``-style
 variables where these take ``{sel}``). ``{sel}`` is the label matcher of the
 user's selection (it may be empty), ``{sel_and}`` the same opened for one more
@@ -17,13 +19,15 @@ series without ``source``, and ``and on (..., source)`` matches them to each oth
 
 from __future__ import annotations
 
+from phasewatch import catalog as cat
+
 BY = "model, engine, source"
 
 HISTOGRAMS = {
-    "ttft": "gen_ai_server_time_to_first_token_seconds",
-    "itl": "phasewatch_inter_token_latency_seconds",
-    "tpot": "gen_ai_server_time_per_output_token_seconds",
-    "e2e": "gen_ai_server_request_duration_seconds",
+    "ttft": cat.TTFT.name,
+    "itl": cat.ITL.name,
+    "tpot": cat.TPOT.name,
+    "e2e": f"{cat.E2E.name}",
 }
 
 
@@ -55,61 +59,61 @@ KPIS: dict[str, str] = {
        for name, metric in HISTOGRAMS.items()
        for p, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))},
     **{f"{name}_mean": mean(metric) for name, metric in HISTOGRAMS.items()},
-    "requests_in_range": increase("phasewatch_requests_total"),
-    "prompt_tokens_in_range": increase("phasewatch_tokens_total", 'kind="prompt"'),
-    "output_tokens_in_range": increase("phasewatch_tokens_total", 'kind="output"'),
-    "request_rate": f"sum by ({BY}) (rate(phasewatch_requests_total{{sel}}[{{range}}]))",
+    "requests_in_range": increase(cat.REQUESTS.name),
+    "prompt_tokens_in_range": increase(cat.TOKENS.name, 'kind="prompt"'),
+    "output_tokens_in_range": increase(cat.TOKENS.name, 'kind="output"'),
+    "request_rate": f"sum by ({BY}) (rate({cat.REQUESTS.name}{{sel}}[{{range}}]))",
     "prompt_tokens_per_second":
-        f'sum by ({BY}) (rate(phasewatch_tokens_total{{sel_and}}kind="prompt"}}[{{range}}]))',
+        f'sum by ({BY}) (rate({cat.TOKENS.name}{{sel_and}}kind="prompt"}}[{{range}}]))',
     "output_tokens_per_second":
-        f'sum by ({BY}) (rate(phasewatch_tokens_total{{sel_and}}kind="output"}}[{{range}}]))',
+        f'sum by ({BY}) (rate({cat.TOKENS.name}{{sel_and}}kind="output"}}[{{range}}]))',
     # Utilizations are per replica: the mean over the selected pods.
-    "mbu": f'avg by ({BY}) (phasewatch_bandwidth_utilization_ratio{{sel_and}}phase="decode"}})',
-    "mfu": f'avg by ({BY}) (phasewatch_flops_utilization_ratio{{sel_and}}phase="prefill"}})',
-    "decode_batch_size": f"avg by ({BY}) (phasewatch_decode_batch_size{{sel}})",
+    "mbu": f'avg by ({BY}) ({cat.BANDWIDTH_UTILIZATION.name}{{sel_and}}phase="decode"}})',
+    "mfu": f'avg by ({BY}) ({cat.FLOPS_UTILIZATION.name}{{sel_and}}phase="prefill"}})',
+    "decode_batch_size": f"avg by ({BY}) ({cat.DECODE_BATCH_SIZE.name}{{sel}})",
 }
 
 # Phase time shares: each phase's summed duration over all three, from the phase
 # histograms' _sum (the same quantity the exporter's phase_time_share reports).
-PHASE_SHARE = (f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum{{sel}}"
+PHASE_SHARE = (f"sum by ({BY}, phase) (rate({cat.PHASE_DURATION.name}_sum{{sel}}"
                f"[{{range}}])) / ignoring(phase) group_left sum by ({BY}) "
-               f"(rate(phasewatch_phase_duration_seconds_sum{{sel}}[{{range}}]))")
+               f"(rate({cat.PHASE_DURATION.name}_sum{{sel}}[{{range}}]))")
 
 # The mean request per pod, for the waterfall: mean seconds in each phase.
-PHASE_MEAN = (f"sum by ({BY}, {{pod}}, phase) (rate(phasewatch_phase_duration_seconds_sum"
+PHASE_MEAN = (f"sum by ({BY}, {{pod}}, phase) (rate({cat.PHASE_DURATION.name}_sum"
               f"{{sel}}[{{range}}])) / sum by ({BY}, {{pod}}, phase) "
-              f"(rate(phasewatch_phase_duration_seconds_count{{sel}}[{{range}}]))")
+              f"(rate({cat.PHASE_DURATION.name}_count{{sel}}[{{range}}]))")
 
 # Verdict: how many pods report each (phase, resource), and how many report at all.
-VERDICT_VOTES = f"count by ({BY}, phase, resource) (phasewatch_bottleneck_info{{sel}} == 1)"
-VERDICT_REPORTING = f"count by ({BY}) (phasewatch_bottleneck_info{{sel}} == 1)"
-VERDICT_CONFIDENCE = f"avg by ({BY}) (phasewatch_bottleneck_confidence_ratio{{sel}})"
+VERDICT_VOTES = f"count by ({BY}, phase, resource) ({cat.BOTTLENECK_INFO.name}{{sel}} == 1)"
+VERDICT_REPORTING = f"count by ({BY}) ({cat.BOTTLENECK_INFO.name}{{sel}} == 1)"
+VERDICT_CONFIDENCE = f"avg by ({BY}) ({cat.BOTTLENECK_CONFIDENCE.name}{{sel}})"
 # ... and why (the cause label: kv_cache, concurrency_limit, ... or none); an exporter
 # older than the label answers series without it.
 VERDICT_CAUSES = (f"count by ({BY}, phase, resource, cause) "
-                  f"(phasewatch_bottleneck_info{{sel}} == 1)")
+                  f"({cat.BOTTLENECK_INFO.name}{{sel}} == 1)")
 
 # The engine's own state as the exporter scraped it (--engine-metrics-url): the fullest
 # pod's KV cache, requests running and waiting over all pods, preemptions in the range.
-ENGINE_KV_USAGE = f"max by ({BY}) (phasewatch_engine_kv_cache_usage_ratio{{sel}})"
-ENGINE_REQUESTS = f"sum by ({BY}, state) (phasewatch_engine_requests{{sel}})"
-ENGINE_PREEMPTIONS = increase("phasewatch_engine_preemptions_total")
+ENGINE_KV_USAGE = f"max by ({BY}) ({cat.ENGINE_KV_CACHE_USAGE.name}{{sel}})"
+ENGINE_REQUESTS = f"sum by ({BY}, state) ({cat.ENGINE_REQUESTS.name}{{sel}})"
+ENGINE_PREEMPTIONS = increase(cat.ENGINE_PREEMPTIONS.name)
 # Achieved over a ceiling where it went above 1: the ceiling is wrong.
 CEILING_EXCEEDED = (f"max by ({BY}, phase, ceiling) "
-                    f"(phasewatch_roofline_ceiling_exceeded_ratio{{sel}})")
+                    f"({cat.CEILING_EXCEEDED.name}{{sel}})")
 
 # Roofline operating points (per replica: the mean over the selected pods) and ceilings.
-INTENSITY = f"avg by ({BY}, phase) (phasewatch_arithmetic_intensity_flops_per_byte{{sel}})"
-ACHIEVED_FLOPS = f"avg by ({BY}, phase) (phasewatch_achieved_flops_per_second{{sel}})"
-PEAK_BANDWIDTH = f"max by ({BY}, ceiling) (phasewatch_peak_bandwidth_bytes_per_second{{sel}})"
-PEAK_FLOPS = f"max by ({BY}, ceiling) (phasewatch_peak_flops_per_second{{sel}})"
+INTENSITY = f"avg by ({BY}, phase) ({cat.ARITHMETIC_INTENSITY.name}{{sel}})"
+ACHIEVED_FLOPS = f"avg by ({BY}, phase) ({cat.ACHIEVED_FLOPS.name}{{sel}})"
+PEAK_BANDWIDTH = f"max by ({BY}, ceiling) ({cat.PEAK_BANDWIDTH.name}{{sel}})"
+PEAK_FLOPS = f"max by ({BY}, ceiling) ({cat.PEAK_FLOPS.name}{{sel}})"
 
 # TTFT by prompt-length class.
 PROMPT_CLASS = {
     "ttft_p50": quantile(HISTOGRAMS["ttft"], 0.5, f"{BY}, prompt_class"),
     "ttft_p95": quantile(HISTOGRAMS["ttft"], 0.95, f"{BY}, prompt_class"),
     "count": (f"sum by ({BY}, prompt_class) (increase("
-              f"gen_ai_server_time_to_first_token_seconds_count{{sel}}[{{range}}]))"),
+              f"{cat.TTFT.name}_count{{sel}}[{{range}}]))"),
 }
 
 # Time series (range queries).
@@ -121,7 +125,7 @@ SERIES: dict[str, str] = {
 }
 
 # Every label set, for the selectors (no selection applied).
-LABEL_SETS = "count by ({by_pod}) (phasewatch_requests_total)"
+LABEL_SETS = f"count by ({{by_pod}}) ({cat.REQUESTS.name})"
 
 
 def render(template: str, sel: str, rate_range: str, pod_label: str = "pod") -> str:

@@ -12,6 +12,7 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from phasewatch import catalog
 from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
@@ -24,15 +25,10 @@ from phasewatch.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grp
 from phasewatch.ingest.otlp.http_receiver import make_otlp_handler
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.tapjoin import TraceJoin
-from phasewatch.publish import benchtext
+from phasewatch.publish.api import JsonApi
 from phasewatch.publish.exposition import HotProto
-from phasewatch.publish.metrics import (
-    Exposure,
-    HotCollector,
-    HotText,
-    MetricsPage,
-    SelfCollector,
-)
+from phasewatch.publish.families import Exposure
+from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
 from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
@@ -41,13 +37,7 @@ from phasewatch.roofline.verdict import achievable_source
 from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth
-from phasewatch.transport.http_server import (
-    MAX_RECENT,
-    ApiError,
-    HttpServer,
-    make_handler,
-    query_number,
-)
+from phasewatch.transport.http_server import HttpServer, make_handler
 from phasewatch.transport.tls import TlsFiles, TlsFront
 
 log = logging.getLogger("phasewatch")
@@ -75,37 +65,6 @@ def listening(what: str, flag: str, host: str, port: int, start):
     except (OSError, RuntimeError) as e:
         raise ListenError(f"cannot listen on {_address(host, port)} for {what} ({flag}): "
                           f"{_why_not(e)}") from e
-
-
-def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dict:
-    """One ``bottleneck.Result`` for the JSON API: deployment, estimate, verdict, trail."""
-    d = r.deployment
-    deployment = None if d is None else {
-        "served_name": d.served_name, "model": d.model.name, "model_source": d.model_source,
-        "hardware": d.hardware.name, "hardware_source": d.hardware_source,
-        "gpus": d.hardware.gpus, "tensor_parallel": d.tensor_parallel,
-        "weight_dtype": d.model.weight_dtype, "kv_dtype": d.model.kv_dtype,
-        "compute_dtype": d.compute_dtype,
-        "peak_bandwidth_bytes_per_second": d.peak_bandwidth,
-        "peak_flops_per_second": d.peak_flops,
-        "achievable_bandwidth_bytes_per_second": d.hardware.achievable_bandwidth,
-        "achievable_flops_per_second": d.hardware.achievable_flops(d.compute_dtype),
-        "achievable_source": achievable_source(d),
-        "ridge_flops_per_byte": d.ridge}
-    v = r.verdict
-    c = v.cause if v is not None else None
-    verdict = None if v is None else {
-        "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
-        "confidence_level": v.confidence_level, "headline": v.headline, "text": v.text,
-        "levers": list(v.levers), "evidence": v.evidence,
-        # why: from the engine's own state (engine_metrics) or the records alone
-        "cause": None if c is None else c.name,
-        "cause_detail": None if c is None else {
-            "name": c.name, "text": c.text, "source": c.source, "evidence": c.evidence}}
-    more = dict(zip(names[2:], r.labels[2:], strict=False))  # pod, source where labelled
-    return {"model": r.model, "engine": r.engine, **more, "configured": d is not None,
-            "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
-            "engine_state": r.engine_state, "trail": r.trail}
 
 
 def deployment_line(d, engine_metrics_url: str = "") -> str:
@@ -182,24 +141,12 @@ class Exporter:
         # collectors; full_registry holds them all, for formats HotText does not write
         self.registry = CollectorRegistry()
         self.registry.register(SelfCollector(self.aggregator, gauges={
-            "phasewatch_ingest_lifecycle_pending": (
-                "Streamed requests being joined (not yet finished).",
-                self.joiner.pending_count),
-            "phasewatch_otlp_join_pending": (
-                "SGLang requests waiting for their stage spans or other role "
-                "(--otlp-join-wait).", lambda: len(self.otlp.pending)),
-            "phasewatch_trace_join_pending": (
-                "Stream-tap records and engine spans waiting for their other side "
-                "(--trace-join-wait).", self.trace_join.pending_count),
-            "phasewatch_ingest_in_flight": (
-                "Ingest calls being decoded and ingested now, across receivers "
-                "(--max-in-flight bounds it).", self.admission.in_flight),
-            "phasewatch_ingest_in_flight_bytes": (
-                "Payload bytes of the ingest calls in flight (--max-in-flight-mib bounds it).",
-                self.admission.in_flight_bytes),
-            "phasewatch_memory_limit_bytes": (
-                "Resident memory limit, above 0.8 x which ingest is refused (0: none).",
-                lambda: self.admission.memory_limit),
+            catalog.LIFECYCLE_PENDING: self.joiner.pending_count,
+            catalog.OTLP_JOIN_PENDING: lambda: len(self.otlp.pending),
+            catalog.TRACE_JOIN_PENDING: self.trace_join.pending_count,
+            catalog.IN_FLIGHT: self.admission.in_flight,
+            catalog.IN_FLIGHT_BYTES: self.admission.in_flight_bytes,
+            catalog.MEMORY_LIMIT: lambda: self.admission.memory_limit,
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.tap = self._tap_server = self._tap_records = None
@@ -216,6 +163,8 @@ class Exporter:
         self.full_registry.register(_Everything(self.registry))
         self.metrics_page = MetricsPage(HotText(self.aggregator, exposure), self.registry,
                                         self.full_registry, HotProto(self.aggregator, exposure))
+        self.api = JsonApi(self.aggregator, self.model_names, self.monitor, self.history,
+                           config, self._status, clock)
         self._grpc = self._otlp_grpc = None
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None
@@ -228,64 +177,8 @@ class Exporter:
         self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
         self.tap_port = 0
 
-    # ---- JSON API ------------------------------------------------------------
-    def _summary(self, qs: dict) -> dict:
-        window = self.aggregator.window
-        seconds = query_number(qs, "window", window.seconds, 1, window.seconds)
-        labels = self.aggregator.labels
-        return window.summary(labels.pairs(), seconds, labels.names)
-
-    def _bench(self, qs: dict) -> dict:
-        """The window as ``vllm bench serve`` prints a run, per (model, engine)."""
-        s = self._summary(qs)
-        out = []
-        for m in s["models"]:
-            figures = {"requests": m["requests_in_window"], "duration_s": m["covered_seconds"],
-                       "prompt_tokens": m["prompt_tokens_in_window"],
-                       "output_tokens": m["output_tokens_in_window"],
-                       **{k: m[f"{k}_seconds"] for k in ("ttft", "tpot", "itl", "e2e")}}
-            who = "/".join(v for v in (m["model"], m["engine"], m.get("pod"), m.get("source"))
-                           if v)
-            out.append({"model": m["model"], "engine": m["engine"],
-                        **{k: m[k] for k in ("pod", "source") if k in m}, "figures": figures,
-                        "text": benchtext.render(
-                            f"phasewatch {who}, last {m['covered_seconds']:.0f} s", figures)})
-        return {"window_seconds": s["window_seconds"], "models": out}
-
-    def _requests(self, qs: dict) -> dict:
-        limit = int(query_number(qs, "limit", 200, 1, MAX_RECENT))
-        model = self._model_query(qs)
-        labels = self.aggregator.labels
-        rows = self.aggregator.window.recent(labels.pairs(), limit, model, labels.names)
-        return {"requests": rows}
-
-    def _model_query(self, qs: dict) -> str | None:
-        """``?model=``: any name of a configured model (its alias, its Hugging Face id)
-        asks for that model's label, as a request carrying the name is labelled."""
-        model = qs.get("model", [None])[0]
-        return None if model is None else self.model_names(model)
-
-    def _roofline_api(self, qs: dict) -> dict:
-        model = self._model_query(qs)
-        out = []
-        for r in self.monitor.results():
-            if model is not None and r.model != model:
-                continue
-            out.append(roofline_json(r, self.aggregator.labels.names))
-        return {"window_seconds": self.monitor.span, "updated_at": self.monitor.updated_at,
-                "models": out}
-
-    def _history(self, qs: dict) -> dict:
-        # asking for more than is kept is fine: the answer holds what there is
-        span = self.config.roofline_interval * self.config.history_points
-        seconds = query_number(qs, "seconds", span, 1, 7 * 86400)
-        now = self._clock()
-        return {"interval_seconds": self.config.roofline_interval,
-                "series": self.history.series(now - seconds)}
-
-    def _status(self, qs: dict) -> dict:
-        if qs:
-            raise ApiError("/api/v1/status takes no parameters")
+    def _status(self) -> dict:
+        """/api/v1/status: what only the running exporter knows."""
         return {"grpc_port": self.grpc_port, "http_port": self.http_port,
                 "otlp_grpc_port": self.otlp_grpc_port, "otlp_http_port": self.otlp_http_port,
                 **({"tap_port": self.tap_port} if self.tap is not None else {}),
@@ -328,10 +221,7 @@ class Exporter:
             "the phasewatch gRPC receiver", "--grpc-port", c.grpc_host, c.grpc_port,
             lambda: self._grpc_server(start_grpc_server, service, c.grpc_host, c.grpc_port,
                                       auth, "phasewatch", tls))
-        api = {"/api/v1/summary": self._summary, "/api/v1/requests": self._requests,
-               "/api/v1/status": self._status, "/api/v1/roofline": self._roofline_api,
-               "/api/v1/history": self._history, "/api/v1/bench": self._bench}
-        handler = make_handler(self.metrics_page.render, api, auth=auth,
+        handler = make_handler(self.metrics_page.render, self.api.routes(), auth=auth,
                                ready=lambda: self._grpc is not None and not self._stop.is_set(),
                                mutual_tls=self.stats if tls and tls.mutual else None)
         self._http = listening(

@@ -3,7 +3,8 @@
     python grafana/generate.py            # rewrite the JSON
     python grafana/generate.py --check    # fail if it is stale
 
-The PromQL comes from ``dashboard/queries.py``, the same expressions the Dash app's
+Metric names are the catalog's (``phasewatch.catalog``). The PromQL comes from
+``dashboard/queries.py``, the same expressions the Dash app's
 Prometheus source runs, with Grafana's variables in place of the selection:
 ``model``, ``engine``, ``source`` and ``pod`` (multi-select, "All" = ``.*``, which
 also matches series without the label: a single exporter has no ``pod``, and only an
@@ -30,6 +31,7 @@ import re
 import sys
 from pathlib import Path
 
+from phasewatch import catalog as cat
 from phasewatch.dashboard import queries, theme
 from phasewatch.roofline import verdict
 from phasewatch.roofline.cause import CAUSES
@@ -146,9 +148,9 @@ def levers_text() -> str:
 def roofline_table() -> dict:
     """Each phase's operating point: arithmetic intensity against the ridge, achieved
     FLOP/s against what the roof allows at that intensity."""
-    peak_bw = (f'max by ({BY}) (phasewatch_peak_bandwidth_bytes_per_second'
+    peak_bw = (f'max by ({BY}) ({cat.PEAK_BANDWIDTH.name}'
                f'{{{SEL},ceiling="datasheet"}})')
-    peak_fl = (f'max by ({BY}) (phasewatch_peak_flops_per_second'
+    peak_fl = (f'max by ({BY}) ({cat.PEAK_FLOPS.name}'
                f'{{{SEL},ceiling="datasheet"}})')
     intensity = q(queries.INTENSITY)
     per_phase = f"({intensity}) * 0 + on ({BY}) group_left ()"
@@ -161,9 +163,9 @@ def roofline_table() -> dict:
         ("C", q(queries.ACHIEVED_FLOPS), "Achieved FLOP/s", "flops"),
         ("D", attainable, "Roof at this intensity (FLOP/s)", "flops"),
         ("E", f"({q(queries.ACHIEVED_FLOPS)}) / ({attainable})", "Of the roof", "percentunit"),
-        ("F", f"avg by ({BY}, phase) (phasewatch_bandwidth_utilization_ratio{{{SEL}}})",
+        ("F", f"avg by ({BY}, phase) ({cat.BANDWIDTH_UTILIZATION.name}{{{SEL}}})",
          "MBU", "percentunit"),
-        ("G", f"avg by ({BY}, phase) (phasewatch_flops_utilization_ratio{{{SEL}}})",
+        ("G", f"avg by ({BY}, phase) ({cat.FLOPS_UTILIZATION.name}{{{SEL}}})",
          "MFU", "percentunit"),
     ]
     overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
@@ -206,7 +208,7 @@ def cause_table() -> dict:
                        "prefill_interference, compute_saturated, frontend. 'pods' is how "
                        "many pods report that verdict. The levers of each cause are in the "
                        "alerts and in the exporter's /api/v1/roofline.",
-        "targets": [target(f"count by ({by}) (phasewatch_bottleneck_info{{{SEL}}} == 1)",
+        "targets": [target(f"count by ({by}) ({cat.BOTTLENECK_INFO.name}{{{SEL}}} == 1)",
                            instant=True, table=True)],
         "transformations": [{"id": "organize", "options": {
             "excludeByName": {"Time": True},
@@ -223,8 +225,8 @@ def cause_table() -> dict:
 
 def engine_state() -> dict:
     """KV-cache usage (left axis) and running/waiting requests (right) of each engine."""
-    kv = f"max by ({BY}, pod) (phasewatch_engine_kv_cache_usage_ratio{{{SEL}}})"
-    requests = f"sum by ({BY}, pod, state) (phasewatch_engine_requests{{{SEL}}})"
+    kv = f"max by ({BY}, pod) ({cat.ENGINE_KV_CACHE_USAGE.name}{{{SEL}}})"
+    requests = f"sum by ({BY}, pod, state) ({cat.ENGINE_REQUESTS.name}{{{SEL}}})"
     panel = timeseries(
         "Engine: KV-cache usage and requests",
         [target(kv, who("{{pod}} KV cache"), "A"),
@@ -243,7 +245,7 @@ def engine_state() -> dict:
 
 
 def preemptions() -> dict:
-    expr = (f"sum by ({BY}, pod) (rate(phasewatch_engine_preemptions_total{{{SEL}}}"
+    expr = (f"sum by ({BY}, pod) (rate({cat.ENGINE_PREEMPTIONS.name}{{{SEL}}}"
             f"[{RANGE}]))")
     return timeseries(
         "Engine preemptions/s", [target(expr, who("{{pod}}"))], "reqps",
@@ -331,9 +333,9 @@ def panels() -> list[dict]:
     ttft = [target(k["ttft_p50"], who("p50"), "A"),
             target(k["ttft_p95"], who("p95"), "B")]
     lay.add(timeseries("TTFT", ttft, "s", g["TTFT"]), 12, 8)
-    phase_mean = (f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum"
+    phase_mean = (f"sum by ({BY}, phase) (rate({cat.PHASE_DURATION.name}_sum"
                   f"{{{SEL}}}[{RANGE}])) / sum by ({BY}, phase) "
-                  f"(rate(phasewatch_phase_duration_seconds_count{{{SEL}}}[{RANGE}]))")
+                  f"(rate({cat.PHASE_DURATION.name}_count{{{SEL}}}[{RANGE}]))")
     lay.add(timeseries("Mean request: seconds in each phase", [target(
         phase_mean, who("{{phase}}"))], "s",
         "Mean time a request spends in preprocess (the API server's templating, tokenisation "
@@ -360,14 +362,14 @@ def panels() -> list[dict]:
     lay.row("Roofline: achieved bandwidth and FLOP/s against the hardware")
     util_by = f"avg by ({BY}, phase)"
     lay.add(timeseries("Bandwidth utilization (MBU)", [target(
-        f"{util_by} (phasewatch_bandwidth_utilization_ratio{{{SEL}}})", who("{{phase}}"))],
+        f"{util_by} ({cat.BANDWIDTH_UTILIZATION.name}{{{SEL}}})", who("{{phase}}"))],
         "percentunit", g["MBU"], phases=True), 8, 8)
     lay.add(timeseries("FLOPs utilization (MFU)", [target(
-        f"{util_by} (phasewatch_flops_utilization_ratio{{{SEL}}})", who("{{phase}}"))],
+        f"{util_by} ({cat.FLOPS_UTILIZATION.name}{{{SEL}}})", who("{{phase}}"))],
         "percentunit", g["MFU"], phases=True), 8, 8)
-    ridge = (f'max by ({BY}) (phasewatch_peak_flops_per_second{{{SEL},'
+    ridge = (f'max by ({BY}) ({cat.PEAK_FLOPS.name}{{{SEL},'
              f'ceiling="datasheet"}}) / max by ({BY}) '
-             f'(phasewatch_peak_bandwidth_bytes_per_second{{{SEL},ceiling="datasheet"}})')
+             f'({cat.PEAK_BANDWIDTH.name}{{{SEL},ceiling="datasheet"}})')
     lay.add(timeseries("Arithmetic intensity against the ridge", [
         target(q(queries.INTENSITY), who("{{phase}}"), "A"),
         target(ridge, who("ridge"), "B")], "none",
@@ -376,7 +378,7 @@ def panels() -> list[dict]:
     lay.add(timeseries("Decode batch size", [target(k["decode_batch_size"], who())],
                        "none", g["decode batch"]), 12, 7)
     lay.add(timeseries("Achieved memory bandwidth", [target(
-        f"{util_by} (phasewatch_achieved_bandwidth_bytes_per_second{{{SEL}}})",
+        f"{util_by} ({cat.ACHIEVED_BANDWIDTH.name}{{{SEL}}})",
         who("{{phase}}"))], "Bps", "Bytes per second each phase moves, per replica.",
         phases=True), 12, 7)
 
@@ -386,9 +388,9 @@ def panels() -> list[dict]:
                        "B")]
     lay.add(timeseries("TTFT by prompt-length class", by_class, "s",
                        theme.CAPTIONS["prompt-ttft"]), 12, 8)
-    per_token = (f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_sum"
+    per_token = (f"sum by ({BY}) (rate({cat.PREFILL_SECONDS_PER_TOKEN.name}_sum"
                  f"{{{SEL}}}[{RANGE}])) / sum by ({BY}) "
-                 f"(rate(phasewatch_prefill_seconds_per_token_count{{{SEL}}}[{RANGE}]))")
+                 f"(rate({cat.PREFILL_SECONDS_PER_TOKEN.name}_count{{{SEL}}}[{RANGE}]))")
     lay.add(timeseries("Prefill seconds per prompt token", [target(per_token, who())], "s",
                        "Prefill time over uncached prompt tokens: TTFT normalised for prompt "
                        "length. Longer prompts leave it flat; a slower prefill raises it. "
@@ -404,9 +406,9 @@ def panels() -> list[dict]:
 
     lay.row("Alerts and the exporter itself")
     lay.add(alert_states(), 24, 7)
-    ingest = [target(f"sum by (protocol) (rate(phasewatch_ingest_accepted_total"
+    ingest = [target(f"sum by (protocol) (rate({cat.INGEST_ACCEPTED.name}"
                      f"{{{EXPORTER_SEL}}}[{RANGE}]))", "accepted {{protocol}}", "A"),
-              target(f"sum by (reason) (rate(phasewatch_ingest_rejected_total"
+              target(f"sum by (reason) (rate({cat.INGEST_REJECTED.name}"
                      f"{{{EXPORTER_SEL}}}[{RANGE}])) or label_replace(vector(0), "
                      f'"reason", "none", "", "")', "rejected {{reason}}", "B")]
     lay.add(timeseries("Ingest: accepted and rejected requests/s", ingest, "reqps",
@@ -445,15 +447,15 @@ def dashboard() -> dict:
             {"type": "datasource", "name": "datasource", "label": "Prometheus",
              "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
              "options": []},
-            variable("model", "model", "label_values(phasewatch_requests_total, model)"),
+            variable("model", "model", f"label_values({cat.REQUESTS.name}, model)"),
             variable("engine", "engine",
-                     'label_values(phasewatch_requests_total{model=~"$model"}, engine)'),
+                     f'label_values({cat.REQUESTS.name}{{model=~"$model"}}, engine)'),
             # engine, tap or joined; none (All = .*) from an exporter without --source-label
-            variable("source", "source", 'label_values(phasewatch_requests_total{'
+            variable("source", "source", f'label_values({cat.REQUESTS.name}{{'
                                          'model=~"$model",engine=~"$engine"}, source)'),
-            variable("pod", "pod", 'label_values(phasewatch_requests_total{model=~"$model",'
+            variable("pod", "pod", f'label_values({cat.REQUESTS.name}{{model=~"$model",'
                                    'engine=~"$engine"}, pod)'),
-            variable("job", "exporter job", "label_values(phasewatch_ingest_requests_total, job)",
+            variable("job", "exporter job", f"label_values({cat.INGEST_REQUESTS.name}, job)",
                      hide=0)]},
         "panels": panels(),
     }

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from phasewatch.aggregation.aggregate import HISTOGRAMS
-from phasewatch.publish.metrics import HISTOGRAM_NAMES
+from phasewatch.catalog import HISTOGRAMS as HISTOGRAM_NAMES
 from phasewatch.requests import buckets
 from phasewatch.requests.gaps import GapBins, row_sums
 

@@ -11,12 +11,12 @@ import re
 
 import numpy as np
 
-from phasewatch.app import roofline_json
 from phasewatch.dashboard import panels
 from phasewatch.dashboard import queries as q
 from phasewatch.dashboard.exporter_source import snapshot_from_api
 from phasewatch.dashboard.frames import Snapshot
 from phasewatch.dashboard.prometheus_source import PrometheusSource
+from phasewatch.publish.api import roofline_json
 from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import Result
 from phasewatch.roofline.cause import diagnose

@@ -14,9 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from phasewatch.aggregation.aggregate import COUNTERS, HISTOGRAMS
+from phasewatch.catalog import HISTOGRAMS as HISTOGRAM_NAMES
 from phasewatch.client import PhasewatchClient
 from phasewatch.publish import exposition
-from phasewatch.publish.metrics import HISTOGRAM_NAMES, Exposure, HotText, coarse
+from phasewatch.publish.families import Exposure, coarse
+from phasewatch.publish.metrics import HotText
 from tests.serve import ServeProcess
 from tests.test_exposition import _aggregator
 

@@ -171,7 +171,7 @@ def test_protobuf_page_holds_the_text_pages_samples_and_the_native_histograms():
 
 
 def fams_name(spec) -> str:
-    from phasewatch.publish.metrics import HISTOGRAM_NAMES
+    from phasewatch.catalog import HISTOGRAMS as HISTOGRAM_NAMES
 
     return HISTOGRAM_NAMES[spec.key][0]
 

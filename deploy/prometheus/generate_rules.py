@@ -4,7 +4,8 @@
                                                           # Kubernetes PrometheusRule
     python deploy/prometheus/generate_rules.py --check    # fail if one is stale
 
-The rules are generated so that tuning is a parameter, not a hand edit: the TTFT
+Metric names are the catalog's (``phasewatch.catalog``). The rules are generated so
+that tuning is a parameter, not a hand edit: the TTFT
 SLO's threshold and objective, regression factors, the minimum traffic, ``for``
 durations, and the baseline offsets (one day and one week by default; the
 end-to-end test scales them down to minutes with the same code).
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from phasewatch import catalog as cat
 from phasewatch.dashboard import queries
 from phasewatch.roofline.cause import CAUSES, KV_FULL
 
@@ -105,14 +107,14 @@ def recording(p: Params) -> dict:
         shared(queries.PROMPT_CLASS["ttft_p95"]))
     rec(f"phasewatch:requests:rate_{w}", shared(queries.KPIS["request_rate"]))
     rec(f"phasewatch:tokens:rate_{w}",
-        f"sum by ({BY}, kind) (rate(phasewatch_tokens_total[{w}]))")
+        f"sum by ({BY}, kind) (rate({cat.TOKENS.name}[{w}]))")
     rec(f"phasewatch:phase_seconds:mean_{w}",  # per service; the dashboard's PHASE_MEAN is per pod
-        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_sum[{w}])) / "
-        f"sum by ({BY}, phase) (rate(phasewatch_phase_duration_seconds_count[{w}]))")
+        f"sum by ({BY}, phase) (rate({cat.PHASE_DURATION.name}_sum[{w}])) / "
+        f"sum by ({BY}, phase) (rate({cat.PHASE_DURATION.name}_count[{w}]))")
     rec(f"phasewatch:phase_time_share:ratio_{w}", shared(queries.PHASE_SHARE))
     rec(f"phasewatch:prefill_seconds_per_token:mean_{w}",
-        f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_sum[{w}])) / "
-        f"sum by ({BY}) (rate(phasewatch_prefill_seconds_per_token_count[{w}]))")
+        f"sum by ({BY}) (rate({cat.PREFILL_SECONDS_PER_TOKEN.name}_sum[{w}])) / "
+        f"sum by ({BY}) (rate({cat.PREFILL_SECONDS_PER_TOKEN.name}_count[{w}]))")
     # Baselines: the larger of the same window one day and one week earlier.
     for series in (f"phasewatch:ttft_seconds:p95_{w}", f"phasewatch:ttft_seconds:p50_{w}",
                    f"phasewatch:ttft_seconds:mean_{w}", f"phasewatch:itl_seconds:p95_{w}",
@@ -128,9 +130,9 @@ def recording(p: Params) -> dict:
     le = _le(p.ttft_slo_seconds)
     for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
         rec(f"phasewatch:ttft_slo_errors:ratio_rate{window}",
-            f"1 - sum by ({BY}) (rate(gen_ai_server_time_to_first_token_seconds_bucket"
+            f"1 - sum by ({BY}) (rate({cat.TTFT.name}_bucket"
             f'{{le="{le}"}}[{window}])) / sum by ({BY}) '
-            f"(rate(gen_ai_server_time_to_first_token_seconds_count[{window}]))")
+            f"(rate({cat.TTFT.name}_count[{window}]))")
     return {"groups": [{"name": "phasewatch-recording", "rules": rules}]}
 
 
@@ -153,15 +155,15 @@ def alerting(p: Params) -> dict:
         "prefill": (f"phasewatch:prefill_seconds_per_token:mean_{w} > {p.prefill_factor} * "
                     f"phasewatch:prefill_seconds_per_token:mean_{w}:baseline",
                     "Prefill is slower per prompt token than in the baseline: look at "
-                    "prefill MFU (phasewatch_flops_utilization_ratio{phase=\"prefill\"}), "
-                    "the prefix-cache hit rate (phasewatch_tokens_total{kind=\"cached_prompt\"}), "
+                    f"prefill MFU ({cat.FLOPS_UTILIZATION.name}{{phase=\"prefill\"}}), "
+                    f"the prefix-cache hit rate ({cat.TOKENS.name}{{kind=\"cached_prompt\"}}), "
                     "GPU clocks and throttling, and any new model, engine or flag rollout."),
         "queue": (f"(phasewatch:queue_seconds:mean_{w} - phasewatch:queue_seconds:mean_{w}"
                   f":baseline) > {p.queue_share_of_rise} * (phasewatch:ttft_seconds:mean_{w} - "
                   f"phasewatch:ttft_seconds:mean_{w}:baseline)",
                   "Requests wait longer for a slot: look at the request rate against capacity "
                   "(phasewatch:requests:rate_5m), the decode batch "
-                  "(phasewatch_decode_batch_size) against max_num_seqs, KV-cache pressure "
+                  f"({cat.DECODE_BATCH_SIZE.name}) against max_num_seqs, KV-cache pressure "
                   "and preemptions, and replicas that left the pool."),
     }
     for q in ("p95", "p50"):
@@ -218,9 +220,9 @@ def alerting(p: Params) -> dict:
                          "description": "Median time per output token is {{ $value | "
                          "humanizeDuration }}, over the baseline."}},
         {"alert": "PhasewatchDecodeBandwidthCollapse",
-         "expr": (f'avg_over_time(phasewatch_bandwidth_utilization_ratio{{phase="decode"}}[30m]) '
+         "expr": (f'avg_over_time({cat.BANDWIDTH_UTILIZATION.name}{{phase="decode"}}[30m]) '
                   f"< {p.mbu_collapse_ratio} * "
-                  f'avg_over_time(phasewatch_bandwidth_utilization_ratio{{phase="decode"}}[30m] '
+                  f'avg_over_time({cat.BANDWIDTH_UTILIZATION.name}{{phase="decode"}}[30m] '
                   f"offset {p.baseline_offsets[0]})"),
          "for": "15m", "labels": {"severity": "warning"},
          "annotations": {"summary": "Decode MBU of {{ $labels.model }} collapsed",
@@ -234,17 +236,17 @@ def alerting(p: Params) -> dict:
                          "description": "Prometheus cannot scrape the sidecar: its pod's "
                          "latency metrics and verdict are missing."}},
         {"alert": "PhasewatchRejectingEvents",
-         "expr": ("sum by (instance) (rate(phasewatch_ingest_rejected_total[10m])) / "
-                  "sum by (instance) (rate(phasewatch_ingest_requests_total[10m])) > 0.01"),
+         "expr": (f"sum by (instance) (rate({cat.INGEST_REJECTED.name}[10m])) / "
+                  f"sum by (instance) (rate({cat.INGEST_REQUESTS.name}[10m])) > 0.01"),
          "for": "10m", "labels": {"severity": "warning"},
          "annotations": {"summary": "phasewatch at {{ $labels.instance }} rejects events",
                          "description": "{{ $value | humanizePercentage }} of the events "
-                         "received are rejected: see phasewatch_ingest_rejected_total by "
+                         f"received are rejected: see {cat.INGEST_REJECTED.name} by "
                          "reason (a sender's clock, a span shape, a version mismatch)."}},
         {"alert": "PhasewatchEngineStoppedReporting",
-         "expr": (f"(sum by ({SERVICE}) (rate(phasewatch_requests_total"
+         "expr": (f"(sum by ({SERVICE}) (rate({cat.REQUESTS.name}"
                   f"[{p.engine_silence}])) == 0)\nand on ({SERVICE}) (sum by ({SERVICE}) "
-                  f"(rate(phasewatch_requests_total"
+                  f"(rate({cat.REQUESTS.name}"
                   f"[{p.engine_silence}] offset 1h)) > 0)"),
          "for": "5m", "labels": {"severity": "warning"},
          "annotations": {"summary": "{{ $labels.model }} ({{ $labels.engine }}) stopped "
@@ -269,7 +271,7 @@ def engine_state(p: Params) -> list[dict]:
     kv_full = f"{p.kv_full_ratio:.0%}"
     return [
         {"alert": "PhasewatchEngineKVCacheFull",
-         "expr": f"{ONE_ENGINE} (phasewatch_engine_kv_cache_usage_ratio) >= {p.kv_full_ratio}",
+         "expr": f"{ONE_ENGINE} ({cat.ENGINE_KV_CACHE_USAGE.name}) >= {p.kv_full_ratio}",
          "for": p.kv_full_for, "labels": {"severity": "warning"},
          "annotations": {
              "summary": f"KV cache of {who} full for {p.kv_full_for}",
@@ -277,11 +279,11 @@ def engine_state(p: Params) -> list[dict]:
                  f"The engine reports its KV cache {{{{ $value | humanizePercentage }}}} "
                  f"used, {kv_full} or more for {p.kv_full_for}: new requests wait for "
                  "KV blocks and running ones get preempted and recomputed "
-                 "(phasewatch_engine_requests{state=\"waiting\"}, "
-                 "phasewatch_engine_preemptions_total; the verdict's cause kv_cache). "
+                 f"({cat.ENGINE_REQUESTS.name}{{state=\"waiting\"}}, "
+                 f"{cat.ENGINE_PREEMPTIONS.name}; the verdict's cause kv_cache). "
                  f"Levers: {_levers('kv_cache')}.")}},
         {"alert": "PhasewatchEnginePreempting",
-         "expr": (f"{ONE_ENGINE} (increase(phasewatch_engine_preemptions_total"
+         "expr": (f"{ONE_ENGINE} (increase({cat.ENGINE_PREEMPTIONS.name}"
                   f"[{p.preemption_window}])) > 0"),
          "for": p.preemption_for, "labels": {"severity": "warning"},
          "annotations": {
@@ -295,7 +297,7 @@ def engine_state(p: Params) -> list[dict]:
                  f"{_levers('preemption_recompute')}; where PhasewatchEngineKVCacheFull "
                  "fires too, its levers.")}},
         {"alert": "PhasewatchRooflineCeilingExceeded",
-         "expr": f"{ONE_ENGINE} (phasewatch_roofline_ceiling_exceeded_ratio) > 1",
+         "expr": f"{ONE_ENGINE} ({cat.CEILING_EXCEEDED.name}) > 1",
          "for": p.ceiling_for, "labels": {"severity": "ticket"},
          "annotations": {
              "summary": (f"The roofline's {{{{ $labels.ceiling }}}} ceiling for {who} is "

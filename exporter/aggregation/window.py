@@ -1,5 +1,8 @@
 """Rolling window over recently ingested requests, for the JSON API (and the dashboard).
 
+``summarize`` returns a ``WindowSummary`` (``phasewatch.aggregation.summary``): figures,
+which the JSON API lays out.
+
 Two bounded structures, both indexed by label set (model, engine):
 
 * a ring of the most recent ``capacity`` accepted requests with their phases, for
@@ -30,12 +33,13 @@ import time
 
 import numpy as np
 
-from phasewatch.requests.buckets import (
-    PROMPT_CLASS_RANGES,
-    PROMPT_CLASSES,
-    WINDOW_INDEX,
-    prompt_class_codes,
+from phasewatch.aggregation.summary import (
+    Quantiles,
+    SeriesSummary,
+    WindowSummary,
+    by_prompt_class,
 )
+from phasewatch.requests.buckets import WINDOW_INDEX
 from phasewatch.requests.gaps import GapCounts
 from phasewatch.requests.record import FINISH_REASONS, NS
 
@@ -45,7 +49,6 @@ _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", 
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
-QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
@@ -235,6 +238,11 @@ class RollingWindow:
     # ---- reading -------------------------------------------------------------
     def summary(self, label_sets: list[tuple], seconds: float | None = None,
                 names: tuple[str, ...] = DEFAULT_NAMES) -> dict:
+        """``summarize``'s figures in their JSON form (``/api/v1/summary``)."""
+        return self.summarize(label_sets, seconds, names).as_dict()
+
+    def summarize(self, label_sets: list[tuple], seconds: float | None = None,
+                  names: tuple[str, ...] = DEFAULT_NAMES) -> WindowSummary:
         """Per label set: rates, TTFT/ITL/TPOT/e2e quantiles, phase time shares, over the
         ``seconds`` (at most the window) ending at its requests' clock's now (module
         docstring)."""
@@ -264,42 +272,30 @@ class RollingWindow:
             lo[known] = end[ring_ls[known]] - span
             in_window = known & (self._ring["done_at"] > lo)
             ring = {k: v[in_window] for k, v in self._ring.items()}
-        models = []
+        series = []
         for i, key in enumerate(label_sets):
             model, engine = key[:2]
             sel = ring["ls"] == i
             if i >= n or (counts[i, 0] == 0 and not sel.any()):
                 continue
-            elapsed = max(float(covered[i]), 1e-9)
-            models.append({
-                "model": model, "engine": engine, **dict(zip(names[2:], key[2:], strict=False)),
-                "covered_seconds": elapsed,
-                "requests_in_window": int(counts[i, 0]),
-                "prompt_tokens_in_window": int(counts[i, 1]),
-                "output_tokens_in_window": int(counts[i, 2]),
-                "request_rate": counts[i, 0] / elapsed,
-                "prompt_tokens_per_second": counts[i, 1] / elapsed,
-                "output_tokens_per_second": counts[i, 2] / elapsed,
-                "ttft_seconds": _quantiles(ring["ttft"][sel]),
-                "tpot_seconds": _quantiles(ring["tpot"][sel]),
-                "e2e_seconds": _quantiles(ring["e2e"][sel]),
-                # vLLM's e2e: arrival to the last token (e2e above runs to the finish)
-                "e2e_to_last_token_seconds": _quantiles(
-                    ring["last_token_at"][sel] - ring["arrival"][sel]),
-                "itl_seconds": _binned_quantiles(itl[i], itl_sum[i]),
-                # each gap spread over the tokens of the emission ending it (multi-token
-                # chunks); percentiles: phasewatch_inter_token_latency_per_token_seconds
-                "itl_per_token_seconds": {
-                    "mean": counts[i, 4] / counts[i, 3] if counts[i, 3] else None,
-                    "count": int(counts[i, 3])},
-                "phase_time_share": phase_time_shares(ring, sel),
-                "ttft_by_prompt_class": _by_prompt_class(ring, sel),
-                "sampled_requests": int(sel.sum()),
-            })
-        shown = [m["covered_seconds"] for m in models]
-        return {"window_seconds": span,
-                "covered_seconds": max(shown) if shown else max(min(span, uptime), 1e-9),
-                "generated_at": now, "ring_capacity": self.capacity, "models": models}
+            c = counts[i]
+            series.append(SeriesSummary(
+                model, engine, dict(zip(names[2:], key[2:], strict=False)),
+                covered_seconds=max(float(covered[i]), 1e-9), requests=int(c[0]),
+                prompt_tokens=int(c[1]), output_tokens=int(c[2]),
+                ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
+                e2e=Quantiles.of(ring["e2e"][sel]),
+                e2e_to_last_token=Quantiles.of(ring["last_token_at"][sel]
+                                               - ring["arrival"][sel]),
+                itl=Quantiles.binned(itl[i], itl_sum[i]),
+                itl_per_token_mean=float(c[4] / c[3]) if c[3] else None,
+                itl_per_token_count=int(c[3]),
+                phase_time_share=phase_time_shares(ring, sel),
+                ttft_by_prompt_class=by_prompt_class(ring, sel),
+                sampled_requests=int(sel.sum())))
+        shown = [s.covered_seconds for s in series]
+        return WindowSummary(span, max(shown) if shown else max(min(span, uptime), 1e-9),
+                             now, self.capacity, series)
 
     def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
         """Copies of the ring's columns for requests ingested in the last ``seconds``
@@ -338,52 +334,6 @@ class RollingWindow:
                 row[name] = None if v < 0 else v
             out.append(row)
         return out
-
-
-def _quantiles(values: np.ndarray) -> dict:
-    """Mean, p50/p90/p95/p99 (numpy's linear interpolation, as ``vllm bench serve``'s
-    ``np.percentile``) and count of the known values."""
-    v = values[~np.isnan(values)]
-    if v.size == 0:
-        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
-    qs = np.quantile(v, QUANTILES)
-    return {"mean": float(v.mean())} | {
-        f"p{round(q * 100)}": float(x) for q, x in zip(QUANTILES, qs, strict=True)} | {
-        "count": int(v.size)}
-
-
-def _binned_quantiles(counts: np.ndarray, total_seconds: float) -> dict:
-    """Quantiles from the window's log-linear bins (each the bin's geometric middle)
-    and the exact mean from the gaps' summed seconds."""
-    total = int(counts.sum())
-    if total == 0:
-        return {"mean": None} | {f"p{round(q * 100)}": None for q in QUANTILES} | {"count": 0}
-    cum = np.cumsum(counts)
-    lo, hi = WINDOW_INDEX.bounds()
-    out = {"mean": float(total_seconds / total)}
-    for q in QUANTILES:
-        b = int(np.searchsorted(cum, q * total, side="left"))
-        b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends
-        out[f"p{round(q * 100)}"] = float(math.sqrt(lo[b] * hi[b]))  # geometric middle
-    return out | {"count": total}
-
-
-def _by_prompt_class(ring: dict, sel: np.ndarray) -> list[dict]:
-    """TTFT and prefill seconds per uncached prompt token per prompt-length class, so a
-    TTFT rise from longer prompts is told apart from a slower prefill."""
-    codes = prompt_class_codes(ring["prompt"][sel])
-    ttft, prefill, uncached = ring["ttft"][sel], ring["prefill"][sel], ring["uncached"][sel]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_token = np.where(uncached > 0, prefill / uncached, np.nan)
-    out = []
-    for code, (_, label) in enumerate(PROMPT_CLASSES):
-        mine = codes == code
-        if mine.any():
-            lo, hi = PROMPT_CLASS_RANGES[label]
-            out.append({"prompt_class": label, "min_tokens": lo, "max_tokens": hi,
-                        "ttft_seconds": _quantiles(ttft[mine]),
-                        "prefill_seconds_per_token": _quantiles(per_token[mine])})
-    return out
 
 
 SHARE_PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")

@@ -21,24 +21,17 @@ a varint.
 
 from __future__ import annotations
 
-import numpy as np
 from prometheus_client.registry import Collector
 
-from phasewatch.aggregation.aggregate import COUNTERS, Aggregator
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.catalog import NATIVE_SUFFIX
 from phasewatch.ingest.wire import varint
 from phasewatch.protocol import exposition_pb2 as pb
-from phasewatch.publish.metrics import (
-    COUNTER_NAMES,
-    HISTOGRAM_NAMES,
-    Exposure,
-    counter_cells,
-    row_labels,
-)
+from phasewatch.publish.families import CounterCells, Exposure, HistogramRows, walk
 from phasewatch.requests import native
 
 CONTENT_TYPE = ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
                 "encoding=delimited")
-NATIVE_SUFFIX = "_native"
 
 
 def native_name(name: str) -> str:
@@ -138,50 +131,48 @@ class HotProto:
         return got
 
     def families(self) -> list:
-        snap = self._exposure.apply(self._agg.snapshot())
-        pairs, base = snap.label_sets, list(snap.label_names)
         out = []
-        for spec, counts, sums in snap.histograms.values():
-            name, doc = HISTOGRAM_NAMES[spec.key]
-            names = base + ([spec.sub_label] if spec.sub_label else [])
-            rows = np.flatnonzero(counts.sum(axis=1)).tolist()
-            labels = [row_labels(spec, pairs, row) for row in rows]
-            cum = np.cumsum(counts, axis=1)
-            classic = pb.MetricFamily(name=name, help=doc, type=pb.HISTOGRAM)
-            for row, values in zip(rows, labels, strict=True):
-                m = classic.metric.add()
-                m.MergeFromString(self._template(spec, False, names, values))
-                h = m.histogram
-                h.sample_count, h.sample_sum = int(cum[row, -1]), float(sums[row])
-                for b, c in zip(h.bucket, cum[row, :-1].tolist(), strict=True):
-                    b.cumulative_count = c
-            out.append(classic)
-            if spec.native is None:
+        for f in walk(self._exposure.apply(self._agg.snapshot())):
+            if isinstance(f, CounterCells):
+                fam = pb.MetricFamily(name=f.family.name, help=f.family.help, type=pb.COUNTER)
+                for values, v in f.cells:
+                    m = fam.metric.add()
+                    _labels(m, f.names, values)
+                    m.counter.value = v
+                out.append(fam)
                 continue
-            lo, ncounts = snap.natives[spec.key]
-            encoded = native.encode(spec.native, ncounts, lo)
-            fam = pb.MetricFamily(name=native_name(name), help=doc + " Native histogram "
-                                  f"(schema {native.SCHEMA}).", type=pb.HISTOGRAM)
-            for row, values in zip(rows, labels, strict=True):
-                m = fam.metric.add()
-                m.MergeFromString(self._template(spec, True, names, values))
-                h = m.histogram
-                h.sample_count, h.sample_sum = int(cum[row, -1]), float(sums[row])
-                zero, spans, deltas = encoded[row] if row < len(encoded) else (0, [], [])
-                h.zero_count = zero
-                h.positive_span.extend(pb.BucketSpan(offset=o, length=n) for o, n in spans)
-                h.positive_delta.extend(deltas)
-            out.append(fam)
-        for key, (label, kinds) in COUNTERS.items():
-            name, doc = COUNTER_NAMES[key]
-            fam = pb.MetricFamily(name=name, help=doc, type=pb.COUNTER)
-            arr = snap.counters[key]
-            for i, j in counter_cells(key, arr):
-                m = fam.metric.add()
-                _labels(m, [*base, label], [*pairs[i], kinds[j]])
-                m.counter.value = float(arr[i, j])
-            out.append(fam)
+            out.append(self._classic(f))
+            if f.native is not None:
+                out.append(self._native(f))
         return out
+
+    def _classic(self, f: HistogramRows):
+        fam = pb.MetricFamily(name=f.family.name, help=f.family.help, type=pb.HISTOGRAM)
+        for row, values in zip(f.rows, f.labels, strict=True):
+            m = fam.metric.add()
+            m.MergeFromString(self._template(f.spec, False, f.names, values))
+            h = m.histogram
+            h.sample_count, h.sample_sum = int(f.cum[row, -1]), float(f.sums[row])
+            for b, c in zip(h.bucket, f.cum[row, :-1].tolist(), strict=True):
+                b.cumulative_count = c
+        return fam
+
+    def _native(self, f: HistogramRows):
+        lo, ncounts = f.native
+        encoded = native.encode(f.spec.native, ncounts, lo)
+        fam = pb.MetricFamily(name=native_name(f.family.name), help=f.family.help
+                              + f" Native histogram (schema {native.SCHEMA}).",
+                              type=pb.HISTOGRAM)
+        for row, values in zip(f.rows, f.labels, strict=True):
+            m = fam.metric.add()
+            m.MergeFromString(self._template(f.spec, True, f.names, values))
+            h = m.histogram
+            h.sample_count, h.sample_sum = int(f.cum[row, -1]), float(f.sums[row])
+            zero, spans, deltas = encoded[row] if row < len(encoded) else (0, [], [])
+            h.zero_count = zero
+            h.positive_span.extend(pb.BucketSpan(offset=o, length=n) for o, n in spans)
+            h.positive_delta.extend(deltas)
+        return fam
 
 
 _TYPES = {"counter": pb.COUNTER, "gauge": pb.GAUGE, "summary": pb.SUMMARY,

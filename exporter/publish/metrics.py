@@ -1,6 +1,7 @@
 """Prometheus exposition: one collector that renders the aggregation snapshot at scrape.
 
-Names follow docs/metrics.md's catalog; the OTel GenAI semconv names where one exists
+Names, HELP texts and labels are the catalog's (``phasewatch.catalog``); the OTel GenAI
+semconv names where one exists
 (``gen_ai.server.time_to_first_token`` -> ``gen_ai_server_time_to_first_token_seconds``).
 Sample exposition::
 
@@ -12,12 +13,9 @@ Sample exposition::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
 from importlib import metadata
 
-import numpy as np
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -29,90 +27,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from phasewatch.aggregation.aggregate import COUNTERS, Aggregator, Snapshot
-from phasewatch.requests.buckets import BucketSet
-from phasewatch.selfstats import SELF_METRICS
-
-# Aggregator key -> (Prometheus name, help). Units are in the names.
-HISTOGRAM_NAMES: dict[str, tuple[str, str]] = {
-    "ttft": ("gen_ai_server_time_to_first_token_seconds",
-             "Time to first token: first token minus arrival."),
-    "tpot": ("gen_ai_server_time_per_output_token_seconds",
-             "Per-request time per output token after the first: "
-             "(last_token - first_token) / (output_tokens - 1)."),
-    "e2e": ("gen_ai_server_request_duration_seconds", "End-to-end request duration."),
-    "itl": ("phasewatch_inter_token_latency_seconds",
-            "Every gap between consecutive streamed emissions, pooled (vLLM's benchmark "
-            "itl)."),
-    "itl_per_token": ("phasewatch_inter_token_latency_per_token_seconds",
-                      "Every gap between streamed emissions spread over the tokens of the "
-                      "emission ending it, pooled."),
-    "phase": ("phasewatch_phase_duration_seconds",
-              "Time a request spent in each phase (preprocess, queue, prefill, "
-              "kv_transfer, decode)."),
-    "prefill_spt": ("phasewatch_prefill_seconds_per_token",
-                    "Prefill time per uncached prompt token (length-normalised TTFT)."),
-    "decode_tps": ("phasewatch_decode_tokens_per_second",
-                   "Per-request decode speed: output tokens after the first per decode second."),
-    "clock_skew": ("phasewatch_clock_skew_seconds",
-                   "Disagreement absorbed per request between a two-clock server's frontend "
-                   "and engine-core times."),
-}
-COUNTER_NAMES: dict[str, tuple[str, str]] = {
-    "tokens": ("phasewatch_tokens_total",
-               "Tokens of accepted requests: prompt, cached_prompt (prefix-cache hits), output."),
-    "requests": ("phasewatch_requests_total", "Finished requests accepted, by finish reason."),
-}
-
-
-def coarse(bounds: BucketSet) -> BucketSet:
-    """The 1-2-5 bounds of a bucket set (1, 2 or 5 times a power of ten) and its top one."""
-    def one_two_five(b: float) -> bool:
-        mantissa = b / 10 ** math.floor(math.log10(b))
-        return any(math.isclose(mantissa, m, rel_tol=1e-9) for m in (1, 2, 5, 10))
-    kept = tuple(b for b in bounds.bounds[:-1] if one_two_five(b)) + bounds.bounds[-1:]
-    return replace(bounds, bounds=kept)
-
-
-@dataclass(frozen=True)
-class Exposure:
-    """What /metrics shows of the aggregation: every label set's histograms, with the
-    prompt-length split of TTFT (``--prompt-class-label``) and the classic buckets in
-    full or coarse (``--classic-buckets``). The aggregation keeps everything; this only
-    merges what a scrape carries, exactly (a coarse bucket is the sum of the fine ones
-    it covers; TTFT without classes the sum over classes, native buckets too)."""
-
-    prompt_class_label: bool = True
-    classic_buckets: str = "full"
-
-    def apply(self, snap: Snapshot) -> Snapshot:
-        if self.prompt_class_label and self.classic_buckets == "full":
-            return snap
-        hists, natives = dict(snap.histograms), dict(snap.natives)
-        for key, (spec, counts, sums) in snap.histograms.items():
-            if not self.prompt_class_label and spec.sub_label == "prompt_class":
-                k = len(spec.sub_values)
-                counts, sums = _merge_rows(counts, k), _merge_rows(sums[:, None], k)[:, 0]
-                if key in natives:
-                    lo, ncounts = natives[key]
-                    natives[key] = (lo, _merge_rows(ncounts, k))
-                spec = replace(spec, sub_label=None, sub_values=("",))
-            if self.classic_buckets == "coarse":
-                fine = spec.buckets
-                spec = replace(spec, buckets=coarse(fine))
-                cols = [fine.bounds.index(b) for b in spec.buckets.bounds]
-                cum = np.cumsum(counts, axis=1)[:, [*cols, -1]]
-                counts = np.diff(cum, axis=1, prepend=0)
-            hists[key] = (spec, counts, sums)
-        return replace(snap, histograms=hists, natives=natives)
-
-
-def _merge_rows(a: np.ndarray, k: int) -> np.ndarray:
-    """Rows ``i*k .. i*k+k-1`` summed into row ``i`` (a sub-label's values merged)."""
-    rows = -(-a.shape[0] // k) * k
-    padded = np.zeros((rows, a.shape[1]), dtype=a.dtype)
-    padded[: a.shape[0]] = a
-    return padded.reshape(rows // k, k, a.shape[1]).sum(axis=1)
+from phasewatch import catalog
+from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.publish import exposition
+from phasewatch.publish.families import CounterCells, Exposure, walk
 
 
 class HotCollector(Collector):
@@ -126,40 +44,19 @@ class HotCollector(Collector):
         self._exposure = exposure or Exposure()
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._exposure.apply(self._agg.snapshot())
-        pairs = snap.label_sets
-        base = list(snap.label_names)
-        for spec, counts, sums in snap.histograms.values():
-            name, doc = HISTOGRAM_NAMES[spec.key]
-            labels = base + ([spec.sub_label] if spec.sub_label else [])
-            fam = HistogramMetricFamily(name, doc, labels=labels)
-            les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
-            cum = np.cumsum(counts, axis=1)
-            for row in np.flatnonzero(cum[:, -1]):
-                fam.add_metric(row_labels(spec, pairs, row),
-                               list(zip(les, cum[row].tolist(), strict=True)), float(sums[row]))
+        for f in walk(self._exposure.apply(self._agg.snapshot())):
+            if isinstance(f, CounterCells):
+                fam = CounterMetricFamily(f.family.family, f.family.help, labels=f.names)
+                for values, v in f.cells:
+                    fam.add_metric(values, v)
+                yield fam
+                continue
+            fam = HistogramMetricFamily(f.family.name, f.family.help, labels=f.names)
+            les = [floatToGoString(b) for b in f.spec.buckets.bounds] + ["+Inf"]
+            for row, values in zip(f.rows, f.labels, strict=True):
+                fam.add_metric(values, list(zip(les, f.cum[row].tolist(), strict=True)),
+                               float(f.sums[row]))
             yield fam
-        for key, (label, values) in COUNTERS.items():
-            name, doc = COUNTER_NAMES[key]
-            fam = CounterMetricFamily(name, doc, labels=[*base, label])
-            arr = snap.counters[key]
-            for i, j in counter_cells(key, arr):
-                fam.add_metric([*pairs[i], values[j]], float(arr[i, j]))
-            yield fam
-
-
-def row_labels(spec, pairs: list[tuple], row: int) -> list[str]:
-    """The label values of a histogram's count row: its label set's, then its
-    sub-label's (prompt class, phase) where it has one."""
-    pair = pairs[row // len(spec.sub_values)]
-    return [*pair, spec.sub_values[row % len(spec.sub_values)]] if spec.sub_label else list(pair)
-
-
-def counter_cells(key: str, arr: np.ndarray) -> list[tuple[int, int]]:
-    """Which (label set, value) cells a counter shows: token kinds always, finish reasons
-    once seen."""
-    return [(i, j) for i in range(arr.shape[0]) for j in range(arr.shape[1])
-            if key == "tokens" or arr[i, j]]
 
 
 def _escape(value: str) -> str:
@@ -200,39 +97,36 @@ class HotText:
         return got
 
     def render(self, openmetrics: bool) -> bytes:
-        snap = self._exposure.apply(self._agg.snapshot())
-        names = snap.label_names
         out = []
-        for spec, counts, sums in snap.histograms.values():
-            name, doc = HISTOGRAM_NAMES[spec.key]
-            out.append(f"# HELP {name} {_help(doc, openmetrics)}\n# TYPE {name} histogram\n")
-            les = [floatToGoString(b) for b in spec.buckets.bounds] + ["+Inf"]
-            k = len(spec.sub_values)
-            cum = np.cumsum(counts, axis=1)
-            for row in np.flatnonzero(cum[:, -1]).tolist():
-                pair = snap.label_sets[row // k]
-                sub = spec.sub_values[row % k] if spec.sub_label else None
-                pairs = list(zip(names, pair, strict=True))
-                if spec.sub_label:
-                    pairs.append((spec.sub_label, sub))
-                prefixes = self._lines((spec.key, pair, sub), name, pairs, les)
-                values = cum[row].tolist()
-                buckets = prefixes[:-2]
-                out.append("".join([f"{p}{v}\n" for p, v in zip(buckets, values, strict=True)]))
-                out.append(f"{prefixes[-2]}{values[-1]}\n{prefixes[-1]}"
-                           f"{floatToGoString(sums[row])}\n")
-        for key, (label, values) in COUNTERS.items():
-            name, doc = COUNTER_NAMES[key]
-            family = name.removesuffix("_total") if openmetrics else name
-            out.append(f"# HELP {family} {_help(doc, openmetrics)}\n"
-                       f"# TYPE {family} counter\n")
-            arr = snap.counters[key]
-            for i, j in counter_cells(key, arr):
-                pairs = sorted([*zip(names, snap.label_sets[i], strict=True),
-                                (label, values[j])])
-                text = ",".join(f'{n}="{_escape(v)}"' for n, v in pairs)
-                out.append(f"{name}{{{text}}} {_number(float(arr[i, j]))}\n")
+        for f in walk(self._exposure.apply(self._agg.snapshot())):
+            if isinstance(f, CounterCells):
+                out.append(self._counter(f, openmetrics))
+                continue
+            name = f.family.name
+            out.append(f"# HELP {name} {_help(f.family.help, openmetrics)}\n"
+                       f"# TYPE {name} histogram\n")
+            les = [floatToGoString(b) for b in f.spec.buckets.bounds] + ["+Inf"]
+            for row, values in zip(f.rows, f.labels, strict=True):
+                prefixes = self._lines((f.spec.key, *values), name,
+                                       list(zip(f.names, values, strict=True)), les)
+                counts = f.cum[row].tolist()
+                out.append("".join([f"{p}{v}\n" for p, v in
+                                    zip(prefixes[:-2], counts, strict=True)]))
+                out.append(f"{prefixes[-2]}{counts[-1]}\n{prefixes[-1]}"
+                           f"{floatToGoString(f.sums[row])}\n")
         return "".join(out).encode()
+
+    @staticmethod
+    def _counter(f: CounterCells, openmetrics: bool) -> str:
+        name = f.family.name
+        family = f.family.family if openmetrics else name
+        out = [f"# HELP {family} {_help(f.family.help, openmetrics)}\n"
+               f"# TYPE {family} counter\n"]
+        for values, v in f.cells:
+            pairs = sorted(zip(f.names, values, strict=True))
+            text = ",".join(f'{n}="{_escape(lv)}"' for n, lv in pairs)
+            out.append(f"{name}{{{text}}} {_number(v)}\n")
+        return "".join(out)
 
 
 def _help(doc: str, openmetrics: bool) -> str:
@@ -249,26 +143,26 @@ def package_version() -> str:
 
 
 class SelfCollector(Collector):
-    """The exporter's own counters (``SelfStats``) and the gauges it is given."""
+    """The exporter's own counters (``SelfStats``), the gauges it is given (catalog
+    family -> its reading) and the build's version."""
 
     def __init__(self, aggregator: Aggregator,
-                 gauges: dict[str, tuple[str, Callable[[], float]]] | None = None):
+                 gauges: dict[catalog.Family, Callable[[], float]] | None = None):
         self._agg = aggregator
         self._gauges = gauges or {}
 
     def collect(self) -> Iterator[Metric]:
         values = self._agg.stats.snapshot()
-        for name, (_, doc, labels) in SELF_METRICS.items():
-            fam = CounterMetricFamily(name, doc, labels=list(labels))
+        for f in catalog.SELF_COUNTERS:
+            fam = CounterMetricFamily(f.family, f.help, labels=list(f.labels))
             for (n, label_values), v in sorted(values.items()):
-                if n == name:
+                if n == f.name:
                     fam.add_metric(list(label_values), float(v))
             yield fam
-        for name, (doc, read) in self._gauges.items():
-            yield GaugeMetricFamily(name, doc, value=float(read()))
-        info = GaugeMetricFamily("phasewatch_build_info",
-                                 "1, with the running phasewatch's version in its label.",
-                                 labels=["version"])
+        for f, read in self._gauges.items():
+            yield GaugeMetricFamily(f.name, f.help, value=float(read()))
+        b = catalog.BUILD_INFO
+        info = GaugeMetricFamily(b.name, b.help, labels=list(b.labels))
         info.add_metric([package_version()], 1.0)
         yield info
 
@@ -284,8 +178,6 @@ class MetricsPage:
         self._hot, self._rest, self._full, self._proto = hot, rest, full, proto
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        from phasewatch.publish import exposition
-
         if self._proto is not None and exposition.wants_protobuf(accept):
             families = self._proto.families() + exposition.registry_families(self._rest)
             return exposition.delimited(families), exposition.CONTENT_TYPE

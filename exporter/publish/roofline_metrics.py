@@ -13,6 +13,8 @@ Sample exposition::
     phasewatch_engine_preemptions_total{model="Llama-3.1-8B",engine="vllm"} 32.0
     phasewatch_roofline_ceiling_exceeded_ratio{model="Llama-3.1-8B",engine="vllm",phase="prefill",ceiling="flops"} 1.84
     phasewatch_roofline_inputs_info{model="Llama-3.1-8B",engine="vllm",input="decode_steps",origin="token_gaps"} 1.0
+
+Names, HELP texts and labels are the catalog's (``phasewatch.catalog``).
 """  # noqa: E501
 
 from __future__ import annotations
@@ -22,25 +24,9 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from phasewatch import catalog as c
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.roofline.bottleneck import BottleneckMonitor
-
-# (name, help, PhaseEstimate attribute) per phase-labelled gauge.
-PHASE_GAUGES = (
-    ("phasewatch_achieved_bandwidth_bytes_per_second",
-     "Bytes/s the phase moved over its busy time in the rolling window.",
-     "achieved_bytes_per_second"),
-    ("phasewatch_achieved_flops_per_second",
-     "FLOP/s the phase performed over its busy time in the rolling window.",
-     "achieved_flops_per_second"),
-    ("phasewatch_bandwidth_utilization_ratio",
-     "MBU: achieved bytes/s over the datasheet peak bandwidth x GPUs.", "bandwidth_utilization"),
-    ("phasewatch_flops_utilization_ratio",
-     "MFU: achieved FLOP/s over the datasheet dense peak x GPUs.", "flops_utilization"),
-    ("phasewatch_arithmetic_intensity_flops_per_byte",
-     "The phase's operating point on the roofline: FLOPs per byte moved.",
-     "arithmetic_intensity"),
-)
 
 
 class RooflineCollector(Collector):
@@ -51,8 +37,8 @@ class RooflineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         results = self._monitor.results()
         labels = list(self._agg.labels.names)
-        for name, doc, attr in PHASE_GAUGES:
-            fam = GaugeMetricFamily(name, doc, labels=[*labels, "phase"])
+        for attr, f in c.PHASE_ESTIMATES.items():
+            fam = _family(f, labels)
             for r in results:
                 for phase in ("prefill", "decode"):
                     p = getattr(r.estimate, phase)
@@ -61,22 +47,11 @@ class RooflineCollector(Collector):
                         fam.add_metric([*r.labels, phase], float(value))
             yield fam
         yield from self._peaks(results, labels)
-        share = GaugeMetricFamily("phasewatch_phase_time_share_ratio",
-                                  "Share of request time spent in each phase (preprocess, "
-                                  "queue, prefill, kv_transfer, decode) over the rolling "
-                                  "window.", labels=[*labels, "phase"])
-        batch = GaugeMetricFamily("phasewatch_decode_batch_size",
-                                  "Estimated mean number of sequences decoding together while "
-                                  "decode runs.", labels=labels)
-        info = GaugeMetricFamily("phasewatch_bottleneck_info",
-                                 "1 for the current verdict: its phase, the resource that "
-                                 "limits it and the cause.",
-                                 labels=[*labels, "phase", "resource", "cause"])
-        confidence = GaugeMetricFamily("phasewatch_bottleneck_confidence_ratio",
-                                       "Confidence of the verdict, 0..1.", labels=labels)
-        inputs = GaugeMetricFamily("phasewatch_roofline_inputs_info",
-                                   "1 per input of the estimate, by where it came from.",
-                                   labels=[*labels, "input", "origin"])
+        share = _family(c.PHASE_TIME_SHARE, labels)
+        batch = _family(c.DECODE_BATCH_SIZE, labels)
+        info = _family(c.BOTTLENECK_INFO, labels)
+        confidence = _family(c.BOTTLENECK_CONFIDENCE, labels)
+        inputs = _family(c.ROOFLINE_INPUTS, labels)
         for r in results:
             for phase, v in (r.estimate.phase_time_share or {}).items():
                 share.add_metric([*r.labels, phase], v)
@@ -94,13 +69,8 @@ class RooflineCollector(Collector):
 
     @staticmethod
     def _peaks(results, labels: list[str]) -> Iterator[Metric]:
-        bw = GaugeMetricFamily("phasewatch_peak_bandwidth_bytes_per_second",
-                               "Memory bandwidth ceiling of the hardware x GPUs, datasheet "
-                               "or achievable.", labels=[*labels, "ceiling"])
-        fl = GaugeMetricFamily("phasewatch_peak_flops_per_second",
-                               "Dense FLOP/s ceiling of the hardware x GPUs at the compute "
-                               "dtype, datasheet or achievable.",
-                               labels=[*labels, "ceiling"])
+        bw = _family(c.PEAK_BANDWIDTH, labels)
+        fl = _family(c.PEAK_FLOPS, labels)
         for r in results:
             d = r.deployment
             if d is None:
@@ -118,23 +88,11 @@ class RooflineCollector(Collector):
         """The engine's own state from its newest scrape (--engine-metrics-url), under
         phasewatch's labels and one name for every engine; and the ceilings an achieved
         rate went over."""
-        kv = GaugeMetricFamily("phasewatch_engine_kv_cache_usage_ratio",
-                               "KV-cache usage the engine reports, 0..1 (vLLM "
-                               "kv_cache_usage_perc, SGLang token_usage).", labels=labels)
-        requests = GaugeMetricFamily("phasewatch_engine_requests",
-                                     "Requests the engine reports running or waiting.",
-                                     labels=[*labels, "state"])
-        preempt = CounterMetricFamily("phasewatch_engine_preemptions",
-                                      "Preemptions the engine has counted since it started "
-                                      "(vLLM num_preemptions, SGLang retracted requests).",
-                                      labels=labels)
-        capacity = GaugeMetricFamily("phasewatch_engine_kv_cache_capacity_tokens",
-                                     "Tokens the engine's KV cache holds (vLLM blocks x block "
-                                     "size, SGLang max_total_num_tokens).", labels=labels)
-        exceeded = GaugeMetricFamily("phasewatch_roofline_ceiling_exceeded_ratio",
-                                     "Achieved over the configured ceiling, only where above 1 "
-                                     "(the ceiling is then wrong).",
-                                     labels=[*labels, "phase", "ceiling"])
+        kv = _family(c.ENGINE_KV_CACHE_USAGE, labels)
+        requests = _family(c.ENGINE_REQUESTS, labels)
+        preempt = _family(c.ENGINE_PREEMPTIONS, labels)
+        capacity = _family(c.ENGINE_KV_CACHE_CAPACITY, labels)
+        exceeded = _family(c.CEILING_EXCEEDED, labels)
         for r in results:
             # the tap's own label set (engine="tap": requests no engine span joined) is no
             # engine: the engine's figures go under the engine's label sets only
@@ -156,12 +114,16 @@ class RooflineCollector(Collector):
         yield from (kv, requests, preempt, capacity, exceeded)
 
     def _no_roofline(self, labels: list[str]) -> Metric:
-        fam = CounterMetricFamily("phasewatch_no_roofline_requests",
-                                  "Accepted requests of models with no roofline configured: "
-                                  "latency metrics only.", labels=labels)
+        fam = _family(c.NO_ROOFLINE_REQUESTS, labels)
         snap = self._agg.snapshot()
         requests = snap.counters["requests"].sum(axis=1)
         for i, key in enumerate(snap.label_sets[:len(requests)]):
             if self._monitor.deployments.for_model(key[0]) is None and requests[i]:
                 fam.add_metric(list(key), float(requests[i]))
         return fam
+
+
+def _family(f: c.Family, labels: list[str]) -> Metric:
+    """An empty family of ``f`` with the label set's ``labels`` first."""
+    kind = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+    return kind(f.family, f.help, labels=f.label_names(tuple(labels)))

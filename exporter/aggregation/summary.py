@@ -1,0 +1,171 @@
+"""What the rolling window says about each label set: figures, not the API's JSON.
+
+``RollingWindow.summarize`` returns a ``WindowSummary``; the JSON API
+(``phasewatch.publish.api``) and the bench layout read its fields, and ``as_dict()`` is
+its JSON form (``/api/v1/summary``, ``RollingWindow.summary()``, the history).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from phasewatch.requests.buckets import (
+    PROMPT_CLASS_RANGES,
+    PROMPT_CLASSES,
+    WINDOW_INDEX,
+    prompt_class_codes,
+)
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """Mean, p50/p90/p95/p99 and count of some values (None where there are none)."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    count: int
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Quantiles:
+        """Of the known values: numpy's linear interpolation, as ``vllm bench serve``'s
+        ``np.percentile``."""
+        v = values[~np.isnan(values)]
+        if v.size == 0:
+            return cls(None, None, None, None, None, 0)
+        return cls(float(v.mean()), *(float(x) for x in np.quantile(v, QUANTILES)),
+                   int(v.size))
+
+    @classmethod
+    def binned(cls, counts: np.ndarray, total_seconds: float) -> Quantiles:
+        """From the window's log-linear bins (each the bin's geometric middle), with the
+        exact mean from the gaps' summed seconds."""
+        total = int(counts.sum())
+        if total == 0:
+            return cls(None, None, None, None, None, 0)
+        cum = np.cumsum(counts)
+        lo, hi = WINDOW_INDEX.bounds()
+        qs = []
+        for q in QUANTILES:
+            b = int(np.searchsorted(cum, q * total, side="left"))
+            b = min(max(b, 1), len(lo)) - 1  # under/overflow bins read as the range's ends
+            qs.append(float(math.sqrt(lo[b] * hi[b])))  # geometric middle
+        return cls(float(total_seconds / total), *qs, total)
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p95": self.p95,
+                "p99": self.p99, "count": self.count}
+
+
+@dataclass(frozen=True)
+class PromptClassFigures:
+    """TTFT and prefill seconds per uncached prompt token of one prompt-length class."""
+
+    prompt_class: str
+    min_tokens: int
+    max_tokens: int
+    ttft: Quantiles
+    prefill_seconds_per_token: Quantiles
+
+    def as_dict(self) -> dict:
+        return {"prompt_class": self.prompt_class, "min_tokens": self.min_tokens,
+                "max_tokens": self.max_tokens, "ttft_seconds": self.ttft.as_dict(),
+                "prefill_seconds_per_token": self.prefill_seconds_per_token.as_dict()}
+
+
+def by_prompt_class(ring: dict, sel: np.ndarray) -> list[PromptClassFigures]:
+    """Per prompt-length class, so a TTFT rise from longer prompts is told apart from a
+    slower prefill."""
+    codes = prompt_class_codes(ring["prompt"][sel])
+    ttft, prefill, uncached = ring["ttft"][sel], ring["prefill"][sel], ring["uncached"][sel]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_token = np.where(uncached > 0, prefill / uncached, np.nan)
+    out = []
+    for code, (_, label) in enumerate(PROMPT_CLASSES):
+        mine = codes == code
+        if mine.any():
+            lo, hi = PROMPT_CLASS_RANGES[label]
+            out.append(PromptClassFigures(label, lo, hi, Quantiles.of(ttft[mine]),
+                                          Quantiles.of(per_token[mine])))
+    return out
+
+
+@dataclass(frozen=True)
+class SeriesSummary:
+    """One label set over the window."""
+
+    model: str
+    engine: str
+    more: dict[str, str]  # the label set's other labels (pod, source) where it has them
+    covered_seconds: float
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft: Quantiles
+    tpot: Quantiles
+    e2e: Quantiles
+    e2e_to_last_token: Quantiles  # vLLM's e2e: arrival to the last token
+    itl: Quantiles  # pooled gaps, from the window's bins
+    # each gap spread over the tokens of the emission ending it (multi-token chunks);
+    # percentiles: phasewatch_inter_token_latency_per_token_seconds
+    itl_per_token_mean: float | None
+    itl_per_token_count: int
+    phase_time_share: dict[str, float | None]
+    ttft_by_prompt_class: list[PromptClassFigures]
+    sampled_requests: int
+
+    @property
+    def request_rate(self) -> float:
+        return self.requests / self.covered_seconds
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.covered_seconds
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.output_tokens / self.covered_seconds
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model, "engine": self.engine, **self.more,
+            "covered_seconds": self.covered_seconds,
+            "requests_in_window": self.requests,
+            "prompt_tokens_in_window": self.prompt_tokens,
+            "output_tokens_in_window": self.output_tokens,
+            "request_rate": self.request_rate,
+            "prompt_tokens_per_second": self.prompt_tokens_per_second,
+            "output_tokens_per_second": self.output_tokens_per_second,
+            "ttft_seconds": self.ttft.as_dict(), "tpot_seconds": self.tpot.as_dict(),
+            "e2e_seconds": self.e2e.as_dict(),
+            "e2e_to_last_token_seconds": self.e2e_to_last_token.as_dict(),
+            "itl_seconds": self.itl.as_dict(),
+            "itl_per_token_seconds": {"mean": self.itl_per_token_mean,
+                                      "count": self.itl_per_token_count},
+            "phase_time_share": self.phase_time_share,
+            "ttft_by_prompt_class": [c.as_dict() for c in self.ttft_by_prompt_class],
+            "sampled_requests": self.sampled_requests,
+        }
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    """Every label set with requests in the window."""
+
+    window_seconds: float
+    covered_seconds: float  # the longest a label set's requests cover
+    generated_at: float
+    ring_capacity: int
+    series: list[SeriesSummary]
+
+    def as_dict(self) -> dict:
+        return {"window_seconds": self.window_seconds, "covered_seconds": self.covered_seconds,
+                "generated_at": self.generated_at, "ring_capacity": self.ring_capacity,
+                "models": [s.as_dict() for s in self.series]}
