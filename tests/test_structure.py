@@ -1,0 +1,163 @@
+"""The structure of the code, drawn from its imports: no circles, no import that runs back
+up a floor, no module in the exporter over ~400 lines.
+
+The floors are the stages of the data flow (docs/layout.md): a module may import its own
+stage and the floors below it, never one above. Every import counts, a function-level one
+too (a lazy import hides a circle, it does not remove it). Run
+``python -m pytest -q tests/test_structure.py`` to see the graph's figures (``-s``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"phasewatch": ROOT / "exporter", "phasewatch.dashboard": ROOT / "dashboard"}
+MAX_LINES = 420  # "about 400": a module past it has two concerns in it
+
+# floor of each stage (the longest matching prefix wins); imports run down or level
+FLOORS = {
+    "phasewatch": 0,  # the package face (its __init__ imports nothing)
+    "phasewatch.protocol": 0,  # generated protobuf code
+    "phasewatch.requests": 1,  # the request record and its phases
+    "phasewatch.catalog": 2,  # every published family: names, types, help, labels, buckets
+    "phasewatch.selfstats": 2,
+    "phasewatch.transport": 3,  # listeners: gRPC plumbing, HTTP server, auth, TLS, admission
+    "phasewatch.aggregation": 3,  # the sink contract, trace join, state and window
+    "phasewatch.roofline": 4,
+    "phasewatch.ingest": 4,  # receivers: wire protocol, OTLP, adapters, lifecycle join
+    "phasewatch.publish": 5,
+    "phasewatch.client": 5,
+    "phasewatch.sim": 6,
+    "phasewatch.tap": 6,
+    "phasewatch.config": 6,
+    "phasewatch.dashboard": 7,
+    "phasewatch.app": 8,  # the process: wires the stages
+    "phasewatch.cli": 9,
+    "phasewatch.commands": 9,
+}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the installed package, by its dotted name."""
+    found = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts or path.name.endswith("_pb2.py") \
+                    or path.name.endswith("_pb2_grpc.py"):
+                continue
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            if package == "phasewatch" and parts[:1] == ["dashboard"]:
+                continue  # not a folder of exporter/
+            found[name] = path
+    return found
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package's modules ``path`` imports (``from a import b`` names module a.b when
+    it is one, else a)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                up = up[:len(up) - node.level + 1]
+                base = ".".join([*up, base]) if base else ".".join(up)
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    edges = {}
+    for name, path in mods.items():
+        found = imports(path, name, known)
+        # a package's __init__ reached through "from pkg import mod" is mod, not pkg
+        edges[name] = {t for t in found if not (t in known and mods[t].name == "__init__.py"
+                                                 and any(o.startswith(t + ".") for o in found))}
+    return edges
+
+
+def floor(name: str) -> int:
+    best = max((p for p in FLOORS if name == p or name.startswith(p + ".")), key=len,
+               default=None)
+    assert best is not None, f"{name} is on no floor: give its stage one in FLOORS"
+    return FLOORS[best]
+
+
+def stage(name: str) -> str:
+    return max((p for p in FLOORS if name == p or name.startswith(p + ".")), key=len)
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    found = circles(graph())
+    assert not found, "modules that import each other:\n" + "\n".join(map(str, found))
+
+
+def test_no_import_runs_back_up_a_floor():
+    edges = graph()
+    up = [f"{a} (floor {floor(a)}) -> {b} (floor {floor(b)})"
+          for a, targets in sorted(edges.items()) for b in sorted(targets)
+          if floor(b) > floor(a) and stage(a) != stage(b)]
+    assert not up, "imports that run back up:\n" + "\n".join(up)
+
+
+def test_no_module_in_the_exporter_over_about_400_lines():
+    long = {str(p.relative_to(ROOT)): n for name, p in modules().items()
+            if name.startswith("phasewatch.") and not name.startswith("phasewatch.dashboard")
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_every_module_is_on_a_floor():
+    for name in modules():
+        floor(name)
