@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from phasewatch import catalog
+
 if TYPE_CHECKING:
     from phasewatch.tap.proxy import Tap
 
@@ -42,14 +44,6 @@ def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = 
     return out
 
 
-# One sentence each (the label values are listed in docs/metrics.md).
-_HELP = {"requests": ("outcome", "Requests through the tap, one outcome each."),
-         "aborts": ("reason", "Requests cut short on any path, by reason."),
-         "records_dropped": ("reason", "Records of timed requests lost, by reason."),
-         "unread": ("reason", "Requests or answers passed on without being read, by reason."),
-         "records_accepted": ("", "Records the exporter accepted.")}
-
-
 class TapCollector:
     """The tap's counts as Prometheus counters (``phasewatch_tap_*``), read at scrape."""
 
@@ -61,11 +55,10 @@ class TapCollector:
 
         stats = dict(self._client.stats) if self._client is not None else None
         for family, values in tallies(self._tap.counts, stats).items():
-            label, text = _HELP[family]
-            m = CounterMetricFamily(f"phasewatch_tap_{family}", text,
-                                    labels=[label] if label else None)
+            f = catalog.TAP[family]  # name, help and label (values in docs/metrics.md)
+            m = CounterMetricFamily(f.family, f.help, labels=list(f.labels) or None)
             for value, n in sorted(values.items()):
-                m.add_metric([value] if label else [], n)
+                m.add_metric([value] if f.labels else [], n)
             yield m
 
 
