@@ -14,6 +14,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
+from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.config import ListenError, ServeConfig
 from phasewatch.ingest import tap as tapmod
@@ -25,7 +26,6 @@ from phasewatch.ingest.lifecycle import LifecycleJoiner
 from phasewatch.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
 from phasewatch.ingest.otlp.http_receiver import make_otlp_handler
 from phasewatch.ingest.otlp.ingest import OtlpIngest
-from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.ingest.tls import TlsFiles, TlsFront
 from phasewatch.publish import benchtext
 from phasewatch.publish.exposition import HotProto

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.ingest import tap as tapmod
 from phasewatch.ingest import wire
 from phasewatch.ingest.otlp.ingest import OtlpIngest
-from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from phasewatch.sim import otlp_shapes

@@ -6,10 +6,10 @@ lifecycle stream joined per request in ``lifecycle``), OTLP traces over gRPC and
 stream tap's records (``tap``: a proxy in front of an OpenAI-compatible server, timing
 what the client sees). Guarding them: ``admission`` (the overload gate), ``auth``
 (bearer tokens), ``tls``; ``dedupe`` remembers recent batch and span ids so a retry is
-counted once. ``tapjoin`` joins a tap's record with the engine's span of the same
-request.
+counted once.
 
 Out: ``requests.record.RequestBatch`` columns, handed to
-``aggregation.aggregate.Aggregator.ingest`` (through ``tapjoin.TraceJoin``); every
+``aggregation.aggregate.Aggregator.ingest`` (through ``aggregation.tracejoin.TraceJoin``,
+which joins a tap's record with the engine's span of the same request); every
 refusal and rejection counted in ``selfstats``.
 """

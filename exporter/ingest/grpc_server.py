@@ -26,7 +26,7 @@ from phasewatch.ingest.dedupe import BatchIds
 from phasewatch.ingest.lifecycle import LifecycleJoiner
 
 if TYPE_CHECKING:
-    from phasewatch.ingest.tapjoin import TraceJoin
+    from phasewatch.aggregation.tracejoin import TraceJoin
 
 log = logging.getLogger(__name__)
 SERVICE = "phasewatch.v1.Phasewatch"

@@ -62,7 +62,8 @@ class RequestRecord:
     token_counts: Sequence[int] | None = None
     # "<W3C trace id>-<span id>" (lower-case hex) of the span the engine's request span is
     # a child of: what the stream tap injected as ``traceparent``, or an engine span's
-    # trace and parent. Rows of both sides with the same one are one request (tapjoin).
+    # trace and parent. Rows of both sides with the same one are one request
+    # (aggregation.tracejoin).
     trace_parent: str = ""
     # which choice (sequence) of a request with n > 1 this is: a further one (> 0) shares
     # the first's prompt (``RequestBatch.prompt_shared``)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.ingest.adapters import (
     AdapterContext,
     Rejected,
@@ -34,7 +35,6 @@ from phasewatch.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_
 from phasewatch.ingest.adapters.traces import TraceParts
 from phasewatch.ingest.dedupe import BatchIds
 from phasewatch.ingest.otlp.spans import walk
-from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.requests.record import TAP_TRACESTATE_KEY, RequestBatch
 
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
