@@ -171,10 +171,9 @@ class Exporter:
             default_model=config.default_model or single,
             service_models=config.service_models()), emitter=emitter,
             join_wait=config.otlp_join_wait)
-        self.joiner = LifecycleJoiner(
-            lambda batch: self.trace_join.ingest(batch, "lifecycle"), self.stats,
-            ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
-            max_pending=config.lifecycle_max_pending)
+        self.joiner = LifecycleJoiner(self.trace_join, ttl=config.lifecycle_ttl,
+                                      grace=config.lifecycle_grace,
+                                      max_pending=config.lifecycle_max_pending)
         self.admission = Admission(self.stats, config.max_in_flight,
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())

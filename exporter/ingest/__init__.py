@@ -8,8 +8,7 @@ what the client sees). Guarding them: ``admission`` (the overload gate), ``auth`
 (bearer tokens), ``tls``; ``dedupe`` remembers recent batch and span ids so a retry is
 counted once.
 
-Out: ``requests.record.RequestBatch`` columns, handed to
-``aggregation.aggregate.Aggregator.ingest`` (through ``aggregation.tracejoin.TraceJoin``,
-which joins a tap's record with the engine's span of the same request); every
-refusal and rejection counted in ``selfstats``.
+Out: ``requests.record.RequestBatch`` columns, every column a receiver knows filled as it
+builds them, handed to an ``aggregation.sink.RequestSink`` (the exporter's: the trace
+join in front of the aggregator); every refusal and rejection counted in ``selfstats``.
 """

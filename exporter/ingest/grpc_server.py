@@ -13,20 +13,16 @@ import os
 import socket
 from collections.abc import Sequence
 from concurrent import futures
-from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.sink import RequestSink
 from phasewatch.ingest import wire
 from phasewatch.ingest.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from phasewatch.ingest.dedupe import BatchIds
 from phasewatch.ingest.lifecycle import LifecycleJoiner
-
-if TYPE_CHECKING:
-    from phasewatch.aggregation.tracejoin import TraceJoin
 
 log = logging.getLogger(__name__)
 SERVICE = "phasewatch.v1.Phasewatch"
@@ -98,12 +94,12 @@ def internal_error(stats, protocol: str, what: str, context) -> None:
 
 
 class PhasewatchService:
-    def __init__(self, aggregator: Aggregator | TraceJoin, joiner: LifecycleJoiner,
+    def __init__(self, sink: RequestSink, joiner: LifecycleJoiner,
                  admission: Admission | None = None):
-        """``aggregator``: where batches go (the exporter passes its ``TraceJoin``, in
-        front of the aggregator)."""
-        self._agg = aggregator
-        self._stats = aggregator.stats
+        """``sink``: where batches go (the exporter passes its trace join, in front of
+        the aggregator)."""
+        self._sink = sink
+        self._stats = sink.stats
         self._joiner = joiner
         self._batch_ids = BatchIds()
         self._admission = admission or Admission(self._stats)
@@ -130,7 +126,7 @@ class PhasewatchService:
                             reason="sender_buffer_full")
             self._stats.inc("phasewatch_ingest_rejected_total", meta.sender_invalid,
                             protocol=PROTOCOL, reason="sender_invalid_value")
-            result = self._agg.ingest(batch, PROTOCOL)
+            result = self._sink.ingest(batch, PROTOCOL)
         except Exception:
             if meta.batch_id:
                 self._batch_ids.release(meta.batch_id)  # let the client's retry through
