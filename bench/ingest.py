@@ -39,7 +39,7 @@ from bench.common import (
 )
 from phasewatch.ingest import wire
 from phasewatch.protocol import phasewatch_pb2 as pb
-from phasewatch.requests.record import RequestBatch
+from phasewatch.requests.record import BatchBuilder, RequestBatch
 
 REQUESTS_PER_BATCH = 1000
 GAPS_PER_REQUEST = 200
@@ -61,13 +61,12 @@ def synthetic_batch(rng: np.random.Generator, with_gaps: bool) -> RequestBatch:
     decode = (sums * 1e9).astype(np.int64) if with_gaps else out * 8 * 10**6
     first = t0 + queue + prefill
     strings = ["", "Llama-3.1-8B", "stop", *[f"req-{i}" for i in range(n)]]
-    return RequestBatch(
-        strings=strings, model=np.ones(n, np.int32), engine=np.zeros(n, np.int32),
-        finish_reason=np.full(n, 2, np.int32), request_id=np.arange(3, n + 3, dtype=np.int32),
+    return BatchBuilder(n, strings=strings).columns(
+        model=np.ones(n, np.int32), finish_reason=np.full(n, 2), request_id=np.arange(3, n + 3),
         arrival=t0, scheduled=t0 + queue, first_token=first, last_token=first + decode,
         finish=first + decode + 10**5, prompt_tokens=rng.integers(100, 4000, n),
         cached_prompt_tokens=np.zeros(n, np.int64), output_tokens=out,
-        token_gaps=gaps, gap_counts=counts.astype(np.int64))
+    ).gaps(gaps, counts.astype(np.int64)).build()
 
 
 def _rate(work, seconds: float) -> float:

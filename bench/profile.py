@@ -86,7 +86,7 @@ def paths():
 
     def lifecycle():
         agg = Aggregator()
-        joiner = LifecycleJoiner(lambda b: agg.ingest(b, "lifecycle"), agg.stats)
+        joiner = LifecycleJoiner(agg)
         return lambda p: joiner.add(*wire.decode_lifecycle(p)[:2])
 
     spans = _otlp_payloads()

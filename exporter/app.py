@@ -16,6 +16,7 @@ from phasewatch import catalog
 from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
+from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.config import ListenError, ServeConfig
 from phasewatch.ingest.adapters import AdapterContext
@@ -24,7 +25,6 @@ from phasewatch.ingest.lifecycle import LifecycleJoiner
 from phasewatch.ingest.otlp.grpc_receiver import OtlpGrpcService, start_otlp_grpc_server
 from phasewatch.ingest.otlp.http_receiver import make_otlp_handler
 from phasewatch.ingest.otlp.ingest import OtlpIngest
-from phasewatch.ingest.tapjoin import TraceJoin
 from phasewatch.publish.api import JsonApi
 from phasewatch.publish.exposition import HotProto
 from phasewatch.publish.families import Exposure
@@ -130,10 +130,9 @@ class Exporter:
             default_model=config.default_model or single,
             service_models=config.service_models()), emitter=emitter,
             join_wait=config.otlp_join_wait)
-        self.joiner = LifecycleJoiner(
-            lambda batch: self.trace_join.ingest(batch, "lifecycle"), self.stats,
-            ttl=config.lifecycle_ttl, grace=config.lifecycle_grace,
-            max_pending=config.lifecycle_max_pending)
+        self.joiner = LifecycleJoiner(self.trace_join, ttl=config.lifecycle_ttl,
+                                      grace=config.lifecycle_grace,
+                                      max_pending=config.lifecycle_max_pending)
         self.admission = Admission(self.stats, config.max_in_flight,
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
@@ -151,8 +150,7 @@ class Exporter:
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.tap = self._tap_server = self._tap_records = None
         if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
-            self._tap_records = tapmod.BatchRecorder(self.trace_join.ingest,
-                                                     config.tap_engine)
+            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
             self.tap = tapmod.Tap(config.tap_upstream, self._tap_records,
                                   default_model=config.default_model or single)
             self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))

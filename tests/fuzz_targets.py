@@ -42,8 +42,7 @@ class Pipeline:
                                      window=RollingWindow(30.0, 4096))
         self.otlp = OtlpIngest(self.aggregator, AdapterContext(default_model="m"),
                                dedupe_capacity=4096)
-        self.joiner = LifecycleJoiner(lambda b: self.aggregator.ingest(b, "lifecycle"),
-                                      self.stats, max_pending=4096)
+        self.joiner = LifecycleJoiner(self.aggregator, max_pending=4096)
 
     def check(self) -> None:
         """No poisoned observation anywhere: what /metrics would expose is sane."""

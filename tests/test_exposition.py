@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.publish.metrics import HotCollector, HotText
-from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.requests.record import BatchBuilder, RequestRecord
 
 T = 1_700_000_000.0
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-"
@@ -39,9 +39,10 @@ def _aggregator(pod_label: bool) -> Aggregator:
                 prompt_tokens=[10, 900, 5000, 70_000, None][i % 5], cached_prompt_tokens=i % 4,
                 output_tokens=len(times) or 1, finish_reason=["stop", "length", "abort"][i % 3],
                 token_times=times or None))
-        batch = RequestBatch.from_records(recs, engine=engine)
-        agg.ingest(batch, "test", [f"pod-{i % 2}" for i in range(len(batch))]
-                   if pod_label else None)
+        batch = BatchBuilder.from_rows([r.row(engine) for r in recs])
+        if pod_label:
+            batch.text(pod=[f"pod-{i % 2}" for i in range(len(recs))])
+        agg.ingest(batch.build(), "test")
     return agg
 
 

@@ -19,10 +19,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.ingest import wire
 from phasewatch.ingest.otlp.ingest import OtlpIngest
-from phasewatch.ingest.tapjoin import TraceJoin
-from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
+from phasewatch.requests.record import SOURCE_TAP, BatchBuilder, RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from phasewatch.sim import otlp_shapes
 
@@ -65,8 +65,11 @@ def tap_batch(*records: RequestRecord) -> RequestBatch:
     return wire.decode_export(data)[0]
 
 
-def engine_batch(*records: RequestRecord) -> RequestBatch:
-    return RequestBatch.from_records(list(records), engine="vllm")
+def engine_batch(*records: RequestRecord, tapped: bool = False) -> RequestBatch:
+    """As the OTLP receiver builds it (``tapped``: the spans carry the tap's tracestate
+    member)."""
+    return BatchBuilder.from_rows([r.row("vllm") for r in records]).columns(
+        tapped=np.full(len(records), tapped)).build()
 
 
 def fresh(clock: Clock, **kw) -> tuple[Aggregator, TraceJoin]:
@@ -217,7 +220,7 @@ def test_stopping_counts_every_waiting_row_alone(setup):
 
 def test_an_engine_span_that_came_through_a_tap_waits_before_any_tap_is_seen(setup):
     _clock, agg, join = setup
-    join.ingest(engine_batch(engine_record()), "otlp_grpc", tapped=np.array([True]))
+    join.ingest(engine_batch(engine_record(), tapped=True), "otlp_grpc")
     assert requests(agg) == [] and join.pending_count() == 1
     join.ingest(tap_batch(tap_record()), "grpc")
     assert [r["source"] for r in requests(agg)] == ["joined"]
@@ -354,18 +357,16 @@ def test_a_tapped_engine_span_stops_waiting_when_no_tap_record_answers_for_the_h
     but a tap whose records go to another exporter must not hold them forever."""
     clock = Clock()
     agg, join = fresh(clock)
-    tapped = np.array([True])
     for t in range(0, 130, 10):  # spans at 0, 40, 80 s (waited in vain 10..90 s), 120 s
         if t % 40 == 0:
-            join.ingest(engine_batch(engine_record(key=key(t))), "otlp_grpc",
-                        tapped=tapped)
+            join.ingest(engine_batch(engine_record(key=key(t)), tapped=True), "otlp_grpc")
         join.sweep()  # as the exporter does, every second (here every 10 s)
         clock.t += 10
     assert join.pending_count() == 0
     join.flush()
     assert outcomes(agg) == {"engine_only": 3, "engine_only_no_tap": 1}
     join.ingest(tap_batch(tap_record(key=key(50))), "grpc")  # a tap shows up: waits again
-    join.ingest(engine_batch(engine_record(key=key(200))), "otlp_grpc", tapped=tapped)
+    join.ingest(engine_batch(engine_record(key=key(200)), tapped=True), "otlp_grpc")
     assert join.pending_count() == 2
 
 

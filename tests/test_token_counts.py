@@ -11,6 +11,7 @@ import json
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -81,8 +82,9 @@ def test_counts_travel_on_the_wire_and_through_the_lifecycle_join():
     plain = RequestBatch.from_records([rec(times, rid="plain")])
     assert wire.decode_export(wire.encode_export(plain, "e"))[0].gap_tokens is None  # absent
 
-    got = []
-    joiner = LifecycleJoiner(got.append, SelfStats(), grace=0.0)
+    got = []  # what the joiner hands its sink
+    sink = SimpleNamespace(stats=SelfStats(), ingest=lambda batch, _protocol: got.append(batch))
+    joiner = LifecycleJoiner(sink, grace=0.0)
     ns = [round(t * 1e9) for t in times]
     events = [LifecycleEvent("x", EventKind.ARRIVED, round(T * 1e9), model="m",
                              prompt_tokens=10),

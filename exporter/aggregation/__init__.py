@@ -1,7 +1,9 @@
 """Aggregation: counting the phases of many requests, and the rolling window.
 
-In: a ``requests.record.RequestBatch`` and its ``requests.phases.Phases``, per label set
-(``labels``: model, engine, and pod and source where configured, capped).
+In: a ``requests.record.RequestBatch``, handed by a receiver to a ``sink.RequestSink``:
+``tracejoin`` (a stream tap's record and the engine's span of one request, joined) in
+front of ``aggregate.Aggregator``, which counts it with its ``requests.phases.Phases``
+per label set (``labels``: model, engine, and pod and source where configured, capped).
 
 Out: ``aggregate.Aggregator.snapshot()`` (histograms, native histograms and counters
 for /metrics), ``window.RollingWindow`` (recent requests and per-second slices: the

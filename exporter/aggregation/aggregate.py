@@ -1,9 +1,9 @@
 """Aggregation state: histograms and counters per label set, fed a batch at a time.
 
-``Aggregator.ingest`` is the one entry point every receiver calls with a
-``RequestBatch``. Work is split so no lock is held across a batch: phases,
-bucketing and ``np.bincount`` run unlocked; the lock only guards adding the
-small per-series arrays into the running totals. Readers (the Prometheus
+``Aggregator`` is a ``sink.RequestSink``: ``ingest`` is where every receiver's
+``RequestBatch`` ends (through the trace join). Work is split so no lock is held
+across a batch: phases, bucketing and ``np.bincount`` run unlocked; the lock only
+guards adding the small per-series arrays into the running totals. Readers (the Prometheus
 collector, the JSON API) take ``snapshot()`` copies. Nothing here knows about
 Prometheus or protobuf.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewatch.aggregation.labels import LabelSets
+from phasewatch.aggregation.sink import IngestResult
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests import buckets, native
 from phasewatch.requests.buckets import WINDOW_INDEX
@@ -108,13 +109,6 @@ class _Histogram:
 
 
 @dataclass
-class IngestResult:
-    accepted: int
-    rejected: Counter
-    kept: np.ndarray | None = None  # bool per row of the batch: accepted
-
-
-@dataclass
 class Snapshot:
     """A consistent copy of the aggregation state, for readers."""
 
@@ -128,6 +122,8 @@ class Snapshot:
 
 
 class Aggregator:
+    """The last ``sink.RequestSink``: counts every batch it is handed."""
+
     def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
                  window: RollingWindow | None = None, clock=time.time,
                  pod_label: bool = False, max_pods: int = 64, source_label: bool = False,
@@ -144,11 +140,16 @@ class Aggregator:
         self._itl_bins = GapBins(itl.edges, WINDOW_INDEX, itl.spec.native.bounds)
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
 
-    def ingest(self, batch: RequestBatch, protocol: str, pods=None) -> IngestResult:
-        """Count one batch of finished requests. Thread-safe; never raises on bad rows.
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return self.labels.names
 
-        ``pods``: one pod name per row, used when the pod label is on (central mode).
-        """
+    def engine_exported(self) -> None:
+        """Nothing: the aggregator joins nothing (``RequestSink``)."""
+
+    def ingest(self, batch: RequestBatch, protocol: str) -> IngestResult:
+        """Count one batch of finished requests. Thread-safe; never raises on bad rows.
+        Its ``pod`` column is read when the pod label is on (central mode)."""
         n = len(batch)
         self.stats.inc("phasewatch_ingest_requests_total", n, protocol=protocol)
         if n == 0:
@@ -165,7 +166,7 @@ class Aggregator:
         if not accepted:
             return IngestResult(0, ph.rejected, kept)
 
-        ls = self.labels.rows(batch, pods)
+        ls = self.labels.rows(batch)
         n_ls = len(self.labels)
         left = ph.token_itl_left_out
         # per token, when no request gave its tokens per emission: the gaps of the rows

@@ -108,19 +108,19 @@ class LabelSets:
         caps."""
         return self._lookup(model, engine, pod if self._with_pod else None, 1, source)
 
-    def rows(self, batch: RequestBatch, pods: np.ndarray | None = None) -> np.ndarray:
+    def rows(self, batch: RequestBatch) -> np.ndarray:
         """Label-set index of every row; a Python step per distinct set, not per row.
 
-        ``pods`` (strings, one per row) is used only when the pod label is on.
+        The batch's ``pod`` column is read only when the pod label is on.
         """
         n_str = len(batch.strings)
         code = batch.model.astype(np.int64) * n_str + batch.engine
         pod_values = ()
-        if self._with_pod:
-            pod_values, pod_code = np.unique(
-                np.asarray(pods if pods is not None else [""] * len(batch), dtype=object),
-                return_inverse=True)
-            code = code * len(pod_values) + pod_code.reshape(-1)
+        if self._with_pod:  # by name: two refs may hold one pod
+            refs, per_row = np.unique(batch.pod, return_inverse=True)
+            pod_values, pod_code = np.unique(np.asarray(
+                [batch.strings[r] for r in refs.tolist()], dtype=object), return_inverse=True)
+            code = code * len(pod_values) + pod_code.reshape(-1)[per_row.reshape(-1)]
         k = len(pod_values) if self._with_pod else 1
         s = len(SOURCES) if self._with_source else 1
         if self._with_source:

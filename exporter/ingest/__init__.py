@@ -7,9 +7,9 @@ stream tap's records (from the ``tap`` stage: a proxy in front of an OpenAI-comp
 server, timing what the client sees). Guarding them, from ``transport``:
 ``admission`` (the overload gate), ``auth`` (bearer tokens), ``tls``, the gRPC servers
 and their limits; ``dedupe`` remembers recent batch and span ids so a retry is counted
-once. ``tapjoin`` joins a tap's record with the engine's span of the same request.
+once.
 
-Out: ``requests.record.RequestBatch`` columns, handed to
-``aggregation.aggregate.Aggregator.ingest`` (through ``tapjoin.TraceJoin``); every
-refusal and rejection counted in ``selfstats``.
+Out: ``requests.record.RequestBatch`` columns, every column a receiver knows filled as it
+builds them, handed to an ``aggregation.sink.RequestSink`` (the exporter's: the trace
+join in front of the aggregator); every refusal and rejection counted in ``selfstats``.
 """

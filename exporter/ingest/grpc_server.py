@@ -8,30 +8,26 @@ INVALID_ARGUMENT and counted instead of failing inside the framework.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import grpc
 
-from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.sink import RequestSink
 from phasewatch.ingest import wire
 from phasewatch.ingest.dedupe import BatchIds
 from phasewatch.ingest.lifecycle import LifecycleJoiner
 from phasewatch.transport.admission import Admission, Refused
 from phasewatch.transport.grpc import gated, identity, internal_error, refuse, serve_grpc
 
-if TYPE_CHECKING:
-    from phasewatch.ingest.tapjoin import TraceJoin
-
 PROTOCOL = "phasewatch"
 
 
 class PhasewatchService:
-    def __init__(self, aggregator: Aggregator | TraceJoin, joiner: LifecycleJoiner,
+    def __init__(self, sink: RequestSink, joiner: LifecycleJoiner,
                  admission: Admission | None = None):
-        """``aggregator``: where batches go (the exporter passes its ``TraceJoin``, in
-        front of the aggregator)."""
-        self._agg = aggregator
-        self._stats = aggregator.stats
+        """``sink``: where batches go (the exporter passes its trace join, in front of
+        the aggregator)."""
+        self._sink = sink
+        self._stats = sink.stats
         self._joiner = joiner
         self._batch_ids = BatchIds()
         self._admission = admission or Admission(self._stats)
@@ -58,7 +54,7 @@ class PhasewatchService:
                             reason="sender_buffer_full")
             self._stats.inc("phasewatch_ingest_rejected_total", meta.sender_invalid,
                             protocol=PROTOCOL, reason="sender_invalid_value")
-            result = self._agg.ingest(batch, PROTOCOL)
+            result = self._sink.ingest(batch, PROTOCOL)
         except Exception:
             if meta.batch_id:
                 self._batch_ids.release(meta.batch_id)  # let the client's retry through

@@ -26,11 +26,12 @@ import enum
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phasewatch.aggregation.sink import RequestSink
 from phasewatch.requests.record import RequestBatch
-from phasewatch.selfstats import SelfStats
+
+PROTOCOL = "lifecycle"  # completed requests are ingested under this protocol
 
 
 class EventKind(enum.Enum):
@@ -123,13 +124,15 @@ class _Pending:
 
 
 class LifecycleJoiner:
-    def __init__(self, sink: Callable[[RequestBatch], object], stats: SelfStats, *,
-                 ttl: float = 600.0, grace: float = 5.0, max_pending: int = 100_000,
-                 max_completed: int = 100_000, clock=time.monotonic):
+    def __init__(self, sink: RequestSink, *, ttl: float = 600.0, grace: float = 5.0,
+                 max_pending: int = 100_000, max_completed: int = 100_000,
+                 clock=time.monotonic):
+        """Completed requests go to ``sink`` (protocol ``lifecycle``); its ``stats`` count
+        the events' outcomes."""
         if ttl <= 0 or grace < 0 or grace > ttl:
             raise ValueError(f"need 0 <= grace <= ttl and ttl > 0 (got grace={grace}, ttl={ttl})")
         self._sink = sink
-        self._stats = stats
+        self._stats = sink.stats
         self.ttl, self.grace = ttl, grace
         self._max_pending, self._max_completed = max_pending, max_completed
         self._clock = clock
@@ -162,7 +165,7 @@ class LifecycleJoiner:
         for outcome, n in outcomes.items():
             self._outcome(outcome, n)
         if done:
-            self._sink(RequestBatch.from_rows(done, times_in_ns=True))
+            self._sink.ingest(RequestBatch.from_rows(done, times_in_ns=True), PROTOCOL)
         return len(done)
 
     def _apply(self, engine: str, e: LifecycleEvent, now: float) -> str:
@@ -266,5 +269,5 @@ class LifecycleJoiner:
             self._stats.inc("phasewatch_ingest_dropped_total", evicted,
                             reason="lifecycle_unfinished_ttl")
         if done:
-            self._sink(RequestBatch.from_rows(done, times_in_ns=True))
+            self._sink.ingest(RequestBatch.from_rows(done, times_in_ns=True), PROTOCOL)
         return evicted

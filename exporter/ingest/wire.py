@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 
 from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
 from phasewatch.protocol import phasewatch_pb2 as pb
-from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_TAP, RequestBatch
+from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_TAP, BatchBuilder, RequestBatch
 
 PROTOCOL_VERSION = 1
 SERVICE = "phasewatch.v1.Phasewatch"  # the gRPC service (Export, StreamLifecycle)
@@ -122,24 +122,10 @@ def decode_export(data: bytes) -> tuple[RequestBatch, ExportMeta]:
                                  f"{gap_tokens.size} token_gap_tokens for {gaps.size} gaps")
     engine_ref = len(strings)
     strings.append(msg.engine)
-    batch = RequestBatch(
-        strings=strings,
-        model=cols["model"].astype(np.int32),
-        engine=np.full(n, engine_ref, dtype=np.int32),
-        finish_reason=cols["finish_reason"].astype(np.int32),
-        request_id=cols["request_id"].astype(np.int32),
-        arrival=cols["arrival"].astype(np.int64), queued=cols["queued"].astype(np.int64),
-        scheduled=cols["scheduled"].astype(np.int64),
-        first_token=cols["first_token"].astype(np.int64),
-        last_token=cols["last_token"].astype(np.int64), finish=cols["finish"].astype(np.int64),
-        prompt_tokens=cols["prompt_tokens"].astype(np.int64),
-        cached_prompt_tokens=cols["cached_prompt_tokens"].astype(np.int64),
-        output_tokens=cols["output_tokens"].astype(np.int64),
-        token_gaps=gaps, gap_counts=counts,  # float32, as sent
-        gap_tokens=gap_tokens, trace_parent=cols["trace_parent"].astype(np.int32),
-        source=np.full(n, meta.source, dtype=np.int8),
-        prompt_shared=cols["choice"] > 0, choice=cols["choice"].astype(np.int64),
-    )
+    batch = BatchBuilder(n, strings=strings).columns(
+        **{column: cols[column] for _, column, _, _ in _COLUMNS},  # float32 gaps, as sent
+        engine=np.full(n, engine_ref), source=np.full(n, meta.source),
+    ).gaps(gaps, counts, gap_tokens).build()
     return batch, meta
 
 

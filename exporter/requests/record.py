@@ -4,7 +4,8 @@ Every receiver converts what it gets into a ``RequestBatch``: one row per finish
 request, one numpy column per field, strings interned in a per-batch table. The
 single-request ``RequestRecord`` (or its row tuple) is for code that builds records
 one at a time (the client library, adapters, tests); ``RequestBatch.from_rows`` /
-``from_records`` turn them into columns.
+``from_records`` turn them into columns. Every batch is made by a ``BatchBuilder``
+(columns by name, the rest absent); ``take`` and ``concat`` select and join rows.
 
 Conventions (the same as the wire protocol's):
 * times are int64 Unix nanoseconds, 0 = absent;
@@ -17,7 +18,7 @@ Conventions (the same as the wire protocol's):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,8 @@ class RequestRecord:
     token_counts: Sequence[int] | None = None
     # "<W3C trace id>-<span id>" (lower-case hex) of the span the engine's request span is
     # a child of: what the stream tap injected as ``traceparent``, or an engine span's
-    # trace and parent. Rows of both sides with the same one are one request (tapjoin).
+    # trace and parent. Rows of both sides with the same one are one request
+    # (aggregation.tracejoin).
     trace_parent: str = ""
     # which choice (sequence) of a request with n > 1 this is: a further one (> 0) shares
     # the first's prompt (``RequestBatch.prompt_shared``)
@@ -95,7 +97,7 @@ TAP_TRACESTATE_KEY = "phasewatch"
 
 @dataclass
 class RequestBatch:
-    """Finished requests, one row each. See the module docstring for conventions."""
+    """Finished requests, one row each (module docstring), made by ``BatchBuilder``."""
 
     strings: list[str]  # strings[0] == ""
     model: np.ndarray  # int32 refs into strings
@@ -103,6 +105,8 @@ class RequestBatch:
     finish_reason: np.ndarray  # int32 refs
     request_id: np.ndarray  # int32 refs
     arrival: np.ndarray  # int64 ns
+    # int64 ns: the engine took the request in (vLLM's QUEUED event); 0 = unknown
+    queued: np.ndarray
     scheduled: np.ndarray
     first_token: np.ndarray
     last_token: np.ndarray
@@ -112,55 +116,202 @@ class RequestBatch:
     output_tokens: np.ndarray
     token_gaps: np.ndarray  # seconds, flattened; float64 (float32 as decoded off the wire)
     gap_counts: np.ndarray  # int64 per request
-    # int64 ns: the engine took the request in (vLLM's QUEUED event). Last, with a default
-    # (all absent), so receivers that never know it build batches as before.
-    queued: np.ndarray | None = None
+    # int64, one per token_gaps entry: tokens carried by the emission that ends the gap;
+    # 0 = unknown (all of a request's, or none), -1 = the sender's counts did not fit
+    # its emissions (the request is rejected). None: unknown for the whole batch.
+    gap_tokens: np.ndarray | None
     # How far (ns) a time of the frontend's clock and one of the engine's may disagree in
     # these rows (``phases``' "Two clocks"): 0 = one clock, strict order.
-    clock_skew_tolerance_ns: int = 0
+    clock_skew_tolerance_ns: int
     # bool per row: a further sequence of a parallel-sampling request (vLLM n > 1 sends
     # one span per sequence, each with the whole prompt): its prompt was read once, by
     # the request's first sequence, so it is not counted again (tokens, prompt rates,
     # prefill work); its prompt_tokens still say how long the prompt was (prompt class).
-    prompt_shared: np.ndarray | None = None
+    prompt_shared: np.ndarray
     # float64 seconds per row, NaN = none or unknown: a disaggregated request's KV-cache
     # transfer from its prefill server, between the prefill and the first token (SGLang's
     # ``prefill_transfer_kv_cache``). ``scheduled`` is then first token - transfer -
     # prefill, so the prefill phase is ``first_token - scheduled - kv_transfer``.
-    kv_transfer: np.ndarray | None = None
-    # int64, one per token_gaps entry: tokens carried by the emission that ends the gap;
-    # 0 = unknown (all of a request's, or none), -1 = the sender's counts did not fit
-    # its emissions (the request is rejected). None: unknown for the whole batch.
-    gap_tokens: np.ndarray | None = None
+    kv_transfer: np.ndarray
     # int32 refs into strings: ``RequestRecord.trace_parent`` (0 = none)
-    trace_parent: np.ndarray | None = None
+    trace_parent: np.ndarray
     # int8 per row: index into SOURCES
-    source: np.ndarray | None = None
+    source: np.ndarray
     # int64 per row: ``RequestRecord.choice`` (rows with choice > 0 are prompt_shared)
-    choice: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.arrival)
-        if self.queued is None:
-            self.queued = np.zeros(n, dtype=np.int64)
-        if self.trace_parent is None:
-            self.trace_parent = np.zeros(n, dtype=np.int32)
-        if self.source is None:
-            self.source = np.zeros(n, dtype=np.int8)
-        if self.choice is None:
-            self.choice = np.zeros(n, dtype=np.int64)
-        if self.prompt_shared is None:
-            self.prompt_shared = np.zeros(len(self.arrival), dtype=bool)
-        if self.kv_transfer is None:
-            self.kv_transfer = np.full(len(self.arrival), np.nan)
+    choice: np.ndarray
+    # int32 refs into strings: the pod the request came from (OTLP's resource), for a
+    # central exporter's ``pod`` label (0 = none)
+    pod: np.ndarray
+    # bool per row: an engine span that carries the stream tap's tracestate member
+    # (TAP_TRACESTATE_KEY): it came through a tap, whose record of it is coming
+    tapped: np.ndarray
 
     def __len__(self) -> int:
         return len(self.arrival)
 
     @classmethod
     def from_rows(cls, rows: Sequence[tuple], times_in_ns: bool = False,
-                  pause: Callable[[], None] | None = None) -> RequestBatch:
-        """Columns from ``ROW_FIELDS`` tuples; None or 0 = absent.
+                  pause: Callable[[], None] | None = None,
+                  source: int = SOURCE_ENGINE) -> RequestBatch:
+        """Columns from ``ROW_FIELDS`` tuples (``BatchBuilder.from_rows``), every row seen
+        by ``source``."""
+        builder = BatchBuilder.from_rows(rows, times_in_ns, pause)
+        if source != SOURCE_ENGINE:
+            builder.columns(source=np.full(len(rows), source))
+        return builder.build()
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord], engine: str = "") -> RequestBatch:
+        """Columns from single records (``engine`` fills records that name none)."""
+        return cls.from_rows([r.row(engine) for r in records])
+
+    def strings_of(self, refs: np.ndarray) -> list[str]:
+        lut = np.asarray(self.strings, dtype=object)
+        return list(lut[refs])
+
+    def take(self, rows: np.ndarray) -> RequestBatch:
+        """The rows ``rows`` (a bool mask, or indexes in any order), with their token gaps;
+        the string table is shared."""
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            if rows.all():
+                return self
+            rows = np.flatnonzero(rows)
+        counts = self.gap_counts[rows]
+        starts = (np.cumsum(self.gap_counts) - self.gap_counts)[rows]
+        # each taken row's gaps: its start, start + 1, ..., in the order of ``rows``
+        gap = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        builder = BatchBuilder(len(rows), strings=self.strings)
+        builder.columns(**{k: getattr(self, k)[rows] for k in PER_ROW})
+        return builder.gaps(self.token_gaps[gap], counts, None if self.gap_tokens is None
+                            else self.gap_tokens[gap]).tolerance(
+            self.clock_skew_tolerance_ns).build()
+
+
+def concat(batches: Sequence[RequestBatch]) -> RequestBatch:
+    """The rows of ``batches``, in order, as one batch: a table of the strings they use
+    (none other), token gaps as float64, gap tokens (0 = unknown) where any has them, the
+    widest clock tolerance of them."""
+    builder = BatchBuilder(sum(len(b) for b in batches))
+    cols: dict[str, list] = {k: [] for k in PER_ROW}
+    for b in batches:
+        for k in PER_ROW:
+            col = getattr(b, k)
+            if k in TEXT_COLUMNS:  # refs into this batch's table -> into the new one
+                used, inverse = np.unique(col, return_inverse=True)
+                lut = np.fromiter((builder.ref(b.strings[u]) for u in used.tolist()),
+                                  dtype=np.int32, count=len(used))
+                col = lut[inverse.reshape(-1)]
+            cols[k].append(col)
+    if not batches:
+        return builder.build()
+    tokens = None if all(b.gap_tokens is None for b in batches) else np.concatenate([
+        np.zeros(len(b.token_gaps), np.int64) if b.gap_tokens is None else b.gap_tokens
+        for b in batches])
+    return builder.columns(**{k: np.concatenate(v) for k, v in cols.items()}).gaps(
+        np.concatenate([b.token_gaps.astype(np.float64) for b in batches]),
+        np.concatenate([b.gap_counts for b in batches]), tokens).tolerance(
+        max(b.clock_skew_tolerance_ns for b in batches)).build()
+
+
+# Every per-row column of a batch, its dtype and its value when absent (prompt_shared's:
+# choice > 0). TEXT_COLUMNS hold refs into the batch's string table.
+COLUMNS = {
+    **dict.fromkeys(("model", "engine", "finish_reason", "request_id", "trace_parent",
+                     "pod"), (np.int32, 0)),
+    **dict.fromkeys(("arrival", "queued", "scheduled", "first_token", "last_token",
+                     "finish"), (np.int64, 0)),
+    **dict.fromkeys(("prompt_tokens", "cached_prompt_tokens", "output_tokens"),
+                    (np.int64, UNKNOWN_COUNT)),
+    "choice": (np.int64, 0), "prompt_shared": (bool, None), "kv_transfer": (np.float64, np.nan),
+    "source": (np.int8, SOURCE_ENGINE), "tapped": (bool, False),
+    "gap_counts": (np.int64, 0),
+}
+PER_ROW = tuple(COLUMNS)
+TEXT_COLUMNS = PER_ROW[:6]
+
+
+class BatchBuilder:
+    """One ``RequestBatch`` of ``n`` rows from columns given by name; a column not given
+    is absent (``COLUMNS``' values), token gaps none. Text goes in as strings (``text``,
+    interned), or as refs (``columns``) into a table the builder adopts
+    (``BatchBuilder(n, strings=...)``) or interned with ``ref``::
+
+        BatchBuilder(n).text(model=names).columns(arrival=ns, output_tokens=c).build()
+    """
+
+    def __init__(self, n: int, strings: list[str] | None = None):
+        self.n = n
+        self.strings = [""] if strings is None else strings
+        self._index: dict[str, int] | None = {"": 0} if strings is None else None
+        self._cols: dict[str, np.ndarray] = {}
+        self._gaps: tuple = (np.empty(0), np.zeros(n, dtype=np.int64), None)
+        self._tolerance = 0
+
+    def ref(self, s: str) -> int:
+        """``s``'s index in the table (added if new)."""
+        if self._index is None:  # an adopted table, indexed on first use
+            self._index = {}
+            for i, v in enumerate(self.strings):
+                self._index.setdefault(v, i)
+        r = self._index.get(s)
+        if r is None:
+            r = self._index[s] = len(self.strings)
+            self.strings.append(s)
+        return r
+
+    def text(self, **columns: Iterable[str | None]) -> BatchBuilder:
+        """Text columns as strings, one per row (None = "")."""
+        for name, values in columns.items():
+            self.ref("")
+            index, strings = self._index, self.strings
+            if len(index) == len(strings):  # no repeats in the table: intern inline
+                refs = np.fromiter((index.setdefault(v or "", len(index)) for v in values),
+                                   dtype=np.int32, count=self.n)
+                strings.extend(itertools.islice(index, len(strings), None))
+            else:
+                refs = np.fromiter((self.ref(v or "") for v in values), dtype=np.int32,
+                                   count=self.n)
+            self.columns(**{name: refs})
+        return self
+
+    def columns(self, **columns) -> BatchBuilder:
+        """Per-row columns by name (``COLUMNS``), converted to the column's dtype."""
+        for name, values in columns.items():
+            if name not in COLUMNS:
+                raise TypeError(f"a RequestBatch has no column {name!r}")
+            self._cols[name] = np.asarray(values, dtype=COLUMNS[name][0]).reshape(self.n)
+        return self
+
+    def gaps(self, token_gaps: np.ndarray, gap_counts: np.ndarray,
+             gap_tokens: np.ndarray | None = None) -> BatchBuilder:
+        """Token gaps (seconds, flattened, kept in their dtype), how many of them each row
+        has, and the tokens of each gap's emission (None = unknown)."""
+        self._gaps = (token_gaps, gap_counts, gap_tokens)
+        return self
+
+    def tolerance(self, clock_skew_ns: int) -> BatchBuilder:
+        """``RequestBatch.clock_skew_tolerance_ns`` (0: one clock)."""
+        self._tolerance = clock_skew_ns
+        return self
+
+    def build(self) -> RequestBatch:
+        cols = dict(self._cols)
+        token_gaps, gap_counts, gap_tokens = self._gaps
+        cols.setdefault("gap_counts", gap_counts)
+        for name, (dtype, absent) in COLUMNS.items():
+            if name not in cols and absent is not None:
+                cols[name] = np.full(self.n, absent, dtype=dtype)
+        cols.setdefault("prompt_shared", cols["choice"] > 0)
+        return RequestBatch(strings=self.strings, token_gaps=token_gaps,
+                            gap_counts=np.asarray(cols.pop("gap_counts"), dtype=np.int64),
+                            gap_tokens=gap_tokens, clock_skew_tolerance_ns=self._tolerance,
+                            **cols)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple], times_in_ns: bool = False,
+                  pause: Callable[[], None] | None = None) -> BatchBuilder:
+        """A builder with the columns of ``ROW_FIELDS`` tuples; None or 0 = absent.
 
         Times (and token times) are Unix seconds as floats, or with ``times_in_ns``
         integer Unix ns, kept exact (the lifecycle join has them so). Rows are
@@ -174,31 +325,32 @@ class RequestBatch:
         n = len(rows)
         cols = list(zip(*rows, strict=True)) if n else [()] * len(ROW_FIELDS)
         cols += [(None,) * n] * (len(ROW_FIELDS) - len(cols))  # rows without the last fields
+        field = dict(zip(ROW_FIELDS, cols, strict=True))
         pause()
-        table: dict[str, int] = {"": 0}
-        refs = []
-        for i in (0, 1, 2, 3, 15):
-            refs.append(np.fromiter((table.setdefault(v or "", len(table)) for v in cols[i]),
-                                    dtype=np.int32, count=n))
+        b = cls(n)
+        for name in ("model", "engine", "finish_reason", "request_id", "trace_parent"):
+            b.text(**{name: field[name]})
             pause()
 
-        def times(i: int) -> np.ndarray:
+        def times(values) -> np.ndarray:
             if times_in_ns:
-                return np.array([v or 0 for v in cols[i]], dtype=np.int64).reshape(n)
-            s = np.array(cols[i], dtype=float).reshape(n)  # None -> NaN
+                return np.array([v or 0 for v in values], dtype=np.int64).reshape(n)
+            s = np.array(values, dtype=float).reshape(n)  # None -> NaN
             # NaN, infinities and times past the int64 ns range (year 2262) are absent
             ok = np.abs(s) < MAX_SECONDS
             return np.where(ok, np.round(np.where(ok, s, 0) * NS), 0).astype(np.int64)
 
-        def counts(i: int) -> np.ndarray:
-            return np.array([UNKNOWN_COUNT if v is None else v for v in cols[i]],
+        def counts(values) -> np.ndarray:
+            return np.array([UNKNOWN_COUNT if v is None else v for v in values],
                             dtype=np.int64).reshape(n)
 
-        scalars = []
-        for i in range(4, 13):
-            scalars.append(times(i) if i < 10 else counts(i))
+        for name in ("arrival", "queued", "scheduled", "first_token", "last_token", "finish"):
+            b.columns(**{name: times(field[name])})
             pause()
-        tt = [() if v is None else v for v in cols[13]]
+        for name in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"):
+            b.columns(**{name: counts(field[name])})
+            pause()
+        tt = [() if v is None else v for v in field["token_times"]]
         lens = np.fromiter(map(len, tt), dtype=np.int64, count=n)
         pieces, start, ends = [], 0, np.cumsum(lens)
         while start < n:  # about TOKEN_PIECE token times per piece
@@ -214,26 +366,8 @@ class RequestBatch:
         if times_in_ns:
             gaps = gaps / NS  # differences of exact integers: no epoch-scale rounding
         gap_counts = np.maximum(lens - 1, 0)
-        gap_tokens = _gap_tokens(cols[14], lens, gap_counts)
-        choice = np.array([v or 0 for v in cols[16]], dtype=np.int64).reshape(n)
-        return cls(
-            strings=list(table), model=refs[0], engine=refs[1], finish_reason=refs[2],
-            request_id=refs[3], arrival=scalars[0], queued=scalars[1], scheduled=scalars[2],
-            first_token=scalars[3], last_token=scalars[4], finish=scalars[5],
-            prompt_tokens=scalars[6], cached_prompt_tokens=scalars[7],
-            output_tokens=scalars[8], token_gaps=gaps, gap_counts=gap_counts,
-            gap_tokens=gap_tokens, trace_parent=refs[4], prompt_shared=choice > 0,
-            choice=choice,
-        )
-
-    @classmethod
-    def from_records(cls, records: Sequence[RequestRecord], engine: str = "") -> RequestBatch:
-        """Columns from single records (``engine`` fills records that name none)."""
-        return cls.from_rows([r.row(engine) for r in records])
-
-    def strings_of(self, refs: np.ndarray) -> list[str]:
-        lut = np.asarray(self.strings, dtype=object)
-        return list(lut[refs])
+        b.gaps(gaps, gap_counts, _gap_tokens(field["token_counts"], lens, gap_counts))
+        return b.columns(choice=[v or 0 for v in field["choice"]])
 
 
 def _nothing() -> None:

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections import Counter
 
+from phasewatch.aggregation.sink import RequestSink
 from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -22,13 +23,13 @@ def client_recorder(client):
 
 class BatchRecorder:
     """``Tap``'s record callback inside ``phasewatch serve`` (``--tap-upstream``): records
-    gather here and go to ``sink`` (the exporter's trace join: ``ingest(batch,
-    protocol)``) as one batch every ``interval`` seconds, from a thread of their own,
+    gather here and go to ``sink`` (the exporter's trace join, in front of its
+    aggregator) as one batch every ``interval`` seconds, from a thread of their own,
     never from the tap's event loop. Past ``max_buffer`` waiting records, or after
     ``close()``, a record is dropped and counted; ``stats`` has the client's keys
     (accepted, rejected, dropped_<reason>), so ``tallies`` reads either."""
 
-    def __init__(self, sink, engine: str, interval: float = 0.25,
+    def __init__(self, sink: RequestSink, engine: str, interval: float = 0.25,
                  max_buffer: int = 100_000):
         self._sink, self._engine = sink, engine
         self._interval, self._max = interval, max_buffer
@@ -60,9 +61,8 @@ class BatchRecorder:
         if not rows:
             return
         try:
-            batch = RequestBatch.from_rows(rows)
-            batch.source[:] = SOURCE_TAP
-            result = self._sink(batch, "tap")
+            result = self._sink.ingest(RequestBatch.from_rows(rows, source=SOURCE_TAP),
+                                       "tap")
         except Exception:  # a bug here must not stop the tap: the records are counted
             log.exception("handing the tap's records to the exporter failed")
             self.stats["dropped_invalid"] += len(rows)

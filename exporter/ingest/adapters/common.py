@@ -2,7 +2,9 @@
 
 A span that looks like a request but cannot be used raises ``Rejected(reason)``;
 the receiver counts it and reports it in ``partial_success``. Rows are
-``record.ROW_FIELDS`` tuples with integer Unix nanosecond times.
+``record.ROW_FIELDS`` tuples with integer Unix nanosecond times; what a row takes from
+its span itself (traceparent, tap mark, pod) goes into its batch with
+``origin.span_columns``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phasewatch.requests.record import RequestBatch
+from phasewatch.ingest.adapters.origin import span_columns
+from phasewatch.requests.record import UNKNOWN_COUNT, BatchBuilder
 
 NS = 1_000_000_000
 _MAX_COUNT = 2**53  # token counts exact in float64 (the vectorised path) and int64
@@ -148,6 +151,8 @@ class AdapterContext:
     default_model: str = ""
     service_models: dict[str, str] = field(default_factory=dict)
     trace_parts: object = None  # adapters.traces.TraceParts, set by the receiver
+    # fill the pod column (``span_columns``): the receiver's sink has a pod label
+    pods: bool = False
     samples: ParallelSamples = field(default_factory=ParallelSamples)
 
     def model_for(self, span, attribute_model: str = "") -> str:
@@ -242,6 +247,7 @@ _SECONDS_KEYS = ("gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e",
 COUNT_KEYS = (("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
                ("gen_ai.usage.cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
                ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"))
+TOKEN_COLUMNS = ("prompt_tokens", "cached_prompt_tokens", "output_tokens")  # COUNT_KEYS'
 _TEXT_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "gen_ai.request.id",
               "gen_ai.response.finish_reasons")
 # every key latency_batch reads, in order; ``walk`` extracts them for it (``SpanView.values``)
@@ -259,16 +265,18 @@ def _reason_for(spans, i: int, engine: str, ctx) -> str:
 
 
 def latency_batch(spans, ctx: AdapterContext, engine: str):
-    """``latency_row`` for every span: a ``RequestBatch`` of the spans it accepts, and the
-    reason (``""`` = accepted) of every span, in order."""
+    """``latency_row`` for every span: a ``RequestBatch`` of the spans it accepts (with
+    ``span_columns``), and the reason (``""`` = accepted) of every span, in order."""
     n = len(spans)
     rows = [s.values if s.values is not None else [s.attributes.get(k) for k in LATENCY_KEYS]
             for s in spans]
-    cols = list(zip(*rows, strict=True)) if n else [()] * len(LATENCY_KEYS)
+    attr = dict(zip(LATENCY_KEYS, zip(*rows, strict=True) if n else [()] * len(LATENCY_KEYS),
+                    strict=True))
     odd = np.zeros(n, dtype=bool)  # an unusual value: its span is decided by latency_row
-    nums = []
-    for j in range(len(_SECONDS_KEYS) + 2 * len(COUNT_KEYS)):
-        col = cols[j]
+
+    def number(key: str) -> np.ndarray:
+        """One numeric attribute of every span, NaN = absent; odd values marked."""
+        col = attr[key]
         try:
             if not set(map(type, col)) <= _PLAIN:
                 raise TypeError
@@ -277,21 +285,20 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
             plain = [type(v) in _PLAIN and (type(v) is not int or abs(v) < 1e300) for v in col]
             a = np.array([v if p else np.nan for v, p in zip(col, plain, strict=True)],
                          dtype=np.float64)
-            odd |= ~np.array(plain, dtype=bool)
+            odd[:] |= ~np.array(plain, dtype=bool)
         nan = np.isnan(a)
         if int(nan.sum()) != col.count(None):  # a NaN sent as a value, not an absence
-            odd |= nan & np.array([v is not None for v in col], dtype=bool)
-        nums.append(a)
-    secs = nums[:len(_SECONDS_KEYS)]
+            odd[:] |= nan & np.array([v is not None for v in col], dtype=bool)
+        return a
+
+    ttft, e2e, queue, prefill, decode = secs = [number(k) for k in _SECONDS_KEYS]
     for a in secs:  # not finite, negative or too long: latency_row's reasons, in its order
         odd |= np.isinf(a) | (a < 0) | (a > MAX_LATENCY_S)
-    counts = []
-    for k in range(len(COUNT_KEYS)):
-        first, second = nums[len(_SECONDS_KEYS) + 2 * k], nums[len(_SECONDS_KEYS) + 2 * k + 1]
-        c = np.where(np.isnan(first), second, first)
+    counts = {}  # token column -> tokens, NaN = absent
+    for name, (key, fallback) in zip(TOKEN_COLUMNS, COUNT_KEYS, strict=True):
+        a, b = number(key), number(fallback)
+        c = counts[name] = np.where(np.isnan(a), b, a)
         odd |= (c < 0) | (c != np.floor(c)) & ~np.isnan(c) | (c >= _MAX_COUNT)
-        counts.append(c)
-    ttft, e2e, queue, prefill, decode = secs
     odd |= np.isnan(ttft) & np.isnan(e2e)
     reasons = [""] * n
     for i in np.flatnonzero(odd).tolist():
@@ -313,13 +320,14 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         first = after_ns(arrival, ttft)
         engine_chain = (first != 0) & ~np.isnan(prefill)  # as ``latency_row``
         scheduled = np.where(engine_chain, before_ns(first, prefill), after_ns(arrival, queue))
-        queued = np.where(engine_chain, before_ns(scheduled, queue), 0)
-        last = after_ns(first, decode)
-        finish = np.where(~np.isnan(e2e), after_ns(arrival, e2e), end)
-    times = [arrival, queued, scheduled, first, last, finish]
+        times = {"arrival": arrival,  # in the order of the request's life
+                 "queued": np.where(engine_chain, before_ns(scheduled, queue), 0),
+                 "scheduled": scheduled, "first_token": first,
+                 "last_token": after_ns(first, decode),
+                 "finish": np.where(~np.isnan(e2e), after_ns(arrival, e2e), end)}
     latest = np.zeros(n, dtype=np.int64)  # as ``row``: rounding-level disorder is one instant
     seen = np.zeros(n, dtype=bool)
-    for t in times:
+    for t in times.values():
         known = t != 0
         snap = known & seen & (t < latest) & (t >= latest - ROUNDING_NS)
         t[snap] = latest[snap]
@@ -327,12 +335,12 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
         latest = np.where(newer, t, latest)
         seen |= known
 
-    table: dict[str, int] = {"": 0}
-    m_resp, m_req, rid, fin = (cols[len(LATENCY_KEYS) - 4 + j] for j in range(4))
+    rid = attr["gen_ai.request.id"]
     with_id = [i for i in np.flatnonzero(ok).tolist() if type(rid[i]) is str and rid[i]]
     shared = np.zeros(n, dtype=bool)
     if with_id:  # parallel sampling's sequences: one request id, arrival and prompt
-        starts, prompts = arrival.tolist(), np.nan_to_num(counts[0], nan=-1).tolist()
+        starts, prompts = arrival.tolist(), np.nan_to_num(counts["prompt_tokens"],
+                                                          nan=-1).tolist()
         shared[with_id] = ctx.samples.shared([(rid[i], starts[i], prompts[i])
                                               for i in with_id])
     models: dict[tuple[int, str], str] = {}  # the model rule, once per resource and name
@@ -345,26 +353,12 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
             model = models[key] = ctx.model_for(span, named)
         return model
 
-    def refs(values) -> np.ndarray:
-        return np.fromiter((table.setdefault(v, len(table)) for v in values), dtype=np.int32,
-                           count=n)
-
-    model_refs = refs(map(model_of, spans, m_resp, m_req))
-    reason_refs = refs("" if v is None else first_reason(v) for v in fin)
-    id_refs = refs(v if type(v) is str else "" for v in rid)
-    engine_ref = table.setdefault(engine, len(table))
-
-    def unknown_as(c: np.ndarray) -> np.ndarray:
-        return np.where(np.isnan(c), -1, c).astype(np.int64)
-
-    batch = RequestBatch(
-        strings=list(table), model=model_refs[ok],
-        engine=np.full(int(ok.sum()), engine_ref, dtype=np.int32),
-        finish_reason=reason_refs[ok], request_id=id_refs[ok],
-        arrival=times[0][ok], queued=times[1][ok], scheduled=times[2][ok],
-        first_token=times[3][ok], last_token=times[4][ok], finish=times[5][ok],
-        clock_skew_tolerance_ns=TWO_CLOCK_TOLERANCE_NS,
-        prompt_tokens=unknown_as(counts[0][ok]), cached_prompt_tokens=unknown_as(counts[1][ok]),
-        output_tokens=unknown_as(counts[2][ok]), token_gaps=np.empty(0),
-        gap_counts=np.zeros(int(ok.sum()), dtype=np.int64), prompt_shared=shared[ok])
-    return batch, reasons
+    b = span_columns(BatchBuilder(n), spans, ctx.pods)
+    b.text(model=map(model_of, spans, attr["gen_ai.response.model"],
+                     attr["gen_ai.request.model"]),
+           finish_reason=("" if v is None else first_reason(v)
+                          for v in attr["gen_ai.response.finish_reasons"]),
+           request_id=(v if type(v) is str else "" for v in rid))
+    b.columns(engine=np.full(n, b.ref(engine)), prompt_shared=shared, **times,
+              **{k: np.where(ok & ~np.isnan(c), c, UNKNOWN_COUNT) for k, c in counts.items()})
+    return b.tolerance(TWO_CLOCK_TOLERANCE_NS).build().take(ok), reasons

@@ -1,4 +1,4 @@
-"""The path every OTLP receiver shares: spans -> adapters -> one batch -> the aggregator.
+"""The path every OTLP receiver shares: spans -> adapters -> one batch -> the sink.
 
 Per export: each span is classified (``adapters.classify``); child spans a request
 needs (TGI's ``queued``/``send_generation``, SGLang's stage and scheduler spans) are
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.aggregation.sink import RequestSink
 from phasewatch.ingest.adapters import (
     AdapterContext,
     Rejected,
@@ -30,12 +30,12 @@ from phasewatch.ingest.adapters import (
     sglang,
     vllm,
 )
-from phasewatch.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS, text
+from phasewatch.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
+from phasewatch.ingest.adapters.origin import pod_of, span_columns
 from phasewatch.ingest.adapters.traces import TraceParts
 from phasewatch.ingest.dedupe import BatchIds
 from phasewatch.ingest.otlp.spans import walk
-from phasewatch.ingest.tapjoin import TraceJoin
-from phasewatch.requests.record import TAP_TRACESTATE_KEY, RequestBatch
+from phasewatch.requests.record import BatchBuilder, RequestBatch
 
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs.
 EXTRACT = {vllm.SPAN_NAME: LATENCY_KEYS}
@@ -64,40 +64,15 @@ class ExportOutcome:
         return f"{self.rejected_spans} of {self.spans} spans rejected: {reasons}"
 
 
-POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
-
-
-def pod_of(resource: dict) -> str:
-    """The pod a span came from, for a central exporter's ``pod`` label."""
-    return text(resource, *POD_ATTRIBUTES)
-
-
-def _tapped(span) -> bool:
-    """The span's tracestate has the stream tap's member (``record.TAP_TRACESTATE_KEY``): it
-    inherited it from the traceparent the tap sent, so the tap's record is coming."""
-    state = span.trace_state
-    return bool(state) and any(m.split("=", 1)[0].strip() == TAP_TRACESTATE_KEY
-                               for m in state.split(","))
-
-
-def _parent_key(span) -> str:
-    """``record.RequestRecord.trace_parent`` of a request span: its trace and parent span
-    ("" for a root span, which no tap's traceparent preceded)."""
-    parent = span.parent_span_id
-    if len(parent) != 8 or not any(parent):
-        return ""
-    return f"{span.trace_id.hex()}-{parent.hex()}"
-
-
 class OtlpIngest:
-    def __init__(self, aggregator: Aggregator | TraceJoin,
-                 context: AdapterContext | None = None,
+    def __init__(self, sink: RequestSink, context: AdapterContext | None = None,
                  dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None,
                  join_wait: float = sglang.HOLD_S):
-        self._agg = aggregator
-        self.stats = aggregator.stats
+        self._sink = sink
+        self.stats = sink.stats
         self.context = context or AdapterContext()
         self.context.trace_parts = TraceParts()
+        self.context.pods = "pod" in sink.label_names  # the rows' pod column is filled
         self.pending = sglang.PendingRoots(hold=join_wait)
         self._seen = BatchIds(dedupe_capacity)
         self.emitter = emitter  # otlp.reemit.PhaseSpanEmitter, or None
@@ -109,14 +84,14 @@ class OtlpIngest:
     def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
         """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
         out = ExportOutcome(spans=len(spans))
-        if spans and isinstance(self._agg, TraceJoin):
-            self._agg.engine_exported()  # an engine traces: tap records wait for its spans
+        if spans:
+            self._sink.engine_exported()  # an engine traces: a join waits for its spans
         parts = self.context.trace_parts
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []
         touched = set()  # traces that gained child spans or waiting roots
         steps = []  # engine-reported decode steps (TGI's)
-        with_pod = "pod" in self._agg.labels.names
+        with_pod = self.context.pods
         for s in spans:  # all child spans first: their request span may be in this export
             adapter = classify(s)
             if adapter is None:
@@ -145,7 +120,7 @@ class OtlpIngest:
             else:
                 groups.setdefault(adapter, []).append(s)
         if steps:
-            self._agg.add_steps(steps)
+            self._sink.add_steps(steps)
         batches = []
         for adapter, group in groups.items():
             if adapter is sglang:  # waits for its stage spans and other role
@@ -182,30 +157,10 @@ class OtlpIngest:
                                outcome=outcome)
 
     def _ingest(self, batch: RequestBatch, kept: list, protocol: str, roots: list):
-        """``kept[i]`` is the span that row ``i`` came from (its pod, its re-emitted
-        phases); ``roots[i]`` every request span of the row (released for a retry)."""
-        with_pod = "pod" in self._agg.labels.names
-        # the traceparent each request came with (a stream tap's), to join its record;
-        # the string table grows only when a span has a parent
-        keys = [_parent_key(s) for s in kept]
-        if any(keys):
-            strings, refs = list(batch.strings), {"": 0}
-            for key in keys:
-                if key not in refs:
-                    refs[key] = len(strings)
-                    strings.append(key)
-            batch.trace_parent = np.fromiter((refs[k] for k in keys), dtype=np.int32,
-                                             count=len(keys))
-            batch.strings = strings
-        pods = [pod_of(s.resource) for s in kept] if with_pod else None
-        tapped = None
-        if any(keys) and isinstance(self._agg, TraceJoin):
-            tapped = np.fromiter((bool(k) and _tapped(s) for k, s in zip(keys, kept,
-                                                                         strict=True)),
-                                 dtype=bool, count=len(keys))
+        """``kept[i]`` is the span that row ``i`` came from (its re-emitted phases);
+        ``roots[i]`` every request span of the row (released for a retry)."""
         try:
-            result = (self._agg.ingest(batch, protocol, pods) if tapped is None
-                      else self._agg.ingest(batch, protocol, pods, tapped=tapped))
+            result = self._sink.ingest(batch, protocol)
         except Exception:
             for rs in roots:  # let the client's retry through
                 for s in rs:
@@ -229,10 +184,11 @@ class OtlpIngest:
                 self.stats.inc("phasewatch_otlp_joined_requests_total", n, outcome=outcome)
         out = {}
         for proto, rs in by_proto.items():
-            batch = RequestBatch.from_rows([r.row for r in rs], times_in_ns=True)
-            batch.kv_transfer = np.array([r.kv_transfer for r in rs], dtype=np.float64)
-            batch.clock_skew_tolerance_ns = TWO_CLOCK_TOLERANCE_NS
-            out[proto] = (batch, [r.spans for r in rs])
+            builder = BatchBuilder.from_rows([r.row for r in rs], times_in_ns=True)
+            builder.columns(kv_transfer=[r.kv_transfer for r in rs])
+            span_columns(builder, [r.spans[0] for r in rs], self.context.pods)
+            out[proto] = (builder.tolerance(TWO_CLOCK_TOLERANCE_NS).build(),
+                          [r.spans for r in rs])
         return out
 
     def sweep(self) -> int:
@@ -256,7 +212,8 @@ class OtlpIngest:
                 kept.append(s)
             except Rejected as e:
                 refused[e.reason] += 1
-        return RequestBatch.from_rows(rows, times_in_ns=True), kept
+        builder = BatchBuilder.from_rows(rows, times_in_ns=True)
+        return span_columns(builder, kept, self.context.pods).build(), kept
 
     def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
         inc = self.stats.inc

@@ -55,6 +55,11 @@ through the tap) pass straight through. Every outcome is counted in
 
 The receiver's reply counts a waiting row as accepted; whether it is then rejected (a
 bad row) is counted under protocol ``trace_join`` when it is released.
+
+``TraceJoin`` is a ``sink.RequestSink`` in front of another (the aggregator). Held rows
+stay columns: the rows of a batch that may wait are taken out as one small batch with
+its own strings, a waiting row is a place in it, and released rows are gathered back
+into one batch (the joined pairs column by column).
 """
 
 from __future__ import annotations
@@ -67,109 +72,97 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phasewatch.aggregation.aggregate import Aggregator, IngestResult
-from phasewatch.requests.record import SOURCE_ENGINE, SOURCE_JOINED, SOURCE_TAP, RequestBatch
+from phasewatch.aggregation.sink import IngestResult, RequestSink
+from phasewatch.requests.record import (
+    SOURCE_ENGINE,
+    SOURCE_JOINED,
+    SOURCE_TAP,
+    BatchBuilder,
+    RequestBatch,
+    concat,
+)
 
 _KEY = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
-_SCALARS = ("arrival", "queued", "scheduled", "first_token", "last_token", "finish",
-            "prompt_tokens", "cached_prompt_tokens", "output_tokens", "prompt_shared",
-            "kv_transfer", "source", "choice")
-_STRINGS = ("model", "engine", "finish_reason", "request_id", "trace_parent")
 PROTOCOL = "trace_join"  # released rows are ingested under this protocol
 
 
-@dataclass
-class Row:
-    """One held row of a batch, as plain values (its batch is not kept alive)."""
+@dataclass(frozen=True, eq=False, slots=True)
+class Held:
+    """One held row: row ``i`` of ``part``, the rows of the batch it came in that may wait
+    (with their own strings, so the batch itself is not kept alive)."""
 
-    values: dict
-    gaps: np.ndarray
-    gap_tokens: np.ndarray | None
-    pod: str | None
+    part: RequestBatch
+    i: int
     protocol: str
-    tolerance_ns: int
 
-    @classmethod
-    def take(cls, batch: RequestBatch, i: int, start: int, pod, protocol: str) -> Row:
-        values = {k: getattr(batch, k)[i].item() for k in _SCALARS}
-        for k in _STRINGS:
-            values[k] = batch.strings[int(getattr(batch, k)[i])]
-        g = int(batch.gap_counts[i])
-        return cls(values, np.array(batch.token_gaps[start:start + g], dtype=np.float64),
-                   None if batch.gap_tokens is None else
-                   batch.gap_tokens[start:start + g].copy(), pod, protocol,
-                   batch.clock_skew_tolerance_ns)
+    @property
+    def last(self) -> int:  # pairing order: the last token, else the finish
+        return int(self.part.last_token[self.i]) or int(self.part.finish[self.i])
+
+    @property
+    def choice(self) -> int:
+        return int(self.part.choice[self.i])
 
 
-def joined(tap: Row, engine: Row) -> Row:
-    """One request from the tap's row and the engine's (the module docstring's rules)."""
-    t, e = tap.values, engine.values
-    v = dict(e)
-    v["arrival"] = t["arrival"] or e["arrival"]
-    v["queued"] = e["queued"] or e["arrival"]
-    for k in ("first_token", "last_token", "finish"):
-        v[k] = t[k] or e[k]
-    for k in ("prompt_tokens", "output_tokens"):
-        v[k] = e[k] if e[k] >= 0 else t[k]
-    v["cached_prompt_tokens"] = (e["cached_prompt_tokens"] if e["cached_prompt_tokens"] >= 0
-                                 else t["cached_prompt_tokens"])
-    v["finish_reason"] = t["finish_reason"] or e["finish_reason"]
-    v["model"] = t["model"] or e["model"]
-    v["prompt_shared"] = t["choice"] > 0
-    v["choice"] = t["choice"]
-    v["source"] = SOURCE_JOINED
-    use_tap = tap.gaps.size > 0 or engine.gaps.size == 0
-    side = tap if use_tap else engine
-    return Row(v, side.gaps, side.gap_tokens, engine.pod if engine.pod is not None
-               else tap.pod, PROTOCOL, max(tap.tolerance_ns, engine.tolerance_ns))
+def gather(rows: list[Held]) -> RequestBatch:
+    """Held rows, in order, as one batch (a table of just their strings): each part's
+    rows taken once, then put in order."""
+    taken: dict[int, tuple[RequestBatch, list[int]]] = {}  # id(part) -> (part, its rows)
+    where = []  # per row: (id(part), its place among that part's taken rows)
+    for r in rows:
+        mine = taken.setdefault(id(r.part), (r.part, []))[1]
+        where.append((id(r.part), len(mine)))
+        mine.append(r.i)
+    first, at = {}, 0  # id(part) -> where its rows start in the concatenation
+    for key, (_, mine) in taken.items():
+        first[key], at = at, at + len(mine)
+    whole = concat([part.take(np.array(mine, dtype=np.int64)) for part, mine in taken.values()])
+    return whole.take(np.array([first[key] + j for key, j in where], dtype=np.int64))
 
 
-def batch_of(rows: list[Row]) -> RequestBatch:
-    """Held rows as one batch."""
-    table: dict[str, int] = {"": 0}
-    strings = {k: np.array([table.setdefault(r.values[k], len(table)) for r in rows],
-                           dtype=np.int32) for k in _STRINGS}
-    col = {k: np.array([r.values[k] for r in rows]) for k in _SCALARS}
-    gaps = [r.gaps for r in rows]
-    counts = np.array([g.size for g in gaps], dtype=np.int64)
-    if any(r.gap_tokens is not None for r in rows):
-        gap_tokens = np.concatenate([r.gap_tokens if r.gap_tokens is not None else
-                                     np.zeros(r.gaps.size, dtype=np.int64) for r in rows])
-    else:
-        gap_tokens = None
-    batch = RequestBatch(
-        strings=list(table), **strings,
-        **{k: col[k].astype(np.int64) for k in ("arrival", "queued", "scheduled",
-                                                 "first_token", "last_token", "finish",
-                                                 "prompt_tokens", "cached_prompt_tokens",
-                                                 "output_tokens", "choice")},
-        prompt_shared=col["prompt_shared"].astype(bool),
-        kv_transfer=col["kv_transfer"].astype(np.float64),
-        source=col["source"].astype(np.int8),
-        token_gaps=np.concatenate(gaps) if gaps else np.empty(0), gap_counts=counts,
-        gap_tokens=gap_tokens,
-        clock_skew_tolerance_ns=max((r.tolerance_ns for r in rows), default=0))
-    return batch
+def joined(pairs: list[tuple[Held, Held]]) -> RequestBatch:
+    """One request from each (tap's row, engine's row), by the module docstring's rules:
+    the engine's columns but for those below."""
+    n = len(pairs)
+    both = gather([t for t, _ in pairs] + [e for _, e in pairs])
+    tap, engine = both.take(np.arange(n)), both.take(np.arange(n, 2 * n))
+
+    def first(a: RequestBatch, b: RequestBatch, *columns: str) -> dict:
+        """``a``'s value of each column where it has one (not 0), else ``b``'s."""
+        return {k: np.where(getattr(a, k) != 0, getattr(a, k), getattr(b, k)) for k in columns}
+
+    counts = {k: np.where(getattr(engine, k) >= 0, getattr(engine, k), getattr(tap, k))
+              for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")}
+    # the emissions of the tap (what the client saw) where it has any
+    use_tap = (tap.gap_counts > 0) | (engine.gap_counts == 0)
+    gaps = both.take(np.where(use_tap, np.arange(n), np.arange(n, 2 * n)))
+    return BatchBuilder(n, strings=both.strings).columns(
+        **{k: getattr(engine, k) for k in ("engine", "request_id", "trace_parent",
+                                             "scheduled", "kv_transfer")},
+        **first(tap, engine, "arrival", "first_token", "last_token", "finish", "finish_reason",
+                "model"), **first(engine, tap, "pod"), **counts,
+        queued=np.where(engine.queued != 0, engine.queued, engine.arrival),
+        choice=tap.choice, source=np.full(n, SOURCE_JOINED),
+    ).gaps(gaps.token_gaps, gaps.gap_counts, gaps.gap_tokens).tolerance(
+        both.clock_skew_tolerance_ns).build()
 
 
 @dataclass
 class _Waiting:
     deadline: float
-    tap: list[Row] = field(default_factory=list)
-    engine: list[Row] = field(default_factory=list)
+    tap: list[Held] = field(default_factory=list)
+    engine: list[Held] = field(default_factory=list)
 
 
 class TraceJoin:
-    """In front of the aggregator: ``ingest`` as ``Aggregator.ingest``; ``sweep()``
+    """A ``RequestSink`` in front of another (the aggregator): rows that may have another
+    side wait here, the rest (and what a join completes) go on at once; ``sweep()``
     releases the rows whose wait is over (the exporter calls it every second)."""
 
-    def __init__(self, aggregator: Aggregator, *, wait: float = 10.0,
+    def __init__(self, downstream: RequestSink, *, wait: float = 10.0,
                  max_pending: int = 20_000, remember: int = 100_000,
                  horizon: float | None = None, clock=time.monotonic):
-        self._agg = aggregator
-        self.stats = aggregator.stats
-        self.labels = aggregator.labels
-        self.add_steps = aggregator.add_steps
+        self._next = downstream
         self.wait, self.max_pending = wait, max_pending
         self.horizon = max(60.0, 6 * wait) if horizon is None else horizon
         # counted requests are remembered (to drop a late other side) this long, at most
@@ -187,31 +180,47 @@ class TraceJoin:
         self._in_vain: dict[int, tuple[float, float] | None] = {SOURCE_TAP: None,
                                                                 SOURCE_ENGINE: None}
 
+    @property
+    def stats(self):
+        return self._next.stats
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return self._next.label_names
+
+    def add_steps(self, steps: list[tuple]) -> None:
+        self._next.add_steps(steps)  # not requests: nothing to join
+
     def pending_count(self) -> int:
         with self._lock:
             return sum(len(w.tap) + len(w.engine) for w in self._waiting.values())
 
-    def ingest(self, batch: RequestBatch, protocol: str, pods=None,
-               tapped: np.ndarray | None = None) -> IngestResult:
+    def ingest(self, batch: RequestBatch, protocol: str) -> IngestResult:
         """Hold the rows that may have another side; ingest the rest (and any row this
-        completes) now. Never raises on bad rows. ``tapped[i]``: engine row ``i``'s span
-        carries the tap's tracestate member, so its tap record is coming: it waits even
+        completes) now. Never raises on bad rows. An engine row that is ``tapped`` (its
+        span carries the tap's tracestate member, so its tap record is coming) waits even
         before any tap has been seen (the first requests' spans can come first)."""
         if self.wait <= 0 or not batch.trace_parent.any():
-            return self._agg.ingest(batch, protocol, pods)
+            return self._next.ingest(batch, protocol)
         now = self._clock()
         keys = [batch.strings[i] for i in batch.trace_parent.tolist()]
+        sides = batch.source.tolist()
+        # the rows that may wait, with their own strings (so the batch is not kept)
+        may_wait = [i for i, key in enumerate(keys)
+                    if key and sides[i] != SOURCE_JOINED and _KEY.fullmatch(key)]
+        part = concat([batch.take(np.array(may_wait, dtype=np.int64))])
+        in_part = dict(zip(may_wait, range(len(may_wait)), strict=True))
+        tapped = batch.tapped.tolist()
         held = np.zeros(len(batch), dtype=bool)
         late = np.zeros(len(batch), dtype=bool)  # dropped: counted without them
-        starts = np.concatenate(([0], np.cumsum(batch.gap_counts)[:-1])).astype(np.int64)
-        release: list[Row] = []
+        release: list = []
         outcomes: Counter = Counter()
         touched: dict[str, _Waiting] = {}
         with self._lock:
-            self._arrived({int(batch.source[i]) for i, key in enumerate(keys)
+            self._arrived({sides[i] for i, key in enumerate(keys)
                            if key and _KEY.fullmatch(key)})
             for i, key in enumerate(keys):
-                side = int(batch.source[i])
+                side = sides[i]
                 if not key or side == SOURCE_JOINED:
                     continue
                 if not _KEY.fullmatch(key):
@@ -226,14 +235,12 @@ class TraceJoin:
                     else:  # a further sequence of a request counted alone: alone too
                         outcomes[done[2]] += 1
                     continue
-                if w is None and not self._expects(side, tapped is not None
-                                                   and bool(tapped[i])):
+                if w is None and not self._expects(side, tapped[i]):
                     alone = "tap_only_no_engine" if side == SOURCE_TAP else "engine_only_no_tap"
                     outcomes[alone] += 1
                     self._counted(key, now, side, alone)  # the other side is not sending
                     continue
-                row = Row.take(batch, i, int(starts[i]), None if pods is None else pods[i],
-                               protocol)
+                row = Held(part, in_part[i], protocol)
                 if w is None:
                     w = self._waiting[key] = _Waiting(now + self.wait)
                 (w.tap if side == SOURCE_TAP else w.engine).append(row)
@@ -242,7 +249,7 @@ class TraceJoin:
             for key, w in touched.items():  # once all of the batch's rows are in
                 # complete: every choice the tap saw (0..n-1), and as many engine sequences
                 if w.tap and len(w.tap) == len(w.engine) == 1 + max(
-                        r.values["choice"] for r in w.tap):
+                        r.choice for r in w.tap):
                     del self._waiting[key]
                     release += self._pair(key, w, outcomes, now)
             release += self._expire(now, outcomes)
@@ -250,10 +257,7 @@ class TraceJoin:
         passed = ~held
         result = IngestResult(0, Counter(), np.ones(len(batch), dtype=bool))
         if passed.any():
-            sub = _rows(batch, passed)
-            r = self._agg.ingest(sub, protocol,
-                                 None if pods is None else [p for p, k in zip(
-                                     pods, passed.tolist(), strict=True) if k])
+            r = self._next.ingest(batch.take(passed), protocol)
             result.rejected = r.rejected
             result.accepted = r.accepted
             result.kept[passed] = r.kept if r.kept is not None else False
@@ -308,7 +312,7 @@ class TraceJoin:
         vain = self._in_vain[side]
         return vain is None or vain[1] - vain[0] < self.horizon
 
-    def _expire(self, now: float, outcomes: Counter) -> list[Row]:
+    def _expire(self, now: float, outcomes: Counter) -> list:
         """Rows whose wait is over, and the oldest past ``max_pending`` (capacity)."""
         out = []
         while self._waiting:
@@ -324,14 +328,13 @@ class TraceJoin:
         return out
 
     def _pair(self, key: str, w: _Waiting, outcomes: Counter, now: float,
-              capacity: bool = False) -> list[Row]:
-        """Pair the sides' rows in order of their last token; the rest go alone."""
-        def last(r: Row) -> int:
-            return r.values["last_token"] or r.values["finish"]
-
-        taps, engines = sorted(w.tap, key=last), sorted(w.engine, key=last)
+              capacity: bool = False) -> list:
+        """Pair the sides' rows in order of their last token: (tap, engine) pairs to join,
+        and the rest, alone."""
+        taps = sorted(w.tap, key=lambda r: r.last)
+        engines = sorted(w.engine, key=lambda r: r.last)
         n = min(len(taps), len(engines))
-        out = [joined(t, e) for t, e in zip(taps[:n], engines[:n], strict=True)]
+        out: list = list(zip(taps[:n], engines[:n], strict=True))
         outcomes["joined"] += n
         for rest, alone in ((taps[n:], "tap_only"), (engines[n:], "engine_only")):
             outcomes["capacity" if capacity else alone] += len(rest)
@@ -357,27 +360,12 @@ class TraceJoin:
             if n:
                 self.stats.inc("phasewatch_trace_join_requests_total", n, outcome=outcome)
 
-    def _release(self, rows: list[Row]) -> None:
-        if not rows:
-            return
-        by_protocol: dict[str, list[Row]] = {}
+    def _release(self, rows: list) -> None:
+        """Count released rows: the joined pairs as one batch (protocol ``trace_join``),
+        the rows alone as one batch per protocol they came in, in order."""
+        batches: dict[tuple[bool, str], list] = {}  # (pairs?, protocol) -> rows
         for r in rows:
-            by_protocol.setdefault(r.protocol, []).append(r)
-        for protocol, rs in by_protocol.items():
-            pods = None if all(r.pod is None for r in rs) else [r.pod or "" for r in rs]
-            self._agg.ingest(batch_of(rs), protocol, pods)
-
-
-_PER_ROW = (*_STRINGS, *_SCALARS, "gap_counts")  # every column with one value per row
-
-
-def _rows(batch: RequestBatch, keep: np.ndarray) -> RequestBatch:
-    """The rows of ``batch`` where ``keep``, with their gaps (strings shared)."""
-    if keep.all():
-        return batch
-    per_gap = np.repeat(keep, batch.gap_counts)
-    return RequestBatch(
-        strings=batch.strings, **{k: getattr(batch, k)[keep] for k in _PER_ROW},
-        token_gaps=batch.token_gaps[per_gap],
-        gap_tokens=None if batch.gap_tokens is None else batch.gap_tokens[per_gap],
-        clock_skew_tolerance_ns=batch.clock_skew_tolerance_ns)
+            pair = isinstance(r, tuple)
+            batches.setdefault((pair, PROTOCOL if pair else r.protocol), []).append(r)
+        for (pairs, protocol), rs in batches.items():
+            self._next.ingest(joined(rs) if pairs else gather(rs), protocol)

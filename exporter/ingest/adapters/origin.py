@@ -1,0 +1,52 @@
+"""What a request row takes from its span itself, not from the span's attributes.
+
+The traceparent the request came with (a stream tap's, so the trace join can pair the
+tap's record with it), whether it came through a tap (the tap's tracestate member),
+and the pod that sent it (a central exporter's ``pod`` label). Every adapter's batch
+gets these columns as it is built (``span_columns``).
+"""
+
+from __future__ import annotations
+
+from phasewatch.requests.record import TAP_TRACESTATE_KEY, BatchBuilder
+
+POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
+
+
+def pod_of(resource: dict) -> str:
+    """The pod a span came from: the first of ``POD_ATTRIBUTES`` its resource has."""
+    for key in POD_ATTRIBUTES:
+        v = resource.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+def parent_key(span) -> str:
+    """``record.RequestRecord.trace_parent`` of a request span: its trace and parent span
+    ("" for a root span, which no tap's traceparent preceded)."""
+    parent = span.parent_span_id
+    if len(parent) != 8 or not any(parent):
+        return ""
+    return f"{span.trace_id.hex()}-{parent.hex()}"
+
+
+def tapped(span) -> bool:
+    """The span's tracestate has the stream tap's member (``record.TAP_TRACESTATE_KEY``): it
+    inherited it from the traceparent the tap sent, so the tap's record is coming."""
+    state = span.trace_state
+    return bool(state) and any(m.split("=", 1)[0].strip() == TAP_TRACESTATE_KEY
+                               for m in state.split(","))
+
+
+def span_columns(builder: BatchBuilder, spans: list, pods: bool) -> BatchBuilder:
+    """``builder`` with the columns rows take from their spans (``spans[i]`` is row
+    ``i``'s): trace_parent, tapped and, with ``pods`` (the sink has a pod label), pod."""
+    keys = [parent_key(s) for s in spans]
+    builder.text(trace_parent=keys)  # the string table grows only when a span has a parent
+    if any(keys):
+        builder.columns(tapped=[bool(k) and tapped(s)
+                                for k, s in zip(keys, spans, strict=True)])
+    if pods:
+        builder.text(pod=[pod_of(s.resource) for s in spans])
+    return builder
