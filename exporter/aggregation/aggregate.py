@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasewatch import catalog
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.sink import IngestResult
 from phasewatch.aggregation.window import RollingWindow
@@ -46,24 +47,22 @@ class HistogramSpec:
     native: native.NativeLayout | None = None
 
 
-HISTOGRAMS = (
-    HistogramSpec("ttft", buckets.TTFT, "prompt_class", PROMPT_CLASS_LABELS,
-                  native.NativeLayout.around(buckets.TTFT)),
-    HistogramSpec("tpot", buckets.TOKEN_LATENCY,
-                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
-    HistogramSpec("e2e", buckets.REQUEST_DURATION,
-                  native=native.NativeLayout.around(buckets.REQUEST_DURATION)),
-    HistogramSpec("itl", buckets.TOKEN_LATENCY,
-                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
-    HistogramSpec("itl_per_token", buckets.TOKEN_LATENCY,
-                  native=native.NativeLayout.around(buckets.TOKEN_LATENCY)),
-    HistogramSpec("phase", buckets.PHASE_DURATION, "phase", PHASE_NAMES,
-                  native.NativeLayout.around(buckets.PHASE_DURATION)),
-    HistogramSpec("prefill_spt", buckets.PREFILL_SECONDS_PER_TOKEN),
-    HistogramSpec("decode_tps", buckets.DECODE_TOKENS_PER_SECOND),
-    HistogramSpec("clock_skew", buckets.CLOCK_SKEW),
-)
-COUNTERS = {"tokens": ("kind", TOKEN_KINDS), "requests": ("finish_reason", FINISH_REASONS)}
+# the values of each family's own label (a histogram's sub-dimension, a counter's kind)
+LABEL_VALUES = {"prompt_class": PROMPT_CLASS_LABELS, "phase": PHASE_NAMES,
+                "kind": TOKEN_KINDS, "finish_reason": FINISH_REASONS}
+
+
+def _spec(key: str, family: catalog.Family) -> HistogramSpec:
+    """The histogram the catalog describes: its buckets, its own label (if any) and a
+    native layout around the buckets where the catalog publishes one."""
+    sub = family.labels[0] if family.labels else None
+    return HistogramSpec(key, family.buckets, sub, LABEL_VALUES[sub] if sub else ("",),
+                         native.NativeLayout.around(family.buckets) if family.native else None)
+
+
+HISTOGRAMS = tuple(_spec(key, f) for key, f in catalog.HISTOGRAMS.items())
+COUNTERS = {key: (f.labels[0], LABEL_VALUES[f.labels[0]])
+            for key, f in catalog.COUNTERS.items()}
 
 
 class _Histogram:

@@ -15,11 +15,8 @@ POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
 
 def pod_of(resource: dict) -> str:
     """The pod a span came from: the first of ``POD_ATTRIBUTES`` its resource has."""
-    for key in POD_ATTRIBUTES:
-        v = resource.get(key)
-        if isinstance(v, str) and v:
-            return v
-    return ""
+    found = (resource.get(key) for key in POD_ATTRIBUTES)
+    return next((v for v in found if isinstance(v, str) and v), "")
 
 
 def parent_key(span) -> str:
