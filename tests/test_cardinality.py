@@ -49,6 +49,18 @@ def _otlp(first: int, n: int, t0: int) -> bytes:
     return msg.SerializeToString()
 
 
+def settled_rss(sp: ServeProcess, reads: int = 4, gap: float = 0.25) -> int:
+    """The exporter's resident set between its periodic work: the least of a few reads.
+    One read can land on a roofline update's or a batch's temporaries (CI once read
+    +15 MiB on the last of twenty samples, +12 here on the eighteenth, gone by the next);
+    what stays is what the test bounds, and the peak is bounded by VmHWM."""
+    least = sp.status()["VmRSS"]
+    for _ in range(reads - 1):
+        time.sleep(gap)
+        least = min(least, sp.status()["VmRSS"])
+    return least
+
+
 def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
     sp = ServeProcess(tmp_path, "--pod-label", "true", "--max-series", str(MAX_SERIES),
                       "--max-pods", str(MAX_PODS), "--lifecycle-max-pending",
@@ -63,14 +75,14 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
                           output_tokens=5)
             if i % 50_000 == 49_999:
                 assert client.flush(timeout=60)
-                rss.append(sp.status()["VmRSS"])
+                rss.append(settled_rss(sp))
         client.close()
         with grpc.insecure_channel(f"127.0.0.1:{sp.otlp_grpc_port}") as ch:
             export = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
             for first in range(0, 3 * SPANS, 5000):  # the dedupe cache fills at 262,144
                 export(_otlp(first, 5000, int(t0 * 1e9)), timeout=60)
                 if first + 5000 in (2 * SPANS, 3 * SPANS):
-                    rss.append(sp.status()["VmRSS"])
+                    rss.append(settled_rss(sp))
         with grpc.insecure_channel(f"127.0.0.1:{sp.grpc_port}") as ch:
             stream = ch.stream_unary("/phasewatch.v1.Phasewatch/StreamLifecycle")
             for part in range(LIFECYCLE_PARTS):  # the join fills at MAX_PENDING, then
@@ -80,7 +92,7 @@ def test_a_million_names_pods_and_ids_stay_bounded(tmp_path):
                                    time_unix_nano=int(t0 * 1e9), model=f"lc-model-{k}-{j}")
                     for j in range(1000)]) for k in range(part * 100, part * 100 + 100)),
                        timeout=120)
-                rss.append(sp.status()["VmRSS"])
+                rss.append(settled_rss(sp))
         m = scrape(sp.http_port)
         status = sp.status()
     finally:
