@@ -123,8 +123,7 @@ SLO_GOOD_REQUESTS = _slo("phasewatch_slo_good_requests_total", "counter",
                          "its rate).")
 SLO_MISSED_REQUESTS = _slo("phasewatch_slo_missed_requests_total", "counter",
                            "Requests that missed an objective, by the phase that took the "
-                           "largest part of it (of the TTFT for ttft, decode for tpot and "
-                           "itl, of the whole request for e2el).", "objective", "phase")
+                           "largest part of the missed figure.", "objective", "phase")
 SLO_OBJECTIVE = _slo("phasewatch_slo_objective_seconds", "gauge",
                      "The latency objective the label set's requests are judged against.",
                      "objective")

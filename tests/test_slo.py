@@ -296,6 +296,9 @@ def test_per_model_objectives_and_the_catalogs_families():
     fams = {f.name: f for f in exposition.read_delimited(body)}
     for f in catalog.SLO:
         fam = fams[f.name]
+        # one short sentence, as tests/test_metrics_page.py holds every HELP to
+        assert len(f.help) <= 130 and f.help.endswith(".") \
+            and not re.search(r"[.;] \S", f.help), f.help
         assert ({pb.COUNTER: "counter", pb.GAUGE: "gauge"}[fam.type], fam.help) == (f.type, f.help)
         assert [p.name for p in fam.metric[0].label] == f.label_names()
     gauge = {(m.label[0].value, m.label[2].value): m.gauge.value
