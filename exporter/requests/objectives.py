@@ -132,17 +132,19 @@ class Judged:
     phase: np.ndarray  # int8 [rows, objectives]: index into MISS_PHASES; -1 not missed
 
 
-def values(batch: RequestBatch, ph: Phases) -> np.ndarray:
+def values(batch: RequestBatch, ph: Phases, itl: bool = True) -> np.ndarray:
     """[rows, objectives] seconds of each request for each objective (NaN: unknown), as
-    the module docstring defines them."""
+    the module docstring defines them; ``itl`` False leaves the ITL column NaN (no pass
+    over the token gaps)."""
     n = len(batch)
+    want_itl = itl
     out_tok = batch.output_tokens
     short = (out_tok >= 0) & (out_tok <= 1)  # vLLM: output_len <= 1 -> TPOT 0
     tpot = np.where(short, 0.0, np.where(out_tok > 1, ph.tpot, np.nan))
     itl = np.full(n, np.nan)
     counts = batch.gap_counts
     has = counts > 0
-    if has.any():
+    if want_itl and has.any():
         starts = (np.cumsum(counts) - counts)[has]
         gaps = np.asarray(batch.token_gaps, dtype=np.float64)
         itl[has] = np.maximum.reduceat(gaps, starts)
@@ -162,8 +164,8 @@ def _largest(parts: list[np.ndarray]) -> np.ndarray:
 
 def judge(batch: RequestBatch, ph: Phases, thresholds: np.ndarray) -> Judged:
     """Each row against its thresholds ([rows, objectives] seconds, NaN: not set)."""
-    v = values(batch, ph)
     is_set = ~np.isnan(thresholds)
+    v = values(batch, ph, itl=bool(is_set[:, OBJECTIVES.index("itl")].any()))
     with np.errstate(invalid="ignore"):
         met = v <= thresholds
     outcome = np.where(np.isnan(v), UNKNOWN, np.where(met, MET, MISSED))
