@@ -30,6 +30,7 @@ from phasewatch.publish.exposition import HotProto
 from phasewatch.publish.families import Exposure
 from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
+from phasewatch.publish.slo_metrics import SloCollector
 from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
@@ -112,6 +113,7 @@ class Exporter:
         names = self.model_names = ModelNames(options)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
                                      model_names=names,
+                                     objectives=config.objectives(names.labels),
                                      pod_label=config.pod_label, max_pods=config.max_pods,
                                      source_label=config.source_label)
         # every receiver's batches pass the join of tap records with engine spans
@@ -148,6 +150,7 @@ class Exporter:
             catalog.MEMORY_LIMIT: lambda: self.admission.memory_limit,
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
+        self.registry.register(SloCollector(self.aggregator))  # nothing without --slo
         self.tap = self._tap_server = self._tap_records = None
         if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
             self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)

@@ -106,6 +106,30 @@ HISTOGRAMS: dict[str, Family] = {
 COUNTERS: dict[str, Family] = {"tokens": TOKENS, "requests": REQUESTS}
 
 
+# ---- latency objectives (phasewatch.aggregation.slo, phasewatch.publish.slo_metrics) ----
+SLO_NEEDS = "--slo (or slo in a [[models]] table)"
+
+
+def _slo(name: str, kind: str, doc: str, *labels: str) -> Family:
+    return Family(name, kind, doc, labels, True, needs=SLO_NEEDS)
+
+
+SLO_REQUESTS = _slo("phasewatch_slo_requests_total", "counter",
+                    "Accepted requests judged against each latency objective set, by "
+                    "outcome: met, missed, or unknown (the value could not be derived).",
+                    "objective", "outcome")
+SLO_GOOD_REQUESTS = _slo("phasewatch_slo_good_requests_total", "counter",
+                         "Accepted requests that met every latency objective set (goodput: "
+                         "its rate).")
+SLO_MISSED_REQUESTS = _slo("phasewatch_slo_missed_requests_total", "counter",
+                           "Requests that missed an objective, by the phase that took the "
+                           "largest part of the missed figure.", "objective", "phase")
+SLO_OBJECTIVE = _slo("phasewatch_slo_objective_seconds", "gauge",
+                     "The latency objective the label set's requests are judged against.",
+                     "objective")
+SLO = (SLO_REQUESTS, SLO_GOOD_REQUESTS, SLO_MISSED_REQUESTS, SLO_OBJECTIVE)
+
+
 # ---- the exporter's own counters (phasewatch.selfstats) ---------------------------------
 def _self(name: str, doc: str, *labels: str) -> Family:
     return Family(name, "counter", doc, labels)
@@ -276,6 +300,7 @@ TAP: dict[str, Family] = {"requests": TAP_REQUESTS, "aborts": TAP_ABORTS,
 # Every family, by section, in the order /metrics shows them.
 SECTIONS: dict[str, tuple[Family, ...]] = {
     "Requests": (*HISTOGRAMS.values(), *COUNTERS.values()),
+    "Latency objectives (goodput)": SLO,
     "The exporter itself": (*SELF_COUNTERS, *EXPORTER_GAUGES),
     "Roofline and verdict": ROOFLINE,
     "The engine's own state and the ceilings": (*ENGINE_STATE, NO_ROOFLINE_REQUESTS),

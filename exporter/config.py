@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.transport.admission import container_memory_limit
 
@@ -146,8 +147,15 @@ SERVE_OPTIONS = (
            0.1, 600),
     Option("history_points", int, 300, "window summaries kept per label set for the "
            "dashboard's time series (one per roofline update)", 2, 100_000),
+    Option("slo", str, "", "latency objectives for goodput, as vllm bench serve --goodput "
+           "takes them: KEY:VALUE pairs in milliseconds, comma- or space-separated, KEY "
+           "ttft, tpot, itl (every token gap) or e2el (e.g. ttft:500,tpot:50); a [[models]] "
+           "table's slo replaces it for its model. Empty: no objectives, no goodput"),
 )
-MODEL_KEYS = tuple(f.name for f in fields(ModelOptions))
+# ModelOptions' fields that are also serve options (their flags fill model_flags); a
+# [[models]] table also takes ``slo``, the model's own --slo
+MODEL_KEYS = tuple(f.name for f in fields(ModelOptions) if f.name != "slo")
+TABLE_KEYS = (*MODEL_KEYS, "slo")
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,7 @@ class ServeConfig:
     log_level: str = "info"
     roofline_interval: float = 2.0
     history_points: int = 300
+    slo: str = ""
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
 
@@ -217,6 +226,13 @@ class ServeConfig:
         """Every configured model: the file's [[models]] and the --model flags."""
         flags = self.model_flags
         return [*self.models, *([flags] if flags.model or flags.hf_config else [])]
+
+    def objectives(self, labels: list[str]) -> ObjectivesByModel:
+        """--slo, and each model's own ``slo`` by its label (``labels``: the model label
+        of each of ``model_options()``, in order)."""
+        return ObjectivesByModel(parse_objectives(self.slo), {
+            label: parse_objectives(o.slo)
+            for o, label in zip(self.model_options(), labels, strict=True) if o.slo})
 
 
 # Every option is a ServeConfig field, except the model keys, which fill model_flags;
@@ -293,6 +309,8 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("overload", "bounds that keep the exporter up under any load",
      ("max_in_flight", "max_in_flight_mib", "memory_limit_mib", "max_connections",
       "grpc_workers", "shutdown_grace")),
+    ("objectives", "latency SLOs: requests met/missed per objective and goodput, in "
+     "/metrics and the JSON API", ("slo",)),
     ("output and logging", "", ("otlp_export_endpoint", "log_level")),
 )
 
@@ -320,6 +338,7 @@ def load_serve_config(args: argparse.Namespace | None = None,
     """Merge defaults < config file < PHASEWATCH_* environment < command-line flags."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {o.name: o.default for o in SERVE_OPTIONS}
+    slo_source = "slo"  # where the value checked last came from, for its error
     path = getattr(args, "config", None) or environ.get("PHASEWATCH_CONFIG")
     models: tuple[ModelOptions, ...] = ()
     if path:
@@ -344,18 +363,23 @@ def load_serve_config(args: argparse.Namespace | None = None,
                               f"{', '.join(_BY_NAME)}")
         for k, v in data.items():
             values[k] = _coerce(_BY_NAME[k], v, path)
+        if "slo" in data:
+            slo_source = f"config file {path}: slo"
     for o in SERVE_OPTIONS:
         env = environ.get(f"PHASEWATCH_{o.name.upper()}")
         if env is not None:
             values[o.name] = _coerce(o, env, f"PHASEWATCH_{o.name.upper()}")
+            slo_source = "PHASEWATCH_SLO" if o.name == "slo" else slo_source
         flag = getattr(args, o.name, None) if args is not None else None
         if flag is not None:
             values[o.name] = _coerce(o, flag, "--" + o.name.replace("_", "-"))
+            slo_source = "--slo" if o.name == "slo" else slo_source
     if values["classic_buckets"] not in CLASSIC_BUCKETS:
         raise ConfigError(f"classic_buckets must be one of {', '.join(CLASSIC_BUCKETS)}, not "
                           f"{values['classic_buckets']!r}")
     if values["lifecycle_grace"] > values["lifecycle_ttl"]:
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
+    _check_slo(values["slo"], slo_source)
     flags = ModelOptions(**{k: values.pop(k) for k in MODEL_KEYS})
     return ServeConfig(**values, model_flags=flags, models=models)
 
@@ -367,10 +391,24 @@ def _model_tables(tables: Any, path: str) -> tuple[ModelOptions, ...]:
                           "([[models]])")
     out = []
     for i, table in enumerate(tables):
-        unknown = sorted(set(table) - set(MODEL_KEYS))
+        unknown = sorted(set(table) - set(TABLE_KEYS))
         if unknown:
             raise ConfigError(f"config file {path}: [[models]] #{i + 1}: unknown keys "
-                              f"{unknown}; known keys: {', '.join(MODEL_KEYS)}")
-        out.append(ModelOptions(**{k: _coerce(_BY_NAME[k], v, f"{path} [[models]] #{i + 1}")
+                              f"{unknown}; known keys: {', '.join(TABLE_KEYS)}")
+        where = f"{path} [[models]] #{i + 1}"
+        if "slo" in table:
+            if not isinstance(table["slo"], str):
+                raise ConfigError(f"config file {where}: slo must be a string of KEY:VALUE "
+                                  f"pairs (\"ttft:500,tpot:50\"), got {table['slo']!r}")
+            _check_slo(table["slo"], f"config file {where}: slo")
+        out.append(ModelOptions(**{k: _coerce(_BY_NAME[k], v, where)
                                    for k, v in table.items()}))
     return tuple(out)
+
+
+def _check_slo(text: str, source: str) -> None:
+    """Objectives parsed at start: the first bad pair, named with where it came from."""
+    try:
+        parse_objectives(text)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None

@@ -93,6 +93,8 @@ def test_every_command_prints_its_help(command):
 @pytest.mark.parametrize("args,message", [
     (["--grpc-port", "70000"], "grpc_port must be between 0 and 65535"),
     (["--window-seconds", "abc"], "window_seconds must be float"),
+    (["--slo", "ttft=500"], "phasewatch: error: --slo: 'ttft=500' has no colon"),
+    (["--slo", "ttft:500,p99:2"], "--slo: 'p99:2': unknown objective 'p99'"),
 ])
 def test_bad_flags_fail_fast_with_the_fix(args, message):
     r = subprocess.run([*PHASEWATCH, "serve", *args], capture_output=True, text=True,

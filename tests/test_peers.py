@@ -100,7 +100,8 @@ def observed(request, peers) -> Observed:
     last = max(r["finish"] for r in reqs)
     shift = REPLAY_BASE if request.param == "replay" else round(time.time() - last)
     clock = clock_for(request.param, shift, shift + last)
-    ex = Exporter(ServeConfig(**TEST_PORTS, window_seconds=600)).start()
+    ex = Exporter(ServeConfig(**TEST_PORTS, window_seconds=600, slo=goodput_slo(peers))
+                  ).start()
     try:
         with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine=ENGINE) as client:
             for r in reqs:
@@ -124,6 +125,12 @@ def observed(request, peers) -> Observed:
         return Observed(clock, metrics, summary, bench, rows, sent_at, time.time())
     finally:
         ex.stop(grace=1)
+
+
+def goodput_slo(peers) -> str:
+    """The objectives vLLM's goodput was computed with, as --slo takes them."""
+    config = peers["expected"]["vllm"]["goodput"]["goodput_config_ms"]
+    return " ".join(f"{k}:{v:g}" for k, v in config.items())
 
 
 def close(actual, expected, abs_tol: float, what: str, why: str = "") -> None:
@@ -389,6 +396,37 @@ def test_bench_duration_runs_from_the_first_arrival_to_the_last_finish(observed,
     print(f"request throughput: phasewatch {rate:.4f}/s over {got:.3f} s, vLLM "
           f"{vllm(peers)['request_throughput']:.4f}/s over {vllm_duration:.3f} s, aiperf over "
           f"{aiperf:.3f} s")
+
+
+# ---- goodput: vLLM bench's --goodput ------------------------------------------------------------
+def test_goodput_equals_vllms(observed, peers):
+    """Through the client, the wire and either clock, with the objectives vLLM's
+    ``calculate_metrics`` was given (``--slo ttft:150 tpot:25 e2el:2500``): vLLM's good
+    requests exactly, in /metrics, the summary and /api/v1/bench; good requests over
+    vLLM's duration (its benchmark's start, before the first request, to the last
+    stream's end) are its ``request_goodput``; each objective's met count is what vLLM's
+    per-request figures give. The window's goodput divides by the window's duration (first
+    arrival to last finish), as its request throughput does. No value lies within 10 us of
+    an objective (checked in tests/test_slo.py), far beyond what either clock moves."""
+    gp = peers["expected"]["vllm"]["goodput"]
+    good = gp["good_requests"]
+    assert observed.metrics.total("phasewatch_slo_good_requests_total", model=MODEL) == good
+    per = per_request(peers)
+    slo = observed.summary["slo"]
+    for key, ms in gp["goodput_config_ms"].items():
+        met = sum((per[rid][key] or 0.0) <= ms / 1000 for rid in per)  # TPOT None: 0
+        assert observed.metrics.total("phasewatch_slo_requests_total", model=MODEL,
+                                      objective=key, outcome="met") == met, key
+        assert slo["objectives"][key]["met"] == met, key
+        assert slo["objectives"][key]["unknown"] == 0, key
+    assert slo["good_requests"] == good
+    close(good / gp["dur_s"], gp["request_goodput"], 0.0, "good requests / vLLM's dur_s")
+    f = observed.bench["figures"]
+    assert f["good_requests"] == good
+    assert f"{'Request goodput (req/s):':<40} {good / f['duration_s']:.2f}" \
+        in observed.bench["text"]
+    close(slo["goodput"], good / observed.summary["covered_seconds"], 0.0,
+          "the window's goodput over its covered time")
 
 
 # ---- percentiles through a real Prometheus ---------------------------------------------------

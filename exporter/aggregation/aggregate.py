@@ -20,10 +20,12 @@ import numpy as np
 from phasewatch import catalog
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.sink import IngestResult
+from phasewatch.aggregation.slo import SloCounts, window_columns
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests import buckets, native
 from phasewatch.requests.buckets import WINDOW_INDEX
 from phasewatch.requests.gaps import GapBins, GapCounts
+from phasewatch.requests.objectives import ObjectivesByModel
 from phasewatch.requests.phases import Phases, split_phases
 from phasewatch.requests.record import FINISH_REASONS, NS, RequestBatch, finish_reason_codes
 from phasewatch.selfstats import SelfStats
@@ -126,7 +128,7 @@ class Aggregator:
     def __init__(self, stats: SelfStats | None = None, *, max_series: int = 256,
                  window: RollingWindow | None = None, clock=time.time,
                  pod_label: bool = False, max_pods: int = 64, source_label: bool = False,
-                 model_names=None):
+                 model_names=None, objectives: ObjectivesByModel | None = None):
         self.stats = stats or SelfStats()
         self.labels = LabelSets(self.stats, max_series=max_series, pod_label=pod_label,
                                 max_pods=max_pods, source_label=source_label,
@@ -138,6 +140,10 @@ class Aggregator:
         itl = self._hists["itl"]
         self._itl_bins = GapBins(itl.edges, WINDOW_INDEX, itl.spec.native.bounds)
         self._counters = {k: np.zeros((0, len(v))) for k, (_, v) in COUNTERS.items()}
+        # latency objectives (--slo), counted per request; None without any
+        self.slo = SloCounts(objectives) if objectives else None
+        if self.slo is not None:
+            self.window.objectives = lambda key: objectives.for_model(key[0])
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -184,7 +190,10 @@ class Aggregator:
             for key, delta in (("tokens", tokens), ("requests", requests)):
                 self._counters[key] = _grow_rows(self._counters[key], n_ls)
                 self._counters[key][:n_ls] += delta
-        self.window.add(batch, ph, ls, n_ls, reasons, gaps)
+        judged = (None if self.slo is None
+                  else self.slo.add(batch, ph, ls, self.labels.pairs(), n_ls))
+        self.window.add(batch, ph, ls, n_ls, reasons, gaps,
+                        None if judged is None else window_columns(judged))
         return IngestResult(accepted, ph.rejected, ph.kept)
 
     def add_steps(self, steps: list[tuple]) -> None:

@@ -18,6 +18,7 @@ from phasewatch.requests.buckets import (
     WINDOW_INDEX,
     prompt_class_codes,
 )
+from phasewatch.requests.objectives import OBJECTIVES, OUTCOMES, Objectives
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
@@ -98,6 +99,61 @@ def by_prompt_class(ring: dict, sel: np.ndarray) -> list[PromptClassFigures]:
 
 
 @dataclass(frozen=True)
+class ObjectiveFigures:
+    """One objective over the window: requests that met it, missed it, or whose value
+    was unknown; attainment = met / all three."""
+
+    objective: str
+    seconds: float
+    met: int
+    missed: int
+    unknown: int
+
+    @property
+    def attainment(self) -> float | None:
+        total = self.met + self.missed + self.unknown
+        return self.met / total if total else None
+
+    def as_dict(self) -> dict:
+        return {"objective_seconds": self.seconds, "met": self.met, "missed": self.missed,
+                "unknown": self.unknown, "attainment": self.attainment}
+
+
+@dataclass(frozen=True)
+class SloFigures:
+    """Goodput over the window: requests that met every objective set, per second of the
+    window's covered time (the request rate's duration), and each objective's figures."""
+
+    good_requests: int
+    goodput: float  # good requests per second
+    good_ratio: float | None  # good / requests
+    objectives: list[ObjectiveFigures]
+
+    @classmethod
+    def of(cls, objectives: Objectives, flags, covered: float, requests: int
+           ) -> SloFigures | None:
+        """From the window's summed flags (good, then met/missed/unknown per objective,
+        ``aggregation.slo.window_columns``); None when the label set has no objectives."""
+        if not objectives:
+            return None
+        flags = [int(x) for x in flags]
+        per = []
+        for i, name in enumerate(OBJECTIVES):
+            seconds = getattr(objectives, name)
+            if seconds is not None:
+                o = 1 + i * len(OUTCOMES)
+                per.append(ObjectiveFigures(name, seconds, *flags[o:o + len(OUTCOMES)]))
+        good = flags[0]
+        return cls(good, good / max(float(covered), 1e-9),
+                   good / requests if requests else None, per)
+
+    def as_dict(self) -> dict:
+        return {"good_requests": self.good_requests, "goodput": self.goodput,
+                "good_ratio": self.good_ratio,
+                "objectives": {o.objective: o.as_dict() for o in self.objectives}}
+
+
+@dataclass(frozen=True)
 class SeriesSummary:
     """One label set over the window."""
 
@@ -120,6 +176,7 @@ class SeriesSummary:
     phase_time_share: dict[str, float | None]
     ttft_by_prompt_class: list[PromptClassFigures]
     sampled_requests: int
+    slo: SloFigures | None = None  # with objectives (--slo) for the label set's model
 
     @property
     def request_rate(self) -> float:
@@ -152,6 +209,7 @@ class SeriesSummary:
             "phase_time_share": self.phase_time_share,
             "ttft_by_prompt_class": [c.as_dict() for c in self.ttft_by_prompt_class],
             "sampled_requests": self.sampled_requests,
+            **({"slo": self.slo.as_dict()} if self.slo is not None else {}),
         }
 
 

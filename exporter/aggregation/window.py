@@ -33,9 +33,11 @@ import time
 
 import numpy as np
 
+from phasewatch.aggregation.slo import WINDOW_COLUMNS
 from phasewatch.aggregation.summary import (
     Quantiles,
     SeriesSummary,
+    SloFigures,
     WindowSummary,
     by_prompt_class,
 )
@@ -88,12 +90,18 @@ class RollingWindow:
         self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
         self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
         self._step_head = 0
+        # with objectives (``Aggregator(objectives=...)`` sets it): label-set tuple ->
+        # its ``Objectives``, and per slice the good requests and (objective, outcome)
+        # counts (``aggregation.slo.window_columns``)
+        self.objectives = None
+        self._slice_slo = np.zeros((self._slots, 0, WINDOW_COLUMNS), dtype=np.int32)
 
     # ---- writing -------------------------------------------------------------
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
-            gaps: GapCounts) -> None:
+            gaps: GapCounts, slo: np.ndarray | None = None) -> None:
         """Add a batch's kept requests; ``gaps`` holds its token gaps binned by
-        ``WINDOW_INDEX`` (``phasewatch.requests.gaps``)."""
+        ``WINDOW_INDEX`` (``phasewatch.requests.gaps``), ``slo`` each row's objective
+        flags (``aggregation.slo.window_columns``) when objectives are set."""
         now = self._clock()
         kept = ph.kept
 
@@ -157,11 +165,16 @@ class RollingWindow:
             inverse = inverse.reshape(-1)
             sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
                              for j in range(_COLUMNS)], axis=1)
-            for (k, row) in zip(uniq.tolist(), sums, strict=True):
+            flags = None if slo is None else np.stack([
+                np.bincount(inverse, weights=col, minlength=len(uniq))
+                for col in slo[kept].T], axis=1).astype(np.int32)
+            for j, (k, row) in enumerate(zip(uniq.tolist(), sums, strict=True)):
                 sec, i = divmod(k, n_ls)
                 slot = self._slot_for(sec, i)
                 if slot is not None:
                     self._slice_counts[slot, i] += row
+                    if flags is not None:
+                        self._slice_slo[slot, i] += flags[j]
             # a batch's gaps go to each label set's newest second in it
             for j, i in enumerate(gaps.series.tolist()):
                 mine = k_ls == i
@@ -179,6 +192,8 @@ class RollingWindow:
         self._slice_counts = np.pad(self._slice_counts, ((0, 0), (0, extra), (0, 0)))
         self._slice_itl = np.pad(self._slice_itl, ((0, 0), (0, extra), (0, 0)))
         self._slice_itl_sum = np.pad(self._slice_itl_sum, ((0, 0), (0, extra)))
+        if self.objectives is not None:
+            self._slice_slo = np.pad(self._slice_slo, ((0, 0), (0, extra), (0, 0)))
         self._slot_second = np.pad(self._slot_second, ((0, 0), (0, extra)),
                                    constant_values=-1)
         for name in ("_newest", "_first", "_last_ingest"):
@@ -197,6 +212,8 @@ class RollingWindow:
         self._slice_counts[slot, i] = 0
         self._slice_itl[slot, i] = 0
         self._slice_itl_sum[slot, i] = 0
+        if self.objectives is not None:
+            self._slice_slo[slot, i] = 0
         return slot
 
     def add_steps(self, ls: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -260,9 +277,13 @@ class RollingWindow:
             counts = np.zeros((n, _COLUMNS))
             itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
             itl_sum = np.zeros(n)
+            with_slo = self.objectives is not None
+            flags = np.zeros((n, WINDOW_COLUMNS), dtype=np.int64)
             for slot in np.flatnonzero(live.any(axis=1)).tolist():
                 m = live[slot]
                 counts[m] += self._slice_counts[slot, m]
+                if with_slo:
+                    flags[m] += self._slice_slo[slot, m]
                 itl[m] += self._slice_itl[slot, m]
                 itl_sum[m] += self._slice_itl_sum[slot, m]
             covered = np.minimum(span, np.maximum(end - self._first, min(span, uptime)))
@@ -292,7 +313,9 @@ class RollingWindow:
                 itl_per_token_count=int(c[3]),
                 phase_time_share=phase_time_shares(ring, sel),
                 ttft_by_prompt_class=by_prompt_class(ring, sel),
-                sampled_requests=int(sel.sum())))
+                sampled_requests=int(sel.sum()),
+                slo=SloFigures.of(self.objectives(key), flags[i], covered[i], int(c[0]))
+                if with_slo else None))
         shown = [s.covered_seconds for s in series]
         return WindowSummary(span, max(shown) if shown else max(min(span, uptime), 1e-9),
                              now, self.capacity, series)

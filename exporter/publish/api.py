@@ -59,6 +59,8 @@ def bench_json(summary) -> dict:
                    "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
                    **{k: q.as_dict() for k, q in (("ttft", s.ttft), ("tpot", s.tpot),
                                                   ("itl", s.itl), ("e2e", s.e2e))}}
+        if s.slo is not None:  # vLLM prints goodput only with --goodput
+            figures["good_requests"] = s.slo.good_requests
         who = "/".join(v for v in (s.model, s.engine, s.more.get("pod"), s.more.get("source"))
                        if v)
         out.append({"model": s.model, "engine": s.engine,

@@ -11,7 +11,10 @@ chosen range, as the server saw them.
 
 ``figures`` is one label set's: ``requests``, ``duration_s``, ``prompt_tokens``,
 ``output_tokens`` and, for ``ttft``, ``tpot``, ``itl``, ``e2e``, a dict of seconds with
-``mean``, ``p50``, ``p90``, ``p99`` (None = unknown, printed as ``-``).
+``mean``, ``p50``, ``p90``, ``p99`` (None = unknown, printed as ``-``); with latency
+objectives (``--slo``) also ``good_requests``, printed as vLLM prints ``--goodput``'s
+result: "Request goodput (req/s):", good requests over the duration, after the request
+throughput (the line is absent without objectives, as in vLLM without ``--goodput``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def render(title: str, figures: dict) -> str:
              _line("Total input tokens:", _value(prompt, integer=True)),
              _line("Total generated tokens:", _value(output, integer=True)),
              _line("Request throughput (req/s):", _value(per_s(n))),
+             *([_line("Request goodput (req/s):", _value(per_s(figures["good_requests"])))]
+               if figures.get("good_requests") is not None else []),
              _line("Output token throughput (tok/s):", _value(per_s(output))),
              _line("Total Token throughput (tok/s):", _value(per_s(total)))]
     for key, short, heading in METRICS:

@@ -51,6 +51,9 @@ class ModelOptions:
     compute_dtype: str = ""
     max_batched_tokens: int = 8192
     engine_metrics_url: str = ""
+    # latency objectives of this model (a [[models]] table's ``slo``, as --slo takes
+    # them); "": the global --slo. Not a roofline input.
+    slo: str = ""
 
 
 def load_profile(path: str | Path, gpus: int) -> HardwareSpec:
