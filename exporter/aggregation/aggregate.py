@@ -20,7 +20,7 @@ import numpy as np
 from phasewatch import catalog
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.sink import IngestResult
-from phasewatch.aggregation.slo import SloCounts, window_columns
+from phasewatch.aggregation.slo import SloCounts
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests import buckets, native
 from phasewatch.requests.buckets import WINDOW_INDEX
@@ -192,8 +192,7 @@ class Aggregator:
                 self._counters[key][:n_ls] += delta
         judged = (None if self.slo is None
                   else self.slo.add(batch, ph, ls, self.labels.pairs(), n_ls))
-        self.window.add(batch, ph, ls, n_ls, reasons, gaps,
-                        None if judged is None else window_columns(judged))
+        self.window.add(batch, ph, ls, n_ls, reasons, gaps, judged)
         return IngestResult(accepted, ph.rejected, ph.kept)
 
     def add_steps(self, steps: list[tuple]) -> None:

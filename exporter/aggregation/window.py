@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from phasewatch.aggregation.slo import WINDOW_COLUMNS
+from phasewatch.aggregation.slo import N_OBJ, WINDOW_COLUMNS, window_columns
 from phasewatch.aggregation.summary import (
     Quantiles,
     SeriesSummary,
@@ -51,6 +51,9 @@ _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", 
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
+# with objectives, per request and objective (``requests.objectives.judge``): the outcome
+# (MET, MISSED, UNKNOWN; -1 not set) and the phase that broke a miss (-1: not missed)
+_RING_SLO = ("slo_outcome", "slo_phase")
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
@@ -73,6 +76,7 @@ class RollingWindow:
         self._lock = threading.Lock()
         self._ring = {c: np.full(capacity, np.nan) for c in _RING_FLOAT}
         self._ring.update({c: np.zeros(capacity, dtype=np.int64) for c in _RING_INT})
+        self._ring.update({c: np.full((capacity, N_OBJ), -1, np.int8) for c in _RING_SLO})
         self._ids = np.empty(capacity, dtype=object)
         self._head = 0  # next write position
         self._size = 0
@@ -98,10 +102,10 @@ class RollingWindow:
 
     # ---- writing -------------------------------------------------------------
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
-            gaps: GapCounts, slo: np.ndarray | None = None) -> None:
+            gaps: GapCounts, judged=None) -> None:
         """Add a batch's kept requests; ``gaps`` holds its token gaps binned by
-        ``WINDOW_INDEX`` (``phasewatch.requests.gaps``), ``slo`` each row's objective
-        flags (``aggregation.slo.window_columns``) when objectives are set."""
+        ``WINDOW_INDEX`` (``phasewatch.requests.gaps``), ``judged`` its rows against their
+        objectives (``requests.objectives.Judged``) when objectives are set."""
         now = self._clock()
         kept = ph.kept
 
@@ -129,6 +133,10 @@ class RollingWindow:
             "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
             "timed": (steps > 0).astype(np.int64),
         }
+        for c, j in zip(_RING_SLO, ("outcome", "phase"), strict=True):
+            rows[c] = (np.full((len(out), N_OBJ), -1, np.int8) if judged is None
+                       else getattr(judged, j)[kept])
+        slo = None if judged is None else window_columns(judged)
         done = rows["end_at"]
         # unknown, or later than the exporter's clock allows (a sender clock ahead, a
         # simulated or bogus time): counted at ingest, so it cannot move its label set's
