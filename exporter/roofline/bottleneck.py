@@ -31,6 +31,7 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from phasewatch.roofline.slo_verdict import attainment
 from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -196,7 +197,8 @@ class BottleneckMonitor:
             previous = self._verdicts.get(key)
             busy = busy_share(mine, est.range_start, est.range_end)
             verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
-                             b=busy: diagnose(phase, e, d, m, r, busy=b))
+                             b=busy: diagnose(phase, e, d, m, r, busy=b),
+                             slo=self._objectives(key, mine, fresh[sel]))
             if verdict is not None:
                 self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy)
@@ -216,6 +218,15 @@ class BottleneckMonitor:
             self.updated_at = self._clock()
         return results
 
+    def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray) -> dict | None:
+        """The label set's objectives over the window's requests
+        (``slo_verdict.attainment``), None without objectives."""
+        objectives = self._window.objectives
+        if objectives is None:
+            return None
+        return attainment(objectives(key), mine["slo_outcome"][fresh],
+                          mine["slo_phase"][fresh])
+
     def _hold_cause(self, key: tuple, verdict: Verdict, previous: Verdict | None) -> None:
         """Hysteresis for the cause, as the phase has it: on the same phase, a new cause
         must be found on two updates in a row before it replaces the previous one (a
@@ -233,6 +244,9 @@ class BottleneckMonitor:
         self._cause_candidates[key] = name
         verdict.cause, verdict.resource = old, previous.resource
         verdict.levers, verdict.text = previous.levers, previous.text
+        if previous.lead and previous.text.startswith(previous.lead):  # today's figures
+            verdict.text = previous.text[len(previous.lead):].lstrip()
+        verdict.prepend("")
 
     def _engine_for(self, model: str, dep: Deployment | None) -> EngineMetricsSource | None:
         """The engine scraped for ``model``: its deployment's, else one configured for
@@ -290,10 +304,11 @@ def _tell_idle(verdict: Verdict, busy: float | None) -> None:
         return
     verdict.evidence["busy_share"] = busy
     # say first that nothing needs fixing
-    if verdict.cause is None and busy < BUSY and verdict.phase != "queue":
-        verdict.text = (f"Nothing to fix: the engine had a request in prefill or decode only "
+    missing = verdict.evidence.get("slo", {}).get("ranked_by") == "misses"
+    if verdict.cause is None and busy < BUSY and verdict.phase != "queue" and not missing:
+        verdict.prepend(f"Nothing to fix: the engine had a request in prefill or decode only "
                         f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
-                        f"or tuning buys little. {verdict.text}")
+                        f"or tuning buys little.")
         verdict.evidence["idle"] = True
         verdict.levers = ()
 
@@ -330,4 +345,5 @@ def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
                             f"time on {pod} while {calm} queues {share[calm]:.0%}", "records",
                             {"queue_share_by_pod": share})
             v.resource, v.levers = "capacity", v.cause.levers
-            v.text = f"{v.cause.text}. {text}"
+            v.text = text
+            v.prepend(f"{v.cause.text}.")

@@ -25,7 +25,11 @@ roofline and the verdict"):
    scraped) comes last and wins where it knows better: a full KV cache, a slot limit
    or an imbalance make the resource ``capacity`` whatever the phase, and a cause's
    levers replace the (phase, resource) ones.
-5. **Honest ceilings**: an achieved rate above a ceiling means the ceiling is wrong
+5. **Objectives first** (``slo_verdict``): with latency objectives set and enough
+   requests, an objective missed by a material share makes the phase the one that broke
+   the most misses, before rule 1, and the text starts with the misses (or with the
+   attainment when every objective was met).
+6. **Honest ceilings**: an achieved rate above a ceiling means the ceiling is wrong
    (measured in another dtype, or for another part). The verdict then says so and
    names the fix instead of a percentage over 100; the resource is ``unknown``.
 """
@@ -36,6 +40,8 @@ from dataclasses import dataclass, field
 
 from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.slo_verdict import lead as slo_lead
+from phasewatch.roofline.slo_verdict import rank as slo_rank
 
 BOUND_FRACTION = 0.6  # of the achievable ceiling
 HYSTERESIS = 0.05
@@ -127,10 +133,17 @@ class Verdict:
     levers: tuple[str, ...] = ()
     text: str = ""
     cause: Cause | None = None
+    lead: str = ""  # the objectives' sentence the text starts with ("" without objectives)
 
     @property
     def headline(self) -> str:
         return headline(self.phase, self.resource, self.cause.name if self.cause else None)
+
+    def prepend(self, sentence: str) -> None:
+        """Put ``sentence`` at the front of the text, after the objectives' sentence."""
+        body = self.text[len(self.lead):].lstrip() if self.lead and \
+            self.text.startswith(self.lead) else self.text
+        self.text = " ".join(x for x in (self.lead, sentence, body) if x)
 
 
 def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
@@ -170,10 +183,11 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
 
 
 def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None,
-           diagnose=None) -> Verdict | None:
+           diagnose=None, slo: dict | None = None) -> Verdict | None:
     """The verdict for one estimate, with hysteresis against ``previous``; ``diagnose``,
     called with the phase decided, gives its cause (``cause.diagnose`` bound to the
-    window's columns and the engine's state) or None.
+    window's columns and the engine's state) or None; ``slo``, the window's objectives
+    (``slo_verdict.attainment``), ranks the phase by misses first (rule 5).
 
     Without a deployment (a model with no roofline configured) the phase is still
     decided; the resource is then ``capacity`` for a dominant queue, ``frontend`` for
@@ -182,12 +196,16 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     shares = est.phase_time_share
     if not shares:
         return None
-    phase = max(shares, key=shares.get)
-    if previous is not None and previous.phase in shares and phase != previous.phase and (
-            shares[phase] < shares[previous.phase] + HYSTERESIS):
+    by_misses = slo_rank(slo, shares, previous, HYSTERESIS)
+    phase = by_misses or max(shares, key=shares.get)
+    if by_misses is None and previous is not None and previous.phase in shares and \
+            phase != previous.phase and shares[phase] < shares[previous.phase] + HYSTERESIS:
         phase = previous.phase
-    runner_up = max(v for k, v in shares.items() if k != phase)
+    ranked = slo["missed_by_phase"] if by_misses else shares
+    runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
     evidence: dict = {"phase_time_share": shares, "requests": est.requests}
+    if slo is not None:
+        evidence["slo"] = slo
     if est.decode_batch_size is not None:
         evidence["decode_batch_size"] = est.decode_batch_size
     if phase == "queue":
@@ -214,7 +232,7 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
             if used < bound:
                 resource = "overhead"
             util_margin = min(1.0, abs(used - BOUND_FRACTION) / 0.2)
-    share_margin = min(1.0, (shares[phase] - runner_up) / 0.2)
+    share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / 0.2))
     inputs = 1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else 0.85
     sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
     confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
@@ -228,12 +246,15 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     levers = (cause.levers if cause is not None and cause.levers else
               LEVERS.get((phase, resource), ()))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
-                      confidence_level=level, evidence=evidence, levers=levers, cause=cause)
+                      confidence_level=level, evidence=evidence, levers=levers, cause=cause,
+                      lead=slo_lead(slo, by_misses))
     verdict.text = describe(verdict, dep)
     if cause is not None and cause.name == "compute_saturated":
         verdict.text = f"{verdict.text} {cause.text}."
     elif cause is not None and cause.name != "frontend":
         verdict.text = f"{cause.text}. {verdict.text}"
+    if verdict.lead:
+        verdict.text = f"{verdict.lead} {verdict.text}"
     return verdict
 
 

@@ -1,0 +1,137 @@
+"""The verdict with latency objectives: the phase that breaks the most misses.
+
+With objectives (``--slo``) the verdict's first question is whether requests met them.
+``attainment`` reads the window's per-request outcomes and, for each miss, the phase that
+broke it (``requests.objectives.judge``: the largest part of the TTFT for a TTFT miss,
+decode for a TPOT or ITL miss, the largest of the whole request for an e2el miss, the
+one function the counters use too, stored per row in the rolling window). ``rank``
+then names the phase:
+
+* with at least ``MIN_REQUESTS`` judged requests in the window and an objective missed
+  by at least ``MATERIAL_MISS`` of them, the phase that broke the most misses of such
+  objectives (a request missing two objectives counts once for each), before the
+  time-share rule; a verdict already ranked by misses stays so while the share is at
+  least ``MATERIAL_MISS - MISS_HYSTERESIS``, and another phase must break
+  ``HYSTERESIS`` more of the misses to replace it;
+* otherwise None: the time-share rule decides, and ``lead`` says the objectives were met.
+
+The figures go to ``verdict.evidence["slo"]``; ``lead`` is the sentence the verdict's
+text starts with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from phasewatch.requests.objectives import MET, MISS_PHASES, MISSED, OBJECTIVES, UNKNOWN, Objectives
+
+MIN_REQUESTS = 20  # judged requests in the window before objectives rank the phase
+MATERIAL_MISS = 0.05  # an objective missed by this share of requests ranks by misses
+MISS_HYSTERESIS = 0.02  # a verdict ranked by misses keeps it down to 3 %
+WHERE = {"preprocess": "preprocess", "queue": "the queue", "prefill": "prefill",
+         "kv_transfer": "the KV transfer", "decode": "decode"}
+
+
+def objective_name(name: str, seconds: float) -> str:
+    """"TTFT 500 ms"."""
+    return f"{name.upper()} {seconds * 1000:g} ms"
+
+
+def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -> dict | None:
+    """The window's figures per objective set: ``outcome`` and ``phase`` are the window's
+    ``slo_outcome`` / ``slo_phase`` rows ([requests, objectives]). None without objectives
+    or judged requests."""
+    judged = (outcome >= 0).any(axis=1) if outcome.size else np.zeros(0, bool)
+    n = int(judged.sum())
+    if not objectives or not n:
+        return None
+    per = {}
+    for name, seconds in objectives.set().items():
+        j = OBJECTIVES.index(name)
+        o = outcome[judged, j]
+        total = int((o >= 0).sum())
+        if not total:
+            continue
+        missed = o == MISSED
+        by_phase = np.bincount(phase[judged, j][missed], minlength=len(MISS_PHASES))
+        per[name] = {
+            "objective_seconds": seconds, "met": int((o == MET).sum()),
+            "missed": int(missed.sum()), "unknown": int((o == UNKNOWN).sum()),
+            "attainment": float((o == MET).sum() / total),
+            "missed_share": float(missed.sum() / total),
+            "missed_by_phase": {p: int(c) for p, c in zip(MISS_PHASES, by_phase.tolist(),
+                                                          strict=True) if c}}
+    return {"requests": n, "objectives": per, "ranked_by": "time_share",
+            "min_requests": MIN_REQUESTS, "material_miss_share": MATERIAL_MISS}
+
+
+def rank(slo: dict | None, shares: dict, previous=None, hysteresis: float = 0.05
+         ) -> str | None:
+    """The phase that broke the most misses of the materially missed objectives, or None
+    (module docstring); fills ``slo``'s ``missed_by_phase`` (shares of those misses) and
+    ``ranked_by``."""
+    if slo is None or slo["requests"] < MIN_REQUESTS:
+        return None
+    was = previous is not None and previous.evidence.get("slo", {}).get("ranked_by") == "misses"
+    bar = MATERIAL_MISS - (MISS_HYSTERESIS if was else 0.0)
+    counts: dict[str, int] = {}
+    for fig in slo["objectives"].values():
+        if fig["missed_share"] >= bar:
+            for p, c in fig["missed_by_phase"].items():
+                if p in shares:  # a known phase this label set reports
+                    counts[p] = counts.get(p, 0) + c
+    total = sum(counts.values())
+    if not total:
+        return None
+    share = {p: c / total for p, c in counts.items()}
+    slo["missed_by_phase"] = share
+    phase = max(share, key=share.get)
+    if was and previous.phase in share and phase != previous.phase and (
+            share[phase] < share[previous.phase] + hysteresis):
+        phase = previous.phase
+    slo["ranked_by"] = "misses"
+    slo["phase"] = phase
+    return phase
+
+
+def lead(slo: dict | None, phase: str | None) -> str:
+    """The sentence the verdict starts with: the misses the phase broke, or that every
+    objective was met; "" with too few requests."""
+    if slo is None or slo["requests"] < MIN_REQUESTS:
+        return ""
+    per = slo["objectives"]
+    if slo["ranked_by"] != "misses":
+        missed = [k for k, f in per.items() if f["missed_share"] >= MATERIAL_MISS]
+        if missed:  # missed, but the phase that broke it is unknown
+            return " ".join(f"{f['missed_share']:.0%} of requests missed "
+                            f"{objective_name(k, f['objective_seconds'])}." for k, f in
+                            per.items() if k in missed)
+        return "All objectives met: " + ", ".join(
+            f"{objective_name(k, f['objective_seconds'])} by {_floor_pct(f['attainment'])}"
+            + (f" ({f['unknown'] / max(1, f['met'] + f['missed'] + f['unknown']):.0%} "
+               "unknown)" if f["unknown"] else "")
+            for k, f in per.items()) + "."
+    # the objective whose misses this phase broke most
+    name = max(per, key=lambda k: per[k]["missed_by_phase"].get(phase, 0))
+    f = per[name]
+    head = (f"{f['missed_share']:.0%} of requests missed "
+            f"{objective_name(name, f['objective_seconds'])}")
+    if name in ("tpot", "itl"):
+        text = f"{head}: their decode steps were too slow."
+    else:
+        of = f["missed_by_phase"].get(phase, 0) / max(1, f["missed"])
+        part = "it" if name == "ttft" else "the request"
+        text = f"{head}; {of:.0%} of those spent most of {part} in {WHERE[phase]}."
+    others = [k for k, g in per.items()
+              if k != name and g["missed_share"] >= MATERIAL_MISS]
+    for k in others:
+        g = per[k]
+        top = max(g["missed_by_phase"], key=g["missed_by_phase"].get)
+        text += (f" {g['missed_share']:.0%} missed {objective_name(k, g['objective_seconds'])}"
+                 + (f", mostly in {WHERE[top]}." if top in WHERE else "."))
+    return text
+
+
+def _floor_pct(x: float) -> str:
+    """A share rounded down (99.7 % met is "99%", not "100%")."""
+    return f"{np.floor(x * 100 + 1e-9):.0f}%"
