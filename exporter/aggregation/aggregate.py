@@ -143,7 +143,7 @@ class Aggregator:
         # latency objectives (--slo), counted per request; None without any
         self.slo = SloCounts(objectives) if objectives else None
         if self.slo is not None:
-            self.window.objectives = lambda key: objectives.for_model(key[0])
+            self.window.objectives = lambda key: self.slo.objectives.for_model(key[0])
 
     @property
     def label_names(self) -> tuple[str, ...]:

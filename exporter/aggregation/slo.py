@@ -42,14 +42,26 @@ class SloCounts:
         self._good = np.zeros(0, dtype=np.int64)
         self._missed = np.zeros((0, N_OBJ, N_PH), dtype=np.int64)
         self._seen = np.zeros(0, dtype=bool)  # label sets with objectives and requests
+        self._models: list[str] = []  # the model label of each label set with thresholds
+
+    def retarget(self, objectives: ObjectivesByModel) -> None:
+        """Judge requests from now on against ``objectives`` (the demo's scenario switch);
+        the counts so far stay as they were judged."""
+        with self._lock:
+            self.objectives = objectives
+            if self._models:
+                self._thresholds = np.stack([objectives.for_model(m).array()
+                                             for m in self._models])
 
     def thresholds(self, pairs: list[tuple], n_ls: int) -> np.ndarray:
         """[n_ls, objectives] seconds of each label set (NaN: not set), grown as new label
         sets appear (a label set's model never changes)."""
         have = self._thresholds.shape[0]
         if have < n_ls:
-            new = np.stack([self.objectives.for_model(p[0]).array() for p in pairs[have:n_ls]])
+            models = [p[0] for p in pairs[have:n_ls]]
+            new = np.stack([self.objectives.for_model(m).array() for m in models])
             self._thresholds = np.concatenate([self._thresholds, new])
+            self._models += models
         return self._thresholds[:n_ls]
 
     def add(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, pairs: list[tuple],
