@@ -38,7 +38,9 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
     """Config from flags/env/file, logging, signal handling, a started exporter.
 
     For the demo, the simulated model and hardware (the scenario's unless given)
-    are what the exporter is configured with, so the roofline has a deployment.
+    are what the exporter is configured with, so the roofline has a deployment, and the
+    scenario's latency objectives unless --slo (or PHASEWATCH_SLO, a config file's slo)
+    gives others (``--slo ""``: none).
     """
     from phasewatch.app import Exporter
 
@@ -54,6 +56,11 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
         m = replace(m, model=m.model or sc.model, gpus=m.gpus or sc.gpus,
                     hardware=m.hardware if m.hardware.lower() != "auto" else sc.hardware)
         config = replace(config, model_flags=m)
+        # the scenario's objectives, followed on a switch, unless the user gave some
+        args.scenario_slo = getattr(args, "slo", None) is None and not config.slo and \
+            not any(o.slo for o in config.model_options())
+        if args.scenario_slo:
+            config = replace(config, slo=sc.slo)
         args.model, args.hardware, args.gpus = m.model, m.hardware, m.gpus
     stop = threading.Event()
     _stop_on_signals(stop)
@@ -121,8 +128,18 @@ def _summary_line(summary: dict) -> str:
             f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"
             f" p99 {ms(m['ttft_seconds'], 'p99')} | ITL p50 {ms(m['itl_seconds'], 'p50')} | "
             f"TPOT p50 {ms(m['tpot_seconds'], 'p50')} | out {m['output_tokens_per_second']:.0f}"
-            f" tok/s | {share}")
+            f" tok/s | {share}{_goodput(m.get('slo'))}")
     return " || ".join(parts) or "no requests finished yet"
+
+
+def _goodput(slo: dict | None) -> str:
+    """" | goodput 4.1 req/s (TTFT 99%, TPOT 100%)": good requests per second over the
+    window and each objective's attainment; "" without objectives."""
+    if not slo:
+        return ""
+    each = ", ".join(f"{k.upper()} {int(o['attainment'] * 100 + 1e-9)}%"  # 99.7 %: "99%"
+                     for k, o in slo["objectives"].items() if o["attainment"] is not None)
+    return f" | goodput {slo['goodput']:.1f} req/s" + (f" ({each})" if each else "")
 
 
 def _sim_client(args, target: str, token: str = ""):
@@ -140,6 +157,7 @@ def _sim_client(args, target: str, token: str = ""):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from phasewatch.requests.objectives import ObjectivesByModel
     from phasewatch.sim.live import SwitchableLoad
 
     config, stop, exporter = _start_exporter(args, demo=True)
@@ -153,12 +171,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     load = SwitchableLoad(args.scenario, client.record_request, args.time_scale,
                           {"seed": args.seed, "model": args.model, "hardware": args.hardware,
                            "gpus": args.gpus, "rate_scale": args.rate_scale}, duration)
+
+    def switch(name: str) -> None:
+        """The dashboard's scenario switch: the load, and the scenario's objectives."""
+        if args.scenario_slo and exporter.aggregator.slo is not None:
+            exporter.aggregator.slo.retarget(ObjectivesByModel(scenario(name).objectives))
+        load.switch(name)
+
     dashboard = None
     if not args.no_dashboard:
         from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
         from phasewatch.dashboard.exporter_source import ExporterSource
 
-        control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, load.switch)
+        control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, switch)
         app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
                          scenario=control)
         dashboard = DashboardServer(app, args.dashboard_host, args.dashboard_port).start()
@@ -166,6 +191,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if dashboard is not None:
         print(f"  dashboard: {dashboard.url}   (switch the scenario at the top right)",
               flush=True)
+    print(f"  objectives: {config.slo or 'none'} ("
+          + ("the scenario's, " if args.scenario_slo else "")
+          + "for goodput and the verdict; --slo to set them)", flush=True)
     print(f"  metrics:   {base}/metrics", flush=True)
     print(f"  JSON API:  {base}/api/v1/summary, roofline, history, requests", flush=True)
     print(f"  gRPC:      {config.grpc_host}:{exporter.grpc_port}", flush=True)
@@ -223,8 +251,12 @@ def _print_summary(exporter, current: str) -> None:
     print(f"[{current}] {_summary_line(summary)}", flush=True)
     for r in exporter.monitor.results():
         if r.verdict is not None:
-            print(f"  verdict {r.model}: {r.verdict.text} Levers: "
-                  f"{', '.join(r.verdict.levers) or '-'}.", flush=True)
+            v = r.verdict
+            if v.lead:  # the objectives' sentence on a line of its own
+                print(f"  objectives {r.model}: {v.lead}", flush=True)
+            text = v.text[len(v.lead):].lstrip() if v.text.startswith(v.lead) else v.text
+            print(f"  verdict {r.model}: {text} Levers: "
+                  f"{', '.join(v.levers) or '-'}.", flush=True)
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:

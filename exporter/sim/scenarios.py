@@ -1,15 +1,25 @@
 """Named simulator scenarios: each a model x hardware x engine configuration x workload.
 
-Each states which phase it is built to stress; tests check the simulator agrees.
+Each states which phase it is built to stress; tests check the simulator agrees. Each
+comes with the latency objectives (``slo``, as ``--slo`` takes them) its kind of service
+would be held to, which ``phasewatch demo`` gives its exporter (and changes on a scenario
+switch) unless ``--slo`` is given: interactive chat's TTFT 500 ms and TPOT 50 ms, which
+``chat``, ``long_generation`` and ``tiny_batch`` meet while ``overload`` misses TTFT in
+the queue and ``api_bound`` in preprocess; RAG over long retrieved contexts allows a
+TTFT of 2 s and a TPOT of 150 ms (its short answers share steps with 24k-token prefills),
+which ``rag`` meets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from phasewatch.requests.objectives import Objectives, parse_objectives
 from phasewatch.roofline import catalog
 from phasewatch.sim.engine import EngineConfig, SimEngine
 from phasewatch.sim.workload import Lengths, Workload
+
+CHAT_SLO = "ttft:500,tpot:50"  # interactive chat's objectives (module docstring)
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,11 @@ class Scenario:
     model: str = "Llama-3.1-8B"
     hardware: str = "H100-SXM"
     gpus: int = 1
+    slo: str = CHAT_SLO  # latency objectives, as --slo takes them
+
+    @property
+    def objectives(self) -> Objectives:
+        return parse_objectives(self.slo)
 
     def build(self, seed: int = 0, model: str | None = None, hardware: str | None = None,
               gpus: int | None = None, rate_scale: float = 1.0, name: str = "sim"
@@ -43,7 +58,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                       prefix_hit_probability=0.3)),
     Scenario("rag", "Long-prompt RAG: ~24k-token retrieved contexts, short answers. Most "
              "request time is prefill (compute-bound).",
-             Workload(Lengths(24000, 0.2, 8000, 65536), Lengths(12, 0.3, 4, 64), rate=0.25)),
+             Workload(Lengths(24000, 0.2, 8000, 65536), Lengths(12, 0.3, 4, 64), rate=0.25),
+             slo="ttft:2000,tpot:150"),
     Scenario("long_generation", "Long generation: short prompts, ~2k output tokens, 32 users "
              "in a closed loop. Decode (memory-bandwidth-bound) dominates.",
              Workload(Lengths(200, 0.5, 16, 2048), Lengths(2000, 0.3, 256, 8192),
