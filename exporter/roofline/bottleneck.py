@@ -299,7 +299,9 @@ def _tell_idle(verdict: Verdict, busy: float | None) -> None:
     cause is told so first, and offered no lever (none buys speed it does not need).
     Requests that spend most of their time queued are demand the service does not meet,
     however little the records show in prefill or decode (a window a load change
-    straddles, a limit in front of the engine): never "nothing to fix"."""
+    straddles, a limit in front of the engine): never "nothing to fix"; nor are requests
+    that miss their latency objectives (a verdict ranked by misses). The sentence goes
+    after the objectives' one (``Verdict.prepend``)."""
     if busy is None:
         return
     verdict.evidence["busy_share"] = busy
