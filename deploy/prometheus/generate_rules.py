@@ -68,7 +68,7 @@ class Params:
     ttft_slo_seconds: float = 1.0  # must be a bucket bound of the TTFT histogram
     ttft_slo_objective: float = 0.99  # share of requests with TTFT <= the threshold
     # The latency objectives' (--slo) target: the share of requests that must meet each
-    # objective, from the exporter's exact per-request counts (phasewatch_slo_*).
+    # objective, from the exporter's exact per-request counts (catalog.SLO).
     slo_target: float = 0.99
     # Multi-window multi-burn-rate (Google SRE workbook, chapter 5), for the TTFT SLO
     # and every --slo objective: (severity, long window, short window, burn factor).
