@@ -256,8 +256,54 @@ def preemptions() -> dict:
         "rate() counts that as no preemption, not as a drop.")
 
 
+# Attainment tiles turn green at this share met (the rules' default target, slo_target
+# in deploy/prometheus/generate_rules.py).
+SLO_TARGET = 0.99
+
+
+def slo_panels(lay: Layout) -> None:
+    """Latency objectives (--slo): attainment per objective over the dashboard's range,
+    goodput against the request rate, and the misses by the phase that broke them. The
+    series exist only where the exporter runs with --slo."""
+    slo, good = cat.SLO_REQUESTS.name, cat.SLO_GOOD_REQUESTS.name
+    missed = cat.SLO_MISSED_REQUESTS.name
+    attainment = (f'sum by ({BY}, objective) (increase({slo}{{{SEL},outcome="met"}}'
+                  f"[$__range])) / sum by ({BY}, objective) (increase({slo}{{{SEL}}}"
+                  "[$__range]))")
+    tile = stat("Objective attainment", attainment, "percentunit",
+                "Share of the requests in the dashboard's time range that met each latency "
+                "objective set with --slo (met over met, missed and unknown: a request "
+                "whose value could not be derived counts against it), as vLLM's overview "
+                f"dashboard's SLO attainment tiles. Green from {SLO_TARGET:.0%}, the "
+                "burn-rate alerts' default target (PhasewatchSLOBurn).",
+                legend=who("{{objective}}"), decimals=2)
+    tile["fieldConfig"]["defaults"]["thresholds"]["steps"] = [
+        {"color": "red", "value": None}, {"color": "green", "value": SLO_TARGET}]
+    tile["options"]["colorMode"] = "background"
+    lay.add(tile, 8, 6)
+    judged = f"max by ({BY}) (sum by ({BY}, objective) (increase({slo}{{{SEL}}}[$__range])))"
+    lay.add(stat("Good requests", f"sum by ({BY}) (increase({good}{{{SEL}}}[$__range])) / "
+                 f"on ({BY}) {judged}", "percentunit",
+                 "Share of the requests in the dashboard's time range that met every "
+                 "objective set (the good requests; their rate is goodput).", decimals=2),
+            4, 6)
+    lay.add(timeseries("Goodput and request rate", [
+        target(f"sum by ({BY}) (rate({good}{{{SEL}}}[{RANGE}]))", who("goodput"), "A"),
+        target(q(queries.KPIS["request_rate"]), who("requests"), "B")], "reqps",
+        "Goodput: requests per second that met every latency objective set (DistServe's "
+        "definition; vllm bench serve --goodput), against all finished requests per "
+        "second."), 12, 6)
+    lay.add(timeseries("Objective misses by phase", [target(
+        f"sum by ({BY}, objective, phase) (rate({missed}{{{SEL}}}[{RANGE}]))",
+        who("{{objective}} {{phase}}"))], "reqps",
+        "Requests per second that missed each objective, by the phase that took the largest "
+        "part of the missed figure: of the TTFT (preprocess, queue, prefill, kv_transfer) "
+        "for a TTFT miss, decode for a TPOT or ITL miss, any phase for an e2el miss. The "
+        "burn-rate alerts name the largest.", stack=True, phases=True), 24, 7)
+
+
 def alert_states() -> dict:
-    by = "alertname, model, engine, source, regressed, quantile, severity"
+    by = "alertname, model, engine, source, objective, regressed, quantile, severity"
     sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
     expr = (f'2 * max by ({by}) (ALERTS{{{sel},alertstate="firing"}}) or '
             f'max by ({by}) (ALERTS{{{sel},alertstate="pending"}})')
@@ -266,9 +312,10 @@ def alert_states() -> dict:
         "description": "The phasewatch alerting rules (deploy/prometheus) over time: yellow "
                        "pending, red firing. TTFT regressions say whether the queue or the "
                        "prefill regressed and, from an exporter run with --source-label, "
-                       "whose TTFT: joined or tap (what clients see) or engine (its own).",
-        "targets": [target(expr, "{{alertname}} {{model}} {{source}} {{regressed}} {{quantile}} "
-                                 "{{severity}}")],
+                       "whose TTFT: joined or tap (what clients see) or engine (its own); "
+                       "PhasewatchSLOBurn names the --slo objective that burns its budget.",
+        "targets": [target(expr, "{{alertname}} {{model}} {{source}} {{objective}} "
+                                 "{{regressed}} {{quantile}} {{severity}}")],
         "fieldConfig": {"defaults": {
             "color": {"mode": "thresholds"},
             "thresholds": {"mode": "absolute", "steps": [
@@ -358,6 +405,9 @@ def panels() -> list[dict]:
         target(k["prompt_tokens_per_second"], who("prompt"), "A"),
         target(k["output_tokens_per_second"], who("output"), "B")], "none",
         "Prompt tokens read and output tokens generated per second."), 12, 8)
+
+    lay.row("Latency objectives (--slo): attainment, goodput, misses by phase")
+    slo_panels(lay)
 
     lay.row("Roofline: achieved bandwidth and FLOP/s against the hardware")
     util_by = f"avg by ({BY}, phase)"

@@ -15,6 +15,12 @@ The rules are the generator's, with the baseline offset scaled from a day/week t
 40 s and the rate window to 20 s by its parameters (no hand edits). Afterwards,
 every expression of the Grafana dashboard and of the rules is run against that
 Prometheus and must parse and return data.
+
+Both exporters judge requests against latency objectives (--slo ``SLO``): a TTFT
+objective Llama's slower prefill breaks (Qwen's longer prompts too: an objective burns
+whatever the cause), so the burn-rate alert of the objectives (PhasewatchSLOBurn) pages
+and its description, a query the template runs, names the prefill; and a TPOT objective
+both meet.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ DEADLINE_S = 88.0  # the baseline window [t-60, t-40] leaves the baseline phase 
 PARAMS = generate_rules.Params(baseline_offsets=(OFFSET,), rate_window=WINDOW,
                                regression_for="5s", min_request_rate=0.5)
 PROMPTS = Lengths(2000, 0.3, 500, 8000)
+# ms. The simulated TTFT: p50 ~43 ms, p95 ~65 ms at the baseline; ~120 ms, three in four
+# over 100 ms, with the prefill 3x slower (or the prompts 3x longer). TPOT: under 7 ms.
+SLO = "ttft:100,tpot:50"
 # One user in a closed loop, and a token budget that takes any prompt in one step: no
 # two prefills ever share a step, so longer prompts really keep their prefill speed
 # per token, as the scenario says. (With Poisson arrivals and ~25 requests per 20 s
@@ -142,7 +151,7 @@ def fired(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("alerts")
     rules = generate_rules.write(PARAMS, tmp / "rules")
     engines = {name: Pages([page] * ENGINE_SCRAPES) for name, page in ENGINE_PAGES.items()}
-    config = ServeConfig(**TEST_PORTS, window_seconds=20.0, roofline_interval=1.0)
+    config = ServeConfig(**TEST_PORTS, window_seconds=20.0, roofline_interval=1.0, slo=SLO)
     try:
         with Exporter(replace(config, source_label=True, models=_models(
                 "Llama-3.1-8B", engines["vllm"].url))) as llama, Exporter(replace(
@@ -225,6 +234,24 @@ def test_slower_prefill_fires_and_longer_prompts_do_not(fired):
           f"{SETTLED_S - BASELINE_S:.0f} s: {ratios}")
     assert ratios["Qwen2.5-7B"]["ttft_seconds:mean"] > 2 * PARAMS.ttft_factor, ratios
     assert ratios["Qwen2.5-7B"]["prefill_seconds_per_token:mean"] < PARAMS.prefill_factor, ratios
+
+
+def test_the_objective_s_burn_pages_and_names_the_phase(fired):
+    """Llama's prefill 3x slower: its TTFT objective's misses page, and the description
+    names the phase that took most of them; its TPOT objective never burns."""
+    prom, *_ = fired
+    burns = [a for a in prom.api("alerts")["alerts"]
+             if a["labels"]["alertname"] == "PhasewatchSLOBurn"
+             and a["labels"]["model"] == "Llama-3.1-8B"]
+    pages = [a for a in burns if a["labels"]["objective"] == "ttft"
+             and a["labels"]["severity"] == "page" and a["state"] == "firing"]
+    assert pages, burns
+    for a in pages:
+        assert a["labels"]["source"] == "engine", a
+        assert "missed their TTFT objective" in a["annotations"]["description"], a
+        assert re.search(r"\d+(\.\d+)?% of the TTFT misses over the last \w+ spent most of "
+                         r"their time in the prefill phase\.$", a["annotations"]["description"]), a
+    assert not [a for a in burns if a["labels"]["objective"] == "tpot"], burns
 
 
 def test_every_rule_evaluates_and_every_series_it_reads_has_data(fired):

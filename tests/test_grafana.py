@@ -86,7 +86,9 @@ def test_the_issue_s_views_are_there():
                   "Bandwidth utilization (MBU)", "FLOPs utilization (MFU)",
                   "Roofline operating points", "TTFT by prompt-length class",
                   "Prefill seconds per prompt token", "phasewatch alerts", "Cause",
-                  "Engine: KV-cache usage and requests", "Engine preemptions/s"):
+                  "Engine: KV-cache usage and requests", "Engine preemptions/s",
+                  "Objective attainment", "Good requests", "Goodput and request rate",
+                  "Objective misses by phase"):
         assert title in titles
 
 

@@ -49,6 +49,7 @@ SERVICE = "model, engine"
 # " (joined)" in an annotation where the alert has a source label, nothing where not
 SOURCE = "{{ with $labels.source }} ({{ . }}){{ end }}"
 SOURCE_IN = "{{ with $labels.source }}, source {{ . }}{{ end }}"  # inside parentheses
+OBJECTIVE = "{{ $labels.objective | toUpper }}"  # TTFT, TPOT, ITL, E2EL
 POD_IN = "{{ with $labels.pod }}, pod {{ . }}{{ end }}"  # inside parentheses
 ONE_ENGINE = "max without (source)"  # one engine's state, repeated under each source
 
@@ -66,6 +67,14 @@ class Params:
     mbu_collapse_ratio: float = 0.5  # decode MBU below half its baseline
     ttft_slo_seconds: float = 1.0  # must be a bucket bound of the TTFT histogram
     ttft_slo_objective: float = 0.99  # share of requests with TTFT <= the threshold
+    # The latency objectives' (--slo) target: the share of requests that must meet each
+    # objective, from the exporter's exact per-request counts (catalog.SLO).
+    slo_target: float = 0.99
+    # Multi-window multi-burn-rate (Google SRE workbook, chapter 5), for the TTFT SLO
+    # and every --slo objective: (severity, long window, short window, burn factor).
+    burn_windows: tuple[tuple[str, str, str, float], ...] = (
+        ("page", "1h", "5m", 14.4), ("page", "6h", "30m", 6),
+        ("ticket", "1d", "2h", 3), ("ticket", "3d", "6h", 1))
     exporter_job: str = "phasewatch"
     engine_silence: str = "10m"
     kv_full_ratio: float = KV_FULL  # KV-cache usage read as full, as the verdict reads it
@@ -128,12 +137,35 @@ def recording(p: Params) -> dict:
         _baseline(f"phasewatch:queue_seconds:mean_{w}", p.baseline_offsets))
     # TTFT SLO: the share of requests slower than the threshold, over each burn window.
     le = _le(p.ttft_slo_seconds)
-    for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
+    for window in _burn_windows(p):
         rec(f"phasewatch:ttft_slo_errors:ratio_rate{window}",
             f"1 - sum by ({BY}) (rate({cat.TTFT.name}_bucket"
             f'{{le="{le}"}}[{window}])) / sum by ({BY}) '
             f"(rate({cat.TTFT.name}_count[{window}]))")
+    # Latency objectives (--slo): the share of the judged requests (met or missed, not
+    # unknown) that missed each objective, exact per request, over each burn window;
+    # and over each long window, each phase's share of the misses (the phase that took
+    # the largest part of each missed figure). Series exist only where --slo is set.
+    slo = cat.SLO_REQUESTS.name
+    for window in _burn_windows(p):
+        rec(f"phasewatch:slo_errors:ratio_rate{window}",
+            f'sum by ({BY}, objective) (rate({slo}{{outcome="missed"}}[{window}]))\n'
+            f"/ sum by ({BY}, objective) "
+            f'(rate({slo}{{outcome=~"met|missed"}}[{window}]))')
+    missed = cat.SLO_MISSED_REQUESTS.name
+    for window in dict.fromkeys(long for _, long, _, _ in p.burn_windows):
+        rec(f"phasewatch:slo_missed_phase:ratio_rate{window}",
+            f"sum by ({BY}, objective, phase) (rate({missed}[{window}]))\n"
+            f"/ ignoring (phase) group_left sum by ({BY}, objective) "
+            f"(rate({missed}[{window}]))")
     return {"groups": [{"name": "phasewatch-recording", "rules": rules}]}
+
+
+def _burn_windows(p: Params) -> list[str]:
+    """Every window a burn rule reads, shortest first."""
+    seconds = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
+    windows = {w for _, long, short, _ in p.burn_windows for w in (long, short)}
+    return sorted(windows, key=lambda w: float(w[:-1]) * seconds[w[-1]])
 
 
 def _le(seconds: float) -> str:
@@ -187,9 +219,7 @@ def alerting(p: Params) -> dict:
     # SLO burn rate, multi-window multi-burn-rate (Google SRE workbook, chapter 5).
     budget = round(1 - p.ttft_slo_objective, 10)
     burn = []
-    for severity, long, short, factor in (("page", "1h", "5m", 14.4), ("page", "6h", "30m", 6),
-                                          ("ticket", "1d", "2h", 3),
-                                          ("ticket", "3d", "6h", 1)):
+    for severity, long, short, factor in p.burn_windows:
         burn.append({
             "alert": "PhasewatchTTFTSLOBurn",
             "expr": (f"phasewatch:ttft_slo_errors:ratio_rate{long} > ({factor} * {budget})\n"
@@ -256,8 +286,46 @@ def alerting(p: Params) -> dict:
                          "the sidecar broke."}},
     ]
     return {"groups": [{"name": "phasewatch-ttft", "rules": ttft_rules + burn},
+                       {"name": "phasewatch-slo", "rules": slo_burn(p)},
                        {"name": "phasewatch-health", "rules": other},
                        {"name": "phasewatch-engine", "rules": engine_state(p)}]}
+
+
+# Each phase's share of an alert's misses over its long window, the largest: run by the
+# annotation (Prometheus's template ``query``), with the alert's own label values. An
+# absent source label matches source="" (the series without it).
+TOP_PHASE = ('topk(1, phasewatch:slo_missed_phase:ratio_rate%s{model=%q,engine=%q,'
+             'source=%q,objective=%q})')
+
+
+def slo_burn(p: Params) -> list[dict]:
+    """Burn-rate alerts for every latency objective set with --slo (one rule per
+    severity and window pair, grouped by objective), from the exact per-request counts;
+    the description names the phase that took most of the misses."""
+    budget = round(1 - p.slo_target, 10)
+    target = f"{p.slo_target:.2%}"
+    out = []
+    for severity, long, short, factor in p.burn_windows:
+        top = (f'{{{{ with printf "{TOP_PHASE}" "{long}" $labels.model $labels.engine '
+               f"$labels.source $labels.objective | query }}}}{{{{ with first . }}}} "
+               f"{{{{ .Value | humanizePercentage }}}} of the {OBJECTIVE} "
+               f"misses over the last {long} spent most of their time in the "
+               f"{{{{ .Labels.phase }}}} phase.{{{{ end }}}}{{{{ end }}}}")
+        out.append({
+            "alert": "PhasewatchSLOBurn",
+            "expr": (f"phasewatch:slo_errors:ratio_rate{long} > ({factor} * {budget})\n"
+                     f"and on ({BY}, objective) phasewatch:slo_errors:ratio_rate{short} > "
+                     f"({factor} * {budget})"),
+            "labels": {"severity": severity, "long_window": long, "short_window": short},
+            "annotations": {
+                "summary": (f"{OBJECTIVE} objective of {{{{ $labels.model }}}}"
+                            f"{SOURCE} burning {factor}x its error budget"),
+                "description": (
+                    f"{{{{ $value | humanizePercentage }}}} of the requests of "
+                    f"{{{{ $labels.model }}}} ({{{{ $labels.engine }}}}{SOURCE_IN}) missed "
+                    f"their {OBJECTIVE} objective over {long} (and {short}): "
+                    f"{factor}x the error budget of a {target} target.{top}")}})
+    return out
 
 
 def _levers(cause: str) -> str:

@@ -236,6 +236,105 @@ def burn_tests() -> dict:
     }
 
 
+# Latency objectives (--slo): burn alerts from the exact per-request counts. Per minute,
+# each (model, objective) has MET met, MISSED missed and UNKNOWN unknown requests, and its
+# misses split over phases as ``phases`` says, for BURN_MINUTES; evaluated at the end
+# with a 99% target (the error budget 1%, the factors 14.4, 6, 3 and 1).
+@dataclass(frozen=True)
+class SLOBurn:
+    model: str
+    objective: str
+    doc: str
+    met: float
+    missed: float
+    phases: dict[str, float]  # phase -> share of the misses
+    unknown: float = 0
+    # (severity, long window, short window) of every burn alert that must fire; all
+    # others must not
+    fires: tuple[tuple[str, str, str], ...] = ()
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        who = f"{self.model} source={self.source}" if self.source else self.model
+        return f"{who} {self.objective}"
+
+
+ALL_WINDOWS = (("page", "1h", "5m"), ("page", "6h", "30m"), ("ticket", "1d", "2h"),
+               ("ticket", "3d", "6h"))
+SLO_BURNS = (
+    SLOBurn("slo-ttft", "ttft", "20% of the TTFTs over the objective, 82% of them in the "
+            "queue: every window fires, naming the queue", 480, 120,
+            {"queue": 0.82, "prefill": 0.18, "preprocess": 0, "kv_transfer": 0,
+             "unknown": 0}, fires=ALL_WINDOWS),
+    SLOBurn("slo-ttft", "tpot", "the same requests meet their TPOT objective (0.5% missed): "
+            "nothing fires", 597, 3, {"decode": 1, "unknown": 0}),
+    SLOBurn("slo-tpot", "tpot", "20% of the judged TPOTs missed, all in decode, and as many "
+            "unknown as judged (unknown is no miss, nor dilutes one): every window fires, "
+            "naming decode", 480, 120, {"decode": 1, "unknown": 0}, unknown=600,
+            fires=ALL_WINDOWS),
+    SLOBurn("slo-e2el", "e2el", "2% of the e2el objective missed (2x the budget), the "
+            "prefill the largest part of 60% of them, on the tap's source: only the 3d/6h "
+            "ticket, with source=tap", 588, 12,
+            {"prefill": 0.6, "decode": 0.3, "queue": 0.1, "preprocess": 0, "kv_transfer": 0,
+             "unknown": 0}, fires=(("ticket", "3d", "6h"),), source="tap"),
+)
+
+
+def _slo_series(b: SLOBurn) -> list[dict]:
+    labels = _labels(b.model, b.source) + f',objective="{b.objective}"'
+    out = [{"series": f'phasewatch_slo_requests_total{{{labels},outcome="{outcome}"}}',
+            "values": f"0+{n:g}x{BURN_MINUTES}"}
+           for outcome, n in (("met", b.met), ("missed", b.missed), ("unknown", b.unknown))]
+    out += [{"series": f'phasewatch_slo_missed_requests_total{{{labels},phase="{phase}"}}',
+             "values": f"0+{b.missed * share:g}x{BURN_MINUTES}"}
+            for phase, share in b.phases.items()]
+    return out
+
+
+def _slo_expected(b: SLOBurn, severity: str, long: str, short: str) -> dict:
+    """The alert as promtool must see it, its annotations written out in full."""
+    from generate_rules import Params
+
+    factor = {(lw, sw): f for _, lw, sw, f in Params().burn_windows}[(long, short)]
+    ratio = b.missed / (b.met + b.missed)
+    phase, share = max(b.phases.items(), key=lambda kv: kv[1])
+    source = f" ({b.source})" if b.source else ""
+    source_in = f", source {b.source}" if b.source else ""
+    return {
+        "exp_labels": {"alertname": "PhasewatchSLOBurn", "model": b.model, "engine": "vllm",
+                       "objective": b.objective, "severity": severity, "long_window": long,
+                       "short_window": short, **({"source": b.source} if b.source else {})},
+        "exp_annotations": {
+            "summary": (f"{b.objective.upper()} objective of {b.model}{source} burning "
+                        f"{factor}x its error budget"),
+            "description": (
+                f"{ratio:.0%} of the requests of {b.model} (vllm{source_in}) missed their "
+                f"{b.objective.upper()} objective over {long} (and {short}): {factor}x the "
+                f"error budget of a 99.00% target. {share:.0%} of the {b.objective.upper()} "
+                "misses over "
+                f"the last {long} spent most of their time in the {phase} phase.")}}
+
+
+def slo_burn_tests() -> dict:
+    series = [x for b in SLO_BURNS for x in _slo_series(b)]
+    expected = [_slo_expected(b, *w) for b in SLO_BURNS for w in b.fires]
+    # No --slo: the exporter publishes no phasewatch_slo_* series, so nothing to burn.
+    plain = [{"series": f'phasewatch_requests_total{{{_labels("no-objectives", "")},'
+                        'finish_reason="stop"}', "values": f"0+600x{BURN_MINUTES}"}]
+    return {
+        "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series,
+                   "alert_rule_test": [{"eval_time": f"{BURN_MINUTES}m",
+                                        "alertname": "PhasewatchSLOBurn",
+                                        "exp_alerts": expected}]},
+                  {"interval": "1m", "input_series": plain,
+                   "alert_rule_test": [{"eval_time": f"{BURN_MINUTES}m",
+                                        "alertname": "PhasewatchSLOBurn", "exp_alerts": []}]}],
+    }
+
+
 # The engine's own state (phasewatch_engine_*, from its /metrics scrape) and the
 # roofline's ceilings: a sample a minute for ENGINE_MINUTES, rules evaluated every
 # minute. Each case is one engine's series; its alert must fire at the eval times
@@ -343,6 +442,7 @@ def _dump(scenarios, doc: dict) -> str:
 def render() -> dict[str, str]:
     return {"ttft-regression.test.yml": _dump(SCENARIOS, regression_tests()),
             "ttft-slo-burn.test.yml": _dump(BURNS, burn_tests()),
+            "slo-burn.test.yml": _dump(SLO_BURNS, slo_burn_tests()),
             "engine-state.test.yml": _dump(ENGINE_CASES, engine_tests())}
 
 
