@@ -45,6 +45,23 @@ def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> f
     return v
 
 
+def send_body(handler, code: int, body: bytes, ctype: str, headers=(),
+              gzipped: bool = False) -> None:
+    """One whole response from a ``BaseHTTPRequestHandler``: status, type, length, extra
+    headers, body (gzip-compressed at level 1 when ``gzipped``)."""
+    if gzipped:
+        body = gzip.compress(body, compresslevel=1)
+    handler.send_response(code)
+    if gzipped:
+        handler.send_header("Content-Encoding", "gzip")
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(body)))
+    for k, v in headers:
+        handler.send_header(k, v)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def make_handler(metrics: Callable[[str], tuple[bytes, str]],
                  api: dict[str, Callable[[dict], object]],
                  ready: Callable[[], bool], auth: BearerAuth | None = None,
@@ -61,18 +78,8 @@ def make_handler(metrics: Callable[[str], tuple[bytes, str]],
             log.debug("%s " + fmt, self.address_string(), *args)
 
         def _send(self, code: int, body: bytes, ctype: str, headers=()) -> None:
-            if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:
-                body = gzip.compress(body, compresslevel=1)
-                self.send_response(code)
-                self.send_header("Content-Encoding", "gzip")
-            else:
-                self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in headers:
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
+            gzipped = "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024
+            send_body(self, code, body, ctype, headers, gzipped)
 
         def _json(self, code: int, obj) -> None:
             self._send(code, json.dumps(obj, allow_nan=False).encode(), "application/json")

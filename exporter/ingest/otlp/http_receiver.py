@@ -25,6 +25,7 @@ from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
 from phasewatch.transport.admission import RETRY_AFTER_SECONDS, Admission, Refused
 from phasewatch.transport.auth import BearerAuth
 from phasewatch.transport.grpc import MAX_MESSAGE_BYTES
+from phasewatch.transport.http_server import send_body
 
 log = logging.getLogger(__name__)
 PROTOCOL = "otlp_http"
@@ -60,13 +61,7 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             log.debug("%s " + fmt, self.address_string(), *args)
 
         def _reply(self, code: int, body: bytes, ctype: str, headers=()) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in headers:
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
+            send_body(self, code, body, ctype, headers)
 
         def _status(self, http: int, code: int, message: str, ctype: str, headers=()) -> None:
             status = status_pb2.Status(code=code, message=message)
