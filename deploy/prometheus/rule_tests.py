@@ -89,6 +89,19 @@ SCENARIOS = (
 )
 
 
+def _alert_test(series: list[dict], eval_time: str, alertname: str, expected: list) -> dict:
+    """One promtool test: 1 m samples, one alert checked at ``eval_time``."""
+    return {"interval": "1m", "input_series": series,
+            "alert_rule_test": [{"eval_time": eval_time, "alertname": alertname,
+                                 "exp_alerts": expected}]}
+
+
+def _test_file(evaluation_interval: str, *tests: dict) -> dict:
+    """A promtool test file over the generated recording and alert rules."""
+    return {"rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
+            "evaluation_interval": evaluation_interval, "tests": list(tests)}
+
+
 def _counter(base: float, changed: float) -> str:
     """promtool's expanding notation for a counter growing by ``base`` a minute, then
     by ``changed`` for CHANGED_MINUTES."""
@@ -160,14 +173,8 @@ def regression_tests() -> dict:
                                                  s.model, value, s.source)}
                 for s in SCENARIOS for regressed, values in s.alerts
                 for q, value in values.items()]
-    return {
-        "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
-        # Rules every 5 m over a week of 1 m samples: 2,000 evaluations, not 10,000.
-        "evaluation_interval": "5m",
-        "tests": [{"interval": "1m", "input_series": series,
-                   "alert_rule_test": [{"eval_time": EVAL, "alertname": "PhasewatchTTFTRegression",
-                                        "exp_alerts": expected}]}],
-    }
+    # Rules every 5 m over a week of 1 m samples: 2,000 evaluations, not 10,000.
+    return _test_file("5m", _alert_test(series, EVAL, "PhasewatchTTFTRegression", expected))
 
 
 # TTFT SLO burn: per-minute requests and the share of them slower than the SLO
@@ -226,14 +233,8 @@ def burn_tests() -> dict:
                                                  {"long_window": long}, b.model, value,
                                                  b.source)}
                 for b in BURNS for severity, long, short, value in b.alerts]
-    return {
-        "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series,
-                   "alert_rule_test": [{"eval_time": f"{BURN_MINUTES}m",
-                                        "alertname": "PhasewatchTTFTSLOBurn",
-                                        "exp_alerts": expected}]}],
-    }
+    return _test_file("1m", _alert_test(series, f"{BURN_MINUTES}m", "PhasewatchTTFTSLOBurn",
+                                         expected))
 
 
 # Latency objectives (--slo): burn alerts from the exact per-request counts. Per minute,
@@ -322,17 +323,9 @@ def slo_burn_tests() -> dict:
     # No --slo: the exporter publishes no phasewatch_slo_* series, so nothing to burn.
     plain = [{"series": f'phasewatch_requests_total{{{_labels("no-objectives", "")},'
                         'finish_reason="stop"}', "values": f"0+600x{BURN_MINUTES}"}]
-    return {
-        "rule_files": ["../rules/phasewatch-recording.yml", "../rules/phasewatch-alerts.yml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series,
-                   "alert_rule_test": [{"eval_time": f"{BURN_MINUTES}m",
-                                        "alertname": "PhasewatchSLOBurn",
-                                        "exp_alerts": expected}]},
-                  {"interval": "1m", "input_series": plain,
-                   "alert_rule_test": [{"eval_time": f"{BURN_MINUTES}m",
-                                        "alertname": "PhasewatchSLOBurn", "exp_alerts": []}]}],
-    }
+    return _test_file("1m", _alert_test(series, f"{BURN_MINUTES}m", "PhasewatchSLOBurn",
+                                         expected),
+                      _alert_test(plain, f"{BURN_MINUTES}m", "PhasewatchSLOBurn", []))
 
 
 # The engine's own state (phasewatch_engine_*, from its /metrics scrape) and the
