@@ -106,7 +106,7 @@ def build_figures(snap: Snapshot) -> list[dict]:
 def page_outputs(snap: Snapshot, last_ok: float | None = None,
                  started: float | None = None) -> list:
     """State or banners, cards, the bench fold's blocks and its style, every figure,
-    footer: what one refresh sends the page.
+    footer, the objectives' cards, figure and style: what one refresh sends the page.
     On a source error only the state and the footer change; the rest keeps its picture.
     ``started``: ``perf_counter()`` when the refresh began (the footer shows its time)."""
     started = time.perf_counter() if started is None else started
@@ -114,7 +114,7 @@ def page_outputs(snap: Snapshot, last_ok: float | None = None,
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
     if snap.error is not None:
         return [state, *[dash.no_update] * 3, *[dash.no_update] * len(GRAPHS),
-                f"{stamp}: {snap.error.message}"]
+                f"{stamp}: {snap.error.message}", *[dash.no_update] * 3]
     body = [state] if state is not None else panels.banners(snap)
     cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
     bench = panels.bench_blocks(snap.kpis, snap.source)
@@ -123,7 +123,15 @@ def page_outputs(snap: Snapshot, last_ok: float | None = None,
     took = (time.perf_counter() - started) * 1000
     footer = (f"Updated {stamp} from {snap.source} {snap.target}; window "
               f"{snap.window_seconds:g} s; refresh took {took:.0f} ms on the server.")
-    return [body, cards, bench, bench_style, *figs, footer]
+    return [body, cards, bench, bench_style, *figs, footer, *slo_outputs(snap)]
+
+
+def slo_outputs(snap: Snapshot) -> list:
+    """The objectives' section: its cards, its figure and its style (shown only where a
+    selected label set has objectives)."""
+    if not panels.has_objectives(snap.kpis):
+        return [[], dash.no_update, {"display": "none"}]
+    return [panels.slo_cards(snap.kpis), figures.slo_figure(snap.series), {}]
 
 
 def _options(values, chosen) -> list[dict]:
@@ -198,6 +206,11 @@ def _layout(source, refresh: float, scenario: ScenarioControl | None) -> html.Di
             html.Div(id="scenario-note", className="pw-note", style={"display": "none"}),
             html.Div(id="state"),
             html.Div(id="cards", className="pw-cards"),
+            html.Div([html.Div(id="slo-cards", className="pw-cards"),
+                      html.Div([dcc.Graph(id="slo", config=GRAPH_CONFIG),
+                                html.P(CAPTIONS["slo"], className="pw-caption")],
+                               className="pw-slo-panel", id="panel-slo")],
+                     id="slo-section", className="pw-slo", style={"display": "none"}),
             panels.bench_compare(),
             html.Div([html.Div([dcc.Graph(id=g, config=GRAPH_CONFIG),
                                 html.P(CAPTIONS[g], className="pw-caption")],
@@ -234,6 +247,8 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     @app.callback([Output("state", "children"), Output("cards", "children"),
                    Output("bench-blocks", "children"), Output("bench-compare", "style"),
                    *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
+                   Output("slo-cards", "children"), Output("slo", "figure"),
+                   Output("slo-section", "style"),
                    Output("model", "options"), Output("engine", "options"),
                    Output("pod", "options"), Output("pod-wrap", "style"),
                    Output("request-source", "options"), Output("request-source-wrap", "style")],

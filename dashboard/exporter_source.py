@@ -104,7 +104,8 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                      "mbu": (est.get("decode") or {}).get("bandwidth_utilization"),
                      "mfu": (est.get("prefill") or {}).get("flops_utilization"),
                      "decode_batch_size": est.get("decode_batch_size"),
-                     **{f"{p}_share": share.get(p) for p in PHASES}})
+                     **{f"{p}_share": share.get(p) for p in PHASES},
+                     **slo_columns(m.get("slo"))})
         for c in m.get("ttft_by_prompt_class", []):
             classes.append({**k, "prompt_class": c["prompt_class"],
                             "min_tokens": c["min_tokens"], "max_tokens": c["max_tokens"],
@@ -139,7 +140,9 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                                          else "achievable"),
                              "bandwidth": d["achievable_bandwidth_bytes_per_second"],
                              "flops": d["achievable_flops_per_second"]})
-    series = [pd.DataFrame({"at": s["at"], **{m: s[m] for m in SERIES_METRICS}})
+    # an older exporter's history lacks the newer columns (the objectives'): empty there
+    series = [pd.DataFrame({"at": s["at"], **{m: s.get(m, [None] * len(s["at"]))
+                                              for m in SERIES_METRICS}})
               .melt(id_vars="at", var_name="metric", value_name="value")
               .assign(**_key(s)).dropna(subset=["value"])
               for s in history.get("series", [])]
@@ -161,6 +164,18 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
     snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
         drop=True)
     return snap
+
+
+def slo_columns(slo: dict | None) -> dict:
+    """A summary entry's ``slo`` block (objectives set) as KPI columns; {} without one."""
+    if not slo:
+        return {}
+    out = {"goodput": slo.get("goodput"), "good_ratio": slo.get("good_ratio")}
+    for name, o in (slo.get("objectives") or {}).items():
+        out |= {f"{name}_objective": o.get("objective_seconds"),
+                f"{name}_attainment": o.get("attainment"), f"{name}_met": o.get("met"),
+                f"{name}_missed": o.get("missed")}
+    return out
 
 
 def _verdict_row(v: dict, est: dict, engine_state: dict | None) -> dict:

@@ -228,6 +228,22 @@ def throughput_figure(series: pd.DataFrame) -> dict:
         "No tokens yet")
 
 
+SLO_LINES = {"good_ratio": ("every objective met", "#222222"),
+             "ttft_attainment": ("TTFT met", "#0072B2"),
+             "tpot_attainment": ("TPOT met", "#CC79A7"),
+             "itl_attainment": ("ITL met", "#009E73"),
+             "e2el_attainment": ("e2e met", "#E69F00")}
+
+
+def slo_figure(series: pd.DataFrame) -> dict:
+    """Each objective's attainment, and the share of requests that met all of them, over
+    the rolling window, as time goes by."""
+    return _series_figure(series, "Objectives met (share of requests in the window)",
+                          SLO_LINES, {"title": {"text": "requests met"}, "tickformat": ".0%",
+                                      "rangemode": "tozero"},
+                          "No requests judged against the objectives yet")
+
+
 def shares_figure(series: pd.DataFrame) -> dict:
     """Stacked phase time shares; with several label sets, the first one is stacked and
     the selector narrows it (shares of different services do not add)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from phasewatch.dashboard.theme import PHASES
+from phasewatch.requests.objectives import OBJECTIVES
 
 KEYS = ("model", "engine", "pod", "source")
 SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request time
@@ -24,11 +25,17 @@ SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request ti
 # percentiles of each latency; requests and tokens that finished in ``range_seconds``).
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
+# With objectives (--slo), per label set: goodput (good requests/s), the share of requests
+# that met every objective set (``good_ratio``), and per objective (vLLM's goodput keys:
+# ttft, tpot, itl, e2el) its threshold in seconds, the share met (``attainment``), and
+# the requests that met and missed it, over the range; NaN where no objective is set.
+SLO_FIGURES = ("objective", "attainment", "met", "missed")
 KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
                "request_rate", "prompt_tokens_per_second",
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
                "requests_in_range", "prompt_tokens_in_range", "output_tokens_in_range",
-               "range_seconds", *SHARES)
+               "range_seconds", *SHARES, "goodput", "good_ratio",
+               *(f"{o}_{c}" for o in OBJECTIVES for c in SLO_FIGURES))
 # One row per label set: the verdict banner. ``headline`` names the phase with the cause
 # ("Decode: KV cache full"); ``cause`` is a cause's name or "" (phasewatch.roofline.cause);
 # ``cause_text`` says it in words with numbers ("KV cache full: 32 preemptions in 30 s at
@@ -60,8 +67,10 @@ PROMPT_POINT_COLUMNS = (*KEYS, "prompt_tokens", "ttft")
 PROMPT_CLASS_COLUMNS = (*KEYS, "prompt_class", "min_tokens", "max_tokens", "ttft_p50",
                         "ttft_p95", "prefill_per_token_p50", "count")
 
+SLO_SERIES = ("good_ratio", *(f"{o}_attainment" for o in OBJECTIVES))
 SERIES_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
-                  "prompt_tokens_per_second", "output_tokens_per_second", *SHARES)
+                  "prompt_tokens_per_second", "output_tokens_per_second", *SHARES,
+                  *SLO_SERIES)
 
 
 def frame(columns: tuple[str, ...], rows: list[dict] | None = None) -> pd.DataFrame:

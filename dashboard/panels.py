@@ -13,6 +13,7 @@ from dash import html
 from phasewatch.dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
 from phasewatch.dashboard.theme import GLOSSARY, OPTIONAL_PHASES, PHASES, text_color, verdict_color
 from phasewatch.publish import benchtext
+from phasewatch.requests.objectives import OBJECTIVES
 from phasewatch.roofline.verdict import headline
 
 SOURCE_NAMES = {"exporter": "Exporter", "prometheus": "Prometheus"}
@@ -284,3 +285,64 @@ def kpi_cards(kpis: pd.DataFrame) -> list:
         cards.append(html.Div([html.Div(title, className="pw-card-title"), *body],
                               className="pw-card", id=f"kpi-{column}"))
     return cards
+
+
+# ---- objectives (--slo) -------------------------------------------------------------
+OBJECTIVE_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "e2e"}
+
+
+def has_objectives(kpis: pd.DataFrame) -> bool:
+    """Some selected label set has objectives set (its exporter runs with --slo)."""
+    return any(kpis[f"{o}_objective"].notna().any() for o in OBJECTIVES)
+
+
+def attainment_text(x) -> str:
+    """A share met, rounded down to 0.1 % (99.96 % met is "99.9%", never "100.0%")."""
+    if x is None or pd.isna(x):
+        return "–"
+    return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"
+
+
+def _limit(seconds) -> str:
+    return f"≤ {seconds * 1000:g} ms"
+
+
+def slo_cards(kpis: pd.DataFrame) -> list:
+    """Goodput, then each objective set: the share of requests that met it over the
+    window and how many missed; [] without objectives."""
+    if kpis.empty or not has_objectives(kpis):
+        return []
+    rows = [r for _, r in kpis.iterrows()
+            if any(not pd.isna(r[f"{o}_objective"]) for o in OBJECTIVES)]
+    several = len(rows) > 1
+    cards = [_slo_card([term("goodput"), " (met every objective)"], "kpi-goodput", [
+        (rate_text(r["goodput"], "req/s"),
+         f"{percent_text(r['good_ratio'])} of requests" + (f" {who(r)}" if several else ""))
+        for r in rows])]
+    for o in OBJECTIVES:
+        mine = [r for r in rows if not pd.isna(r[f"{o}_objective"])]
+        if not mine:
+            continue
+        limits = {r[f"{o}_objective"] for r in mine}
+        word = OBJECTIVE_WORDS[o]
+        title = ([term(word), f" {_limit(mine[0][f'{o}_objective'])} met"] if len(limits) == 1
+                 else [term(word), " objective met"])
+        cards.append(_slo_card(title, f"kpi-{o}-attainment", [
+            (attainment_text(r[f"{o}_attainment"]),
+             " ".join(filter(None, (
+                 "" if len(limits) == 1 else f"({_limit(r[f'{o}_objective'])})",
+                 f"{_count(r[f'{o}_missed'])} missed",
+                 who(r) if several else ""))))
+            for r in mine]))
+    return cards
+
+
+def _count(x) -> str:
+    return "–" if x is None or pd.isna(x) else f"{x:.0f}"
+
+
+def _slo_card(title: list, id_: str, values: list[tuple[str, str]]) -> html.Div:
+    body = [html.Div([html.Span(value, className="pw-card-value"),
+                      html.Div(sub, className="pw-card-sub")]) for value, sub in values]
+    return html.Div([html.Div(title, className="pw-card-title"), *body],
+                    className="pw-card pw-slo-card", id=id_)

@@ -32,7 +32,7 @@ from phasewatch.dashboard.frames import (
     in_window_only,
 )
 from phasewatch.dashboard.http import FetchError, base_url, get_json
-from phasewatch.dashboard.prometheus_verdicts import verdict_rows
+from phasewatch.dashboard.prometheus_verdicts import slo_figures, slo_kpis, verdict_rows
 from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from phasewatch.requests.buckets import PROMPT_CLASS_RANGES
 
@@ -118,6 +118,8 @@ class PrometheusSource:
                     "ceiling_exceeded": expr(q.CEILING_EXCEEDED), "intensity": expr(q.INTENSITY),
                     "flops": expr(q.ACHIEVED_FLOPS), "peak_bw": expr(q.PEAK_BANDWIDTH),
                     "peak_flops": expr(q.PEAK_FLOPS),
+                    "slo_outcomes": expr(q.SLO_OUTCOMES), "slo_missed": expr(q.SLO_MISSED_BY_PHASE),
+                    "slo_goodput": expr(q.SLO_GOODPUT), "slo_objective": expr(q.SLO_OBJECTIVE),
                     "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
         instant |= {f"class:{k}": expr(t) for k, t in q.PROMPT_CLASS.items()}
         ranged = {f"series:{k}": (expr(t), now - self.history_seconds, step)
@@ -148,6 +150,9 @@ class PrometheusSource:
                 kpis[tuple(key(metric).values())][name] = v
         for metric, v in r["share"]:
             kpis[tuple(key(metric).values())][f"{metric.get('phase')}_share"] = v
+        slo = slo_figures(r, key)
+        for k, figures in slo.items():
+            kpis[k].update(slo_kpis(figures, kpis[k].get("request_rate")))
         # A label set is in the window when it finished requests over the range: one whose
         # series Prometheus still holds at a rate of 0 has stopped (exporter_source's
         # summary likewise lists only label sets with requests in its window).
@@ -157,7 +162,7 @@ class PrometheusSource:
                         fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
                         verdicts=frame(VERDICT_COLUMNS, verdict_rows(
-                            r, kpis, key, self._range_text())),
+                            r, kpis, key, self._range_text(), slo)),
                         points=frame(POINT_COLUMNS, self._points(r, key, now)),
                         ceilings=frame(CEILING_COLUMNS, self._ceilings(r, key)),
                         series=frame(SERIES_COLUMNS, self._series(r, key)),
@@ -204,7 +209,8 @@ class PrometheusSource:
         rows = []
         for name in q.SERIES:
             for m, vals in r[f"series:{name}"]:
-                metric = f"{m.get('phase')}_share" if name == "phase_share" else name
+                metric = (f"{m.get('phase')}_share" if name == "phase_share" else
+                          f"{m.get('objective')}_attainment" if name == "attainment" else name)
                 rows.extend({**key(m), "at": t, "metric": metric, "value": v}
                             for t, v in vals if not math.isnan(v))
         return rows

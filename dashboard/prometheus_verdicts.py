@@ -13,6 +13,7 @@ from phasewatch.dashboard.frames import KEYS
 from phasewatch.dashboard.theme import PHASES
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
+from phasewatch.roofline.slo_verdict import lead, rank
 from phasewatch.roofline.verdict import LEVERS, headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
@@ -107,7 +108,68 @@ def imbalance_sentence(shares: dict[str, float]) -> str | None:
             f"{shares[calm]:.0%}")
 
 
-def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
+def slo_figures(r: dict, key) -> dict[tuple, dict]:
+    """Per label set with objectives, the figures ``slo_verdict.attainment`` gives an
+    exporter's window, from the exporters' counters over the range (``SLO_*`` queries):
+    requests met/missed/unknown per objective and the misses by the phase that broke them;
+    ``goodput`` beside them. An objective without a published threshold is left out."""
+    outcomes: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))
+    for metric, v in r.get("slo_outcomes", ()):
+        if _known(v):
+            outcomes[tuple(key(metric).values())][metric.get("objective", "")][
+                metric.get("outcome", "")] = round(v)
+    missed: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))
+    for metric, v in r.get("slo_missed", ()):
+        if _known(v) and round(v) > 0:
+            missed[tuple(key(metric).values())][metric.get("objective", "")][
+                metric.get("phase", "")] = round(v)
+    seconds = _by_key(r.get("slo_objective", ()), key, "objective")
+    goodput = _by_key(r.get("slo_goodput", ()), key)
+    out = {}
+    for k, per in outcomes.items():
+        objectives = {}
+        for name, counts in per.items():
+            total = sum(counts.values())
+            limit = seconds.get(k, {}).get(name)
+            if not total or not _known(limit):
+                continue
+            met, miss = counts.get("met", 0), counts.get("missed", 0)
+            objectives[name] = {"objective_seconds": limit, "met": met, "missed": miss,
+                                "unknown": counts.get("unknown", 0), "attainment": met / total,
+                                "missed_share": miss / total,
+                                "missed_by_phase": dict(missed[k][name])}
+        if objectives:
+            out[k] = {"requests": max(o["met"] + o["missed"] + o["unknown"]
+                                      for o in objectives.values()),
+                      "objectives": objectives, "ranked_by": "time_share",
+                      "goodput": goodput.get(k, math.nan)}
+    return out
+
+
+def slo_kpis(slo: dict, request_rate: float | None) -> dict:
+    """One label set's ``slo_figures`` as KPI columns (``frames.SLO_FIGURES``)."""
+    good = slo["goodput"]
+    out = {"goodput": good,
+           "good_ratio": good / request_rate if request_rate and _known(good) else math.nan}
+    for name, o in slo["objectives"].items():
+        out |= {f"{name}_objective": o["objective_seconds"], f"{name}_attainment":
+                o["attainment"], f"{name}_met": o["met"], f"{name}_missed": o["missed"]}
+    return out
+
+
+def slo_lead(slo: dict | None, figures: dict) -> str:
+    """The sentence an exporter's verdict starts with when objectives are set
+    (``slo_verdict.lead``), over the range: which objective was missed and the phase that
+    broke most of its misses, or that every objective was met."""
+    if not slo:
+        return ""
+    slo = {**slo, "objectives": {k: dict(v) for k, v in slo["objectives"].items()}}
+    shares = {p: figures[f"{p}_share"] for p in PHASES if _known(figures.get(f"{p}_share"))}
+    return lead(slo, rank(slo, shares))
+
+
+def verdict_rows(r: dict, kpis: dict, key, range_text: str,
+                 slo: dict[tuple, dict] | None = None) -> list[dict]:
     """Rows of VERDICT_COLUMNS: per label set, the (phase, resource) most pods report,
     the cause most of those name, and the engine's state behind it."""
     votes: dict[tuple, Counter] = defaultdict(Counter)
@@ -145,12 +207,14 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str) -> list[dict]:
                           else LEVERS.get((phase, resource), ()))}
         sentence = engine_sentence(engine.get(k, {}), range_text, total,
                                    CAUSES[cause]["title"] if cause else "")
-        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing))
+        lead_text = slo_lead((slo or {}).get(k), kpis.get(k, {}))
+        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing,
+                                lead_text))
     return rows
 
 
 def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
-                routing: str | None = None) -> dict:
+                routing: str | None = None, lead_text: str = "") -> dict:
     """The row's cause sentence (the cause's title and the engine's state, where it is
     on Prometheus; for an imbalance, ``routing``: the pods' queue shares), its whole
     text, and the figures the banner's chips show."""
@@ -182,6 +246,7 @@ def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
     text = text.strip() or row["headline"] + "."
     return {**row, "cause_text": cause_text, "cause_source": source,
             "engine_scraped": bool(sentence),
-            "text": f"{cause_text}. {text}" if cause_text else text,
+            "text": " ".join(filter(None, (lead_text, f"{cause_text}." if cause_text else "",
+                                           text))),
             **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},
             "mbu": figures.get("mbu"), "mfu": figures.get("mfu")}

@@ -116,12 +116,31 @@ PROMPT_CLASS = {
               f"{cat.TTFT.name}_count{{sel}}[{{range}}]))"),
 }
 
+# Latency objectives (--slo), counted exactly per request by the exporters: requests by
+# (objective, outcome) and the misses by the phase that broke them over the range, good
+# requests per second (goodput), and the thresholds (the plain ones: an override for one
+# prompt-length class carries ``prompt_class``; a label set's pods share their objectives).
+SLO_OUTCOMES = (f"sum by ({BY}, objective, outcome) "
+                f"(increase({cat.SLO_REQUESTS.name}{{sel}}[{{range}}]))")
+SLO_MISSED_BY_PHASE = (f"sum by ({BY}, objective, phase) "
+                       f"(increase({cat.SLO_MISSED_REQUESTS.name}{{sel}}[{{range}}]))")
+SLO_GOODPUT = f"sum by ({BY}) (rate({cat.SLO_GOOD_REQUESTS.name}{{sel}}[{{range}}]))"
+SLO_OBJECTIVE = f'max by ({BY}, objective) ({cat.SLO_OBJECTIVE.name}{{sel_and}}prompt_class=""}})'
+# ... over time: each objective's share met, and the share of requests good (met all)
+SLO_ATTAINMENT = (f'sum by ({BY}, objective) (rate({cat.SLO_REQUESTS.name}{{sel_and}}'
+                  f'outcome="met"}}[{{range}}])) / sum by ({BY}, objective) '
+                  f"(rate({cat.SLO_REQUESTS.name}{{sel}}[{{range}}]))")
+SLO_GOOD_RATIO = (f"{SLO_GOODPUT} / sum by ({BY}) "
+                  f"(rate({cat.REQUESTS.name}{{sel}}[{{range}}]))")
+
 # Time series (range queries).
 SERIES: dict[str, str] = {
     **{k: KPIS[k] for k in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50",
                             "tpot_p95", "prompt_tokens_per_second",
                             "output_tokens_per_second")},
     "phase_share": PHASE_SHARE,
+    "attainment": SLO_ATTAINMENT,
+    "good_ratio": SLO_GOOD_RATIO,
 }
 
 # Every label set, for the selectors (no selection applied).

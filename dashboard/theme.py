@@ -63,6 +63,9 @@ GLOSSARY = {
     "e2e": "End-to-end latency: arrival to the request's finish (its response ended). "
            "vLLM's e2e ends at the last token, guidellm's at the stream's end; the JSON "
            "API gives both where the server reports both (e2e_to_last_token_seconds).",
+    "goodput": "Requests per second that met every latency objective set (--slo), as "
+               "vllm bench serve --goodput and DistServe define it; each request is judged "
+               "exactly, not from histogram buckets.",
     "MBU": "Model bandwidth utilization: bytes decode moved per second over the GPUs' "
            "datasheet peak memory bandwidth.",
     "MFU": "Model FLOPs utilization: FLOP/s prefill performed over the GPUs' datasheet dense "
@@ -104,6 +107,8 @@ CAPTIONS = {
                   "second.",
     "shares": "Where request time goes: the API server's work (preprocess), waiting "
               "(queue), reading the prompt (prefill), writing tokens (decode).",
+    "slo": "The share of requests that met each objective (--slo) over the rolling "
+           "window, and the share that met every one of them (goodput's requests).",
     "waterfall": "Each bar is one request on a shared clock, split into the phases the "
                  "title names, in the order the request passed them.",
 }
@@ -155,6 +160,10 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 @media (min-width: 1100px) { .pw-grid { grid-template-columns: repeat(2, minmax(0, 1fr)); } }
 @media (min-width: 1700px) { .pw-grid { grid-template-columns: repeat(3, minmax(0, 1fr)); } }
 .pw-panel.pw-full-row { grid-column: 1 / -1; }
+/* The objectives' attainment over time: across the page, under their cards (outside
+   the grid, so the grid's tiling is the same with and without objectives). */
+.pw-slo-panel { background: #fff; border-radius: 6px; padding: 6px; margin-bottom: 12px;
+                box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
 .pw-panel { background: #fff; border-radius: 6px; padding: 6px;
             box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
 .pw-caption { font-size: 12px; color: #555; margin: 2px 8px 4px; }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import time
 
@@ -58,8 +59,18 @@ def _row(snap: Snapshot) -> dict:
     return snap.kpis.iloc[0].to_dict()
 
 
+# Objectives the chat scenario misses in part (at 1.5x its rate a third of its requests
+# take over 30 ms to the first token, half over 9 ms per output token), so attainment,
+# goodput and the verdict's first sentence all have something to say.
+SLO = "ttft:30,tpot:9"
+SLO_KPIS = ("goodput", "good_ratio", "ttft_attainment", "tpot_attainment")
+
+
 def test_prometheus_source_renders_the_same_kpis_as_the_exporter_source(tmp_path):
-    config = ServeConfig(**TEST_PORTS, window_seconds=30.0, roofline_interval=1.0,
+    """...and the same objectives' figures: goodput, the share of good requests, each
+    objective's attainment and threshold, the attainment over time, and the verdict's
+    first sentence naming the objective missed and the phase that broke it."""
+    config = ServeConfig(**TEST_PORTS, window_seconds=30.0, roofline_interval=1.0, slo=SLO,
                          model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
     with Exporter(config) as ex, PrometheusServer(
             tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
@@ -72,9 +83,11 @@ def test_prometheus_source_renders_the_same_kpis_as_the_exporter_source(tmp_path
         runner.start()
         try:
             time.sleep(40)  # a full 30 s window of steady load, scraped every second
-            exporter_kpis = _row(ExporterSource(f"http://127.0.0.1:{ex.http_port}").fetch())
+            exporter_snap = ExporterSource(f"http://127.0.0.1:{ex.http_port}").fetch()
+            exporter_kpis = _row(exporter_snap)
             prometheus = PrometheusSource(prom.url, rate_range="30s")
-            prometheus_kpis = _row(prometheus.fetch())
+            prometheus_snap = prometheus.fetch()
+            prometheus_kpis = _row(prometheus_snap)
             prometheus.close()
         finally:
             stop.set()
@@ -90,6 +103,28 @@ def test_prometheus_source_renders_the_same_kpis_as_the_exporter_source(tmp_path
         a, b = exporter_kpis[k], prometheus_kpis[k]
         tolerance = 0.10 * abs(a) if not k.endswith("_share") or a > 0.05 else 0.01
         assert abs(a - b) <= tolerance, "\n".join(report)
+    _objectives_agree(exporter_snap, prometheus_snap)
+
+
+def _objectives_agree(exporter: Snapshot, prometheus: Snapshot) -> None:
+    a, b = exporter.kpis.iloc[0], prometheus.kpis.iloc[0]
+    report = "\n".join(f"{k}: exporter {a[k]:.6g} prometheus {b[k]:.6g}" for k in SLO_KPIS)
+    print(report)
+    assert (a["ttft_objective"], a["tpot_objective"]) == (0.03, 0.009), report
+    assert (b["ttft_objective"], b["tpot_objective"]) == (0.03, 0.009), report
+    assert math.isnan(a["itl_objective"]) and math.isnan(b["e2el_objective"]), report
+    assert 0.1 < a["ttft_attainment"] < 0.95 and 0.1 < a["tpot_attainment"] < 0.95, report
+    assert abs(a["goodput"] - b["goodput"]) <= 0.10 * a["goodput"], report
+    for k in ("good_ratio", "ttft_attainment", "tpot_attainment"):
+        assert abs(a[k] - b[k]) <= 0.05, report
+    for snap in (exporter, prometheus):
+        metrics = set(snap.series["metric"])
+        assert {"good_ratio", "ttft_attainment", "tpot_attainment"} <= metrics, (
+            snap.source, metrics)
+        # the verdict starts with the objective missed most and the phase behind it
+        text = snap.verdicts.iloc[0]["text"]
+        assert re.search(r"\d+% of requests missed (TTFT 30|TPOT 9) ms", text), (
+            snap.source, text)
 
 
 def test_prometheus_errors_name_the_query_or_the_url(tmp_path):

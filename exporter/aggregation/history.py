@@ -19,6 +19,8 @@ import threading
 
 import numpy as np
 
+from phasewatch.requests.objectives import OBJECTIVES
+
 # (column, path into one summary row): the figures the dashboard's time series plot.
 FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("request_rate", ("request_rate",)),
@@ -37,6 +39,11 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prefill_share", ("phase_time_share", "prefill")),
     ("kv_transfer_share", ("phase_time_share", "kv_transfer")),
     ("decode_share", ("phase_time_share", "decode")),
+    # with objectives (--slo): goodput, the share of requests that met every objective
+    # set, and each objective's attainment (NaN where not set)
+    ("goodput", ("slo", "goodput")),
+    ("good_ratio", ("slo", "good_ratio")),
+    *((f"{o}_attainment", ("slo", "objectives", o, "attainment")) for o in OBJECTIVES),
 )
 
 
