@@ -125,8 +125,8 @@ SLO_MISSED_REQUESTS = _slo("phasewatch_slo_missed_requests_total", "counter",
                            "Requests that missed an objective, by the phase that took the "
                            "largest part of the missed figure.", "objective", "phase")
 SLO_OBJECTIVE = _slo("phasewatch_slo_objective_seconds", "gauge",
-                     "The latency objective the label set's requests are judged against.",
-                     "objective")
+                     "The latency objective the label set's requests are judged against, "
+                     "per prompt class where one overrides it.", "objective", "prompt_class")
 SLO = (SLO_REQUESTS, SLO_GOOD_REQUESTS, SLO_MISSED_REQUESTS, SLO_OBJECTIVE)
 
 

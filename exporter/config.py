@@ -149,8 +149,10 @@ SERVE_OPTIONS = (
            "dashboard's time series (one per roofline update)", 2, 100_000),
     Option("slo", str, "", "latency objectives for goodput, as vllm bench serve --goodput "
            "takes them: KEY:VALUE pairs in milliseconds, comma- or space-separated, KEY "
-           "ttft, tpot, itl (every token gap) or e2el (e.g. ttft:500,tpot:50); a [[models]] "
-           "table's slo replaces it for its model. Empty: no objectives, no goodput"),
+           "ttft, tpot, itl (every token gap) or e2el (e.g. ttft:500,tpot:50); KEY@CLASS:VALUE "
+           "replaces one for prompts of a prompt_class (0-256, 257-1k, 1k-4k, 4k-16k, "
+           "16k-64k, 64k+ tokens), e.g. ttft:500,ttft@4k-16k:3000; a [[models]] table's slo "
+           "replaces it for its model. Empty: no objectives, no goodput"),
 )
 # ModelOptions' fields that are also serve options (their flags fill model_flags); a
 # [[models]] table also takes ``slo``, the model's own --slo
@@ -309,8 +311,8 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("overload", "bounds that keep the exporter up under any load",
      ("max_in_flight", "max_in_flight_mib", "memory_limit_mib", "max_connections",
       "grpc_workers", "shutdown_grace")),
-    ("objectives", "latency SLOs: requests met/missed per objective and goodput, in "
-     "/metrics and the JSON API", ("slo",)),
+    ("objectives", "latency SLOs, per model and prompt-length class where set: requests "
+     "met/missed per objective and goodput, in /metrics and the JSON API", ("slo",)),
     ("output and logging", "", ("otlp_export_endpoint", "log_level")),
 )
 

@@ -120,7 +120,8 @@ def test_serve_exits_2_with_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["phasewatch: error: --slo: 'tpot' has no colon: KEY:VALUE pairs, comma- "
                    "or space-separated, KEY one of ttft, tpot, itl, e2el, VALUE milliseconds "
-                   "(as vllm bench serve --goodput), e.g. ttft:500,tpot:50"], err
+                   "(as vllm bench serve --goodput), e.g. ttft:500,tpot:50; KEY@CLASS:VALUE "
+                   "for one prompt-length class, e.g. ttft@4k-16k:3000"], err
 
 
 # ---- a hand-checked batch ---------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_counts_by_hand_in_metrics_and_summary():
     for o in ("ttft", "tpot", "itl", "e2el"):
         assert sum(v for k, v in s.items() if k[0] == M and dict(k[1:])["objective"] == o) \
             == counts[(o, "missed")]
-    objective = {o: _get(s, "phasewatch_slo_objective_seconds", objective=o)
+    objective = {o: _get(s, "phasewatch_slo_objective_seconds", objective=o, prompt_class="")
                  for o in ("ttft", "tpot", "itl", "e2el")}
     assert objective == {"ttft": 0.2, "tpot": 0.05, "itl": 0.08, "e2el": 1.0}
 

@@ -1,11 +1,13 @@
 """Objectives (SLOs) counted per label set: every accepted request met, missed or unknown.
 
 The aggregator hands each batch here with its phases and label-set rows; the
-objectives of a label set are its model's (``requests.objectives.ObjectivesByModel``).
-Counted exactly per request (``requests.objectives.judge``), never read off histogram
-buckets. What is kept, per label set: requests by (objective, outcome), good requests
-(every objective set met), and misses by (objective, the phase that took the largest
-part); the rolling window gets per-row columns (``window_columns``) for goodput over it.
+objectives of a label set are its model's (``requests.objectives.ObjectivesByModel``),
+with thresholds per prompt-length class where the objectives override one (each request
+judged against its prompt's class's). Counted exactly per request
+(``requests.objectives.judge``), never read off histogram buckets. What is kept, per
+label set: requests by (objective, outcome), good requests (every objective set met),
+and misses by (objective, the phase that took the largest part); the rolling window gets
+per-row columns (``window_columns``) for goodput over it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import threading
 
 import numpy as np
 
+from phasewatch.requests.buckets import prompt_class_codes
 from phasewatch.requests.objectives import (
+    CLASSES,
     MISS_PHASES,
     OBJECTIVES,
     OUTCOMES,
@@ -27,6 +31,7 @@ from phasewatch.requests.phases import Phases
 from phasewatch.requests.record import RequestBatch
 
 N_OBJ, N_OUT, N_PH = len(OBJECTIVES), len(OUTCOMES), len(MISS_PHASES)
+N_CLS = len(CLASSES) + 1  # threshold rows per label set: prompt classes, then unknown
 # the rolling window's columns per request: good, then (objective, outcome) flags
 WINDOW_COLUMNS = 1 + N_OBJ * N_OUT
 
@@ -37,12 +42,14 @@ class SloCounts:
     def __init__(self, objectives: ObjectivesByModel):
         self.objectives = objectives
         self._lock = threading.Lock()
-        self._thresholds = np.zeros((0, N_OBJ))  # per label set, seconds (NaN: not set)
+        # per label set and prompt_class_codes code, seconds (NaN: not set)
+        self._thresholds = np.zeros((0, N_CLS, N_OBJ))
         self._outcomes = np.zeros((0, N_OBJ, N_OUT), dtype=np.int64)
         self._good = np.zeros(0, dtype=np.int64)
         self._missed = np.zeros((0, N_OBJ, N_PH), dtype=np.int64)
         self._seen = np.zeros(0, dtype=bool)  # label sets with objectives and requests
         self._models: list[str] = []  # the model label of each label set with thresholds
+        self._objectives: list[Objectives] = []  # and its objectives
 
     def retarget(self, objectives: ObjectivesByModel) -> None:
         """Judge requests from now on against ``objectives`` (the demo's scenario switch);
@@ -50,18 +57,20 @@ class SloCounts:
         with self._lock:
             self.objectives = objectives
             if self._models:
-                self._thresholds = np.stack([objectives.for_model(m).array()
-                                             for m in self._models])
+                self._objectives = [objectives.for_model(m) for m in self._models]
+                self._thresholds = np.stack([o.class_array() for o in self._objectives])
 
     def thresholds(self, pairs: list[tuple], n_ls: int) -> np.ndarray:
-        """[n_ls, objectives] seconds of each label set (NaN: not set), grown as new label
-        sets appear (a label set's model never changes)."""
+        """[n_ls, prompt classes + 1, objectives] seconds of each label set (NaN: not set),
+        grown as new label sets appear (a label set's model never changes)."""
         have = self._thresholds.shape[0]
         if have < n_ls:
             models = [p[0] for p in pairs[have:n_ls]]
-            new = np.stack([self.objectives.for_model(m).array() for m in models])
-            self._thresholds = np.concatenate([self._thresholds, new])
+            new = [self.objectives.for_model(m) for m in models]
+            self._thresholds = np.concatenate(
+                [self._thresholds, np.stack([o.class_array() for o in new])])
             self._models += models
+            self._objectives += new
         return self._thresholds[:n_ls]
 
     def add(self, batch: RequestBatch, ph: Phases, ls: np.ndarray, pairs: list[tuple],
@@ -69,7 +78,7 @@ class SloCounts:
         """Judge the batch's kept rows; None when no label set of theirs has objectives."""
         with self._lock:
             limits = self.thresholds(pairs, n_ls)
-        rows = limits[ls]
+        rows = limits[ls, prompt_class_codes(batch.prompt_tokens)]
         kept = ph.kept
         if not (kept[:, None] & ~np.isnan(rows)).any():
             return None
@@ -106,7 +115,7 @@ class SloCounts:
     def snapshot(self) -> SloSnapshot:
         with self._lock:
             n = len(self._good)
-            return SloSnapshot(self._thresholds[:n].copy(), self._outcomes.copy(),
+            return SloSnapshot(self._objectives[:n], self._outcomes.copy(),
                                self._good.copy(), self._missed.copy(), self._seen.copy())
 
 
@@ -114,17 +123,16 @@ class SloSnapshot:
     """A copy of the counts: rows are label-set indexes; ``seen`` marks the label sets
     with objectives that have been judged."""
 
-    def __init__(self, thresholds, outcomes, good, missed, seen):
-        self.thresholds, self.outcomes, self.good = thresholds, outcomes, good
+    def __init__(self, objectives: list[Objectives], outcomes, good, missed, seen):
+        self._objectives, self.outcomes, self.good = objectives, outcomes, good
         self.missed, self.seen = missed, seen
 
     def rows(self) -> list[int]:
         return np.flatnonzero(self.seen).tolist()
 
     def objectives(self, i: int) -> Objectives:
-        t = self.thresholds[i]
-        return Objectives(**{k: None if np.isnan(v) else float(v)
-                             for k, v in zip(OBJECTIVES, t.tolist(), strict=True)})
+        """Label set ``i``'s objectives, as its requests are judged against them now."""
+        return self._objectives[i]
 
 
 def window_columns(j: Judged) -> np.ndarray:

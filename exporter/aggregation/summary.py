@@ -8,7 +8,7 @@ its JSON form (``/api/v1/summary``, ``RollingWindow.summary()``, the history).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,13 +101,15 @@ def by_prompt_class(ring: dict, sel: np.ndarray) -> list[PromptClassFigures]:
 @dataclass(frozen=True)
 class ObjectiveFigures:
     """One objective over the window: requests that met it, missed it, or whose value
-    was unknown; attainment = met / all three."""
+    was unknown; attainment = met / all three. ``seconds`` is the plain objective (None
+    where only prompt classes have one), ``by_prompt_class`` the classes' overrides."""
 
     objective: str
-    seconds: float
+    seconds: float | None
     met: int
     missed: int
     unknown: int
+    by_prompt_class: dict[str, float] = field(default_factory=dict)
 
     @property
     def attainment(self) -> float | None:
@@ -115,8 +117,11 @@ class ObjectiveFigures:
         return self.met / total if total else None
 
     def as_dict(self) -> dict:
-        return {"objective_seconds": self.seconds, "met": self.met, "missed": self.missed,
-                "unknown": self.unknown, "attainment": self.attainment}
+        return {"objective_seconds": self.seconds,
+                **({"by_prompt_class": dict(self.by_prompt_class)}
+                   if self.by_prompt_class else {}),
+                "met": self.met, "missed": self.missed, "unknown": self.unknown,
+                "attainment": self.attainment}
 
 
 @dataclass(frozen=True)
@@ -138,11 +143,13 @@ class SloFigures:
             return None
         flags = [int(x) for x in flags]
         per = []
+        judged = objectives.judged()
         for i, name in enumerate(OBJECTIVES):
-            seconds = getattr(objectives, name)
-            if seconds is not None:
+            if name in judged:
                 o = 1 + i * len(OUTCOMES)
-                per.append(ObjectiveFigures(name, seconds, *flags[o:o + len(OUTCOMES)]))
+                per.append(ObjectiveFigures(name, getattr(objectives, name),
+                                            *flags[o:o + len(OUTCOMES)],
+                                            objectives.overrides(name)))
         good = flags[0]
         return cls(good, good / max(float(covered), 1e-9),
                    good / requests if requests else None, per)

@@ -7,8 +7,11 @@ all without objectives (``--slo``), so the page is unchanged then. Sample exposi
     phasewatch_slo_requests_total{model="Llama-3.1-8B",engine="vllm",objective="ttft",outcome="missed"} 12.0
     phasewatch_slo_good_requests_total{model="Llama-3.1-8B",engine="vllm"} 388.0
     phasewatch_slo_missed_requests_total{model="Llama-3.1-8B",engine="vllm",objective="ttft",phase="queue"} 9.0
-    phasewatch_slo_objective_seconds{model="Llama-3.1-8B",engine="vllm",objective="ttft"} 0.5
+    phasewatch_slo_objective_seconds{model="Llama-3.1-8B",engine="vllm",objective="ttft",prompt_class=""} 0.5
+    phasewatch_slo_objective_seconds{model="Llama-3.1-8B",engine="vllm",objective="ttft",prompt_class="4k-16k"} 3.0
 
+The objective's plain value has an empty ``prompt_class`` (Prometheus reads it as no
+label); a prompt-length class's override (``--slo ttft@4k-16k:3000``) its class.
 Names, HELP texts and labels are the catalog's (``phasewatch.catalog``).
 """  # noqa: E501
 
@@ -58,11 +61,16 @@ class SloCollector(Collector):
         for i in snap.rows():
             key = list(pairs[i])
             good.add_metric(key, float(snap.good[i]))
-            for k, (name, seconds) in enumerate(zip(OBJECTIVES, snap.thresholds[i].tolist(),
-                                                    strict=True)):
-                if seconds != seconds:  # NaN: not set
+            objectives = snap.objectives(i)
+            judged = objectives.judged()
+            for k, name in enumerate(OBJECTIVES):
+                if name not in judged:
                     continue
-                objective.add_metric([*key, name], seconds)
+                seconds = getattr(objectives, name)
+                if seconds is not None:
+                    objective.add_metric([*key, name, ""], seconds)
+                for cls, over in objectives.overrides(name).items():
+                    objective.add_metric([*key, name, cls], over)
                 for o, outcome in enumerate(OUTCOMES):
                     requests.add_metric([*key, name, outcome], float(snap.outcomes[i, k, o]))
                 for phase in MISS_PHASES_OF[name]:

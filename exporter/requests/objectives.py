@@ -2,7 +2,12 @@
 
 Objectives are given as ``vllm bench serve --goodput`` takes them: ``KEY:VALUE`` pairs,
 comma- or space-separated, values in milliseconds (``ttft:500,tpot:50`` or
-``ttft:500 e2el:8000``). Keys:
+``ttft:500 e2el:8000``). A key may name a prompt-length class, ``KEY@CLASS:VALUE`` with
+CLASS one of ``buckets.PROMPT_CLASSES``' labels (the TTFT histogram's ``prompt_class``:
+0-256, 257-1k, 1k-4k, 4k-16k, 16k-64k, 64k+): it replaces that objective for requests
+whose prompt falls in the class (``ttft:500,ttft@4k-16k:3000``: 3 s for 4k-16k-token
+prompts, 500 ms for the others and for prompts of unknown length); without a plain value
+for the key, the objective is set for that class only. Keys:
 
 * ``ttft``  time to first token (first token - arrival; ``phases``' ttft);
 * ``tpot``  time per output token after the first, (last token - first token) /
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasewatch.requests.buckets import PROMPT_CLASSES
 from phasewatch.requests.phases import Phases
 from phasewatch.requests.record import RequestBatch
 
@@ -48,52 +54,82 @@ E2E_PHASES = (*TTFT_PHASES, "decode")
 MISS_PHASES = (*E2E_PHASES, "unknown")
 _DECODE = MISS_PHASES.index("decode")
 _NO_PHASE = MISS_PHASES.index("unknown")
+CLASSES = tuple(label for _, label in PROMPT_CLASSES)  # prompt_class_codes' order
 FORM = ("KEY:VALUE pairs, comma- or space-separated, KEY one of ttft, tpot, itl, e2el, "
-        "VALUE milliseconds (as vllm bench serve --goodput), e.g. ttft:500,tpot:50")
+        "VALUE milliseconds (as vllm bench serve --goodput), e.g. ttft:500,tpot:50; "
+        "KEY@CLASS:VALUE for one prompt-length class, e.g. ttft@4k-16k:3000")
 
 
 @dataclass(frozen=True)
 class Objectives:
-    """Thresholds in seconds; None: not set."""
+    """Thresholds in seconds; None: not set. ``by_class``: the prompt-length classes'
+    overrides, (objective, class, seconds) in OBJECTIVES then CLASSES order."""
 
     ttft: float | None = None
     tpot: float | None = None
     itl: float | None = None
     e2el: float | None = None
+    by_class: tuple[tuple[str, str, float], ...] = ()
+
+    def __post_init__(self) -> None:  # one order, so equal objectives compare equal
+        object.__setattr__(self, "by_class", tuple(sorted(
+            self.by_class, key=lambda x: (OBJECTIVES.index(x[0]), CLASSES.index(x[1])))))
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in self.seconds().values())
+        return bool(self.by_class) or any(v is not None for v in self.seconds().values())
 
     def seconds(self) -> dict[str, float | None]:
+        """The plain objectives (every class's but the overridden)."""
         return {k: getattr(self, k) for k in OBJECTIVES}
 
     def set(self) -> dict[str, float]:
-        """The objectives set, in seconds."""
+        """The plain objectives set, in seconds."""
         return {k: v for k, v in self.seconds().items() if v is not None}
 
+    def overrides(self, name: str) -> dict[str, float]:
+        """Objective ``name``'s seconds per prompt class where a class overrides it."""
+        return {c: v for k, c, v in self.by_class if k == name}
+
+    def judged(self) -> list[str]:
+        """The objectives set for some request: plain or for a class."""
+        return [k for k in OBJECTIVES if getattr(self, k) is not None or self.overrides(k)]
+
     def array(self) -> np.ndarray:
-        """[len(OBJECTIVES)] seconds, NaN where not set."""
+        """[len(OBJECTIVES)] seconds of the plain objectives, NaN where not set."""
         return np.array([np.nan if v is None else v for v in self.seconds().values()])
+
+    def class_array(self) -> np.ndarray:
+        """[len(CLASSES) + 1, len(OBJECTIVES)] seconds per ``prompt_class_codes`` code (the
+        last row: unknown prompt length, the plain ones), NaN where not set."""
+        out = np.tile(self.array(), (len(CLASSES) + 1, 1))
+        for k, c, v in self.by_class:
+            out[CLASSES.index(c), OBJECTIVES.index(k)] = v
+        return out
 
     def text(self) -> str:
         """As the flag takes them (milliseconds)."""
-        return ",".join(f"{k}:{v * 1000:g}" for k, v in self.set().items())
+        return ",".join([*(f"{k}:{v * 1000:g}" for k, v in self.set().items()),
+                         *(f"{k}@{c}:{v * 1000:g}" for k, c, v in self.by_class)])
 
 
 def parse_objectives(text: str) -> Objectives:
-    """``ttft:500,tpot:50`` (or space-separated) -> ``Objectives``; ValueError naming the
-    bad pair and the form otherwise. Empty: no objectives."""
+    """``ttft:500,tpot:50,ttft@4k-16k:3000`` (or space-separated) -> ``Objectives``;
+    ValueError naming the bad pair and the form otherwise. Empty: no objectives."""
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a string of {FORM}")
     found: dict[str, float] = {}
+    by_class: dict[tuple[str, str], float] = {}
     for pair in filter(None, re.split(r"[,\s]+", text.strip())):
         key, sep, value = pair.partition(":")
-        key = key.strip().lower()
+        key, at, cls = key.strip().lower().partition("@")
         if not sep:
             raise ValueError(f"{pair!r} has no colon: {FORM}")
         name = ALIASES.get(key, key)
         if name not in OBJECTIVES:
             raise ValueError(f"{pair!r}: unknown objective {key!r}; {FORM}")
+        if at and cls not in CLASSES:
+            raise ValueError(f"{pair!r}: unknown prompt class {cls!r}; CLASS is one of "
+                             f"{', '.join(CLASSES)} (prompt tokens, as the prompt_class label)")
         try:
             ms = float(value)
         except ValueError:
@@ -102,10 +138,15 @@ def parse_objectives(text: str) -> Objectives:
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"{pair!r}: the value must be a finite, non-negative number "
                              "of milliseconds")
+        if at:
+            if (name, cls) in by_class:
+                raise ValueError(f"{pair!r}: {name}@{cls} is given twice")
+            by_class[(name, cls)] = ms / 1000
+            continue
         if name in found:
             raise ValueError(f"{pair!r}: {name} is given twice")
         found[name] = ms / 1000
-    return Objectives(**found)
+    return Objectives(**found, by_class=tuple((k, c, v) for (k, c), v in by_class.items()))
 
 
 @dataclass

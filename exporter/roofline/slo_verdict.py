@@ -32,9 +32,15 @@ WHERE = {"preprocess": "preprocess", "queue": "the queue", "prefill": "prefill",
          "kv_transfer": "the KV transfer", "decode": "decode"}
 
 
-def objective_name(name: str, seconds: float) -> str:
-    """"TTFT 500 ms"."""
-    return f"{name.upper()} {seconds * 1000:g} ms"
+def objective_name(name: str, fig: dict) -> str:
+    """"TTFT 500 ms", "TTFT 500 ms (3000 ms for 4k-16k prompts)" with a prompt class's
+    override, "TTFT 3000 ms for 4k-16k prompts" with only that."""
+    seconds, by_class = fig["objective_seconds"], fig.get("by_prompt_class", {})
+    classes = ", ".join(f"{v * 1000:g} ms for {c}" for c, v in by_class.items())
+    if seconds is None:
+        return f"{name.upper()} {classes} prompts"
+    return f"{name.upper()} {seconds * 1000:g} ms" + (f" ({classes} prompts)" if classes
+                                                      else "")
 
 
 def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -> dict | None:
@@ -46,7 +52,7 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -
     if not objectives or not n:
         return None
     per = {}
-    for name, seconds in objectives.set().items():
+    for name in objectives.judged():
         j = OBJECTIVES.index(name)
         o = outcome[judged, j]
         total = int((o >= 0).sum())
@@ -55,7 +61,9 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -
         missed = o == MISSED
         by_phase = np.bincount(phase[judged, j][missed], minlength=len(MISS_PHASES))
         per[name] = {
-            "objective_seconds": seconds, "met": int((o == MET).sum()),
+            "objective_seconds": getattr(objectives, name),
+            **({"by_prompt_class": by} if (by := objectives.overrides(name)) else {}),
+            "met": int((o == MET).sum()),
             "missed": int(missed.sum()), "unknown": int((o == UNKNOWN).sum()),
             "attainment": float((o == MET).sum() / total),
             "missed_share": float(missed.sum() / total),
@@ -104,10 +112,10 @@ def lead(slo: dict | None, phase: str | None) -> str:
         missed = [k for k, f in per.items() if f["missed_share"] >= MATERIAL_MISS]
         if missed:  # missed, but the phase that broke it is unknown
             return " ".join(f"{f['missed_share']:.0%} of requests missed "
-                            f"{objective_name(k, f['objective_seconds'])}." for k, f in
+                            f"{objective_name(k, f)}." for k, f in
                             per.items() if k in missed)
         return "All objectives met: " + ", ".join(
-            f"{objective_name(k, f['objective_seconds'])} by {_floor_pct(f['attainment'])}"
+            f"{objective_name(k, f)} by {_floor_pct(f['attainment'])}"
             + (f" ({f['unknown'] / max(1, f['met'] + f['missed'] + f['unknown']):.0%} "
                "unknown)" if f["unknown"] else "")
             for k, f in per.items()) + "."
@@ -115,7 +123,7 @@ def lead(slo: dict | None, phase: str | None) -> str:
     name = max(per, key=lambda k: per[k]["missed_by_phase"].get(phase, 0))
     f = per[name]
     head = (f"{f['missed_share']:.0%} of requests missed "
-            f"{objective_name(name, f['objective_seconds'])}")
+            f"{objective_name(name, f)}")
     if name in ("tpot", "itl"):
         text = f"{head}: their decode steps were too slow."
     else:
@@ -127,7 +135,7 @@ def lead(slo: dict | None, phase: str | None) -> str:
     for k in others:
         g = per[k]
         top = max(g["missed_by_phase"], key=g["missed_by_phase"].get)
-        text += (f" {g['missed_share']:.0%} missed {objective_name(k, g['objective_seconds'])}"
+        text += (f" {g['missed_share']:.0%} missed {objective_name(k, g)}"
                  + (f", mostly in {WHERE[top]}." if top in WHERE else "."))
     return text
 
