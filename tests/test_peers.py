@@ -96,12 +96,16 @@ def _get(port: int, path: str) -> dict:
 
 @pytest.fixture(scope="module", params=["replay", "live"])
 def observed(request, peers) -> Observed:
-    reqs = peers["requests"]
+    return observe(peers["requests"], request.param, goodput_slo(peers))
+
+
+def observe(reqs: list[dict], clock_name: str, slo: str) -> Observed:
+    """``reqs`` through the client into an exporter with objectives ``slo``, at the clock
+    ``clock_name`` (``replay`` or ``live``), and what its /metrics and API say."""
     last = max(r["finish"] for r in reqs)
-    shift = REPLAY_BASE if request.param == "replay" else round(time.time() - last)
-    clock = clock_for(request.param, shift, shift + last)
-    ex = Exporter(ServeConfig(**TEST_PORTS, window_seconds=600, slo=goodput_slo(peers))
-                  ).start()
+    shift = REPLAY_BASE if clock_name == "replay" else round(time.time() - last)
+    clock = clock_for(clock_name, shift, shift + last)
+    ex = Exporter(ServeConfig(**TEST_PORTS, window_seconds=600, slo=slo)).start()
     try:
         with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine=ENGINE) as client:
             for r in reqs:
@@ -427,6 +431,98 @@ def test_goodput_equals_vllms(observed, peers):
         in observed.bench["text"]
     close(slo["goodput"], good / observed.summary["covered_seconds"], 0.0,
           "the window's goodput over its covered time")
+
+
+# ---- goodput: aiperf's --goodput ----------------------------------------------------------------
+AIPERF_NAMES = {"ttft": "time_to_first_token", "tpot": "inter_token_latency",
+                "e2el": "request_latency"}  # phasewatch's (vLLM's) objective: aiperf's metric
+
+
+@pytest.fixture(scope="module")
+def observed_multi_token(observed, peers) -> Observed:
+    """The requests with two output tokens or more, alone, through an exporter with
+    vLLM's objectives, at ``observed``'s clock."""
+    reqs = [r for r in peers["requests"] if r["output_tokens"] >= 2]
+    return observe(reqs, observed.clock.name, goodput_slo(peers))
+
+
+def test_goodput_equals_aiperfs_where_defined_alike(observed, observed_multi_token, peers):
+    """aiperf 0.13.0 given vLLM's objectives in its own names (``--goodput
+    time_to_first_token:150 inter_token_latency:25 request_latency:2500``) counts 123 good
+    requests where vLLM counts 136.
+
+    The metrics are vLLM's: request_latency is vLLM's E2EL, inter_token_latency its TPOT,
+    (request_latency - TTFT) / (output tokens - 1) (test_every_request_matches_vllm). So
+    is the rule: an objective is met when the value is at most it
+    (aiperf/metrics/types/good_request_count_metric.py:82; vLLM ``slo >= value``), and a
+    good request meets every objective set (:76). They part on requests with one output
+    token. vLLM takes their TPOT as 0 (vllm/benchmarks/serve.py:625; phasewatch too,
+    exporter/requests/objectives.py), so TTFT and E2EL decide. aiperf's
+    inter_token_latency has no value under two output tokens
+    (aiperf/metrics/types/inter_token_latency_metric.py:64), and good_request_count
+    requires the metric of every objective set (good_request_count_metric.py:63; a
+    missing one raises at aiperf/metrics/base_metric.py:163 and the request adds
+    nothing), so with an inter_token_latency objective a 1-token request is never good.
+
+    Where the definitions agree, on the requests with two output tokens or more,
+    phasewatch must give aiperf's figures exactly. aiperf gave no 1-token request a
+    verdict (no value), so its count is over those requests alone; an exporter with the
+    same objectives fed those requests alone counts aiperf's good requests, each
+    objective's met count is
+    what aiperf's per-request values give, and that count over aiperf's duration is
+    aiperf's goodput (good_request_count / benchmark_duration, goodput_metric.py:36; its
+    duration runs from the first request to the last content chunk, not from vLLM's
+    benchmark start to the last stream's end). vLLM's (and phasewatch's) count over all
+    the requests exceeds aiperf's by exactly the 1-token requests that met TTFT and E2EL
+    by aiperf's own per-request figures."""
+    gp = peers["expected"]["aiperf"]["goodput"]
+    aiperf = peers["expected"]["aiperf"]
+    vllm_ms = peers["expected"]["vllm"]["goodput"]["goodput_config_ms"]
+    assert gp["slos"] == {AIPERF_NAMES[k]: v for k, v in vllm_ms.items()}
+    assert gp["goodput_config"] == " ".join(f"{k}:{v:g}" for k, v in gp["slos"].items())
+    defs = peers["definitions"]["aiperf"]
+    assert defs["goodput: an objective is met when value <= it"] == \
+        "aiperf/metrics/types/good_request_count_metric.py:82"
+    assert defs["goodput: inter_token_latency has no value under 2 output tokens"] == \
+        "aiperf/metrics/types/inter_token_latency_metric.py:64"
+
+    reqs = {r["id"]: r for r in peers["requests"]}
+    one = {rid for rid, r in reqs.items() if r["output_tokens"] < 2}
+    many = set(reqs) - one
+    assert set(gp["no_value_request_ids"]) == one, "aiperf judged no 1-token request"
+    good_ids = set(gp["good_request_ids"])
+    assert len(good_ids) == gp["good_request_count"] and good_ids <= many
+
+    o = observed_multi_token
+    good = o.metrics.total("phasewatch_slo_good_requests_total", model=MODEL)
+    assert good == gp["good_request_count"], (
+        f"phasewatch counts {good:g} good requests of the {len(many)} with two output tokens "
+        f"or more, aiperf {gp['good_request_count']}")
+    assert o.summary["slo"]["good_requests"] == o.bench["figures"]["good_requests"] == good
+    per = aiperf["per_request"]
+    for key, name in AIPERF_NAMES.items():
+        ns = gp["slos"][name] * 1_000_000  # aiperf's display unit (ms) to its unit (ns)
+        met = sum(per[rid][name] <= ns for rid in many)
+        assert o.metrics.total("phasewatch_slo_requests_total", model=MODEL, objective=key,
+                               outcome="met") == met, key
+        assert o.summary["slo"]["objectives"][key]["met"] == met, key
+    duration = gp["benchmark_duration_s"]
+    assert duration == aiperf["metrics"]["benchmark_duration"]["avg"]
+    close(good / duration, gp["goodput_per_s"], 0.0, "good requests / aiperf's duration")
+
+    # vLLM's (and phasewatch's) excess: the 1-token requests good by TTFT and E2EL alone
+    ttft_ns, e2el_ns = (gp["slos"][AIPERF_NAMES[k]] * 1_000_000 for k in ("ttft", "e2el"))
+    one_good = sum(per[rid]["time_to_first_token"] <= ttft_ns
+                   and per[rid]["request_latency"] <= e2el_ns for rid in one)
+    everyone = observed.metrics.total("phasewatch_slo_good_requests_total", model=MODEL)
+    assert everyone - good == one_good, (
+        f"phasewatch's good requests over all of them ({everyone:g}) less those over the "
+        f"multi-token ones ({good:g}) are not the {one_good} 1-token requests that met TTFT "
+        "and E2EL by aiperf's figures")
+    print(f"goodput: aiperf {gp['good_request_count']} good, {gp['goodput_per_s']:.4f}/s over "
+          f"{duration:.3f} s; phasewatch {good:g} of the multi-token requests and {everyone:g} of "
+          f"all (vLLM's {peers['expected']['vllm']['goodput']['good_requests']}: +{one_good} "
+          "1-token requests aiperf cannot judge)")
 
 
 # ---- percentiles through a real Prometheus ---------------------------------------------------
