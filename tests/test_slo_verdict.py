@@ -207,3 +207,47 @@ def test_the_demo_summary_line_shows_goodput():
                                            "tpot": {"attainment": 1.0}}}
     assert _goodput(fig) == " | goodput 4.1 req/s (TTFT 99%, TPOT 100%)"
     assert _goodput(None) == ""
+
+
+def _verdict_with(name: str, objectives: str, seconds: float = 240.0):
+    """``_scenario_verdict`` with other objectives than the scenario's own."""
+    sc = SCENARIOS[name]
+    engine = sc.build(seed=1)
+    records = engine.run(seconds, epoch=1_700_000_000.0)
+    window = RollingWindow(120.0, capacity=100_000)
+    agg = Aggregator(window=window, objectives=ObjectivesByModel(parse_objectives(objectives)))
+    agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
+    monitor = BottleneckMonitor(window, agg.labels, Deployments(
+        [Deployment(sc.model, engine.model, engine.hw)]), span=120.0)
+    [result] = monitor.update()
+    return result.verdict
+
+
+def test_tpot_misses_from_prefill_chunks_are_put_down_to_interference():
+    """In the simulated chat every decode step that carries a prefill chunk is slower, so
+    the requests that missed a tight TPOT objective are the ones whose decode ran beside
+    others' prefills: without the fitted cost of that sharing most would have met it."""
+    v = _verdict_with("chat", "tpot:8.5")
+    tpot = v.evidence["slo"]["objectives"]["tpot"]
+    w = tpot["without_prefill"]
+    print(tpot["missed_share"], w)
+    assert tpot["missed_share"] >= MATERIAL_MISS and w["misses_weighed"] >= 5
+    assert w["would_meet_without_prefill"] >= 0.5 and w["slowdown"] > 1
+    assert w["decode_shared_missed"] > w["decode_shared_met"]
+    assert v.phase == "decode"
+    assert (f"of requests missed TPOT 8.5 ms: their decode steps were too slow; "
+            f"{w['would_meet_without_prefill']:.0%} of those would have met it without the "
+            "prefill chunks sharing their decode steps (prefill interference") in v.text, v.text
+
+
+def test_tpot_misses_not_from_prefill_chunks_are_not_put_down_to_them():
+    """long_generation's decodes hardly ever run beside a prefill: its TPOT misses are
+    the decode steps' own, and the verdict does not blame interference."""
+    v = _verdict_with("long_generation", "tpot:8.6")
+    tpot = v.evidence["slo"]["objectives"]["tpot"]
+    print(tpot["missed_share"], tpot.get("without_prefill"))
+    assert tpot["missed_share"] >= MATERIAL_MISS
+    w = tpot.get("without_prefill")
+    assert w is None or w["would_meet_without_prefill"] < 0.5, w
+    assert "their decode steps were too slow." in v.text
+    assert "would have met it without" not in v.text and "(prefill interference" not in v.text

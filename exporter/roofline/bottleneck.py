@@ -20,7 +20,14 @@ import numpy as np
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.roofline import model_costs
-from phasewatch.roofline.cause import BUSY, Cause, busy_share, diagnose
+from phasewatch.roofline.cause import (
+    BUSY,
+    Cause,
+    busy_share,
+    decode_shared_with_prefill,
+    decode_slowdown,
+    diagnose,
+)
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
 from phasewatch.roofline.estimate import (
@@ -198,7 +205,8 @@ class BottleneckMonitor:
             busy = busy_share(mine, est.range_start, est.range_end)
             verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
                              b=busy: diagnose(phase, e, d, m, r, busy=b),
-                             slo=self._objectives(key, mine, fresh[sel]))
+                             slo=self._objectives(key, mine, fresh[sel],
+                                                 (est.range_start, est.range_end)))
             if verdict is not None:
                 self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy)
@@ -218,14 +226,21 @@ class BottleneckMonitor:
             self.updated_at = self._clock()
         return results
 
-    def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray) -> dict | None:
+    def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray,
+                    span: tuple[float, float]) -> dict | None:
         """The label set's objectives over the window's requests
-        (``slo_verdict.attainment``), None without objectives."""
+        (``slo_verdict.attainment``), with what the records tell of the decodes over the
+        estimate's ``span``; None without objectives."""
         objectives = self._window.objectives
         if objectives is None:
             return None
+        first, last = mine["first_token_at"], mine["last_token_at"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(mine["steps"] > 0, (last - first) / mine["steps"], np.nan)
+        decode = {"shared": decode_shared_with_prefill(mine)[fresh], "tpot": tpot[fresh],
+                  "fit": decode_slowdown(mine, *span)}
         return attainment(objectives(key), mine["slo_outcome"][fresh],
-                          mine["slo_phase"][fresh])
+                          mine["slo_phase"][fresh], decode)
 
     def _hold_cause(self, key: tuple, verdict: Verdict, previous: Verdict | None) -> None:
         """Hysteresis for the cause, as the phase has it: on the same phase, a new cause

@@ -43,10 +43,15 @@ def objective_name(name: str, fig: dict) -> str:
                                                       else "")
 
 
-def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -> dict | None:
+def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray,
+               decode: dict | None = None) -> dict | None:
     """The window's figures per objective set: ``outcome`` and ``phase`` are the window's
-    ``slo_outcome`` / ``slo_phase`` rows ([requests, objectives]). None without objectives
-    or judged requests."""
+    ``slo_outcome`` / ``slo_phase`` rows ([requests, objectives]). ``decode``, where the
+    records tell it: per request its TPOT (``tpot``) and the share of its decode spent
+    beside other requests' prefills (``shared``, ``cause.decode_shared_with_prefill``),
+    and the window's fit of one on the other (``fit``, ``cause.decode_slowdown``); the
+    TPOT objective's figures then say how many misses prefill interference made. None
+    without objectives or judged requests."""
     judged = (outcome >= 0).any(axis=1) if outcome.size else np.zeros(0, bool)
     n = int(judged.sum())
     if not objectives or not n:
@@ -69,8 +74,47 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray) -
             "missed_share": float(missed.sum() / total),
             "missed_by_phase": {p: int(c) for p, c in zip(MISS_PHASES, by_phase.tolist(),
                                                           strict=True) if c}}
+        if name == "tpot" and decode is not None:
+            w = _without_prefill(o, {k: v[judged] if isinstance(v, np.ndarray) else v
+                                     for k, v in decode.items()}, getattr(objectives, name))
+            if w is not None:
+                per[name]["without_prefill"] = w
     return {"requests": n, "objectives": per, "ranked_by": "time_share",
             "min_requests": MIN_REQUESTS, "material_miss_share": MATERIAL_MISS}
+
+
+MIN_TOLD = 5  # TPOT misses the fit can weigh before anything is said of them
+MOSTLY = 0.5  # of those, the share that must have met it without interference
+
+
+def _without_prefill(outcome: np.ndarray, decode: dict, seconds: float | None) -> dict | None:
+    """What the TPOT misses would have been without the prefill chunks beside their decode
+    steps: each request's TPOT less the fitted cost of sharing (``cause.decode_slowdown``:
+    TPOT = a + b x share), against the objective."""
+    fit = decode.get("fit")
+    if fit is None or seconds is None or fit["slowdown"] <= 1:
+        return None
+    shared, tpot = decode["shared"], decode["tpot"]
+    missed = (outcome == MISSED) & ~np.isnan(shared) & ~np.isnan(tpot)
+    slope = fit["tpot_sharing_every_step"] - fit["tpot_without_prefill"]
+    alone = tpot[missed] - slope * shared[missed]
+    met = (outcome == MET) & ~np.isnan(shared)
+    return {"misses_weighed": int(missed.sum()),
+            "would_meet_without_prefill": float((alone <= seconds).mean()) if alone.size
+            else None, "slowdown": fit["slowdown"],
+            "decode_shared_missed": float(shared[missed].mean()) if missed.any() else None,
+            "decode_shared_met": float(shared[met].mean()) if met.any() else None}
+
+
+def interference_told(fig: dict) -> str:
+    """The TPOT misses put down to prefill interference, in words; "" when the records
+    do not show it."""
+    w = fig.get("without_prefill")
+    if not w or w["misses_weighed"] < MIN_TOLD or (w["would_meet_without_prefill"] or 0) < MOSTLY:
+        return ""
+    return (f"{w['would_meet_without_prefill']:.0%} of those would have met it without the "
+            f"prefill chunks sharing their decode steps (prefill interference: a shared step "
+            f"takes {w['slowdown']:.1f}x one that is not)")
 
 
 def rank(slo: dict | None, shares: dict, previous=None, hysteresis: float = 0.05
@@ -125,7 +169,8 @@ def lead(slo: dict | None, phase: str | None) -> str:
     head = (f"{f['missed_share']:.0%} of requests missed "
             f"{objective_name(name, f)}")
     if name in ("tpot", "itl"):
-        text = f"{head}: their decode steps were too slow."
+        told = interference_told(f)
+        text = f"{head}: their decode steps were too slow" + (f"; {told}." if told else ".")
     else:
         of = f["missed_by_phase"].get(phase, 0) / max(1, f["missed"])
         part = "it" if name == "ttft" else "the request"
