@@ -25,6 +25,7 @@ from phasewatch.dashboard.frames import (
     WATERFALL_COLUMNS,
     Selection,
     Snapshot,
+    class_text,
     frame,
     in_window_only,
 )
@@ -173,6 +174,7 @@ def slo_columns(slo: dict | None) -> dict:
     out = {"goodput": slo.get("goodput"), "good_ratio": slo.get("good_ratio")}
     for name, o in (slo.get("objectives") or {}).items():
         out |= {f"{name}_objective": o.get("objective_seconds"),
+                f"{name}_classes": class_text(o.get("by_prompt_class")),
                 f"{name}_attainment": o.get("attainment"), f"{name}_met": o.get("met"),
                 f"{name}_missed": o.get("missed")}
     return out

@@ -28,8 +28,11 @@ LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
 # With objectives (--slo), per label set: goodput (good requests/s), the share of requests
 # that met every objective set (``good_ratio``), and per objective (vLLM's goodput keys:
 # ttft, tpot, itl, e2el) its threshold in seconds, the share met (``attainment``), and
-# the requests that met and missed it, over the range; NaN where no objective is set.
-SLO_FIGURES = ("objective", "attainment", "met", "missed")
+# the requests that met and missed it, over the range, and ``classes``: the prompt-length
+# classes' own thresholds ("3000 ms for 4k-16k"; "" for none); NaN where no objective
+# is set. An objective set only for some classes has no plain threshold (NaN) but an
+# attainment.
+SLO_FIGURES = ("objective", "attainment", "met", "missed", "classes")
 KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
                "request_rate", "prompt_tokens_per_second",
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
@@ -146,6 +149,11 @@ class Snapshot:
                     keep &= df[col].isin(list(wanted))
             setattr(out, name, df[keep].reset_index(drop=True))
         return out
+
+
+def class_text(by_class: dict | None) -> str:
+    """Prompt-length classes' own thresholds in words: "3000 ms for 4k-16k"."""
+    return ", ".join(f"{s * 1000:g} ms for {c}" for c, s in (by_class or {}).items())
 
 
 def who(row) -> str:

@@ -292,8 +292,9 @@ OBJECTIVE_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "e2e"}
 
 
 def has_objectives(kpis: pd.DataFrame) -> bool:
-    """Some selected label set has objectives set (its exporter runs with --slo)."""
-    return any(kpis[f"{o}_objective"].notna().any() for o in OBJECTIVES)
+    """Some selected label set has objectives set (its exporter runs with --slo), plainly
+    or only for some prompt-length classes."""
+    return any(kpis[f"{o}_attainment"].notna().any() for o in OBJECTIVES)
 
 
 def attainment_text(x) -> str:
@@ -303,8 +304,12 @@ def attainment_text(x) -> str:
     return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"
 
 
-def _limit(seconds) -> str:
-    return f"≤ {seconds * 1000:g} ms"
+def _limit(seconds, classes="") -> str:
+    """"≤ 500 ms", "≤ 500 ms (3000 ms for 4k-16k)", "3000 ms for 4k-16k"."""
+    classes = classes if isinstance(classes, str) else ""
+    if seconds is None or pd.isna(seconds):
+        return f"{classes} prompts" if classes else ""
+    return f"≤ {seconds * 1000:g} ms" + (f" ({classes})" if classes else "")
 
 
 def slo_cards(kpis: pd.DataFrame) -> list:
@@ -313,24 +318,25 @@ def slo_cards(kpis: pd.DataFrame) -> list:
     if kpis.empty or not has_objectives(kpis):
         return []
     rows = [r for _, r in kpis.iterrows()
-            if any(not pd.isna(r[f"{o}_objective"]) for o in OBJECTIVES)]
+            if any(not pd.isna(r[f"{o}_attainment"]) for o in OBJECTIVES)]
     several = len(rows) > 1
     cards = [_slo_card([term("goodput"), " (met every objective)"], "kpi-goodput", [
         (rate_text(r["goodput"], "req/s"),
          f"{percent_text(r['good_ratio'])} of requests" + (f" {who(r)}" if several else ""))
         for r in rows])]
     for o in OBJECTIVES:
-        mine = [r for r in rows if not pd.isna(r[f"{o}_objective"])]
+        mine = [r for r in rows if not pd.isna(r[f"{o}_attainment"])]
         if not mine:
             continue
-        limits = {r[f"{o}_objective"] for r in mine}
+        limits = {_limit(r[f"{o}_objective"], r[f"{o}_classes"]) for r in mine}
         word = OBJECTIVE_WORDS[o]
-        title = ([term(word), f" {_limit(mine[0][f'{o}_objective'])} met"] if len(limits) == 1
+        title = ([term(word), f" {next(iter(limits))} met"] if len(limits) == 1
                  else [term(word), " objective met"])
         cards.append(_slo_card(title, f"kpi-{o}-attainment", [
             (attainment_text(r[f"{o}_attainment"]),
              " ".join(filter(None, (
-                 "" if len(limits) == 1 else f"({_limit(r[f'{o}_objective'])})",
+                 "" if len(limits) == 1 else
+                 f"({_limit(r[f'{o}_objective'], r[f'{o}_classes'])})",
                  f"{_count(r[f'{o}_missed'])} missed",
                  who(r) if several else ""))))
             for r in mine]))

@@ -120,6 +120,7 @@ class PrometheusSource:
                     "peak_flops": expr(q.PEAK_FLOPS),
                     "slo_outcomes": expr(q.SLO_OUTCOMES), "slo_missed": expr(q.SLO_MISSED_BY_PHASE),
                     "slo_goodput": expr(q.SLO_GOODPUT), "slo_objective": expr(q.SLO_OBJECTIVE),
+                    "slo_class_objective": expr(q.SLO_CLASS_OBJECTIVE),
                     "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
         instant |= {f"class:{k}": expr(t) for k, t in q.PROMPT_CLASS.items()}
         ranged = {f"series:{k}": (expr(t), now - self.history_seconds, step)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from phasewatch.dashboard.frames import KEYS
+from phasewatch.dashboard.frames import KEYS, class_text
 from phasewatch.dashboard.theme import PHASES
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
@@ -111,8 +111,9 @@ def imbalance_sentence(shares: dict[str, float]) -> str | None:
 def slo_figures(r: dict, key) -> dict[tuple, dict]:
     """Per label set with objectives, the figures ``slo_verdict.attainment`` gives an
     exporter's window, from the exporters' counters over the range (``SLO_*`` queries):
-    requests met/missed/unknown per objective and the misses by the phase that broke them;
-    ``goodput`` beside them. An objective without a published threshold is left out."""
+    requests met/missed/unknown per objective, its thresholds (plain and per prompt
+    class) and the misses by the phase that broke them; ``goodput`` beside them. An
+    objective without a published threshold is left out."""
     outcomes: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))
     for metric, v in r.get("slo_outcomes", ()):
         if _known(v):
@@ -124,6 +125,11 @@ def slo_figures(r: dict, key) -> dict[tuple, dict]:
             missed[tuple(key(metric).values())][metric.get("objective", "")][
                 metric.get("phase", "")] = round(v)
     seconds = _by_key(r.get("slo_objective", ()), key, "objective")
+    by_class: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))
+    for metric, v in r.get("slo_class_objective", ()):
+        if _known(v):
+            by_class[tuple(key(metric).values())][metric.get("objective", "")][
+                metric.get("prompt_class", "")] = v
     goodput = _by_key(r.get("slo_goodput", ()), key)
     out = {}
     for k, per in outcomes.items():
@@ -131,10 +137,13 @@ def slo_figures(r: dict, key) -> dict[tuple, dict]:
         for name, counts in per.items():
             total = sum(counts.values())
             limit = seconds.get(k, {}).get(name)
-            if not total or not _known(limit):
+            classes = dict(by_class[k][name])
+            if not total or not (_known(limit) or classes):
                 continue
             met, miss = counts.get("met", 0), counts.get("missed", 0)
-            objectives[name] = {"objective_seconds": limit, "met": met, "missed": miss,
+            objectives[name] = {"objective_seconds": limit if _known(limit) else None,
+                                **({"by_prompt_class": classes} if classes else {}),
+                                "met": met, "missed": miss,
                                 "unknown": counts.get("unknown", 0), "attainment": met / total,
                                 "missed_share": miss / total,
                                 "missed_by_phase": dict(missed[k][name])}
@@ -153,7 +162,8 @@ def slo_kpis(slo: dict, request_rate: float | None) -> dict:
            "good_ratio": good / request_rate if request_rate and _known(good) else math.nan}
     for name, o in slo["objectives"].items():
         out |= {f"{name}_objective": o["objective_seconds"], f"{name}_attainment":
-                o["attainment"], f"{name}_met": o["met"], f"{name}_missed": o["missed"]}
+                o["attainment"], f"{name}_met": o["met"], f"{name}_missed": o["missed"],
+                f"{name}_classes": class_text(o.get("by_prompt_class"))}
     return out
 
 

@@ -126,6 +126,8 @@ SLO_MISSED_BY_PHASE = (f"sum by ({BY}, objective, phase) "
                        f"(increase({cat.SLO_MISSED_REQUESTS.name}{{sel}}[{{range}}]))")
 SLO_GOODPUT = f"sum by ({BY}) (rate({cat.SLO_GOOD_REQUESTS.name}{{sel}}[{{range}}]))"
 SLO_OBJECTIVE = f'max by ({BY}, objective) ({cat.SLO_OBJECTIVE.name}{{sel_and}}prompt_class=""}})'
+SLO_CLASS_OBJECTIVE = (f"max by ({BY}, objective, prompt_class) "
+                       f'({cat.SLO_OBJECTIVE.name}{{sel_and}}prompt_class!=""}})')
 # ... over time: each objective's share met, and the share of requests good (met all)
 SLO_ATTAINMENT = (f'sum by ({BY}, objective) (rate({cat.SLO_REQUESTS.name}{{sel_and}}'
                   f'outcome="met"}}[{{range}}])) / sum by ({BY}, objective) '

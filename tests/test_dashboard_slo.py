@@ -126,3 +126,37 @@ def test_prometheus_counters_give_the_exporters_figures_and_sentence():
     assert set(slo_figures(r, _key)[k]["objectives"]) == {"ttft"}
     r["slo_objective"] = []
     assert slo_figures(r, _key) == {}
+
+
+def test_prompt_class_thresholds_are_named_on_the_cards():
+    """``ttft:500,ttft@4k-16k:3000``: the card names both; ``ttft@4k-16k:3000`` alone (no
+    plain threshold) still has its card."""
+    both = {**SLO, "objectives": {"ttft": {**SLO["objectives"]["ttft"],
+                                           "by_prompt_class": {"4k-16k": 3.0}}}}
+    (card,) = [c for c in panels.slo_cards(_snap([_summary_entry("m", both)]).kpis)
+               if c.id == "kpi-ttft-attainment"]
+    assert "≤ 500 ms (3000 ms for 4k-16k) met" in _texts(card)
+    alone = {**SLO, "objectives": {"ttft": {**SLO["objectives"]["ttft"],
+                                            "objective_seconds": None,
+                                            "by_prompt_class": {"4k-16k": 3.0}}}}
+    snap = _snap([_summary_entry("m", alone)])
+    assert panels.has_objectives(snap.kpis)
+    (card,) = [c for c in panels.slo_cards(snap.kpis) if c.id == "kpi-ttft-attainment"]
+    assert "3000 ms for 4k-16k prompts met" in _texts(card) and "99.9%" in _texts(card)
+
+
+def test_prometheus_reads_the_classes_thresholds():
+    m = {"model": "m", "engine": "vllm"}
+    r = {"slo_outcomes": [({**m, "objective": "ttft", "outcome": "met"}, 90.0),
+                          ({**m, "objective": "ttft", "outcome": "missed"}, 10.0)],
+         "slo_missed": [({**m, "objective": "ttft", "phase": "queue"}, 10.0)],
+         "slo_objective": [],  # set only for a class
+         "slo_class_objective": [({**m, "objective": "ttft", "prompt_class": "4k-16k"}, 3.0)],
+         "slo_goodput": [(m, 3.0)]}
+    (figures,) = slo_figures(r, _key).values()
+    ttft = figures["objectives"]["ttft"]
+    assert ttft["objective_seconds"] is None and ttft["by_prompt_class"] == {"4k-16k": 3.0}
+    assert slo_kpis(figures, 10.0)["ttft_classes"] == "3000 ms for 4k-16k"
+    assert slo_lead(figures, {"queue_share": 0.6, "decode_share": 0.4}) == (
+        "10% of requests missed TTFT 3000 ms for 4k-16k prompts; 100% of those spent most "
+        "of it in the queue.")
