@@ -202,3 +202,38 @@ def test_no_utilization_over_one_is_published(runs, name):
     evidence = r.roofline["verdict"]["evidence"]
     for key in ("mfu", "mbu", "of_achievable_flops", "of_achievable_bandwidth"):
         assert evidence.get(key) is None or evidence[key] <= 1, (name, evidence)
+
+
+def test_objectives_name_the_phase_that_broke_them(runs):
+    """Issue 28 on the real engine (``verdict_runs.objectives``): the slot limit's queued
+    requests miss TTFT 500 ms and the verdict says the queue broke it; the mixed
+    workload's TPOT misses are put down to the prefill chunks sharing their decode steps.
+    The exact counts in /metrics are the summary's over the same requests' lifetime."""
+    slots = runs["slot_limit"].roofline["verdict"]
+    slo = slots["evidence"]["slo"]
+    ttft = slo["objectives"]["ttft"]
+    print("\nslot_limit", json.dumps(ttft), "\n", slots["text"])
+    assert slo["ranked_by"] == "misses" and ttft["missed_share"] >= 0.5, slo
+    queue = ttft["missed_by_phase"].get("queue", 0) / ttft["missed"]
+    assert queue >= 0.8, ttft
+    assert slots["text"].startswith(
+        f"{ttft['missed_share']:.0%} of requests missed TTFT 500 ms; {queue:.0%} of those "
+        "spent most of it in the queue. Slot limit:"), slots["text"]
+    page = Scrape(runs["slot_limit"].metrics)
+    missed = sum(s.value for s in page.samples
+                 if s.name == "phasewatch_slo_requests_total"
+                 and s.labels.get("outcome") == "missed")
+    assert missed >= ttft["missed"], (missed, ttft)  # the window's misses are all counted
+
+    mixed = runs["mixed"].roofline["verdict"]
+    slo = mixed["evidence"]["slo"]
+    tpot = slo["objectives"]["tpot"]
+    print("mixed", json.dumps(tpot), "\n", mixed["text"])
+    assert tpot["missed_share"] >= 0.05, tpot
+    w = tpot["without_prefill"]
+    assert w["misses_weighed"] >= 5 and w["would_meet_without_prefill"] >= 0.5, tpot
+    assert w["decode_shared_missed"] > w["decode_shared_met"], tpot
+    assert ("would have met it without the prefill chunks sharing their decode steps. "
+            "Prefill interference: a decode step shared with prefill takes") in mixed["text"], \
+        mixed["text"]
+    assert (mixed["phase"], mixed["cause"]) == ("decode", "prefill_interference"), mixed

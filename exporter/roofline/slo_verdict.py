@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from phasewatch.requests.objectives import MET, MISS_PHASES, MISSED, OBJECTIVES, UNKNOWN, Objectives
+from phasewatch.roofline.cause import Cause
 
 MIN_REQUESTS = 20  # judged requests in the window before objectives rank the phase
 MATERIAL_MISS = 0.05  # an objective missed by this share of requests ranks by misses
@@ -102,6 +103,8 @@ def _without_prefill(outcome: np.ndarray, decode: dict, seconds: float | None) -
     return {"misses_weighed": int(missed.sum()),
             "would_meet_without_prefill": float((alone <= seconds).mean()) if alone.size
             else None, "slowdown": fit["slowdown"],
+            "tpot_without_prefill": fit["tpot_without_prefill"],
+            "tpot_sharing_every_step": fit["tpot_sharing_every_step"],
             "decode_shared_missed": float(shared[missed].mean()) if missed.any() else None,
             "decode_shared_met": float(shared[met].mean()) if met.any() else None}
 
@@ -113,8 +116,27 @@ def interference_told(fig: dict) -> str:
     if not w or w["misses_weighed"] < MIN_TOLD or (w["would_meet_without_prefill"] or 0) < MOSTLY:
         return ""
     return (f"{w['would_meet_without_prefill']:.0%} of those would have met it without the "
-            f"prefill chunks sharing their decode steps (prefill interference: a shared step "
-            f"takes {w['slowdown']:.1f}x one that is not)")
+            "prefill chunks sharing their decode steps")
+
+
+def interference_cause(slo: dict | None, phase: str) -> Cause | None:
+    """With decode ranked by TPOT misses that prefill chunks made (``interference_told``),
+    the cause is prefill interference, whatever share of decode time the sharing takes
+    overall (``cause.INTERFERENCE_LOST`` judges a decode without objectives); None
+    otherwise."""
+    fig = (slo or {}).get("objectives", {}).get("tpot")
+    if phase != "decode" or (slo or {}).get("phase") != "decode" or not fig or \
+            fig["missed_share"] < MATERIAL_MISS or not interference_told(fig):
+        return None
+    w = fig["without_prefill"]
+    return Cause("prefill_interference",
+                 f"Prefill interference: a decode step shared with prefill takes "
+                 f"{w['slowdown']:.1f}x one that is not (TPOT "
+                 f"{w['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
+                 f"{w['tpot_without_prefill'] * 1e3:.1f} ms), and the requests that missed "
+                 f"their TPOT spent {w['decode_shared_missed']:.0%} of their decode beside "
+                 f"prefills against {w['decode_shared_met'] or 0:.0%} for those that met it",
+                 "records", {"tpot_objective": w})
 
 
 def rank(slo: dict | None, shares: dict, previous=None, hysteresis: float = 0.05

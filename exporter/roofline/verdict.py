@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
 
@@ -238,6 +239,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
                        (0.5 + 0.5 * util_margin), 3)
     cause = diagnose(phase) if diagnose is not None else None
+    if cause is None or cause.name == "compute_saturated":  # objectives know better
+        cause = slo_interference(slo, phase) or cause
     if cause is not None and cause.resource is not None:
         resource = cause.resource
     if resource == "unknown":
