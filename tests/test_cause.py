@@ -113,6 +113,15 @@ def test_waiting_neither_pinned_nor_full_is_a_busy_engine():
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
     assert v.cause.name == "compute_saturated" and v.resource == "capacity"
     assert v.levers == ("more replicas", "admission control", "disaggregated prefill/decode")
+    # what was looked for and not found, not a claim there is none; interference only
+    # slows decode, so a queue does not rule it out
+    assert "with no full KV cache or slot limit seen: its own work fills it" in v.text, v.text
+    blind = state(max_running=30.0, running_at_max_share=0.1, mean_waiting=3.0,
+                  waiting_share=0.8, preemptions=0.0)
+    cause = diagnose("decode", estimate(DECODE), DEP, records(), blind)
+    assert cause.name == "compute_saturated" and cause.text.endswith(
+        "with no slot limit or prefill interference seen (KV-cache usage unknown): its own "
+        "work fills it"), cause
 
 
 def test_an_idle_engine_gets_no_cause():

@@ -302,11 +302,14 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         if cause is not None:
             return cause
     if busy is not None and busy >= BUSY:
-        ruled_out = ("no full KV cache, slot limit or prefill interference"
-                     if state.get("max_kv_usage") is not None else
-                     "no slot limit or prefill interference seen (KV-cache usage unknown)")
+        # what was looked for and not found: prefill interference only slows decode
+        seen = [*(["full KV cache"] if state.get("max_kv_usage") is not None else []),
+                "slot limit", *(["prefill interference"] if phase == "decode" else [])]
+        ruled_out = (", ".join(seen[:-1]) + " or " + seen[-1]) if len(seen) > 1 else seen[0]
+        unknown = " (KV-cache usage unknown)" if state.get("max_kv_usage") is None else ""
         return Cause("compute_saturated", f"Engine busy {_pct(busy)} of the window, with "
-                     f"{ruled_out}: its own work fills it", source, {"busy_share": busy})
+                     f"no {ruled_out} seen{unknown}: its own work fills it", source,
+                     {"busy_share": busy})
     return None
 
 
