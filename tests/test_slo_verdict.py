@@ -146,12 +146,15 @@ def test_an_idle_engine_missing_objectives_is_not_told_nothing_to_fix():
                                "Nothing to fix: the engine had a request"), met.text
 
 
-def _scenario_verdict(name: str, seconds: float = 240.0):
+def _scenario_verdict(name: str, seconds: float = 240.0, objectives: str | None = None):
+    """A scenario's verdict after ``seconds``, judged against its own objectives or
+    ``objectives`` (``--slo``'s spelling)."""
     sc = SCENARIOS[name]
     engine = sc.build(seed=1)
     records = engine.run(seconds, epoch=1_700_000_000.0)
     window = RollingWindow(120.0, capacity=100_000)
-    agg = Aggregator(window=window, objectives=ObjectivesByModel(sc.objectives))
+    agg = Aggregator(window=window, objectives=ObjectivesByModel(
+        sc.objectives if objectives is None else parse_objectives(objectives)))
     agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
     monitor = BottleneckMonitor(window, agg.labels, Deployments(
         [Deployment(sc.model, engine.model, engine.hw)]), span=120.0)
@@ -209,25 +212,12 @@ def test_the_demo_summary_line_shows_goodput():
     assert _goodput(None) == ""
 
 
-def _verdict_with(name: str, objectives: str, seconds: float = 240.0):
-    """``_scenario_verdict`` with other objectives than the scenario's own."""
-    sc = SCENARIOS[name]
-    engine = sc.build(seed=1)
-    records = engine.run(seconds, epoch=1_700_000_000.0)
-    window = RollingWindow(120.0, capacity=100_000)
-    agg = Aggregator(window=window, objectives=ObjectivesByModel(parse_objectives(objectives)))
-    agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
-    monitor = BottleneckMonitor(window, agg.labels, Deployments(
-        [Deployment(sc.model, engine.model, engine.hw)]), span=120.0)
-    [result] = monitor.update()
-    return result.verdict
-
 
 def test_tpot_misses_from_prefill_chunks_are_put_down_to_interference():
     """In the simulated chat every decode step that carries a prefill chunk is slower, so
     the requests that missed a tight TPOT objective are the ones whose decode ran beside
     others' prefills: without the fitted cost of that sharing most would have met it."""
-    v = _verdict_with("chat", "tpot:8.5")
+    v = _scenario_verdict("chat", objectives="tpot:8.5")
     tpot = v.evidence["slo"]["objectives"]["tpot"]
     w = tpot["without_prefill"]
     print(tpot["missed_share"], w)
@@ -243,7 +233,7 @@ def test_tpot_misses_from_prefill_chunks_are_put_down_to_interference():
     # time for the cause without objectives (cause.INTERFERENCE_LOST)
     assert v.cause.name == "prefill_interference", v.cause
     assert any("--max-num-batched-tokens" in lever for lever in v.levers), v.levers
-    plain = _verdict_with("chat", "ttft:500")
+    plain = _scenario_verdict("chat", objectives="ttft:500")
     assert plain.phase == "decode" and (plain.cause is None or
                                         plain.cause.name != "prefill_interference"), plain.text
 
@@ -251,7 +241,7 @@ def test_tpot_misses_from_prefill_chunks_are_put_down_to_interference():
 def test_tpot_misses_not_from_prefill_chunks_are_not_put_down_to_them():
     """long_generation's decodes hardly ever run beside a prefill: its TPOT misses are
     the decode steps' own, and the verdict does not blame interference."""
-    v = _verdict_with("long_generation", "tpot:8.6")
+    v = _scenario_verdict("long_generation", objectives="tpot:8.6")
     tpot = v.evidence["slo"]["objectives"]["tpot"]
     print(tpot["missed_share"], tpot.get("without_prefill"))
     assert tpot["missed_share"] >= MATERIAL_MISS
