@@ -96,8 +96,12 @@ def report(runs: dict[str, WorkloadRun]) -> None:
 
 def bytes_ratio(f: dict) -> float:
     """phasewatch's decode bytes against vLLM's read + write bytes less what the records
-    put on prefill (vLLM's counters have no phase split)."""
-    theirs = (f.get("vllm_bytes") or 0.0) - (f.get("inferred_prefill_bytes") or 0.0)
+    put on prefill (vLLM's counters have no phase split). A step that carries decode
+    tokens and a prefill chunk reads the weights once, and phasewatch puts that read on
+    both phases (estimate.py's docstring): the prefill weights read in steps shared with
+    decode are vLLM's decode bytes too, so they are not taken off."""
+    shared = f.get("prefill_weight_bytes_shared_with_decode") or 0.0
+    theirs = (f.get("vllm_bytes") or 0.0) - (f.get("inferred_prefill_bytes") or 0.0) + shared
     return (f.get("inferred_decode_bytes") or 0.0) / theirs if theirs > 0 else float("nan")
 
 

@@ -98,8 +98,9 @@ def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, c
     nbytes = tokens * model_costs.kv_bytes_per_token(dep.model)
     d = est.decode
     decode = phase_estimate(dep, d.busy_seconds, d.flops + flops, d.bytes + nbytes,
-                            d.requests, source=d.source)
-    inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes}}
+                            d.requests, source=d.source, weight_bytes=d.weight_bytes)
+    inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes,
+                                           "weight_bytes": decode.weight_bytes}}
     inputs = {**est.inputs, "recompute": "engine_preemptions x mean_prompt"}
     return replace(est, decode=decode, inferred=inferred, recompute_flops=flops,
                    inputs=inputs)

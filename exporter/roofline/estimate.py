@@ -115,6 +115,7 @@ class PhaseEstimate:
     # achieved / datasheet ceiling where it is over 1: the ceiling is wrong (another
     # dtype's, another part's); the utilization is then not given
     ceiling_exceeded: dict[str, float] = field(default_factory=dict)
+    weight_bytes: float = 0.0  # the weights' part of ``bytes`` (read once per step)
 
 
 @dataclass
@@ -165,7 +166,7 @@ def inside_fraction(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) 
 
 
 def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n: int,
-                   source: str = "inferred") -> PhaseEstimate:
+                   source: str = "inferred", weight_bytes: float = 0.0) -> PhaseEstimate:
     """Achieved rates, utilizations and intensity of ``flops``/``nbytes`` over ``busy``."""
     fps = flops / busy
     bps = nbytes / busy
@@ -178,7 +179,7 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
         flops_utilization=None if "flops" in exceeded else mfu,
         bandwidth_utilization=None if "bandwidth" in exceeded else mbu,
         arithmetic_intensity=flops / nbytes if nbytes else math.inf, requests=n, source=source,
-        ceiling_exceeded=exceeded)
+        ceiling_exceeded=exceeded, weight_bytes=weight_bytes)
 
 
 def _reported_steps(steps: dict | None, lo: float, hi: float):
@@ -239,7 +240,8 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
     tokens = (out - 1) * f
     flops = 2.0 * m.active_params * tokens.sum() + model_costs.attention_flops_per_context_token(
         m) * float((context * (out - 1) / n_tokens).sum())
-    return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum())), batch, step
+    return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()),
+                          weight_bytes=weights), batch, step
 
 
 def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
@@ -270,7 +272,7 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     weights = n_steps * float(model_costs.weight_bytes_read(m, (uncached * f).sum() / n_steps))
     kv = model_costs.kv_bytes_per_token(m) * float(((uncached + cached) * f).sum())
     inputs["prefill_steps"] = "distinct_first_token_times+chunks"
-    return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()))
+    return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()), weight_bytes=weights)
 
 
 def _shares(c: dict) -> dict[str, float] | None:
@@ -325,7 +327,7 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
             shared = {"decode": prefill.flops * overlap / prefill.busy_seconds,
                       "prefill": decode.flops * overlap / decode.busy_seconds}
     in_range = (end >= lo) & (end <= hi)
-    inferred = {name: {"flops": p.flops, "bytes": p.bytes}
+    inferred = {name: {"flops": p.flops, "bytes": p.bytes, "weight_bytes": p.weight_bytes}
                 for name, p in (("prefill", prefill), ("decode", decode)) if p is not None}
     return RooflineEstimate(
         model=model, engine=engine, range_start=lo, range_end=hi,

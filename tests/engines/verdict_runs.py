@@ -272,6 +272,12 @@ def figures(run: WorkloadRun) -> dict:
     inferred = est.get("inferred") or {}
     flops = {p: (inferred.get(p) or {}).get("flops") for p in ("prefill", "decode")}
     nbytes = {p: (inferred.get(p) or {}).get("bytes") for p in ("prefill", "decode")}
+    # the share of prefill's steps that carried decode tokens too: the time both phases
+    # ran over prefill's busy time (estimate.py: shared_step_flops["decode"] is prefill's
+    # FLOPs x that share)
+    pre = inferred.get("prefill") or {}
+    both = (est.get("shared_step_flops") or {}).get("decode", 0.0)
+    shared_share = min(both / pre["flops"], 1.0) if pre.get("flops") else 0.0
     vllm_flops = s.increase("vllm:estimated_flops_per_gpu_total", lo, hi)
     vllm_bytes = (s.increase("vllm:estimated_read_bytes_per_gpu_total", lo, hi)
                   + s.increase("vllm:estimated_write_bytes_per_gpu_total", lo, hi))
@@ -280,6 +286,8 @@ def figures(run: WorkloadRun) -> dict:
         "inferred_flops": sum(v for v in flops.values() if v),
         "vllm_flops": vllm_flops,
         "inferred_decode_bytes": nbytes["decode"], "inferred_prefill_bytes": nbytes["prefill"],
+        "prefill_weight_bytes_shared_with_decode": (pre.get("weight_bytes") or 0.0)
+        * shared_share,
         "vllm_bytes": vllm_bytes,
         "preemptions": s.increase("vllm:num_preemptions_total", lo, hi),
         "max_kv_usage": max(s.during("vllm:kv_cache_usage_perc", lo, hi), default=None),
