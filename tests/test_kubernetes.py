@@ -50,7 +50,10 @@ from tests.conftest import require_binary, terminate, wait_for
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
-SIDECAR_OVERLAYS = [o for o in OVERLAYS if o != "gateway"]
+# The central overlay: the OpenTelemetry Collector in front of phasewatch replicas
+# (tests/test_kubernetes_fleet.py); every other overlay is a server with its sidecar.
+FLEET = "gateway"
+SIDECAR_OVERLAYS = [o for o in OVERLAYS if o != FLEET]
 # Copy-paste examples (examples/<name>): phasewatch added to a Deployment the user runs.
 EXAMPLES = sorted(f"examples/{p.name}" for p in (K8S / "examples").iterdir())
 # Everything with a phasewatch sidecar beside a server.
@@ -368,7 +371,7 @@ def test_a_hugging_face_token_is_optional(target):
                 assert [e["name"] for e in refs] == ["HF_TOKEN"], c["name"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
 def test_the_dashboard_reads_an_exporter_its_overlay_deploys(overlay, tmp_path):
     """The in-cluster dashboard needs no Prometheus: its --exporter URL is a Service of
     the overlay whose port reaches an exporter's HTTP port; the dashboard's own Service
@@ -644,36 +647,7 @@ def test_tap_started_as_the_manifest_says_is_ready_when_the_server_is(overlay, t
         fake.server_close()
 
 
-def test_gateway_receives_what_the_servers_send(tmp_path):
-    docs = render("gateway")
-    deployments = {d["metadata"]["name"]: d for d in of_kind(docs, "Deployment")}
-    gateway = container(deployments["phasewatch-gateway"], "phasewatch")
-    cfg = serve_config(*localised(docs, gateway, tmp_path))
-    assert cfg.pod_label and cfg.otlp_grpc_host == "0.0.0.0"
-    assert {m.served_model_name for m in cfg.models} >= {"meta-llama/Llama-3.1-8B-Instruct"}
-    (service,) = [s for s in of_kind(docs, "Service")
-                  if s["metadata"]["name"] == "phasewatch-gateway"]
-    by_port = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
-    engine, server = _server(deployments["vllm-qwen"])
-    host, port = _otlp_endpoint(server, engine)
-    assert host == "phasewatch-gateway" and ports(gateway)[by_port[port]] == cfg.otlp_grpc_port
-    env = {e["name"]: e for e in server["env"]}
-    assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME)"
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    # A central exporter cannot reach every replica's /metrics: its cause comes from the
-    # records, and nothing points it at one pod's engine.
-    assert not cfg.model_flags.engine_metrics_url
-    assert not any(m.engine_metrics_url for m in cfg.models)
-    # The service name the server sets maps to a configured model: the one it loads.
-    mapped = dict(p.split("=") for p in cfg.otlp_model_map.split(","))
-    served = mapped[env["OTEL_SERVICE_NAME"]["value"]]
-    (options,) = [m for m in cfg.models if m.served_model_name == served]
-    model = _engine_model(engine, server)
-    assert served == (_arg(server, "--served-model-name") or model)
-    assert resolve(options).model.name == catalog.model(model).name
-
-
-@pytest.mark.parametrize("target", [*SIDECARS, "gateway"])
+@pytest.mark.parametrize("target", [*SIDECARS, FLEET])
 def test_exporter_started_as_the_manifest_says_answers_its_probes(target, tmp_path):
     """`phasewatch serve` with the container's args and env (ports moved to free ones,
     as two overlays cannot share 9464 on one test machine) passes its own probes and
