@@ -55,11 +55,15 @@ WORKLOADS = {
 }
 # Latency objectives (--slo) per workload, proving the verdict's first sentence on the
 # real engine: the slot limit's queued requests miss TTFT 500 ms in the queue; the mixed
-# workload's decodes miss a TPOT objective a quarter above what this engine decodes at
-# alone (decode_heavy's TPOT p50, batch 8: never faster than mixed's 4 to 6) where
-# prefill chunks share their steps. The others run without objectives.
+# workload's decodes miss a TPOT objective half again above what this engine decodes at
+# without prefills beside it (decode_heavy's TPOT p50) where prefill chunks share their
+# steps. At 1.25x some decodes missed it by their own jitter (mixed's own fit put its
+# TPOT without prefills at 1.08x decode_heavy's p50: the objective sat 16 % above it and
+# 64 % of the misses were the chunks'); at 1.5x a decode misses only when prefill chunks
+# shared a fifth or more of its steps (a shared step costs 2.4-3.1x). The others run
+# without objectives.
 SLO_TTFT = {"slot_limit": "ttft:500"}
-SLO_TPOT_OVER_ALONE = {"mixed": 1.25}
+SLO_TPOT_OVER_ALONE = {"mixed": 1.5}
 
 
 def objectives(name: str, earlier: list[WorkloadRun]) -> tuple[str, ...]:
