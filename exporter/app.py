@@ -31,6 +31,7 @@ from phasewatch.publish.families import Exposure
 from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
 from phasewatch.publish.slo_metrics import SloCollector
+from phasewatch.requests.sampling import TraceSampling
 from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
@@ -130,7 +131,8 @@ class Exporter:
             emitter = PhaseSpanEmitter(config.otlp_export_endpoint)
         self.otlp = OtlpIngest(self.trace_join, AdapterContext(
             default_model=config.default_model or single,
-            service_models=config.service_models()), emitter=emitter,
+            service_models=config.service_models(),
+            sampling=TraceSampling(config.trace_sample_ratio)), emitter=emitter,
             join_wait=config.otlp_join_wait)
         self.joiner = LifecycleJoiner(self.trace_join, ttl=config.lifecycle_ttl,
                                       grace=config.lifecycle_grace,

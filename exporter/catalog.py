@@ -97,13 +97,21 @@ TOKENS = Family("phasewatch_tokens_total", "counter",
                 ("kind",), True)
 REQUESTS = Family("phasewatch_requests_total", "counter",
                   "Finished requests accepted, by finish reason.", ("finish_reason",), True)
+# trace sampling (phasewatch.requests.sampling): requests and tokens count each sampled
+# request 1/p times; these say how many came and what was ignored
+SAMPLING_NEEDS = "trace sampling seen (a span's ot=th below 100 %, or --trace-sample-ratio)"
+SAMPLED_REQUESTS = Family("phasewatch_sampled_requests_total", "counter",
+                          "Finished requests accepted as received, each once: requests_total "
+                          "counts each 1/its trace sampling probability times.",
+                          ("finish_reason",), True, needs=SAMPLING_NEEDS)
 
 # aggregator key (phasewatch.aggregation.aggregate) -> family
 HISTOGRAMS: dict[str, Family] = {
     "ttft": TTFT, "tpot": TPOT, "e2e": E2E, "itl": ITL, "itl_per_token": ITL_PER_TOKEN,
     "phase": PHASE_DURATION, "prefill_spt": PREFILL_SECONDS_PER_TOKEN,
     "decode_tps": DECODE_TOKENS_PER_SECOND, "clock_skew": CLOCK_SKEW}
-COUNTERS: dict[str, Family] = {"tokens": TOKENS, "requests": REQUESTS}
+COUNTERS: dict[str, Family] = {"tokens": TOKENS, "requests": REQUESTS,
+                               "sampled_requests": SAMPLED_REQUESTS}
 
 
 # ---- latency objectives (phasewatch.aggregation.slo, phasewatch.publish.slo_metrics) ----
@@ -173,10 +181,13 @@ TLS_RELOADS = _self("phasewatch_tls_reloads_total",
 PHASE_UNAVAILABLE = _self("phasewatch_phase_unavailable_total",
                           "Accepted requests for which a phase could not be derived, by reason.",
                           "phase", "reason")
+SAMPLING_IGNORED = _self("phasewatch_trace_sampling_ignored_total",
+                         "Request spans whose sampling threshold (ot=th) was ignored as "
+                         "unusable, by reason.", "reason")._replace(needs=SAMPLING_NEEDS)
 SELF_COUNTERS = (INGEST_BATCHES, INGEST_REQUESTS, INGEST_ACCEPTED, INGEST_REJECTED,
                  INGEST_REFUSED, INGEST_DROPPED, LIFECYCLE_EVENTS, LABEL_OVERFLOW, OTLP_SPANS,
                  OTLP_JOINED, TRACE_JOIN, ENGINE_SCRAPES, AUTH_REFUSED, TLS_RELOADS,
-                 PHASE_UNAVAILABLE)
+                 PHASE_UNAVAILABLE, SAMPLING_IGNORED)
 
 
 # ---- the exporter's own gauges (read from its parts at scrape) --------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
+from phasewatch.requests.sampling import MIN_PROBABILITY
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.transport.admission import container_memory_limit
 
@@ -94,6 +95,9 @@ SERVE_OPTIONS = (
            "tracing engine behind it is counted at once); 0: no join", 0, 3600),
     Option("trace_join_max_pending", int, 20_000, "cap on rows waiting for their other "
            "side; past it the oldest is counted alone", 1, 10_000_000),
+    Option("trace_sample_ratio", float, 1.0, "probability traces were sampled with where the "
+           "sampler writes no ot=th in tracestate (a span's own wins): request and token "
+           "counters count each request 1/R times, histograms once", MIN_PROBABILITY, 1),
     Option("source_label", bool, False, "label series with source: tap, engine or joined "
            "(who saw the request: the stream tap in front of the engine, the engine, both)"),
     Option("tap_upstream", str, "", "run the stream tap in this process in front of this "
@@ -191,6 +195,7 @@ class ServeConfig:
     otlp_join_wait: float = 10.0
     trace_join_wait: float = 10.0
     trace_join_max_pending: int = 20_000
+    trace_sample_ratio: float = 1.0
     source_label: bool = False
     tap_upstream: str = ""
     tap_host: str = "127.0.0.1"
@@ -276,9 +281,7 @@ def _coerce(option: Option, value: Any, source: str) -> Any:
 
 
 def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
+    text = str(value).strip().lower()  # True and False too ("true", "false")
     if text in ("1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off"):
@@ -301,7 +304,8 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("tap_upstream", "tap_host", "tap_port", "tap_engine")),
     ("model names and joins", "how spans are named and joined into requests",
      ("default_model", "otlp_model_map", "otlp_join_wait", "trace_join_wait",
-      "trace_join_max_pending", "lifecycle_ttl", "lifecycle_grace", "lifecycle_max_pending")),
+      "trace_join_max_pending", "trace_sample_ratio", "lifecycle_ttl", "lifecycle_grace",
+      "lifecycle_max_pending")),
     ("labels and series", "what /metrics carries, and its bounds",
      ("pod_label", "max_pods", "source_label", "max_series", "prompt_class_label",
       "classic_buckets")),

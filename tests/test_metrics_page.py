@@ -137,9 +137,11 @@ def test_the_documented_budget_is_what_a_page_carries():
                 "coarse": k * (len(coarse(fam.buckets).bounds) + 3),
                 "both": nk * (len(coarse(fam.buckets).bounds) + 3)}
         assert table[name] == want, (name, table.get(name), want)
-    counters = sum(len(v) for _, v in COUNTERS.values())
+    counters = sum(len(COUNTERS[k][1]) for k in ("tokens", "requests"))
     assert set(table["phasewatch_tokens_total, phasewatch_requests_total"].values()) == {
         counters}
+    assert set(table["phasewatch_sampled_requests_total"].values()) == {  # sampled traces
+        len(COUNTERS["sampled_requests"][1])}
     total = {c: sum(row[c] for name, row in table.items() if name != "total")
              for c in ("full", "no_class", "coarse", "both")}
     assert table["total"] == total, (table["total"], total)

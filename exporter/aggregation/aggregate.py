@@ -5,7 +5,9 @@
 across a batch: phases, bucketing and ``np.bincount`` run unlocked; the lock only
 guards adding the small per-series arrays into the running totals. Readers (the Prometheus
 collector, the JSON API) take ``snapshot()`` copies. Nothing here knows about
-Prometheus or protobuf.
+Prometheus or protobuf. Histograms count every accepted request once; request and token
+counters (and the objectives' counts) count a request whose trace was sampled as the
+requests it stands for (``RequestBatch.weight``: 1 / its sampling probability).
 """
 
 from __future__ import annotations
@@ -182,12 +184,17 @@ class Aggregator:
         partials = self._partials(batch, ph, ls, n_ls, gaps, token_gaps)
         tokens = self._token_counts(batch, kept, ls, n_ls)
         reasons = finish_reason_codes(batch)
-        requests = np.bincount(ls[kept] * len(FINISH_REASONS) + reasons[kept],
+        # requests (and tokens) count each row as the requests it stands for (its trace
+        # was sampled: ``RequestBatch.weight``); sampled_requests each once, as received
+        cell = ls[kept] * len(FINISH_REASONS) + reasons[kept]
+        sampled = np.bincount(cell, minlength=n_ls * len(FINISH_REASONS)).reshape(n_ls, -1)
+        requests = np.bincount(cell, weights=batch.weight[kept],
                                minlength=n_ls * len(FINISH_REASONS)).reshape(n_ls, -1)
         with self._lock:
             for key, (counts, sums, part) in partials.items():
                 self._hists[key].add(counts, sums, part)
-            for key, delta in (("tokens", tokens), ("requests", requests)):
+            for key, delta in (("tokens", tokens), ("requests", requests),
+                               ("sampled_requests", sampled)):
                 self._counters[key] = _grow_rows(self._counters[key], n_ls)
                 self._counters[key][:n_ls] += delta
         judged = (None if self.slo is None
@@ -238,7 +245,8 @@ class Aggregator:
         once = kept & ~batch.prompt_shared  # a shared prompt was counted with its first sequence
         for j, col in enumerate(cols):
             known = (once if j < 2 else kept) & (col >= 0)
-            out[:, j] = np.bincount(ls[known], weights=col[known], minlength=n_ls)
+            out[:, j] = np.bincount(ls[known], weights=col[known] * batch.weight[known],
+                                    minlength=n_ls)
         return out
 
     def snapshot(self) -> Snapshot:

@@ -7,7 +7,9 @@ judged against its prompt's class's). Counted exactly per request
 (``requests.objectives.judge``), never read off histogram buckets. What is kept, per
 label set: requests by (objective, outcome), good requests (every objective set met),
 and misses by (objective, the phase that took the largest part); the rolling window gets
-per-row columns (``window_columns``) for goodput over it.
+per-row columns (``window_columns``) for goodput over it. A request whose trace was
+sampled counts as the requests it stands for (``RequestBatch.weight``), as in
+``phasewatch_requests_total``, so goodput and attainment read against the same total.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ class SloCounts:
         self._lock = threading.Lock()
         # per label set and prompt_class_codes code, seconds (NaN: not set)
         self._thresholds = np.zeros((0, N_CLS, N_OBJ))
-        self._outcomes = np.zeros((0, N_OBJ, N_OUT), dtype=np.int64)
-        self._good = np.zeros(0, dtype=np.int64)
-        self._missed = np.zeros((0, N_OBJ, N_PH), dtype=np.int64)
+        # weighted counts (float: a sampled request counts 1/p)
+        self._outcomes = np.zeros((0, N_OBJ, N_OUT))
+        self._good = np.zeros(0)
+        self._missed = np.zeros((0, N_OBJ, N_PH))
         self._seen = np.zeros(0, dtype=bool)  # label sets with objectives and requests
         self._models: list[str] = []  # the model label of each label set with thresholds
         self._objectives: list[Objectives] = []  # and its objectives
@@ -83,18 +86,19 @@ class SloCounts:
         if not (kept[:, None] & ~np.isnan(rows)).any():
             return None
         j = judge(batch, ph, np.where(kept[:, None], rows, np.nan))
-        k_ls = ls[kept]
+        k_ls, w = ls[kept], batch.weight[kept]
         outcome, phase = j.outcome[kept], j.phase[kept]
-        outcomes = np.zeros((n_ls, N_OBJ, N_OUT), dtype=np.int64)
-        missed = np.zeros((n_ls, N_OBJ, N_PH), dtype=np.int64)
+        outcomes = np.zeros((n_ls, N_OBJ, N_OUT))
+        missed = np.zeros((n_ls, N_OBJ, N_PH))
         for i in range(N_OBJ):
             on = outcome[:, i] >= 0
-            outcomes[:, i] = np.bincount(k_ls[on] * N_OUT + outcome[on, i],
+            outcomes[:, i] = np.bincount(k_ls[on] * N_OUT + outcome[on, i], weights=w[on],
                                          minlength=n_ls * N_OUT).reshape(n_ls, N_OUT)
             hit = phase[:, i] >= 0
-            missed[:, i] = np.bincount(k_ls[hit] * N_PH + phase[hit, i],
+            missed[:, i] = np.bincount(k_ls[hit] * N_PH + phase[hit, i], weights=w[hit],
                                        minlength=n_ls * N_PH).reshape(n_ls, N_PH)
-        good = np.bincount(k_ls[j.good[kept]], minlength=n_ls)
+        good_rows = j.good[kept]
+        good = np.bincount(k_ls[good_rows], weights=w[good_rows], minlength=n_ls)
         seen = np.bincount(k_ls[(outcome >= 0).any(axis=1)], minlength=n_ls) > 0
         with self._lock:
             self._grow(n_ls)

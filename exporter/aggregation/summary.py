@@ -23,6 +23,13 @@ from phasewatch.requests.objectives import OBJECTIVES, OUTCOMES, Objectives
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
+def whole(x) -> int | float:
+    """A count as an int where it is whole (every request counted once), else the float a
+    sampled request's weight made it (an estimate of the requests it stands for)."""
+    x = float(x)
+    return int(x) if x.is_integer() else x
+
+
 @dataclass(frozen=True)
 class Quantiles:
     """Mean, p50/p90/p95/p99 and count of some values (None where there are none)."""
@@ -106,9 +113,9 @@ class ObjectiveFigures:
 
     objective: str
     seconds: float | None
-    met: int
-    missed: int
-    unknown: int
+    met: int | float  # weighted as the counters (``whole``)
+    missed: int | float
+    unknown: int | float
     by_prompt_class: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -129,19 +136,19 @@ class SloFigures:
     """Goodput over the window: requests that met every objective set, per second of the
     window's covered time (the request rate's duration), and each objective's figures."""
 
-    good_requests: int
+    good_requests: int | float  # weighted as the counters (``whole``)
     goodput: float  # good requests per second
     good_ratio: float | None  # good / requests
     objectives: list[ObjectiveFigures]
 
     @classmethod
-    def of(cls, objectives: Objectives, flags, covered: float, requests: int
+    def of(cls, objectives: Objectives, flags, covered: float, requests: float
            ) -> SloFigures | None:
         """From the window's summed flags (good, then met/missed/unknown per objective,
         ``aggregation.slo.window_columns``); None when the label set has no objectives."""
         if not objectives:
             return None
-        flags = [int(x) for x in flags]
+        flags = [whole(x) for x in flags]
         per = []
         judged = objectives.judged()
         for i, name in enumerate(OBJECTIVES):
@@ -168,9 +175,10 @@ class SeriesSummary:
     engine: str
     more: dict[str, str]  # the label set's other labels (pod, source) where it has them
     covered_seconds: float
-    requests: int
-    prompt_tokens: int
-    output_tokens: int
+    # weighted: a request whose trace was sampled counts 1/p (``whole``), as on /metrics
+    requests: int | float
+    prompt_tokens: int | float
+    output_tokens: int | float
     ttft: Quantiles
     tpot: Quantiles
     e2e: Quantiles
@@ -182,8 +190,18 @@ class SeriesSummary:
     itl_per_token_count: int
     phase_time_share: dict[str, float | None]
     ttft_by_prompt_class: list[PromptClassFigures]
-    sampled_requests: int
+    sampled_requests: int  # the ring's requests behind the quantiles
+    received_requests: int | None = None  # requests as received, each once (None: requests)
     slo: SloFigures | None = None  # with objectives (--slo) for the label set's model
+
+    def trace_sampling(self) -> dict | None:
+        """Where requests were weighted (their traces sampled): the requests received and
+        their share of the requests they stand for; None where every one counted once."""
+        got = self.received_requests
+        if got is None or got == self.requests:
+            return None
+        return {"received_requests": got,
+                "sampled_share": got / self.requests if self.requests else None}
 
     @property
     def request_rate(self) -> float:
@@ -216,6 +234,7 @@ class SeriesSummary:
             "phase_time_share": self.phase_time_share,
             "ttft_by_prompt_class": [c.as_dict() for c in self.ttft_by_prompt_class],
             "sampled_requests": self.sampled_requests,
+            **({"trace_sampling": self.trace_sampling()} if self.trace_sampling() else {}),
             **({"slo": self.slo.as_dict()} if self.slo is not None else {}),
         }
 

@@ -14,7 +14,10 @@ trace and parent) are one request, counted once with ``source`` = joined:
   queue and prefill (to the first token the client saw), decode to the last;
 * tokens: the engine's counts where it has them (output tokens per sequence), the
   tap's otherwise (cached prompt tokens, which vLLM's span lacks); the finish reason the
-  client saw; the engine's request id, engine name, KV transfer and pod.
+  client saw; the engine's request id, engine name, KV transfer and pod;
+* weight: the tap's (1): the tap records every request it passes, so a joined request
+  counts once even when the engine's trace was sampled (its span's weight is 1/p: the
+  requests it stands for include the tap-only ones counted beside it).
 
 A request with n > 1 sequences has one row per choice on the tap's side and one span
 per sequence on the engine's, with the same traceparent: they are paired in order of
@@ -142,7 +145,7 @@ def joined(pairs: list[tuple[Held, Held]]) -> RequestBatch:
         **first(tap, engine, "arrival", "first_token", "last_token", "finish", "finish_reason",
                 "model"), **first(engine, tap, "pod"), **counts,
         queued=np.where(engine.queued != 0, engine.queued, engine.arrival),
-        choice=tap.choice, source=np.full(n, SOURCE_JOINED),
+        choice=tap.choice, weight=tap.weight, source=np.full(n, SOURCE_JOINED),
     ).gaps(gaps.token_gaps, gaps.gap_counts, gaps.gap_tokens).tolerance(
         both.clock_skew_tolerance_ns).build()
 

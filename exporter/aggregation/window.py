@@ -9,7 +9,9 @@ Two bounded structures, both indexed by label set (model, engine):
   window quantiles of TTFT/TPOT/e2e, phase time shares and the request waterfall;
 * one-second slices of exact counts (requests, prompt and output tokens) and of a
   fine log-linear histogram of pooled ITL gaps, so rates are exact whatever the
-  load and ITL quantiles need no per-gap storage.
+  load and ITL quantiles need no per-gap storage. Counts are weighted as the counters
+  are (a request whose trace was sampled counts 1/p, ``RequestBatch.weight``), so rates
+  agree with ``/metrics``; the requests as received are counted beside them.
 
 Membership is by the requests' own clock: each request counts in the second it
 finished (its finish, else its last token; its ingest time when it has neither or
@@ -40,14 +42,17 @@ from phasewatch.aggregation.summary import (
     SloFigures,
     WindowSummary,
     by_prompt_class,
+    whole,
 )
 from phasewatch.requests.buckets import WINDOW_INDEX
 from phasewatch.requests.gaps import GapCounts
 from phasewatch.requests.record import FINISH_REASONS, NS
 
+# done_at: the second the request counts in (module docstring); weight: the requests it
+# stands for (``RequestBatch.weight``), for the roofline's work
 _RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
                "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at",
-               "done_at")  # done_at: the second the request counts in (module docstring)
+               "done_at", "weight")
 # steps: decode steps a request took (token-gap count when emission times were sent,
 # else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
 _RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
@@ -57,7 +62,9 @@ _RING_SLO = ("slo_outcome", "slo_phase")
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
-_COLUMNS = 5  # per slice: requests, prompt, output tokens, per-token ITL tokens, seconds
+# per slice: requests, prompt, output tokens (weighted), per-token ITL tokens, seconds, and
+# the requests as received (each once)
+_COLUMNS = 6
 FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
 STEP_CAPACITY = 65536
 DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
@@ -98,7 +105,7 @@ class RollingWindow:
         # its ``Objectives``, and per slice the good requests and (objective, outcome)
         # counts (``aggregation.slo.window_columns``)
         self.objectives = None
-        self._slice_slo = np.zeros((self._slots, 0, WINDOW_COLUMNS), dtype=np.int32)
+        self._slice_slo = np.zeros((self._slots, 0, WINDOW_COLUMNS))  # weighted
 
     # ---- writing -------------------------------------------------------------
     def add(self, batch, ph, ls: np.ndarray, n_ls: int, reasons: np.ndarray,
@@ -131,7 +138,7 @@ class RollingWindow:
             "uncached": ph.uncached_prompt_tokens[kept], "output": out,
             "finish_reason": reasons[kept],
             "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
-            "timed": (steps > 0).astype(np.int64),
+            "timed": (steps > 0).astype(np.int64), "weight": batch.weight[kept],
         }
         for c, j in zip(_RING_SLO, ("outcome", "phase"), strict=True):
             rows[c] = (np.full((len(out), N_OBJ), -1, np.int8) if judged is None
@@ -153,10 +160,11 @@ class RollingWindow:
         prompt, output = batch.prompt_tokens[kept], out
         per_token = (ph.itl_counts if ph.token_itl_counts is None
                      else ph.token_itl_counts)[kept]
-        values = np.stack([np.ones(len(k_ls)),
-                           np.where((prompt >= 0) & once, prompt, 0),
-                           np.where(output >= 0, output, 0),
-                           per_token, np.where(per_token > 0, ph.gap_sums[kept], 0.0)], axis=1)
+        w = rows["weight"]
+        values = np.stack([w, np.where((prompt >= 0) & once, prompt, 0) * w,
+                           np.where(output >= 0, output, 0) * w,
+                           per_token, np.where(per_token > 0, ph.gap_sums[kept], 0.0),
+                           np.ones(len(k_ls))], axis=1)
         second = np.floor(done).astype(np.int64)
         with self._lock:
             self._write_ring(rows, ids)
@@ -174,8 +182,8 @@ class RollingWindow:
             sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
                              for j in range(_COLUMNS)], axis=1)
             flags = None if slo is None else np.stack([
-                np.bincount(inverse, weights=col, minlength=len(uniq))
-                for col in slo[kept].T], axis=1).astype(np.int32)
+                np.bincount(inverse, weights=col * w, minlength=len(uniq))
+                for col in slo[kept].T], axis=1)
             for j, (k, row) in enumerate(zip(uniq.tolist(), sums, strict=True)):
                 sec, i = divmod(k, n_ls)
                 slot = self._slot_for(sec, i)
@@ -286,7 +294,7 @@ class RollingWindow:
             itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
             itl_sum = np.zeros(n)
             with_slo = self.objectives is not None
-            flags = np.zeros((n, WINDOW_COLUMNS), dtype=np.int64)
+            flags = np.zeros((n, WINDOW_COLUMNS))
             for slot in np.flatnonzero(live.any(axis=1)).tolist():
                 m = live[slot]
                 counts[m] += self._slice_counts[slot, m]
@@ -310,8 +318,9 @@ class RollingWindow:
             c = counts[i]
             series.append(SeriesSummary(
                 model, engine, dict(zip(names[2:], key[2:], strict=False)),
-                covered_seconds=max(float(covered[i]), 1e-9), requests=int(c[0]),
-                prompt_tokens=int(c[1]), output_tokens=int(c[2]),
+                covered_seconds=max(float(covered[i]), 1e-9), requests=whole(c[0]),
+                prompt_tokens=whole(c[1]), output_tokens=whole(c[2]),
+                received_requests=int(c[5]),
                 ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
                 e2e=Quantiles.of(ring["e2e"][sel]),
                 e2e_to_last_token=Quantiles.of(ring["last_token_at"][sel]
@@ -322,7 +331,7 @@ class RollingWindow:
                 phase_time_share=phase_time_shares(ring, sel),
                 ttft_by_prompt_class=by_prompt_class(ring, sel),
                 sampled_requests=int(sel.sum()),
-                slo=SloFigures.of(self.objectives(key), flags[i], covered[i], int(c[0]))
+                slo=SloFigures.of(self.objectives(key), flags[i], covered[i], c[0])
                 if with_slo else None))
         shown = [s.covered_seconds for s in series]
         return WindowSummary(span, max(shown) if shown else max(min(span, uptime), 1e-9),

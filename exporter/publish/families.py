@@ -119,6 +119,8 @@ def walk(snap: Snapshot) -> Iterator[HistogramRows | CounterCells]:
                             snap.natives.get(spec.key) if spec.native is not None else None)
     for key, (label, values) in COUNTERS.items():
         arr = snap.counters[key]
+        if key == "sampled_requests" and np.array_equal(arr, snap.counters["requests"]):
+            continue  # every weight 1 so far (nothing sampled): the page is as without it
         yield CounterCells(catalog.COUNTERS[key], [*base, label],
                            [([*pairs[i], values[j]], float(arr[i, j]))
                             for i, j in counter_cells(key, arr)])

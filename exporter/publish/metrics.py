@@ -143,8 +143,9 @@ def package_version() -> str:
 
 
 class SelfCollector(Collector):
-    """The exporter's own counters (``SelfStats``), the gauges it is given (catalog
-    family -> its reading) and the build's version."""
+    """The exporter's own counters (``SelfStats``; one with a catalog ``needs`` only once
+    it has counted something), the gauges it is given (catalog family -> its reading)
+    and the build's version."""
 
     def __init__(self, aggregator: Aggregator,
                  gauges: dict[catalog.Family, Callable[[], float]] | None = None):
@@ -158,7 +159,8 @@ class SelfCollector(Collector):
             for (n, label_values), v in sorted(values.items()):
                 if n == f.name:
                     fam.add_metric(list(label_values), float(v))
-            yield fam
+            if fam.samples or not f.needs:  # one that needs a feature: once it counted
+                yield fam
         for f, read in self._gauges.items():
             yield GaugeMetricFamily(f.name, f.help, value=float(read()))
         b = catalog.BUILD_INFO

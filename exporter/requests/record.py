@@ -145,6 +145,10 @@ class RequestBatch:
     # bool per row: an engine span that carries the stream tap's tracestate member
     # (TAP_TRACESTATE_KEY): it came through a tap, whose record of it is coming
     tapped: np.ndarray
+    # float64 per row: the requests this row stands for, 1 / the probability its trace was
+    # sampled with (``requests.sampling``); 1 = not sampled or unknown. Counters add it,
+    # latency histograms do not.
+    weight: np.ndarray
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -224,7 +228,7 @@ COLUMNS = {
     **dict.fromkeys(("prompt_tokens", "cached_prompt_tokens", "output_tokens"),
                     (np.int64, UNKNOWN_COUNT)),
     "choice": (np.int64, 0), "prompt_shared": (bool, None), "kv_transfer": (np.float64, np.nan),
-    "source": (np.int8, SOURCE_ENGINE), "tapped": (bool, False),
+    "source": (np.int8, SOURCE_ENGINE), "tapped": (bool, False), "weight": (np.float64, 1.0),
     "gap_counts": (np.int64, 0),
 }
 PER_ROW = tuple(COLUMNS)

@@ -48,6 +48,13 @@ How each figure is inferred (cost formulas in ``model_costs``):
 * **Range fallback**: while the data is younger than the lag (just after start,
   sparse traffic), a phase can be missing from the lagged range; the range then
   runs to the newest request end (``inputs["range"] = "to_newest_request"``).
+* **Sampled traces** (``weight`` = 1/p per record, ``requests.sampling``): the records
+  are a sample of the requests, so the work is weighted (each record's FLOPs, bytes,
+  tokens, decode time and prefill chunks count w times: unbiased totals; unweighted, a
+  10 % sample undercounts the work 10x). The union of the sample's intervals misses the
+  time only unsampled requests ran, so busy time is estimated (``busy_time``) and the
+  prefill steps seen (distinct first-token times) are scaled by busy over that union.
+  With every weight 1 nothing changes.
 
 Utilizations are against the datasheet's dense peaks x GPUs (the vendors' figures in
 ``catalog/hardware.json``); the measured ceilings (``phasewatch calibrate`` or the
@@ -156,6 +163,30 @@ def union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> 
     return float(np.maximum(reach - np.maximum(before, s), 0.0).sum())
 
 
+def busy_time(starts: np.ndarray, ends: np.ndarray, w: np.ndarray, lo: float,
+              hi: float) -> tuple[float, float]:
+    """(busy seconds, the intervals' union) inside [lo, hi]. With every weight 1 (all
+    requests seen) busy is the union. With sampled records the union only bounds it from
+    below, and busy is estimated as D^2 / Q: D = sum(w d) the phase time summed over the
+    requests and Q = integral of c^2 dt (c: requests in the phase at t), both estimated
+    without bias from the sample (Q as the integral of the weighted count squared, less its
+    sampling variance sum(w (w - 1) d)). By Cauchy-Schwarz D^2 / Q <= busy, equal where c
+    is constant while busy (a steady load); kept between the union and the range."""
+    union = union_length(starts, ends, lo, hi)
+    if not len(w) or np.all(w == 1.0):
+        return union, union
+    s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    inside = e > s  # (not NaN, and some of it in the range)
+    s, e, w = s[inside], e[inside], w[inside]
+    d = e - s
+    t = np.concatenate([s, e])
+    order = np.argsort(t, kind="stable")
+    level = np.cumsum(np.concatenate([w, -w])[order])[:-1]  # weighted count between events
+    q = float((level ** 2 * np.diff(t[order])).sum() - (w * (w - 1.0) * d).sum())
+    busy = float((w * d).sum()) ** 2 / q if q > 0 else union
+    return min(max(busy, union), hi - lo), union
+
+
 def inside_fraction(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """Share of each interval inside [lo, hi]; a zero-length one counts if it lies inside."""
     length = ends - starts
@@ -180,6 +211,12 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
         bandwidth_utilization=None if "bandwidth" in exceeded else mbu,
         arithmetic_intensity=flops / nbytes if nbytes else math.inf, requests=n, source=source,
         ceiling_exceeded=exceeded, weight_bytes=weight_bytes)
+
+
+def _weights(c: dict, rows: np.ndarray) -> np.ndarray:
+    """The requests each of ``rows`` stands for (1 where the columns carry no weight)."""
+    w = c.get("weight")
+    return np.ones(int(rows.sum())) if w is None else np.nan_to_num(w[rows], nan=1.0)
 
 
 def _reported_steps(steps: dict | None, lo: float, hi: float):
@@ -216,10 +253,10 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
             if not (timed & (c["prompt"] >= 0)).any() else
             "no request with more than one output token")
         return none
-    first, last = first[ok], last[ok]
+    first, last, w = first[ok], last[ok], _weights(c, ok)
     n_tokens, prompt, out = c["steps"][ok].astype(float), c["prompt"][ok], c["output"][ok]
-    busy = union_length(first, last, lo, hi)
-    f = inside_fraction(first, last, lo, hi)
+    busy, _ = busy_time(first, last, w, lo, hi)
+    f = inside_fraction(first, last, lo, hi) * w  # the part inside, of the requests it is
     duration = (last - first) * f
     if busy <= 0 or duration.sum() <= 0:
         inputs["decode"] = "unavailable: decode intervals have no length in the range"
@@ -256,17 +293,19 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
             "cached prompt tokens unknown (the server does not say how many prompt tokens "
             "its prefix cache served; for vLLM give --engine-metrics-url for its hit rate)")
         return None
-    sched, first = sched[ok], first[ok]
-    busy = union_length(sched, first, lo, hi)
+    sched, first, w = sched[ok], first[ok], _weights(c, ok)
+    busy, union = busy_time(sched, first, w, lo, hi)
     if busy <= 0:
         inputs["prefill"] = "unavailable: prefill intervals have no length in the range"
         return None
-    f = inside_fraction(sched, first, lo, hi)
+    f = inside_fraction(sched, first, lo, hi) * w  # the part inside, of the requests it is
     uncached = c["uncached"][ok].astype(float)
     cached = np.maximum(c["prompt"][ok], 0) - uncached
     flops = float(np.sum(model_costs.prefill_flops(m, uncached, cached) * f))
     inside = (first >= lo) & (first <= hi)
     completions = len(np.unique(np.round(first[inside] / SAME_STEP_SECONDS)))
+    if busy != union:  # sampled: the steps only unsampled requests completed in are unseen
+        completions *= busy / union
     chunks = float((np.maximum(np.ceil(uncached / dep.max_batched_tokens) - 1, 0) * f).sum())
     n_steps = max(completions + chunks, 1.0)
     weights = n_steps * float(model_costs.weight_bytes_read(m, (uncached * f).sum() / n_steps))
@@ -304,8 +343,10 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
     chunk, under chunked prefill): |P| + |D| - |P or D|."""
     if prefill is None or decode is None:
         return 0.0
-    both = union_length(np.concatenate([c["scheduled_at"], c["first_token_at"]]),
-                        np.concatenate([c["first_token_at"], c["last_token_at"]]), lo, hi)
+    w = _weights(c, np.ones(len(c["end_at"]), dtype=bool))
+    both, _ = busy_time(np.concatenate([c["scheduled_at"], c["first_token_at"]]),
+                        np.concatenate([c["first_token_at"], c["last_token_at"]]),
+                        np.concatenate([w, w]), lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from phasewatch.ingest.adapters.origin import span_columns
 from phasewatch.requests.record import UNKNOWN_COUNT, BatchBuilder
+from phasewatch.requests.sampling import TraceSampling
 
 NS = 1_000_000_000
 _MAX_COUNT = 2**53  # token counts exact in float64 (the vectorised path) and int64
@@ -154,6 +155,8 @@ class AdapterContext:
     # fill the pod column (``span_columns``): the receiver's sink has a pod label
     pods: bool = False
     samples: ParallelSamples = field(default_factory=ParallelSamples)
+    # each request's weight from its trace's sampling (``span_columns``)
+    sampling: TraceSampling = field(default_factory=TraceSampling)
 
     def model_for(self, span, attribute_model: str = "") -> str:
         if attribute_model:
@@ -353,7 +356,7 @@ def latency_batch(spans, ctx: AdapterContext, engine: str):
             model = models[key] = ctx.model_for(span, named)
         return model
 
-    b = span_columns(BatchBuilder(n), spans, ctx.pods)
+    b = span_columns(BatchBuilder(n), spans, ctx.pods, ctx.sampling)
     b.text(model=map(model_of, spans, attr["gen_ai.response.model"],
                      attr["gen_ai.request.model"]),
            finish_reason=("" if v is None else first_reason(v)

@@ -2,13 +2,16 @@
 
 The traceparent the request came with (a stream tap's, so the trace join can pair the
 tap's record with it), whether it came through a tap (the tap's tracestate member),
-and the pod that sent it (a central exporter's ``pod`` label). Every adapter's batch
-gets these columns as it is built (``span_columns``).
+the pod that sent it (a central exporter's ``pod`` label) and the requests it stands for
+when its trace was sampled (the tracestate's ``ot=th``, else ``--trace-sample-ratio``:
+``requests.sampling``). Every adapter's batch gets these columns as it is built
+(``span_columns``).
 """
 
 from __future__ import annotations
 
 from phasewatch.requests.record import TAP_TRACESTATE_KEY, BatchBuilder
+from phasewatch.requests.sampling import TraceSampling
 
 POD_ATTRIBUTES = ("k8s.pod.name", "service.instance.id")
 
@@ -36,9 +39,11 @@ def tapped(span) -> bool:
                                for m in state.split(","))
 
 
-def span_columns(builder: BatchBuilder, spans: list, pods: bool) -> BatchBuilder:
+def span_columns(builder: BatchBuilder, spans: list, pods: bool,
+                 sampling: TraceSampling | None = None) -> BatchBuilder:
     """``builder`` with the columns rows take from their spans (``spans[i]`` is row
-    ``i``'s): trace_parent, tapped and, with ``pods`` (the sink has a pod label), pod."""
+    ``i``'s): trace_parent, tapped, with ``pods`` (the sink has a pod label) pod, and with
+    ``sampling`` the weight (absent: 1, as when no span says it was sampled)."""
     keys = [parent_key(s) for s in spans]
     builder.text(trace_parent=keys)  # the string table grows only when a span has a parent
     if any(keys):
@@ -46,4 +51,7 @@ def span_columns(builder: BatchBuilder, spans: list, pods: bool) -> BatchBuilder
                                 for k, s in zip(keys, spans, strict=True)])
     if pods:
         builder.text(pod=[pod_of(s.resource) for s in spans])
+    weights = None if sampling is None else sampling.weights([s.trace_state for s in spans])
+    if weights is not None:
+        builder.columns(weight=weights)
     return builder

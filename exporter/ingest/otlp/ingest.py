@@ -186,7 +186,8 @@ class OtlpIngest:
         for proto, rs in by_proto.items():
             builder = BatchBuilder.from_rows([r.row for r in rs], times_in_ns=True)
             builder.columns(kv_transfer=[r.kv_transfer for r in rs])
-            span_columns(builder, [r.spans[0] for r in rs], self.context.pods)
+            span_columns(builder, [r.spans[0] for r in rs], self.context.pods,
+                         self.context.sampling)
             out[proto] = (builder.tolerance(TWO_CLOCK_TOLERANCE_NS).build(),
                           [r.spans for r in rs])
         return out
@@ -213,7 +214,8 @@ class OtlpIngest:
             except Rejected as e:
                 refused[e.reason] += 1
         builder = BatchBuilder.from_rows(rows, times_in_ns=True)
-        return span_columns(builder, kept, self.context.pods).build(), kept
+        return span_columns(builder, kept, self.context.pods,
+                            self.context.sampling).build(), kept
 
     def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
         inc = self.stats.inc
@@ -226,4 +228,6 @@ class OtlpIngest:
                 inc("phasewatch_otlp_spans_total", n, protocol=protocol, outcome=outcome)
         for reason, n in refused.items():
             inc("phasewatch_ingest_rejected_total", n, protocol=protocol, reason=reason)
+        for reason, n in self.context.sampling.take_ignored().items():
+            inc("phasewatch_trace_sampling_ignored_total", n, reason=reason)
 
