@@ -19,6 +19,7 @@ from werkzeug.serving import make_server
 
 from phasewatch.dashboard import figures, panels
 from phasewatch.dashboard.frames import Selection, Snapshot
+from phasewatch.dashboard.replica_panel import replica_tables, rule_text
 from phasewatch.dashboard.theme import CAPTIONS, PAGE_CSS
 
 log = logging.getLogger("phasewatch.dashboard")
@@ -106,7 +107,8 @@ def build_figures(snap: Snapshot) -> list[dict]:
 def page_outputs(snap: Snapshot, last_ok: float | None = None,
                  started: float | None = None) -> list:
     """State or banners, cards, the bench fold's blocks and its style, every figure,
-    footer, the objectives' cards, figure and style: what one refresh sends the page.
+    footer, the objectives' cards, figure and style, the replicas' tables and style: what
+    one refresh sends the page.
     On a source error only the state and the footer change; the rest keeps its picture.
     ``started``: ``perf_counter()`` when the refresh began (the footer shows its time)."""
     started = time.perf_counter() if started is None else started
@@ -114,7 +116,7 @@ def page_outputs(snap: Snapshot, last_ok: float | None = None,
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
     if snap.error is not None:
         return [state, *[dash.no_update] * 3, *[dash.no_update] * len(GRAPHS),
-                f"{stamp}: {snap.error.message}", *[dash.no_update] * 3]
+                f"{stamp}: {snap.error.message}", *[dash.no_update] * 5]
     body = [state] if state is not None else panels.banners(snap)
     cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
     bench = panels.bench_blocks(snap.kpis, snap.source)
@@ -123,7 +125,8 @@ def page_outputs(snap: Snapshot, last_ok: float | None = None,
     took = (time.perf_counter() - started) * 1000
     footer = (f"Updated {stamp} from {snap.source} {snap.target}; window "
               f"{snap.window_seconds:g} s; refresh took {took:.0f} ms on the server.")
-    return [body, cards, bench, bench_style, *figs, footer, *slo_outputs(snap)]
+    return [body, cards, bench, bench_style, *figs, footer, *slo_outputs(snap),
+            *replica_outputs(snap)]
 
 
 def slo_outputs(snap: Snapshot) -> list:
@@ -132,6 +135,13 @@ def slo_outputs(snap: Snapshot) -> list:
     if not panels.has_objectives(snap.kpis):
         return [[], dash.no_update, {"display": "none"}]
     return [panels.slo_cards(snap.kpis), figures.slo_figure(snap.series), {}]
+
+
+def replica_outputs(snap: Snapshot) -> list:
+    """The Replicas section: a table per label set that two pods or more serve, and its
+    style (shown only then)."""
+    tables = replica_tables(snap.replicas)
+    return [tables, {} if tables else {"display": "none"}]
 
 
 def _options(values, chosen) -> list[dict]:
@@ -211,6 +221,9 @@ def _layout(source, refresh: float, scenario: ScenarioControl | None) -> html.Di
                                 html.P(CAPTIONS["slo"], className="pw-caption")],
                                className="pw-slo-panel", id="panel-slo")],
                      id="slo-section", className="pw-slo", style={"display": "none"}),
+            html.Div([html.Div(id="replica-tables"),
+                      html.P(f"{CAPTIONS['replicas']} {rule_text()}", className="pw-caption")],
+                     id="replicas", className="pw-replicas", style={"display": "none"}),
             panels.bench_compare(),
             html.Div([html.Div([dcc.Graph(id=g, config=GRAPH_CONFIG),
                                 html.P(CAPTIONS[g], className="pw-caption")],
@@ -249,6 +262,7 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
                    *[Output(g, "figure") for g in GRAPHS], Output("footer", "children"),
                    Output("slo-cards", "children"), Output("slo", "figure"),
                    Output("slo-section", "style"),
+                   Output("replica-tables", "children"), Output("replicas", "style"),
                    Output("model", "options"), Output("engine", "options"),
                    Output("pod", "options"), Output("pod-wrap", "style"),
                    Output("request-source", "options"), Output("request-source-wrap", "style")],

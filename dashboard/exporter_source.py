@@ -19,6 +19,7 @@ from phasewatch.dashboard.frames import (
     POINT_COLUMNS,
     PROMPT_CLASS_COLUMNS,
     PROMPT_POINT_COLUMNS,
+    REPLICA_COLUMNS,
     SERIES_COLUMNS,
     SERIES_METRICS,
     VERDICT_COLUMNS,
@@ -30,6 +31,7 @@ from phasewatch.dashboard.frames import (
     in_window_only,
 )
 from phasewatch.dashboard.http import FetchError, base_url, get_json
+from phasewatch.dashboard.replicas import replicas_from_frames
 from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from phasewatch.roofline.verdict import headline
 from phasewatch.transport.tls import ClientTls
@@ -80,8 +82,11 @@ class ExporterSource:
             return Snapshot(self.name, self.url, error=e.error, fetched_at=time.time())
         snap = in_window_only(snapshot_from_api(summary, roofline, history, requests, self.url),
                               status.get("label_sets"))
-        return snap.select(selection.models, selection.engines, selection.pods,
+        snap = snap.select(selection.models, selection.engines, selection.pods,
                            selection.sources)
+        # a central exporter's pods (--pod-label) side by side, the selected ones only
+        snap.replicas = frame(REPLICA_COLUMNS, replicas_from_frames(snap.kpis, snap.verdicts))
+        return snap
 
 
 def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: list[dict],

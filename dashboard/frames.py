@@ -70,6 +70,16 @@ PROMPT_POINT_COLUMNS = (*KEYS, "prompt_tokens", "ttft")
 PROMPT_CLASS_COLUMNS = (*KEYS, "prompt_class", "min_tokens", "max_tokens", "ttft_p50",
                         "ttft_p95", "prefill_per_token_p50", "count")
 
+# The replicas (pods) of each label set served by two or more, side by side
+# (``phasewatch.dashboard.replicas``): each one's request rate, TTFT p50/p95, share of
+# request time in the queue, its engine's KV-cache usage (0..1) and its verdict
+# (``headline`` as the banner words it), with ``outlier`` set where it differs from the
+# other replicas, ``flagged`` the columns that do and ``why`` in words ("TTFT p95 3.1x the
+# median of the other replicas (412 ms against 133 ms)").
+REPLICA_FIGURES = ("request_rate", "ttft_p50", "ttft_p95", "queue_share", "kv_usage")
+REPLICA_COLUMNS = (*KEYS, *REPLICA_FIGURES, "requests_in_range", "phase", "resource",
+                   "cause", "headline", "outlier", "flagged", "why")
+
 SLO_SERIES = ("good_ratio", *(f"{o}_attainment" for o in OBJECTIVES))
 SERIES_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95",
                   "prompt_tokens_per_second", "output_tokens_per_second", *SHARES,
@@ -120,6 +130,7 @@ class Snapshot:
     waterfall: pd.DataFrame = field(default_factory=lambda: frame(WATERFALL_COLUMNS))
     prompt_points: pd.DataFrame = field(default_factory=lambda: frame(PROMPT_POINT_COLUMNS))
     prompt_classes: pd.DataFrame = field(default_factory=lambda: frame(PROMPT_CLASS_COLUMNS))
+    replicas: pd.DataFrame = field(default_factory=lambda: frame(REPLICA_COLUMNS))
     # Every label set the source knows (for the selectors), whatever was selected.
     labels: pd.DataFrame = field(default_factory=lambda: frame(KEYS))
     error: SourceError | None = None
@@ -129,7 +140,7 @@ class Snapshot:
     idle: bool = False
 
     FRAMES = ("kpis", "verdicts", "points", "ceilings", "series", "waterfall",
-              "prompt_points", "prompt_classes")
+              "prompt_points", "prompt_classes", "replicas")
 
     @property
     def empty(self) -> bool:

@@ -22,6 +22,7 @@ from phasewatch.dashboard.frames import (
     KPI_COLUMNS,
     POINT_COLUMNS,
     PROMPT_CLASS_COLUMNS,
+    REPLICA_COLUMNS,
     SERIES_COLUMNS,
     VERDICT_COLUMNS,
     WATERFALL_COLUMNS,
@@ -33,6 +34,7 @@ from phasewatch.dashboard.frames import (
 )
 from phasewatch.dashboard.http import FetchError, base_url, get_json
 from phasewatch.dashboard.prometheus_verdicts import slo_figures, slo_kpis, verdict_rows
+from phasewatch.dashboard.replicas import replica_rows
 from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
 from phasewatch.requests.buckets import PROMPT_CLASS_RANGES
 
@@ -123,6 +125,7 @@ class PrometheusSource:
                     "slo_class_objective": expr(q.SLO_CLASS_OBJECTIVE),
                     "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
         instant |= {f"class:{k}": expr(t) for k, t in q.PROMPT_CLASS.items()}
+        instant |= {f"replica:{k}": expr(t) for k, t in q.REPLICAS.items()}
         ranged = {f"series:{k}": (expr(t), now - self.history_seconds, step)
                   for k, t in q.SERIES.items()}
         ranged |= {"trail:intensity": (expr(q.INTENSITY), now - self.trail_seconds, trail_step),
@@ -169,6 +172,8 @@ class PrometheusSource:
                         series=frame(SERIES_COLUMNS, self._series(r, key)),
                         waterfall=frame(WATERFALL_COLUMNS, self._waterfall(r, key)),
                         prompt_classes=frame(PROMPT_CLASS_COLUMNS, self._classes(r, key)),
+                        replicas=frame(REPLICA_COLUMNS,
+                                       replica_rows(r, key, self.range_seconds)),
                         labels=frame(KEYS, [key(m, pod=True) for m, _ in r["labels"]]))
         snap.labels = snap.labels.drop_duplicates().sort_values(list(KEYS)).reset_index(
             drop=True)

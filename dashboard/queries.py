@@ -135,6 +135,23 @@ SLO_ATTAINMENT = (f'sum by ({BY}, objective) (rate({cat.SLO_REQUESTS.name}{{sel_
 SLO_GOOD_RATIO = (f"{SLO_GOODPUT} / sum by ({BY}) "
                   f"(rate({cat.REQUESTS.name}{{sel}}[{{range}}]))")
 
+# Each replica (pod) of a label set side by side, for the Replicas panel and Grafana's
+# per-replica row (``phasewatch.dashboard.replicas`` picks out the ones that differ):
+# its request rate, TTFT p50/p95 from its own buckets, the share of its request time in
+# the queue (PHASE_SHARE per pod), its engine's KV-cache usage, and its verdict.
+REPLICA_BY = f"{BY}, {{pod}}"
+REPLICAS: dict[str, str] = {
+    "request_rate": f"sum by ({REPLICA_BY}) (rate({cat.REQUESTS.name}{{sel}}[{{range}}]))",
+    "ttft_p50": quantile(HISTOGRAMS["ttft"], 0.5, REPLICA_BY),
+    "ttft_p95": quantile(HISTOGRAMS["ttft"], 0.95, REPLICA_BY),
+    "queue_share": (f"sum by ({REPLICA_BY}) (rate({cat.PHASE_DURATION.name}_sum{{sel_and}}"
+                    f'phase="queue"}}[{{range}}])) / sum by ({REPLICA_BY}) '
+                    f"(rate({cat.PHASE_DURATION.name}_sum{{sel}}[{{range}}]))"),
+    "kv_usage": f"max by ({REPLICA_BY}) ({cat.ENGINE_KV_CACHE_USAGE.name}{{sel}})",
+    "verdict": (f"count by ({REPLICA_BY}, phase, resource, cause) "
+                f"({cat.BOTTLENECK_INFO.name}{{sel}} == 1)"),
+}
+
 # Time series (range queries).
 SERIES: dict[str, str] = {
     **{k: KPIS[k] for k in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50",

@@ -109,6 +109,10 @@ CAPTIONS = {
               "(queue), reading the prompt (prefill), writing tokens (decode).",
     "slo": "The share of requests that met each objective (--slo) over the rolling "
            "window, and the share that met every one of them (goodput's requests).",
+    "replicas": "Each pod of a model that two or more serve, from its own series over the "
+                "range: requests per second, TTFT percentiles, the share of its request time "
+                "in the engine's queue, its engine's KV-cache usage (where the exporter "
+                "scrapes the engine) and its verdict.",
     "waterfall": "Each bar is one request on a shared clock, split into the phases the "
                  "title names, in the order the request passed them.",
 }
@@ -164,6 +168,26 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
    the grid, so the grid's tiling is the same with and without objectives). */
 .pw-slo-panel { background: #fff; border-radius: 6px; padding: 6px; margin-bottom: 12px;
                 box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
+/* The replicas of a fleet side by side: outside the grid too, one table per model. */
+.pw-replicas { background: #fff; border-radius: 6px; padding: 8px 12px; margin-bottom: 12px;
+               box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
+.pw-replica-set h3 { font-size: 15px; margin: 4px 0 6px; }
+.pw-replica-set h3 span { font-weight: normal; color: #555; }
+.pw-replica-table { border-collapse: collapse; width: 100%; font-size: 13px; }
+.pw-replica-table th { text-align: left; font-weight: 600; color: #555; padding: 4px 8px;
+                       border-bottom: 1px solid #ddd; white-space: nowrap; }
+.pw-replica-table td { padding: 4px 8px; border-bottom: 1px solid #eee;
+                       font-variant-numeric: tabular-nums; }
+.pw-replica-table td:nth-child(n+2):nth-child(-n+6),
+.pw-replica-table th:nth-child(n+2):nth-child(-n+6) { text-align: right; white-space: nowrap; }
+.pw-replica-table td.pw-pod { white-space: nowrap; font-family: monospace; }
+.pw-replica-table tr.pw-outlier { background: #fdf1ea; }
+.pw-replica-table tr.pw-outlier td:first-child { box-shadow: inset 4px 0 0 #D55E00; }
+.pw-replica-table td.pw-flagged { color: #A33F00; font-weight: 700; }
+.pw-replica-table tr.pw-outlier td { border-bottom: none; }
+.pw-replica-table tr.pw-why { background: #fdf1ea; }
+.pw-replica-table tr.pw-why td { box-shadow: inset 4px 0 0 #D55E00; padding: 0 8px 6px 28px; }
+.pw-replica-table tr.pw-why ul { margin: 0; padding-left: 14px; color: #5a2a00; }
 .pw-panel { background: #fff; border-radius: 6px; padding: 6px;
             box-shadow: 0 1px 2px rgba(0,0,0,0.08); }
 .pw-caption { font-size: 12px; color: #555; margin: 2px 8px 4px; }

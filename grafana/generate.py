@@ -33,6 +33,7 @@ from pathlib import Path
 
 from phasewatch import catalog as cat
 from phasewatch.dashboard import queries, theme
+from phasewatch.dashboard.replicas import OUTLIER_RULES
 from phasewatch.roofline import verdict
 from phasewatch.roofline.cause import CAUSES
 
@@ -302,6 +303,60 @@ def slo_panels(lay: Layout) -> None:
         "burn-rate alerts name the largest.", stack=True, phases=True), 24, 7)
 
 
+def replica_panels(lay: Layout) -> None:
+    """Each replica (pod) of a label set side by side, from ``queries.REPLICAS``, the
+    Dash app's Replicas panel: a table of every pod's figures with its TTFT p95 over the
+    median of the replicas' (red from ``dashboard.replicas``'s ratio), each pod's verdict,
+    and TTFT p95, queue share and requests/s per pod over time."""
+    r = {name: q(expr) for name, expr in queries.REPLICAS.items()}
+    rule = OUTLIER_RULES[0]
+    against = (f"({r['ttft_p95']}) / on ({BY}) group_left () "
+               f"quantile by ({BY}) (0.5, {r['ttft_p95']})")
+    columns = [("A", r["request_rate"], "Requests/s", "reqps"),
+               ("B", r["ttft_p50"], "TTFT p50", "s"), ("C", r["ttft_p95"], "TTFT p95", "s"),
+               ("D", against, "TTFT p95 / median of the replicas", "none"),
+               ("E", r["queue_share"], "Queue share", "percentunit"),
+               ("F", r["kv_usage"], "KV cache", "percentunit")]
+    overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
+                  "properties": [{"id": "displayName", "value": name},
+                                 {"id": "unit", "value": unit}]}
+                 for ref, _, name, unit in columns]
+    overrides[3]["properties"] += [
+        {"id": "decimals", "value": 2},
+        {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+        {"id": "thresholds", "value": {"mode": "absolute", "steps": [
+            {"color": "transparent", "value": None}, {"color": "red", "value": rule.ratio}]}}]
+    lay.add({"type": "table", "title": "Replicas",
+             "description": theme.CAPTIONS["replicas"] + " The ratio is against the median "
+                           "of all the replicas, itself included (PromQL has no median of "
+                           f"the others): red from {rule.ratio:g}x. The Dash dashboard "
+                           "compares each with the median of the others and says why.",
+             "targets": [target(expr, ref=ref, instant=True, table=True)
+                         for ref, expr, _, _ in columns],
+             "transformations": [{"id": "merge", "options": {}},
+                                 {"id": "organize", "options": {
+                                     "excludeByName": {"Time": True},
+                                     "indexByName": {"model": 0, "engine": 1, "source": 2,
+                                                     "pod": 3}}}],
+             "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
+             "options": {"showHeader": True, "cellHeight": "sm"}}, 16, 8)
+    lay.add({"type": "table", "title": "Verdict per replica",
+             "description": "The verdict each pod's exporter reports: a pod whose verdict "
+                            "differs from the others' is the one to look at.",
+             "targets": [target(r["verdict"], instant=True, table=True)],
+             "transformations": [{"id": "organize", "options": {
+                 "excludeByName": {"Time": True, "Value": True},
+                 "indexByName": {"model": 0, "engine": 1, "source": 2, "pod": 3,
+                                 "phase": 4, "resource": 5, "cause": 6}}}],
+             "fieldConfig": {"defaults": {}, "overrides": []},
+             "options": {"showHeader": True, "cellHeight": "sm"}}, 8, 8)
+    for name, title, unit in (("ttft_p95", "TTFT p95 per replica", "s"),
+                              ("queue_share", "Queue share per replica", "percentunit"),
+                              ("request_rate", "Requests/s per replica", "reqps")):
+        lay.add(timeseries(title, [target(r[name], who("{{pod}}"))], unit,
+                           theme.CAPTIONS["replicas"]), 8, 7)
+
+
 def alert_states() -> dict:
     by = "alertname, model, engine, source, objective, regressed, quantile, severity"
     sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
@@ -405,6 +460,9 @@ def panels() -> list[dict]:
         target(k["prompt_tokens_per_second"], who("prompt"), "A"),
         target(k["output_tokens_per_second"], who("output"), "B")], "none",
         "Prompt tokens read and output tokens generated per second."), 12, 8)
+
+    lay.row("Replicas: each pod side by side")
+    replica_panels(lay)
 
     lay.row("Latency objectives (--slo): attainment, goodput, misses by phase")
     slo_panels(lay)

@@ -21,6 +21,7 @@ import yaml
 from phasewatch.cli import build_parser
 from phasewatch.config import load_serve_config
 from tests.conftest import require_binary
+from tests.prom import NATIVE_SCRAPE_KEYS, native_by_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
@@ -156,11 +157,44 @@ def test_compose_services_agree_with_the_exporter(compose, tmp_path):
     config["rule_files"] = local
     assert sorted(p for g in local for p in Path("/").glob(g.lstrip("/"))) == sorted(
         (ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    promtool = require_binary("promtool", "it checks the compose Prometheus config")
-    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # A current Prometheus 3, pinned, reading the native histograms by its config.
+    image, _, tag = prom["image"].partition(":")
+    assert image == "prom/prometheus" and re.fullmatch(r"v3\.\d+\.\d+", tag), prom["image"]
+    assert tuple(map(int, tag[1:].split("."))) >= (3, 8, 0), tag
+    assert not any("native-histograms" in arg for arg in _argv(prom)), _argv(prom)
+    check_prometheus_config(config, tmp_path)
+
+
+def check_prometheus_config(config: dict, tmp_path: Path) -> None:
+    """Every scrape job of a Prometheus 3 config reads native histograms and keeps classic
+    buckets (``NATIVE_SCRAPE_KEYS``), and `promtool check config` accepts it. Debian's
+    promtool is 2.x, which refuses those keys (2.x config parsing is strict): there it
+    must say so, and accept the config with them taken out, as docs/deploy.md tells
+    2.x users to do."""
+    promtool = require_binary("promtool", "it checks the Prometheus configs")
+    for job in config["scrape_configs"]:
+        assert {k: job.get(k) for k in NATIVE_SCRAPE_KEYS} == NATIVE_SCRAPE_KEYS, job
+    two = {**config, "scrape_configs": [{k: v for k, v in job.items()
+                                         if k not in NATIVE_SCRAPE_KEYS}
+                                        for job in config["scrape_configs"]]}
+    for name, cfg, ok in (("as-shipped", config, native_by_config(promtool)),
+                          ("for-2.x", two, True)):
+        path = tmp_path / f"prometheus-{name}.yml"
+        path.write_text(yaml.safe_dump(cfg))
+        r = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                           text=True)
+        assert (r.returncode == 0) == ok, (name, r.stdout + r.stderr)
+        if not ok:  # 2.x: the first 3.x key is what it stops at
+            assert "field scrape_native_histograms not found" in r.stdout + r.stderr, r
+
+
+def test_the_local_prometheus_config_is_a_prometheus_3_config(tmp_path):
+    """deploy/prometheus/prometheus.yml (a Prometheus beside `phasewatch serve`) as the
+    compose one: native histograms by the scrape job, promtool-checked."""
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["scrape_configs"][0]["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{load_serve_config(None, {}).http_port}"]
+    check_prometheus_config(config, tmp_path)
 
 
 def test_compose_grafana_mounts_what_provisioning_expects(compose):

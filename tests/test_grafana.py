@@ -88,8 +88,29 @@ def test_the_issue_s_views_are_there():
                   "Prefill seconds per prompt token", "phasewatch alerts", "Cause",
                   "Engine: KV-cache usage and requests", "Engine preemptions/s",
                   "Objective attainment", "Good requests", "Goodput and request rate",
-                  "Objective misses by phase"):
+                  "Objective misses by phase", "Replicas", "Verdict per replica",
+                  "TTFT p95 per replica", "Queue share per replica"):
         assert title in titles
+
+
+def test_the_replicas_row_shows_each_pod_side_by_side():
+    """Issue 29: every pod of a label set in one table, from the Dash app's per-replica
+    queries, its TTFT p95 over the replicas' median turning red at the Dash rule's ratio."""
+    from phasewatch.dashboard import queries
+    from phasewatch.dashboard.replicas import OUTLIER_RULES
+
+    (table,) = [p for p in DOC["panels"] if p["title"] == "Replicas"]
+    exprs = [t["expr"] for t in table["targets"]]
+    for name in ("request_rate", "ttft_p50", "ttft_p95", "queue_share", "kv_usage"):
+        rendered = queries.render(queries.REPLICAS[name], 'model=~"$model",engine=~"$engine",'
+                                  'source=~"$source",pod=~"$pod"', "$__rate_interval")
+        assert rendered in exprs, name
+    assert all("by (model, engine, source, pod)" in e for e in exprs)
+    (ratio,) = [o for o in table["fieldConfig"]["overrides"]
+                if {"id": "displayName", "value": "TTFT p95 / median of the replicas"}
+                in o["properties"]]
+    (steps,) = [p["value"]["steps"] for p in ratio["properties"] if p["id"] == "thresholds"]
+    assert steps[-1] == {"color": "red", "value": OUTLIER_RULES[0].ratio}
 
 
 def test_provisioning_points_at_the_dashboard_and_the_datasource():

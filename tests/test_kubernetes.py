@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import re
 import socket
@@ -34,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -64,6 +66,9 @@ OPERATOR_API = "monitoring.coreos.com/"
 # The oldest Kubernetes still in common support, and the newest the schemas know.
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+# Their CRDs' schemas, as the Operator ships them (tests/fixtures/prometheus-operator).
+OPERATOR_CRDS = json.loads((ROOT / "tests" / "fixtures" / "prometheus-operator" /
+                            "crd-schemas.json").read_text())
 # How each server is told where to send OTLP: (container, flag).
 OTLP_FLAGS = {"vllm": "--otlp-traces-endpoint", "tgi": "--otlp-endpoint",
               "sglang": "--otlp-traces-endpoint"}
@@ -164,13 +169,58 @@ def test_overlay_renders_and_validates(target):
         assert {"Namespace", "Deployment", "Service"} <= kinds
     for doc in docs:
         if doc["kind"] in OPERATOR_KINDS:
-            continue  # CRDs: checked below
+            errors = operator_errors(doc)
+            assert not errors, f"{doc['kind']}/{doc['metadata']['name']}: {errors}"
+            continue
         for version in VERSIONS:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as e:
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} against {version}: "
                             f"{e.message} at {'/'.join(map(str, e.path))}")
+
+
+def _strict(schema):
+    """A CRD schema that refuses unknown fields, as `kubectl apply` does (strict field
+    validation, its default since 1.27): every object with properties and no rule for
+    others gets ``additionalProperties: false``."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if ("properties" in schema and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def operator_errors(doc: dict) -> list[str]:
+    """What the Operator's CRD schema of the document's kind says against it."""
+    schema = _strict(OPERATOR_CRDS["kinds"][doc["kind"]])
+    return sorted(f"{'/'.join(map(str, e.path))}: {e.message}"
+                  for e in jsonschema.Draft7Validator(schema).iter_errors(doc))
+
+
+def test_the_monitors_scrape_the_native_histograms_and_keep_the_classic_ones():
+    """Prometheus 3.9+ reads native histograms only where a scrape job says so: the
+    monitors set the Operator's fields for it (its v0.88.0+ CRDs; the Operator writes
+    scrape_native_histograms for Prometheus 3.8+ and always_scrape_classic_histograms, on
+    2.45+ scrape_classic_histograms), and the CRD schemas know them: a misspelt field is
+    refused, so the validation above is not vacuous."""
+    assert OPERATOR_CRDS["source"].startswith(
+        "github.com/prometheus-operator/prometheus-operator v0.")
+    monitors = [d for d in render(OPERATOR_PIECE) if d["kind"] in ("PodMonitor",
+                                                                   "ServiceMonitor")]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        assert monitor["spec"]["scrapeNativeHistograms"] is True, monitor["metadata"]
+        assert monitor["spec"]["scrapeClassicHistograms"] is True, monitor["metadata"]
+        assert not operator_errors(monitor)
+        misspelt = {**monitor, "spec": {**monitor["spec"], "scrapeNativeHistogram": True}}
+        assert any("scrapeNativeHistogram" in e for e in operator_errors(misspelt))
+        wrong_type = {**monitor, "spec": {**monitor["spec"], "scrapeNativeHistograms": "yes"}}
+        assert any("scrapeNativeHistograms" in e for e in operator_errors(wrong_type))
 
 
 @pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES])
