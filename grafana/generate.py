@@ -146,6 +146,32 @@ def levers_text() -> str:
     return "\n".join(lines)
 
 
+def column_overrides(columns: list[tuple[str, str, str, str]]) -> list[dict]:
+    """Each (ref, expr, name, unit) column's display name and unit in a merged table."""
+    return [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
+             "properties": [{"id": "displayName", "value": name},
+                            {"id": "unit", "value": unit}]}
+            for ref, _, name, unit in columns]
+
+
+def merged_table(title: str, description: str, columns: list[tuple[str, str, str, str]],
+                 first: str, overrides: list[dict]) -> dict:
+    """A table of instant queries merged into one row per series: the label columns
+    model, engine, source and ``first`` (phase, pod) lead, then the columns."""
+    return {
+        "type": "table", "title": title, "description": description,
+        "targets": [target(expr, ref=ref, instant=True, table=True)
+                    for ref, expr, _, _ in columns],
+        "transformations": [{"id": "merge", "options": {}},
+                            {"id": "organize", "options": {
+                                "excludeByName": {"Time": True},
+                                "indexByName": {"model": 0, "engine": 1, "source": 2,
+                                                first: 3}}}],
+        "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+    }
+
+
 def roofline_table() -> dict:
     """Each phase's operating point: arithmetic intensity against the ridge, achieved
     FLOP/s against what the roof allows at that intensity."""
@@ -169,27 +195,13 @@ def roofline_table() -> dict:
         ("G", f"avg by ({BY}, phase) ({cat.FLOPS_UTILIZATION.name}{{{SEL}}})",
          "MFU", "percentunit"),
     ]
-    overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
-                  "properties": [{"id": "displayName", "value": name},
-                                 {"id": "unit", "value": unit}]}
-                 for ref, _, name, unit in columns]
-    return {
-        "type": "table", "title": "Roofline operating points",
-        "description": ("Where each phase sits on the roofline (datasheet ceilings): left of "
-                        "the ridge (intensity < ridge) the bandwidth slope limits it, right of "
-                        "it the compute roof. 'Of the roof' is the achieved FLOP/s over what "
-                        "the roof allows at that intensity: the headroom left. "
-                        + theme.GLOSSARY["arithmetic intensity"]),
-        "targets": [target(expr, ref=ref, instant=True, table=True)
-                    for ref, expr, _, _ in columns],
-        "transformations": [{"id": "merge", "options": {}},
-                            {"id": "organize", "options": {
-                                "excludeByName": {"Time": True},
-                                "indexByName": {"model": 0, "engine": 1, "source": 2,
-                                                "phase": 3}}}],
-        "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
-        "options": {"showHeader": True, "cellHeight": "sm"},
-    }
+    return merged_table(
+        "Roofline operating points",
+        "Where each phase sits on the roofline (datasheet ceilings): left of the ridge "
+        "(intensity < ridge) the bandwidth slope limits it, right of it the compute roof. "
+        "'Of the roof' is the achieved FLOP/s over what the roof allows at that intensity: "
+        "the headroom left. " + theme.GLOSSARY["arithmetic intensity"],
+        columns, "phase", column_overrides(columns))
 
 
 def cause_table() -> dict:
@@ -317,29 +329,17 @@ def replica_panels(lay: Layout) -> None:
                ("D", against, "TTFT p95 / median of the replicas", "none"),
                ("E", r["queue_share"], "Queue share", "percentunit"),
                ("F", r["kv_usage"], "KV cache", "percentunit")]
-    overrides = [{"matcher": {"id": "byName", "options": f"Value #{ref}"},
-                  "properties": [{"id": "displayName", "value": name},
-                                 {"id": "unit", "value": unit}]}
-                 for ref, _, name, unit in columns]
+    overrides = column_overrides(columns)
     overrides[3]["properties"] += [
         {"id": "decimals", "value": 2},
         {"id": "custom.cellOptions", "value": {"type": "color-background"}},
         {"id": "thresholds", "value": {"mode": "absolute", "steps": [
             {"color": "transparent", "value": None}, {"color": "red", "value": rule.ratio}]}}]
-    lay.add({"type": "table", "title": "Replicas",
-             "description": theme.CAPTIONS["replicas"] + " The ratio is against the median "
-                           "of all the replicas, itself included (PromQL has no median of "
-                           f"the others): red from {rule.ratio:g}x. The Dash dashboard "
-                           "compares each with the median of the others and says why.",
-             "targets": [target(expr, ref=ref, instant=True, table=True)
-                         for ref, expr, _, _ in columns],
-             "transformations": [{"id": "merge", "options": {}},
-                                 {"id": "organize", "options": {
-                                     "excludeByName": {"Time": True},
-                                     "indexByName": {"model": 0, "engine": 1, "source": 2,
-                                                     "pod": 3}}}],
-             "fieldConfig": {"defaults": {"decimals": 3}, "overrides": overrides},
-             "options": {"showHeader": True, "cellHeight": "sm"}}, 16, 8)
+    lay.add(merged_table(
+        "Replicas", theme.CAPTIONS["replicas"] + " The ratio is against the median of all "
+        "the replicas, itself included (PromQL has no median of the others): red from "
+        f"{rule.ratio:g}x. The Dash dashboard compares each with the median of the others "
+        "and says why.", columns, "pod", overrides), 16, 8)
     lay.add({"type": "table", "title": "Verdict per replica",
              "description": "The verdict each pod's exporter reports: a pod whose verdict "
                             "differs from the others' is the one to look at.",

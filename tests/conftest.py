@@ -83,3 +83,13 @@ class Scrape:
 def scrape(port: int) -> Scrape:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return Scrape(r.read().decode())
+
+
+def component_text(component) -> str:
+    """Every string under a Dash component (its children, depth first), joined by spaces:
+    what a panel says, for tests that build panels without a browser."""
+    if isinstance(component, str):
+        return component
+    if isinstance(component, (list, tuple)):
+        return " ".join(component_text(c) for c in component)
+    return component_text(getattr(component, "children", None) or "")

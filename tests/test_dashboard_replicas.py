@@ -27,7 +27,7 @@ from phasewatch.dashboard.prometheus_source import PrometheusSource
 from phasewatch.dashboard.replica_panel import replica_tables, rule_text
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
-from tests.conftest import TEST_PORTS
+from tests.conftest import TEST_PORTS, component_text
 
 RECORDED = Path(__file__).parent / "fixtures" / "prometheus" / "replicas-one-overloaded.json"
 PODS = ("vllm-0", "vllm-1", "vllm-2")
@@ -64,14 +64,6 @@ def _as(r: dict, like: str, pods=PODS) -> dict:
     return out
 
 
-def _texts(component) -> str:
-    if isinstance(component, str):
-        return component
-    if isinstance(component, (list, tuple)):
-        return " ".join(_texts(c) for c in component)
-    return _texts(getattr(component, "children", None) or "")
-
-
 def test_the_overloaded_replica_is_picked_out_and_said_why():
     r, range_seconds = _recorded()
     rows = _rows(r, range_seconds)
@@ -86,7 +78,7 @@ def test_the_overloaded_replica_is_picked_out_and_said_why():
             value = rows[pod].get(column)
             assert value is not None and value == value, (pod, column)  # not NaN
     (table,) = replica_tables(frame(REPLICA_COLUMNS, list(rows.values())))
-    text = _texts(table)
+    text = component_text(table)
     assert "1 of 3 replicas stands out" in text and why.split("; ")[0][1:] in text
     rows_shown = [tr.to_plotly_json()["props"] for tr in table.children[1].children[1].children]
     assert [(tr["data-pod"], tr.get("className")) for tr in rows_shown] == [
@@ -99,7 +91,7 @@ def test_identical_replicas_have_no_outlier():
         rows = _rows(_as(r, like), range_seconds)
         assert len(rows) == 3 and not any(row["outlier"] for row in rows.values()), rows
         (table,) = replica_tables(frame(REPLICA_COLUMNS, list(rows.values())))
-        assert "3 replicas, none stands out" in _texts(table)
+        assert "3 replicas, none stands out" in component_text(table)
 
 
 def test_one_pod_or_none_shows_no_panel():

@@ -15,6 +15,7 @@ from phasewatch.dashboard.app import slo_outputs
 from phasewatch.dashboard.exporter_source import snapshot_from_api
 from phasewatch.dashboard.prometheus_verdicts import slo_figures, slo_kpis, slo_lead
 from phasewatch.roofline.slo_verdict import lead, rank
+from tests.conftest import component_text
 
 
 def _summary_entry(model: str, slo: dict | None) -> dict:
@@ -38,21 +39,12 @@ def _snap(entries: list[dict], history: list[dict] | None = None):
                              {"series": history or []}, [])
 
 
-def _texts(component) -> str:
-    """Every string under a Dash component, in order."""
-    if isinstance(component, str):
-        return component
-    if isinstance(component, (list, tuple)):
-        return " ".join(_texts(c) for c in component)
-    return _texts(getattr(component, "children", None) or "")
-
-
 def test_cards_say_goodput_and_each_objective_met_rounded_down():
     snap = _snap([_summary_entry("m", SLO)])
     cards = panels.slo_cards(snap.kpis)
     assert [c.id for c in cards] == ["kpi-goodput", "kpi-ttft-attainment",
                                      "kpi-tpot-attainment"]
-    text = [_texts(c) for c in cards]
+    text = [component_text(c) for c in cards]
     assert "6.0 req/s" in text[0] and "60% of requests" in text[0]
     # 99.9 % met: never "100.0%" while 3 requests missed it
     assert "≤ 500 ms met" in text[1] and "99.9%" in text[1] and "3 missed" in text[1]
@@ -66,11 +58,11 @@ def test_label_sets_with_different_objectives_show_each_threshold():
                                             "objective_seconds": 2.0}}}
     snap = _snap([_summary_entry("a", SLO), _summary_entry("b", other)])
     (ttft,) = [c for c in panels.slo_cards(snap.kpis) if c.id == "kpi-ttft-attainment"]
-    text = _texts(ttft)
+    text = component_text(ttft)
     assert "objective met" in text and "(≤ 500 ms)" in text and "(≤ 2000 ms)" in text
     assert "a/vllm" in text and "b/vllm" in text
     (tpot,) = [c for c in panels.slo_cards(snap.kpis) if c.id == "kpi-tpot-attainment"]
-    assert "b/vllm" not in _texts(tpot)  # b has no TPOT objective
+    assert "b/vllm" not in component_text(tpot)  # b has no TPOT objective
 
 
 def test_no_objectives_no_section_and_attainment_over_time_with_them():
@@ -135,14 +127,15 @@ def test_prompt_class_thresholds_are_named_on_the_cards():
                                            "by_prompt_class": {"4k-16k": 3.0}}}}
     (card,) = [c for c in panels.slo_cards(_snap([_summary_entry("m", both)]).kpis)
                if c.id == "kpi-ttft-attainment"]
-    assert "≤ 500 ms (3000 ms for 4k-16k) met" in _texts(card)
+    assert "≤ 500 ms (3000 ms for 4k-16k) met" in component_text(card)
     alone = {**SLO, "objectives": {"ttft": {**SLO["objectives"]["ttft"],
                                             "objective_seconds": None,
                                             "by_prompt_class": {"4k-16k": 3.0}}}}
     snap = _snap([_summary_entry("m", alone)])
     assert panels.has_objectives(snap.kpis)
     (card,) = [c for c in panels.slo_cards(snap.kpis) if c.id == "kpi-ttft-attainment"]
-    assert "3000 ms for 4k-16k prompts met" in _texts(card) and "99.9%" in _texts(card)
+    said = component_text(card)
+    assert "3000 ms for 4k-16k prompts met" in said and "99.9%" in said
 
 
 def test_prometheus_reads_the_classes_thresholds():
