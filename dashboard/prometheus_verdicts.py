@@ -48,7 +48,8 @@ def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = ""
     if _known(state.get("preemptions")) and round(state["preemptions"]) > 0:
         parts.append(f"{state['preemptions']:.0f} preemptions in {range_text}")
     text = ", ".join(parts)
-    return text[:1].upper() + text[1:]
+    # a sentence of its own starts with a capital; after a title's colon it reads on
+    return text if after else text[:1].upper() + text[1:]
 
 
 def ceiling_sentence(phase: str, ceiling: str, ratio: float) -> str:
@@ -205,9 +206,14 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str,
         n, phase, resource = max((n, p, res) for (p, res), n in options.items())
         named = causes.get((k, phase, resource), Counter())
         cause_n, cause = max(((m, c) for c, m in named.items()), default=(n, None))
-        routing = imbalance_sentence(by_pod[k]) if phase == "queue" and k in by_pod else None
-        if routing:  # routing, not capacity: what no single sidecar can see
-            cause, cause_n, resource = "imbalance", n, "capacity"
+        # routing, not capacity: what no single sidecar can see. Whatever most pods report:
+        # two calm pods outvote the one that queues, yet the pods differ, and a pod
+        # queueing most of its request time is the one users wait on
+        routing = imbalance_sentence(by_pod[k]) if k in by_pod else None
+        if routing:
+            phase, resource, cause = "queue", "capacity", "imbalance"
+            # the pods whose own verdict is the queue
+            n = cause_n = sum(c for (p, _), c in options.items() if p == "queue")
         total = int(reporting.get(k, n))
         row = {**dict(zip(KEYS, k, strict=True)), "phase": phase, "resource": resource,
                "headline": headline(phase, resource, cause), "cause": cause or "",

@@ -225,6 +225,38 @@ def test_a_full_kv_cache_from_prometheus_gives_the_engine_gauges_in_words():
     assert "--kv-cache-dtype fp8" in levers
 
 
+def test_an_outvoted_queueing_pod_is_an_imbalance():
+    """Issue 29: two calm pods outvote the third, which queues most of its request time
+    (the fleet-views run: 2 of 3 pods decode-bound, one queueing 85 % with its KV cache
+    full). The banner named the majority's "Decode is memory-bandwidth-bound"; the pods
+    differ, and the one users wait on queues: a routing imbalance, not the majority."""
+    def pod(name: str, queue: float, decode: float) -> list:
+        return [({**LABELS, "pod": name, "phase": "queue"}, queue),
+                ({**LABELS, "pod": name, "phase": "decode"}, decode)]
+
+    answers = {
+        **LIVE,
+        q.VERDICT_VOTES: [({**LABELS, "phase": "decode", "resource": "memory_bandwidth"}, 2.0),
+                          ({**LABELS, "phase": "queue", "resource": "capacity"}, 1.0)],
+        q.VERDICT_REPORTING: [(LABELS, 3.0)],
+        q.PHASE_SHARE: [({**LABELS, "phase": p}, v) for p, v in (("queue", 0.52),
+                                                                  ("decode", 0.48))],
+        q.PHASE_MEAN: [*pod("vllm-0", 0.001, 2.0), *pod("vllm-1", 0.001, 2.1),
+                       *pod("vllm-2", 10.3, 1.8)],
+    }
+    (row,) = _prometheus_snapshot(answers).verdicts.to_dict("records")
+    assert (row["phase"], row["resource"], row["cause"]) == ("queue", "capacity",
+                                                             "imbalance"), row
+    assert row["cause_text"] == ("Load imbalance: queue 85% of request time on vllm-2 "
+                                 "while vllm-1 queues 0%"), row
+    assert (row["agreeing"], row["reporting"]) == (1, 3), row  # the pod whose verdict it is
+    assert any("router" in lever for lever in row["levers"]), row
+    calm = {**answers, q.PHASE_MEAN: [*pod("vllm-0", 0.001, 2.0), *pod("vllm-1", 0.001, 2.1),
+                                      *pod("vllm-2", 0.002, 1.8)]}
+    (row,) = _prometheus_snapshot(calm).verdicts.to_dict("records")
+    assert (row["phase"], row["cause"]) == ("decode", ""), row  # alike: the majority
+
+
 def test_a_verdict_prometheus_still_holds_for_a_stopped_workload_is_not_shown():
     """Issue 26: an exporter publishes its verdict until its own window empties, which a
     shorter --range outlasts: with no request finished in the range (a rate of 0 over
