@@ -85,13 +85,18 @@ PHASE_MEAN = (f"sum by ({BY}, {{pod}}, phase) (rate({cat.PHASE_DURATION.name}_su
               f"(rate({cat.PHASE_DURATION.name}_count{{sel}}[{{range}}]))")
 
 # Verdict: how many pods report each (phase, resource), and how many report at all.
-VERDICT_VOTES = f"count by ({BY}, phase, resource) ({cat.BOTTLENECK_INFO.name}{{sel}} == 1)"
-VERDICT_REPORTING = f"count by ({BY}) ({cat.BOTTLENECK_INFO.name}{{sel}} == 1)"
+# Pods, not series: in a fleet every replica publishes a verdict for each sending pod it
+# holds a share of (the replicas' series differ by instance), so series are grouped by
+# pod first; a sidecar's series are one per pod already.
+VERDICT = f"{cat.BOTTLENECK_INFO.name}{{sel}} == 1"
+VERDICT_VOTES = (f"count by ({BY}, phase, resource) "
+                 f"(group by ({BY}, {{pod}}, phase, resource) ({VERDICT}))")
+VERDICT_REPORTING = f"count by ({BY}) (group by ({BY}, {{pod}}) ({VERDICT}))"
 VERDICT_CONFIDENCE = f"avg by ({BY}) ({cat.BOTTLENECK_CONFIDENCE.name}{{sel}})"
 # ... and why (the cause label: kv_cache, concurrency_limit, ... or none); an exporter
 # older than the label answers series without it.
 VERDICT_CAUSES = (f"count by ({BY}, phase, resource, cause) "
-                  f"({cat.BOTTLENECK_INFO.name}{{sel}} == 1)")
+                  f"(group by ({BY}, {{pod}}, phase, resource, cause) ({VERDICT}))")
 
 # The engine's own state as the exporter scraped it (--engine-metrics-url): the fullest
 # pod's KV cache, requests running and waiting over all pods, preemptions in the range.

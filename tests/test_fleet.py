@@ -49,6 +49,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from phasewatch.client import PhasewatchClient
+from phasewatch.dashboard import queries
 from phasewatch.sim import otlp_shapes
 from phasewatch.sim.scenarios import scenario
 from phasewatch.tap import trace_headers
@@ -286,6 +287,20 @@ def test_the_fleet_sums_to_one_exporter_and_joins_every_request_on_its_shard(
         per_replica = {r["metric"]["replica"]: float(r["value"][1]) for r in prom.query(
             'sum by (replica) (phasewatch_requests_total{group="fleet"})')}
         assert len(per_replica) == 3 and min(per_replica.values()) > 0, per_replica
+
+        # The dashboard counts verdicts by pod, not by series: each replica publishes one
+        # for every sending pod it holds a share of, and "2 of 6 pods agree" would have
+        # counted replicas x pods. The fleet reports as many pods as the single exporter.
+        def reporting(group: str) -> dict:
+            expr = queries.render(queries.VERDICT_REPORTING, f'group="{group}"', "1m")
+            return {tuple(r["metric"].get(k, "") for k in ("model", "engine", "source")):
+                    float(r["value"][1]) for r in prom.query(expr)}
+        assert wait_for(lambda: reporting("single") and reporting("fleet").keys()
+                        == reporting("single").keys(), 30, 0.5), "a verdict from each"
+        single_pods, fleet_pods = reporting("single"), reporting("fleet")
+        assert fleet_pods == single_pods, (fleet_pods, single_pods)
+        series = prom.query('count(phasewatch_bottleneck_info{group="fleet"} == 1)')
+        assert float(series[0]["value"][1]) > sum(fleet_pods.values())  # replicas x pods
 
     # Joined whole on the replica their trace went to, nowhere waited or alone.
     sglang_at = Counter(route.endpoint_of(next(iter(t))) for t in sglang_roles.values())
