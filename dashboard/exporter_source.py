@@ -111,6 +111,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                      "mfu": (est.get("prefill") or {}).get("flops_utilization"),
                      "decode_batch_size": est.get("decode_batch_size"),
                      **{f"{p}_share": share.get(p) for p in PHASES},
+                     "sampled_share": (m.get("trace_sampling") or {}).get("sampled_share"),
                      **slo_columns(m.get("slo"))})
         for c in m.get("ttft_by_prompt_class", []):
             classes.append({**k, "prompt_class": c["prompt_class"],

@@ -25,6 +25,9 @@ SHARES = tuple(f"{p}_share" for p in PHASES)  # each phase's share of request ti
 # percentiles of each latency; requests and tokens that finished in ``range_seconds``).
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
+# ``sampled_share``: where traces were sampled upstream, the requests received over those
+# they stand for (counts are weighted by 1 / p; latencies are the samples); NaN where
+# every request counted once.
 # With objectives (--slo), per label set: goodput (good requests/s), the share of requests
 # that met every objective set (``good_ratio``), and per objective (vLLM's goodput keys:
 # ttft, tpot, itl, e2el) its threshold in seconds, the share met (``attainment``), and
@@ -37,7 +40,7 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
                "request_rate", "prompt_tokens_per_second",
                "output_tokens_per_second", "mbu", "mfu", "decode_batch_size",
                "requests_in_range", "prompt_tokens_in_range", "output_tokens_in_range",
-               "range_seconds", *SHARES, "goodput", "good_ratio",
+               "range_seconds", *SHARES, "goodput", "good_ratio", "sampled_share",
                *(f"{o}_{c}" for o in OBJECTIVES for c in SLO_FIGURES))
 # One row per label set: the verdict banner. ``headline`` names the phase with the cause
 # ("Decode: KV cache full"); ``cause`` is a cause's name or "" (phasewatch.roofline.cause);

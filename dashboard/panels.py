@@ -234,6 +234,10 @@ CARDS = (
 )
 
 
+# Shown only where traces were sampled upstream (issue 29): the counts are weighted.
+SAMPLED_CARD = (("sampled", " traces"), "sampled_share", percent_text)
+
+
 def _known(v):
     """A frame value as a number, or None (NaN, None)."""
     try:
@@ -273,7 +277,8 @@ def bench_compare(blocks: list | None = None) -> html.Details:
 def kpi_cards(kpis: pd.DataFrame) -> list:
     several = len(kpis) > 1
     cards = []
-    for (word, rest), column, fmt in CARDS:
+    sampled = kpis["sampled_share"].notna().any() and (kpis["sampled_share"] < 1).any()
+    for (word, rest), column, fmt in (*CARDS, SAMPLED_CARD) if sampled else CARDS:
         title = [term(word), rest] if word else [rest]
         if several:
             body = [html.Div([html.Span(fmt(r[column]), style={"fontWeight": 600}),

@@ -71,6 +71,10 @@ KPIS: dict[str, str] = {
     "mbu": f'avg by ({BY}) ({cat.BANDWIDTH_UTILIZATION.name}{{sel_and}}phase="decode"}})',
     "mfu": f'avg by ({BY}) ({cat.FLOPS_UTILIZATION.name}{{sel_and}}phase="prefill"}})',
     "decode_batch_size": f"avg by ({BY}) ({cat.DECODE_BATCH_SIZE.name}{{sel}})",
+    # traces sampled upstream: requests received over the requests they stand for (the
+    # received family exists only where something was sampled)
+    "sampled_share": (f"sum by ({BY}) (rate({cat.SAMPLED_REQUESTS.name}{{sel}}[{{range}}])) / "
+                      f"sum by ({BY}) (rate({cat.REQUESTS.name}{{sel}}[{{range}}]))"),
 }
 
 # Phase time shares: each phase's summed duration over all three, from the phase

@@ -63,6 +63,10 @@ GLOSSARY = {
     "e2e": "End-to-end latency: arrival to the request's finish (its response ended). "
            "vLLM's e2e ends at the last token, guidellm's at the stream's end; the JSON "
            "API gives both where the server reports both (e2e_to_last_token_seconds).",
+    "sampled": "Traces kept by a sampler upstream (the OpenTelemetry tracestate's ot=th, or "
+               "--trace-sample-ratio): requests and tokens are counted as the requests "
+               "they stand for (1 / the probability each was kept with); latency "
+               "percentiles are of the requests received.",
     "goodput": "Requests per second that met every latency objective set (--slo), as "
                "vllm bench serve --goodput and DistServe define it; each request is judged "
                "exactly, not from histogram buckets.",

@@ -153,3 +153,18 @@ def test_prometheus_reads_the_classes_thresholds():
     assert slo_lead(figures, {"queue_share": 0.6, "decode_share": 0.4}) == (
         "10% of requests missed TTFT 3000 ms for 4k-16k prompts; 100% of those spent most "
         "of it in the queue.")
+
+
+def test_the_sampled_share_has_a_card_only_where_traces_were_sampled():
+    """Issue 29: counts weighted by 1 / p say so on the page; unsampled, no card. From
+    Prometheus: the received requests' rate over the weighted one."""
+    from phasewatch.dashboard import queries as q
+    from tests.test_dashboard_cause import LABELS, LIVE, _prometheus_snapshot
+
+    plain = _prometheus_snapshot(LIVE)
+    assert "kpi-sampled_share" not in [c.id for c in panels.kpi_cards(plain.kpis)]
+    sampled = _prometheus_snapshot({**LIVE, q.KPIS["sampled_share"]: [(LABELS, 0.1)]})
+    (card,) = [c for c in panels.kpi_cards(sampled.kpis) if c.id == "kpi-sampled_share"]
+    assert " ".join(component_text(card).split()) == "sampled traces 10%"
+    everything = _prometheus_snapshot({**LIVE, q.KPIS["sampled_share"]: [(LABELS, 1.0)]})
+    assert "kpi-sampled_share" not in [c.id for c in panels.kpi_cards(everything.kpis)]

@@ -37,10 +37,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from phasewatch.app import Exporter
 from phasewatch.config import ServeConfig
+from phasewatch.dashboard import panels
+from phasewatch.dashboard.exporter_source import ExporterSource
 from phasewatch.requests.record import RequestRecord
 from phasewatch.requests.sampling import ot_threshold, threshold_probability
 from phasewatch.sim import otlp_shapes
-from tests.conftest import TEST_PORTS, scrape
+from tests.conftest import TEST_PORTS, component_text, scrape
 
 TTFT_COUNT = "gen_ai_server_time_to_first_token_seconds_count"
 
@@ -132,6 +134,11 @@ def test_the_sdks_probability_sampler_th_weighs_requests_not_latencies(exporter)
     assert m["requests_in_window"] == pytest.approx(k / p)
     assert m["request_rate"] == pytest.approx(k / p / m["covered_seconds"])
     assert m["trace_sampling"] == {"received_requests": k, "sampled_share": pytest.approx(p)}
+    # the dashboard says the counts stand for more requests than it saw
+    snap = ExporterSource(f"http://127.0.0.1:{exporter.http_port}").fetch()
+    assert snap.kpis["sampled_share"].iloc[0] == pytest.approx(p)
+    cards = {c.id: " ".join(component_text(c).split()) for c in panels.kpi_cards(snap.kpis)}
+    assert cards["kpi-sampled_share"] == "sampled traces 10%", cards
 
 
 def test_a_tracestate_from_upstream_weighs_exactly_and_a_bad_th_is_counted(exporter):
