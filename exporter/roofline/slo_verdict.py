@@ -86,6 +86,11 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray,
 
 MIN_TOLD = 5  # TPOT misses the fit can weigh before anything is said of them
 MOSTLY = 0.5  # of those, the share that must have met it without interference
+# ... or, where a straight line undercounts the cost of sharing (a long prefill chunk
+# stalls a step whatever the share), the misses' decode spent beside prefills at least
+# BESIDE_RATIO x and BESIDE_MARGIN more than the decode of the requests that met it
+BESIDE_RATIO = 2.0
+BESIDE_MARGIN = 0.2
 
 
 def _without_prefill(outcome: np.ndarray, decode: dict, seconds: float | None) -> dict | None:
@@ -113,10 +118,16 @@ def interference_told(fig: dict) -> str:
     """The TPOT misses put down to prefill interference, in words; "" when the records
     do not show it."""
     w = fig.get("without_prefill")
-    if not w or w["misses_weighed"] < MIN_TOLD or (w["would_meet_without_prefill"] or 0) < MOSTLY:
+    if not w or w["misses_weighed"] < MIN_TOLD:
         return ""
-    return (f"{w['would_meet_without_prefill']:.0%} of those would have met it without the "
-            "prefill chunks sharing their decode steps")
+    if (w["would_meet_without_prefill"] or 0) >= MOSTLY:
+        return (f"{w['would_meet_without_prefill']:.0%} of those would have met it without "
+                "the prefill chunks sharing their decode steps")
+    missed, met = w["decode_shared_missed"] or 0.0, w["decode_shared_met"] or 0.0
+    if missed >= BESIDE_RATIO * met and missed >= met + BESIDE_MARGIN:
+        return (f"they decoded beside other requests' prefill chunks {missed:.0%} of the "
+                f"time, against {met:.0%} for the requests that met it")
+    return ""
 
 
 def interference_cause(slo: dict | None, phase: str) -> Cause | None:
