@@ -261,7 +261,7 @@ def test_tpot_misses_beside_prefills_are_told_where_the_line_undercounts_them():
 
     w = {"misses_weighed": 18, "would_meet_without_prefill": 1 / 3, "slowdown": 2.85,
          "tpot_without_prefill": 0.0268, "tpot_sharing_every_step": 0.0765,
-         "decode_shared_missed": 0.565, "decode_shared_met": 0.0097}
+         "decode_shared_missed": 0.571, "decode_shared_met": 0.0097}
     assert interference_told({"without_prefill": w}) == (
         "they decoded beside other requests' prefill chunks 57% of the time, against 1% for "
         "the requests that met it")
