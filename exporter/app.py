@@ -102,13 +102,15 @@ class Exporter:
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
         self._resolved = [(o, d) for o, d in resolved if d is not None]  # logged by start()
         deployments = Deployments([d for _, d in resolved if d is not None])
+        timeout = config.engine_metrics_timeout
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, d.served_name,
-                                                      self.stats)
+                                                      self.stats, timeout)
                    for o, d in resolved if d is not None and o.engine_metrics_url}
         flags = config.model_flags
         if flags.engine_metrics_url and not (flags.model or flags.hf_config):
             # the engine's state without a roofline: the cause of queueing still counts
-            engines[ANY_MODEL] = EngineMetricsSource(flags.engine_metrics_url, None, self.stats)
+            engines[ANY_MODEL] = EngineMetricsSource(flags.engine_metrics_url, None, self.stats,
+                                                     timeout)
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
         # one model, one label: every name of a configured model -> its served name
         names = self.model_names = ModelNames(options)
@@ -177,6 +179,13 @@ class Exporter:
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
         self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
                                           daemon=True)
+        # one scraper per engine URL, apart from the verdict's updates: a saturated
+        # engine answers its /metrics slowly (seconds, on a loaded host), which must
+        # neither hold the verdict back nor, with a short timeout, lose exactly the
+        # scrapes that show the full KV cache
+        self._scrapers = [threading.Thread(target=self._scrape_loop, args=(source,),
+                                           name=f"pw-engine-{i}", daemon=True)
+                          for i, source in enumerate(self.monitor.engine_sources())]
         self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
         self.tap_port = 0
 
@@ -259,6 +268,8 @@ class Exporter:
                      c.tap_upstream)
         self._sweeper.start()
         self._roofline.start()
+        for scraper in self._scrapers:
+            scraper.start()
         scheme = "https" if tls else "http"
         security = ("plain TCP" if not tls else "TLS" + (" with client certificates"
                                                           if tls.mutual else ""))
@@ -310,10 +321,21 @@ class Exporter:
             except Exception:
                 log.exception("trace join sweep failed")
 
+    def _scrape_loop(self, source: EngineMetricsSource) -> None:
+        """Scrape ``source`` every --roofline-interval; a scrape that takes longer delays
+        the next, as Prometheus does (never two at once against one engine)."""
+        interval = self.config.roofline_interval
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                source.poll()
+            except Exception:  # a bug here must not stop the scrapes silently
+                log.exception("engine metrics scrape of %s failed", source.url)
+            self._stop.wait(max(interval - (time.monotonic() - began), 0.0))
+
     def _roofline_loop(self) -> None:
         while not self._stop.wait(self.config.roofline_interval):
             try:
-                self.monitor.poll_engines()
                 self.monitor.update()
                 window = self.aggregator.window
                 labels = self.aggregator.labels

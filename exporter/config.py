@@ -147,8 +147,11 @@ SERVE_OPTIONS = (
            "usage, preemptions) names the verdict's cause, and its FLOP/byte counters "
            "(vLLM/SGLang --enable-mfu-metrics) replace the inferred ones; without --model it "
            "serves every model"),
-    Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates",
-           0.1, 600),
+    Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates "
+           "and between scrapes of --engine-metrics-url", 0.1, 600),
+    Option("engine_metrics_timeout", float, 10.0, "seconds an engine /metrics scrape may "
+           "take (Prometheus's default scrape_timeout): a saturated engine answers slowly, "
+           "and those are the scrapes the cause needs", 0.1, 600),
     Option("history_points", int, 300, "window summaries kept per label set for the "
            "dashboard's time series (one per roofline update)", 2, 100_000),
     Option("slo", str, "", "latency objectives for goodput, as vllm bench serve --goodput "
@@ -208,6 +211,7 @@ class ServeConfig:
     grpc_workers: int = 16
     log_level: str = "info"
     roofline_interval: float = 2.0
+    engine_metrics_timeout: float = 10.0
     history_points: int = 300
     slo: str = ""
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
@@ -296,7 +300,7 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "models: [[models]] tables in --config",
      ("model", "hf_config", "served_model_name", "hardware", "hardware_profile", "gpus",
       "tensor_parallel", "weight_dtype", "kv_dtype", "compute_dtype", "max_batched_tokens",
-      "engine_metrics_url", "roofline_interval")),
+      "engine_metrics_url", "engine_metrics_timeout", "roofline_interval")),
     ("listeners", "where the exporter receives and serves (0 picks a free port)",
      ("grpc_host", "grpc_port", "otlp_grpc_host", "otlp_grpc_port", "otlp_http_host",
       "otlp_http_port", "http_host", "http_port")),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +25,15 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 class Pages:
     """A real HTTP server answering /metrics with the next page of a list."""
 
-    def __init__(self, pages: list[str]):
+    def __init__(self, pages: list[str], delay: float = 0.0):
         self.pages = list(pages)
+        self.served = 0
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                time.sleep(delay)  # an engine slow to answer (saturated, on a loaded host)
+                owner.served += 1
                 body = owner.pages.pop(0).encode() if owner.pages else b""
                 self.send_response(200 if body else 500)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")

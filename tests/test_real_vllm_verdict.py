@@ -170,7 +170,8 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
 def brief(f: dict) -> str:
     """The figures that say where a ratio went wrong, first (pytest cuts a long dict)."""
     keys = ("flops_ratio", "inferred_flops", "vllm_flops", "requests", "vllm_prompt_tokens",
-            "dropped", "capture_forward_errors", "range", "inputs", "client")
+            "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
+            "warnings", "loadavg", "range", "inputs", "client")
     return json.dumps({k: f.get(k) for k in keys}, default=str)
 
 
@@ -181,7 +182,7 @@ def test_the_verdict_names_the_phase_resource_and_cause(runs, name):
     got = (v["phase"], v["resource"], v["cause"])
     for value, expected in zip(got, want, strict=True):
         ok = value in expected if isinstance(expected, tuple) else value == expected
-        assert ok, (name, got, want, v["text"])
+        assert ok, (name, got, want, v["text"], brief(runs[name].figures))
     # the engine was scraped: its state rules out a full cache and a slot limit; the
     # interference is measured on the records (decodes' TPOT against their overlap)
     source = "records" if v["cause"] == "prefill_interference" else "engine_metrics"

