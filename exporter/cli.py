@@ -248,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     exporter = tap.add_argument_group("to the exporter", "where the tap's records go")
     exporter.add_argument("--target", default="127.0.0.1:50051", metavar="HOST:PORT",
                           help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
+    exporter.add_argument("--otlp-endpoint",
+                          default=os.environ.get("PHASEWATCH_TAP_OTLP_ENDPOINT", ""),
+                          metavar="ENDPOINT",
+                          help="send the records as OTLP spans instead of to --target: "
+                          "HOST:PORT (OTLP/gRPC) or an http(s)://.../v1/traces URL "
+                          "(OTLP/HTTP). For a fleet: the OpenTelemetry Collector, whose "
+                          "load-balancing exporter routes each record to the replica that "
+                          "holds the engine's spans of its trace (default "
+                          "$PHASEWATCH_TAP_OTLP_ENDPOINT; service.name and the pod from "
+                          "OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES)")
     _add_token_flag(exporter, "the exporter's receivers require")
     exporter.add_argument("--engine", default="tap", metavar="NAME",
                           help="engine label of the tap's records (default tap)")

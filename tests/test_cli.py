@@ -262,7 +262,8 @@ def test_tap_help_reads_as_sections_and_names_each_side_of_tls():
     assert flags["upstream"] == {"--upstream", "--upstream-ca", "--ask-usage"}
     assert flags["listener"] == {"--host", "--port", "--tls-cert-file", "--tls-key-file",
                                  "--metrics-port"}
-    assert flags["to the exporter"] == {"--target", "--token", "--exporter-tls-ca",
+    assert flags["to the exporter"] == {"--target", "--otlp-endpoint", "--token",
+                                        "--exporter-tls-ca",
                                         "--exporter-tls-cert", "--exporter-tls-key",
                                         "--engine", "--model"}
     assert flags["limits"] == {"--timeout", "--max-body-mib"}

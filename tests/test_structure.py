@@ -32,6 +32,7 @@ FLOORS = {
     "phasewatch.sim": 6,
     "phasewatch.tap": 6,
     "phasewatch.config": 6,
+    "phasewatch.options": 6,  # every serve option, once (config reads them, cli shows them)
     "phasewatch.dashboard": 7,
     "phasewatch.app": 8,  # the process: wires the stages
     "phasewatch.cli": 9,

@@ -32,7 +32,8 @@ behind it, or an engine with no tap in front, is counted at once (outcomes
 ``tap_only_no_engine``, ``engine_only_no_tap``), not after the wait:
 
 * expected: a tap's record waits once an engine has been seen tracing (any OTLP
-  export: ``engine_exported``; vLLM exports its start-up spans as it loads) or an
+  export with spans other than a tap's own: ``engine_exported``; vLLM exports its
+  start-up spans as it loads) or an
   engine row with trace context has come; an engine's span once a tap's record has
   been seen, or when it inherited the tap's tracestate member (``phasewatch=tap``: it
   came through a tap, so its record is coming, even before any was seen);

@@ -32,6 +32,8 @@ class Observed:
     status: int = 0
     aborted: str = ""  # why the request did not complete ("client_disconnected", ...)
     trace_parent: str = ""  # "<trace id>-<span id>" of the traceparent sent upstream
+    caller_span: str = ""  # the span id of the traceparent the client sent ("" for none)
+    path: str = ""  # the API path (/v1/chat/completions or /v1/completions)
     hide_usage: bool = False  # the tap asked for the usage: keep its chunk from the client
 
     def choice(self, index: int) -> Choice:

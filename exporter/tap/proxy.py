@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 
 from phasewatch.tap.observed import Observed
 from phasewatch.tap.sse import MAX_EVENT, EventReader, UsageFilter
-from phasewatch.tap.tracecontext import trace_headers
+from phasewatch.tap.tracecontext import caller_span, trace_headers
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ _NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
 class Tap:
-    """The proxy. ``record`` receives (model, kwargs of ``PhasewatchClient.record``) for
-    each timed request; ``counts`` holds what happened (its families: ``tallies``).
+    """The proxy. ``record`` receives (model, kwargs of ``PhasewatchClient.record``, the
+    ``Observed`` they came from) for each timed request; ``counts`` holds what happened
+    (its families: ``tallies``).
 
     ``max_body_bytes``: a timed request's body up to this is read (and the request
     timed); a larger one is streamed to the upstream as it comes, untimed and counted.
@@ -149,6 +150,8 @@ class Tap:
                                           request.headers.getall("tracestate", []))
             headers["traceparent"], headers["tracestate"] = parent, state  # replaced
             seen.trace_parent = parent[3:-3]  # "<trace id>-<span id>"
+            seen.path = request.path
+            seen.caller_span = caller_span(request.headers.get("traceparent"), parent)
             try:
                 asked = json.loads(whole) if whole else {}
                 streamed = isinstance(asked, dict) and bool(asked.get("stream"))
@@ -269,7 +272,7 @@ class Tap:
             return
         for kwargs in seen.records():
             try:
-                self._record(model, kwargs)
+                self._record(model, kwargs, seen)
             except Exception:  # never let phasewatch's side fail the user's request
                 log.exception("recording a tapped request failed")
                 self.counts["record_failed"] += 1

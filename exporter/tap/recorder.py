@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def client_recorder(client):
     """``Tap``'s record callback over a ``PhasewatchClient``."""
-    def record(model: str, kwargs: dict) -> None:
+    def record(model: str, kwargs: dict, seen=None) -> None:
         client.record(model, **kwargs)
     return record
 
@@ -41,7 +41,7 @@ class BatchRecorder:
                                         daemon=True)
         self._thread.start()
 
-    def __call__(self, model: str, kwargs: dict) -> None:
+    def __call__(self, model: str, kwargs: dict, seen=None) -> None:
         row = RequestRecord(model, **kwargs).row(self._engine)
         with self._lock:
             if self._closed.is_set() or len(self._rows) >= self._max:

@@ -91,19 +91,29 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
                   tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
                   timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
                   metrics_port: int | None = None, ask_usage: bool = False,
-                  stop: threading.Event | None = None) -> int:
+                  otlp_endpoint: str = "", stop: threading.Event | None = None) -> int:
     """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
-    ``token`` / ``client_tls`` (an ``phasewatch.transport.tls.ClientTls``): to the exporter;
-    ``tls_cert_file`` / ``tls_key_file``: the tap's own HTTPS listener."""
+    Records go to ``target`` (an exporter's phasewatch gRPC port) or, with
+    ``otlp_endpoint``, as OTLP spans there (an OpenTelemetry Collector in front of a
+    fleet: ``otlp_out``). ``token`` / ``client_tls`` (an
+    ``phasewatch.transport.tls.ClientTls``): to either; ``tls_cert_file`` /
+    ``tls_key_file``: the tap's own HTTPS listener."""
     from phasewatch.client import PhasewatchClient
     from phasewatch.transport.tls import ClientTls
 
     tls = client_tls or ClientTls()
-    client = PhasewatchClient(target, engine=engine, source="tap", token=token,
-                              tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+    if otlp_endpoint:
+        from phasewatch.tap.otlp_out import OtlpRecorder, span_exporter
+
+        client = OtlpRecorder(span_exporter(otlp_endpoint, token=token, tls=tls), engine)
+        record, where = client, f"{otlp_endpoint} (OTLP spans)"
+    else:
+        client = PhasewatchClient(target, engine=engine, source="tap", token=token,
+                                  tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+        record, where = client_recorder(client), target
     tap = server = None
     try:
-        tap = Tap(upstream, client_recorder(client), default_model=default_model,
+        tap = Tap(upstream, record, default_model=default_model,
                   max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca,
                   ask_usage=ask_usage)
         listener = (server_ssl(tls_cert_file, tls_key_file)
@@ -111,7 +121,7 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
         server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,
                            client=client).start()
         print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
-              f"records to {target} (pid {os.getpid()})", flush=True)
+              f"records to {where} (pid {os.getpid()})", flush=True)
         if server.metrics_port is not None:
             print(f"phasewatch tap counts on {server.scheme}://{host}:{server.metrics_port}"
                   "/metrics", flush=True)

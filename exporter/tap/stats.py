@@ -22,7 +22,8 @@ ABORTS = ("client_disconnected", "upstream_broke_off", "upstream_stalled", "tap_
 TAP_DROPS = ("no_model", "record_failed", "body_too_large_untimed")
 UNREAD = ("unreadable_request", "compressed_answer", "event_too_large", "unreadable_event",
           "unreadable_body")
-CLIENT_DROPS = ("buffer_full", "refused", "shutdown", "invalid", "closed")
+# the gRPC client's, and the OTLP recorder's export_failed (tap.otlp_out)
+CLIENT_DROPS = ("buffer_full", "refused", "shutdown", "invalid", "closed", "export_failed")
 
 
 def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = None

@@ -36,3 +36,12 @@ def _hex(s: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def caller_span(incoming: str | None, sent: str) -> str:
+    """The span id of the client's ``traceparent`` when the tap's ``sent`` one continues
+    its trace (the tap's span is then that span's child), else ""."""
+    parts = (incoming or "").strip().split("-")
+    return parts[2].lower() if (len(parts) == 4 and sent.split("-")[1].lower() == parts[1].lower()
+                                and len(parts[2]) == 16 and _hex(parts[2])
+                                and parts[2] != "0" * 16) else ""

@@ -1,5 +1,8 @@
 """Span adapters: each turns one server's request spans into the one request record.
 
+The stream tap's own records can come as spans too (``tap``: a tap in a fleet sends them
+through the OpenTelemetry Collector); their rows are the trace join's tap side.
+
 ``classify`` picks the adapter per span by what the span carries (its name and
 attributes), never by a flag, so one exporter can take vLLM, TGI, SGLang and any
 GenAI-instrumented gateway at once. Spans no adapter claims are not requests
@@ -8,10 +11,10 @@ GenAI-instrumented gateway at once. Spans no adapter claims are not requests
 
 from __future__ import annotations
 
-from phasewatch.ingest.adapters import genai, sglang, tgi, vllm
+from phasewatch.ingest.adapters import genai, sglang, tap, tgi, vllm
 from phasewatch.ingest.adapters.common import AdapterContext, Rejected
 
-ADAPTERS = (vllm, sglang, tgi, genai)  # most specific first
+ADAPTERS = (tap, vllm, sglang, tgi, genai)  # most specific first (a tap's span is GenAI too)
 # adapters whose request's timeline is in child spans (``traces.TraceParts``)
 WITH_CHILD_SPANS = tuple(a for a in ADAPTERS if hasattr(a, "remember"))
 CHILD_SPAN_NAMES = frozenset(n for a in WITH_CHILD_SPANS for n in a.CHILD_SPANS)

@@ -10,6 +10,8 @@ when its trace was sampled (the tracestate's ``ot=th``, else ``--trace-sample-ra
 
 from __future__ import annotations
 
+import numpy as np
+
 from phasewatch.requests.record import TAP_TRACESTATE_KEY, BatchBuilder
 from phasewatch.requests.sampling import TraceSampling
 
@@ -40,13 +42,18 @@ def tapped(span) -> bool:
 
 
 def span_columns(builder: BatchBuilder, spans: list, pods: bool,
-                 sampling: TraceSampling | None = None) -> BatchBuilder:
+                 sampling: TraceSampling | None = None, adapter=None) -> BatchBuilder:
     """``builder`` with the columns rows take from their spans (``spans[i]`` is row
     ``i``'s): trace_parent, tapped, with ``pods`` (the sink has a pod label) pod, and with
-    ``sampling`` the weight (absent: 1, as when no span says it was sampled)."""
-    keys = [parent_key(s) for s in spans]
+    ``sampling`` the weight (absent: 1, as when no span says it was sampled). An
+    ``adapter`` with a ``SOURCE`` of its own (the tap's spans) gives its rows that side
+    and its own ``join_key``, and they are not engine rows that came through a tap."""
+    source = getattr(adapter, "SOURCE", None)
+    keys = [(adapter.join_key if source is not None else parent_key)(s) for s in spans]
     builder.text(trace_parent=keys)  # the string table grows only when a span has a parent
-    if any(keys):
+    if source is not None:
+        builder.columns(source=np.full(len(spans), source, dtype=np.int8))
+    elif any(keys):
         builder.columns(tapped=[bool(k) and tapped(s)
                                 for k, s in zip(keys, spans, strict=True)])
     if pods:

@@ -28,6 +28,7 @@ from phasewatch.ingest.adapters import (
     decode_step,
     remember,
     sglang,
+    tap,
     vllm,
 )
 from phasewatch.ingest.adapters.common import LATENCY_KEYS, TWO_CLOCK_TOLERANCE_NS
@@ -84,8 +85,6 @@ class OtlpIngest:
     def export_spans(self, spans: list, protocol: str) -> ExportOutcome:
         """Ingest one request's spans, walked with ``EXTRACT`` (``walk``, ``json_spans``)."""
         out = ExportOutcome(spans=len(spans))
-        if spans:
-            self._sink.engine_exported()  # an engine traces: a join waits for its spans
         parts = self.context.trace_parts
         refused: Counter = Counter()  # by the adapters (the aggregator counts its own)
         requests = []
@@ -106,6 +105,8 @@ class OtlpIngest:
                 refused["bad_span_id"] += 1
             else:
                 requests.append((adapter, s))
+        if len(spans) > sum(a is tap for a, _ in requests):  # not only a tap's records:
+            self._sink.engine_exported()  # an engine traces, a join waits for its spans
         fresh = self._seen.claim_many([s.trace_id + s.span_id for _, s in requests])
         groups: dict = {}  # adapter -> its claimed request spans, in order
         for (adapter, s), new in zip(requests, fresh, strict=True):
@@ -214,8 +215,8 @@ class OtlpIngest:
             except Rejected as e:
                 refused[e.reason] += 1
         builder = BatchBuilder.from_rows(rows, times_in_ns=True)
-        return span_columns(builder, kept, self.context.pods,
-                            self.context.sampling).build(), kept
+        return span_columns(builder, kept, self.context.pods, self.context.sampling,
+                            adapter).build(), kept
 
     def _count(self, out: ExportOutcome, refused: Counter, protocol: str) -> None:
         inc = self.stats.inc
