@@ -13,9 +13,9 @@ overlay's own phasewatch.toml. What is sent:
 * SGLang 0.5.23's own multi-process span trees (tests/fixtures/otlp/engines), replayed
   with fresh trace ids: unified, and disaggregated with both roles in one trace, as SGLang
   traces a request that came with a ``traceparent`` (the tap's, a tracing router's);
-* tapped requests: the tap's record (phasewatch gRPC, to the replica the trace's ring
-  position names: the tap does not route by trace id itself, see docs) and the engine's
-  span, a child of the tap's traceparent.
+* tapped requests: the tap's record, as the span ``phasewatch tap --otlp-endpoint``
+  sends (its ``OtlpRecorder``, exporting through the same route), and the engine's span,
+  a child of the tap's.
 
 The fleet's sums equal the single exporter's: request counts and token sums exactly,
 phase duration sums to float rounding, quantiles of the summed native histograms exactly
@@ -48,11 +48,12 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
 
-from phasewatch.client import PhasewatchClient
 from phasewatch.dashboard import queries
 from phasewatch.sim import otlp_shapes
 from phasewatch.sim.scenarios import scenario
 from phasewatch.tap import trace_headers
+from phasewatch.tap.observed import Observed
+from phasewatch.tap.otlp_out import OtlpRecorder
 from tests.collector_ring import CollectorRoute, Ring
 from tests.conftest import scrape, wait_for
 from tests.prom import PrometheusServer
@@ -226,21 +227,20 @@ def test_the_fleet_sums_to_one_exporter_and_joins_every_request_on_its_shard(
         assert all(len(t) == 1 for t in roles.values())  # each request in one trace
         sglang_roles |= {f"{name}/{rid}": t for rid, t in roles.items()}
 
-    # 2. tapped requests: the tap's record to the trace's replica, then the engine's span
+    # 2. tapped requests: the tap's records as OTLP spans through the same Collector
+    # (phasewatch tap --otlp-endpoint: its OtlpRecorder, whose exporter is the route),
+    # then the engine's spans; the ring puts both halves of each on one replica
     tapped = scenario("chat").build(seed=3).run(6.0, epoch=now - 20)
     headers = [dict(zip(("traceparent", "tracestate"), trace_headers(None), strict=True))
                for _ in tapped]
     tap_replica = [route.endpoint_of(int(h["traceparent"].split("-")[1], 16))
                    for h in headers]
-    clients = {e: PhasewatchClient(f"127.0.0.1:{p.grpc_port}", engine="vllm", source="tap")
-               for e, p in [*replica_of.items(), ("single", single)]}
-    for r, h, endpoint in zip(tapped, headers, tap_replica, strict=True):
-        for e in (endpoint, "single"):
-            clients[e].record(SERVED, **tap_record(r, h["traceparent"]))
-    sent = Counter([*tap_replica, *["single"] * len(tapped)])
-    for e, c in clients.items():
-        assert c.flush(30) and c.stats["accepted"] == sent[e], (e, c.stats)
-        c.close()
+    taps = OtlpRecorder(route, "vllm", resource=Resource.create(
+        {"service.name": "phasewatch-tap", "k8s.pod.name": "vllm-qwen-a"}), interval=3600)
+    for r, h in zip(tapped, headers, strict=True):
+        taps(SERVED, tap_record(r, h["traceparent"]), Observed(path="/v1/chat/completions"))
+    taps.close(shutdown_exporter=False)  # sends what waits, through the route
+    assert taps.stats == {"sent": len(tapped), "accepted": len(tapped)}, taps.stats
     assert route.export(vllm_spans("vllm-qwen-a", tapped, headers)) is SUCCESS
 
     total = sum(map(len, pods.values())) + len(sglang_roles) + len(tapped)

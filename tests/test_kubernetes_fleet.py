@@ -16,6 +16,7 @@ here: tests/test_fleet.py runs phasewatch replicas fed as the Collector's ring f
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -236,3 +237,36 @@ def test_the_dashboard_reads_the_replicas_summed(fleet):
     dash = container(fleet["deployments"]["phasewatch-dashboard"], "dashboard")
     args = build_parser().parse_args(dash["args"])
     assert args.prometheus and not args.exporter
+
+
+def test_the_taps_send_their_records_through_the_collector(fleet, tmp_path):
+    """The tap in front of each vLLM pod sends its records as OTLP spans to the
+    Collector's Service, on the port the Collector receives OTLP/gRPC (so the
+    load-balancing exporter routes each to the replica holding its trace), names its pod,
+    is what clients reach, and the replicas label sources and wait for both halves."""
+    deployment = fleet["deployments"]["vllm-qwen"]
+    tap = container(deployment, "phasewatch-tap")
+    args = build_parser().parse_args(tap["args"])
+    host, _, port = args.otlp_endpoint.rpartition(":")
+    service = fleet["services"][host]
+    assert _selects(service, fleet["collector"])
+    (target,) = [p["targetPort"] for p in service["spec"]["ports"] if p["port"] == int(port)]
+    receiver = fleet["config"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+    assert ports(fleet["otelcol"])[target] == int(receiver.rsplit(":", 1)[1])
+    # in front of the server, on the pod's loopback, with the server's engine label
+    engine, server = _server(deployment)
+    upstream = urlsplit(args.upstream)
+    assert upstream.hostname == "127.0.0.1" and upstream.port == ports(server)["http"]
+    assert args.engine == engine and args.host == "0.0.0.0"
+    # clients reach the tap, not the server
+    clients = fleet["services"]["vllm-qwen"]
+    assert _selects(clients, deployment)
+    (client_port,) = clients["spec"]["ports"]
+    assert ports(tap)[client_port["targetPort"]] == args.port
+    # its records name the pod, as the server's spans do
+    env = {e["name"]: e for e in tap["env"]}
+    assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME)"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    hardened(tap)
+    cfg = serve_config(*localised(fleet["docs"], fleet["phasewatch"], tmp_path))
+    assert cfg.source_label and cfg.trace_join_wait >= 5
