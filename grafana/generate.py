@@ -300,12 +300,18 @@ def slo_panels(lay: Layout) -> None:
                  "Share of the requests in the dashboard's time range that met every "
                  "objective set (the good requests; their rate is goodput).", decimals=2),
             4, 6)
+    lay.add(stat("Sampled traces", q(queries.KPIS["sampled_share"]), "percentunit",
+                 "Where traces were sampled upstream (the tracestate's ot=th, or the "
+                 "exporter's --trace-sample-ratio): the requests received over the requests "
+                 "they stand for. Counts, rates and goodput are weighted by its inverse; the "
+                 "latency distributions are the received requests'. No value: nothing was "
+                 "sampled.", decimals=1), 4, 6)
     lay.add(timeseries("Goodput and request rate", [
         target(f"sum by ({BY}) (rate({good}{{{SEL}}}[{RANGE}]))", who("goodput"), "A"),
         target(q(queries.KPIS["request_rate"]), who("requests"), "B")], "reqps",
         "Goodput: requests per second that met every latency objective set (DistServe's "
         "definition; vllm bench serve --goodput), against all finished requests per "
-        "second."), 12, 6)
+        "second."), 8, 6)
     lay.add(timeseries("Objective misses by phase", [target(
         f"sum by ({BY}, objective, phase) (rate({missed}{{{SEL}}}[{RANGE}]))",
         who("{{objective}} {{phase}}"))], "reqps",

@@ -292,6 +292,15 @@ def test_the_shipped_rules_parse_against_prometheus(fired):
                 assert error is None, f"{path.name} {rule.get('record') or rule['alert']}: {error}"
 
 
+# Panels with data only where something happens that this scenario does not do; each
+# must still parse here, and returns data in the test named.
+ONLY_WHERE = {
+    "Sampled traces": "traces sampled upstream: tests/test_otlp_sampling.py::"
+                      "test_the_sampled_share_through_prometheus_on_the_dashboard_and_"
+                      "grafanas_panel",
+}
+
+
 def test_every_grafana_expression_parses_and_returns_data(fired):
     prom, *_ = fired
     doc = json.loads(grafana.OUT.read_text())
@@ -303,7 +312,7 @@ def test_every_grafana_expression_parses_and_returns_data(fired):
         assert "$" not in filled, f"{title}: unfilled variable in {filled}"
         error, result = _run(prom, filled)
         checked += 1
-        if error or not result:
+        if error or (not result and title not in ONLY_WHERE):
             problems.append(f"{title}: {error or 'no data'}: {filled}")
     # One model selected, as a user narrows the dashboard: the panels still have data,
     # from an exporter without a source label (All sources, .*, matches the absent label)
@@ -312,7 +321,8 @@ def test_every_grafana_expression_parses_and_returns_data(fired):
                                ("Llama-3\\\\.1-8B", "llm-0", "engine")):
         values.update({"$model": model, "$pod": pod, "$source": source})
         for title, expr in grafana.expressions(doc):
-            if "ALERTS" in expr and model.startswith("Qwen"):  # Qwen has no alert, rightly
+            if (("ALERTS" in expr and model.startswith("Qwen"))  # Qwen has no alert, rightly
+                    or title in ONLY_WHERE):
                 continue
             error, result = _run(prom, grafana.substitute(expr, values))
             if error or not result:

@@ -89,7 +89,7 @@ def test_the_issue_s_views_are_there():
                   "Engine: KV-cache usage and requests", "Engine preemptions/s",
                   "Objective attainment", "Good requests", "Goodput and request rate",
                   "Objective misses by phase", "Replicas", "Verdict per replica",
-                  "TTFT p95 per replica", "Queue share per replica"):
+                  "TTFT p95 per replica", "Queue share per replica", "Sampled traces"):
         assert title in titles
 
 

@@ -20,6 +20,7 @@ import math
 import random
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from opentelemetry import context
@@ -43,6 +44,8 @@ from phasewatch.requests.record import RequestRecord
 from phasewatch.requests.sampling import ot_threshold, threshold_probability
 from phasewatch.sim import otlp_shapes
 from tests.conftest import TEST_PORTS, component_text, scrape
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TTFT_COUNT = "gen_ai_server_time_to_first_token_seconds_count"
 
@@ -173,3 +176,47 @@ def test_a_configured_ratio_for_a_sampler_that_writes_no_th(sampled_exporter):
     s = _scrape_when(sampled_exporter, k + 5)
     assert s.total("phasewatch_sampled_requests_total") == s.total(TTFT_COUNT) == k + 5
     assert s.total("phasewatch_requests_total") == 4 * k + 2 * 5
+
+
+def test_the_sampled_share_through_prometheus_on_the_dashboard_and_grafanas_panel(
+        exporter, tmp_path):
+    """A real Prometheus scraping the exporter while sampled traces (p = 0.1, the SDK's
+    sampler) arrive in two halves: the Dash dashboard's Prometheus source and Grafana's
+    "Sampled traces" panel (its expression as generated, variables filled as Grafana
+    would) both read the share received, 10 %: received over the weighted requests."""
+    import sys
+
+    from phasewatch.dashboard.prometheus_source import PrometheusSource
+    from tests.prom import PrometheusServer
+
+    sys.path.insert(0, str(ROOT / "grafana"))
+    import generate as grafana
+
+    doc = json.loads(grafana.OUT.read_text())
+    (expr,) = [e for title, e in grafana.expressions(doc) if title == "Sampled traces"]
+    filled = grafana.substitute(expr, {"$__rate_interval": "1m", "$__range": "5m",
+                                       "$model": ".*", "$engine": ".*", "$source": ".*",
+                                       "$pod": ".*", "$job": ".*"})
+    random.seed(20261125)
+    records = _records(2000)
+    with PrometheusServer(tmp_path, [f"127.0.0.1:{exporter.http_port}"]) as prom:
+        tp, mem = _provider(exporter, composite_sampler(composable_traceid_ratio_based(0.1)))
+        _send(tp, records[:1000])
+        # the first half scraped, then the second: the counters grow between scrapes
+        assert _wait(lambda: prom.query("phasewatch_sampled_requests_total"))
+        _send(tp, records[1000:])
+        tp.shutdown()
+        kept = len(mem.get_finished_spans())
+        assert _wait(lambda: prom.query(f"sum(phasewatch_sampled_requests_total) == {kept}"))
+        rows = _wait(lambda: prom.query(filled))
+        assert rows and len(rows) == 1, (filled, rows)
+        assert float(rows[0]["value"][1]) == pytest.approx(0.1, rel=1e-6), rows
+        snap = PrometheusSource(prom.url, rate_range="1m").fetch()
+        assert snap.kpis["sampled_share"].iloc[0] == pytest.approx(0.1, rel=1e-6)
+
+
+def _wait(probe, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (got := probe()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return got
