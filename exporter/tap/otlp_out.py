@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-from collections import Counter
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -31,6 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 
 from phasewatch.ingest.adapters import tap as shape
 from phasewatch.requests.record import NS, TAP_TRACESTATE_KEY
+from phasewatch.tap.recorder import BufferedRecorder
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ def default_resource() -> Resource:
     return found
 
 
-class OtlpRecorder:
+class OtlpRecorder(BufferedRecorder):
     """``Tap``'s record callback that sends each record as a span through ``exporter``
     (module docstring), every ``interval`` seconds, at most ``max_batch`` spans an
     export."""
@@ -121,41 +120,22 @@ class OtlpRecorder:
     def __init__(self, exporter: SpanExporter, engine: str, *,
                  resource: Resource | None = None, interval: float = 0.25,
                  max_buffer: int = 100_000, max_batch: int = MAX_BATCH):
-        self._exporter, self._engine = exporter, engine
+        self._exporter, self._engine, self._batch = exporter, engine, max_batch
         # service.name and the pod (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) as every
         # OpenTelemetry SDK reads them; a fleet's replica labels series with the pod
         self._resource = resource or default_resource()
-        self._interval, self._max, self._batch = interval, max_buffer, max_batch
-        self._spans: list[ReadableSpan] = []
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self.stats: Counter = Counter()
-        self._thread = threading.Thread(target=self._run, name="pw-tap-otlp", daemon=True)
-        self._thread.start()
+        super().__init__(interval, max_buffer, "pw-tap-otlp")
 
-    def __call__(self, model: str, kwargs: dict, seen=None) -> None:
+    def _item(self, model: str, kwargs: dict, seen) -> ReadableSpan | None:
         try:
-            span = to_span(model, kwargs, self._engine, self._resource,
+            return to_span(model, kwargs, self._engine, self._resource,
                            shape.OPERATIONS.get(getattr(seen, "path", ""), "chat"),
                            getattr(seen, "caller_span", ""))
         except (ValueError, TypeError, OverflowError):
             self.stats["dropped_invalid"] += 1
-            return
-        with self._lock:
-            if self._closed.is_set() or len(self._spans) >= self._max:
-                self.stats["dropped_closed" if self._closed.is_set()
-                           else "dropped_buffer_full"] += 1
-                return
-            self._spans.append(span)
+            return None
 
-    def _run(self) -> None:
-        while not self._closed.wait(self._interval):
-            self.flush()
-        self.flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            spans, self._spans = self._spans, []
+    def _send(self, spans: list) -> None:
         for at in range(0, len(spans), self._batch):
             part = spans[at:at + self._batch]
             try:
@@ -171,9 +151,9 @@ class OtlpRecorder:
                 log.warning("the tap's OTLP exporter could not deliver %d records", len(part))
 
     def close(self, shutdown_exporter: bool = True) -> None:
-        """Send what is waiting, then drop (and count) what comes after; the exporter is
-        shut down too unless it is someone else's (``shutdown_exporter=False``)."""
-        self._closed.set()
-        self._thread.join(60)
+        """Send what is waiting (the exporter retries for up to its timeout), then drop
+        (and count) what comes after; the exporter is shut down too unless it is someone
+        else's (``shutdown_exporter=False``)."""
+        super().close(timeout=60)
         if shutdown_exporter:
             self._exporter.shutdown()
