@@ -231,8 +231,9 @@ class Tap:
                     elif len(whole) < MAX_EVENT:
                         whole += chunk
             side = "client"
-            if hide is not None and hide.rest():
-                await resp.write(hide.rest())
+            rest = hide.rest() if hide is not None else b""
+            if rest:  # an event the server did not close: passed on as it came
+                await resp.write(rest)
             await resp.write_eof()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             # ConnectionResetError: writing to a client that hung up (aiohttp's own too)

@@ -10,6 +10,7 @@ did not.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 from phasewatch.tap.observed import Observed
@@ -17,25 +18,97 @@ from phasewatch.tap.observed import Observed
 MAX_EVENT = 1 << 20  # an SSE event larger than this is not parsed (passed on all the same)
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class EventSplitter:
+    """A byte stream cut into server-sent events (the bytes up to a blank line; lines end
+    in CRLF, LF or CR), in time linear in the bytes whatever the framing: every byte is
+    searched once (a scan resumes where the last one stopped), and what is consumed is
+    dropped from the front of the buffer.
+
+    ``feed`` returns ``(event, raw)`` pairs in order: ``event`` the event's lines (None
+    for bytes passed on unread: an event past ``limit`` bytes, once found too large,
+    then the rest of it as it comes), ``raw`` every byte of it, separators included,
+    so that the pieces' raws join to the stream exactly. ``too_large`` counts events
+    past the limit (one each, however long they run)."""
+
+    def __init__(self, limit: int = MAX_EVENT):
+        self._buf = bytearray()
+        self._limit = limit
+        self._line = 0  # where the current line starts
+        self._pos = 0  # where the next search for a line end starts
+        self._content_end = -1  # end of the event's last non-blank line (-1: none yet)
+        self._partial = False  # bytes of the current line were passed on already
+        self._skipping = False  # inside an event found too large
+        self.too_large = 0
+
+    def feed(self, data: bytes) -> list[tuple[bytes | None, bytes]]:
+        buf = self._buf
+        buf += data
+        out = []
+        start, pos = 0, self._pos
+        while (m := _LINE_END.search(buf, pos)) is not None:
+            a, b = m.span()
+            if b == len(buf) and b - a == 1 and buf[a] == 13:  # a lone CR last: perhaps
+                # the first half of a CRLF still coming
+                pos = a
+                break
+            if a > self._line or self._partial:  # a line with something on it
+                self._content_end, self._partial = a, False
+            else:  # a blank line: the event ends
+                raw = bytes(buf[start:b])
+                if self._skipping:
+                    out.append((None, raw))
+                    self._skipping = False
+                else:
+                    end = self._content_end
+                    out.append((bytes(buf[start:end]) if end >= 0 else b"", raw))
+                start, self._content_end = b, -1
+            self._line = pos = b
+        else:
+            pos = len(buf)
+        if not self._skipping and pos - start > self._limit:
+            self._skipping = True
+            self.too_large += 1
+        if self._skipping and pos > start:  # pass on what was read of it, keep no more
+            out.append((None, bytes(buf[start:pos])))
+            self._partial = self._partial or pos > self._line
+            self._line = pos
+            self._content_end = -1
+            start = pos
+        del buf[:start]  # bytearray drops its front without moving the rest
+        self._pos = pos - start
+        self._line -= start
+        if self._content_end >= 0:
+            self._content_end -= start
+        return out
+
+    def rest(self) -> bytes:
+        """What is left at the end (an event the stream did not close)."""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        self._line = self._pos = 0
+        self._content_end = -1
+        return rest
+
+
 class EventReader:
     """Server-sent events of an OpenAI-style stream, fed the bytes as they arrive."""
 
     def __init__(self, seen: Observed, counts: Counter):
         self._seen, self._counts = seen, counts
-        self._buf = b""
+        self._events = EventSplitter()
         self._usage_tokens = 0  # the running completion_tokens, when the server sends it
 
     def feed(self, data: bytes, t: float) -> None:
-        self._buf += data
-        while True:
-            cut = _event_end(self._buf)
-            if cut is None:
-                if len(self._buf) > MAX_EVENT:
-                    self._counts["event_too_large"] += 1
-                    self._buf = b""
-                return
-            event, self._buf = self._buf[:cut[0]], self._buf[cut[1]:]
-            self._event(event, t)
+        events = self._events
+        before = events.too_large
+        for event, _ in events.feed(data):
+            if event:
+                self._event(event, t)
+        if events.too_large > before:
+            self._counts["event_too_large"] += events.too_large - before
 
     def _event(self, event: bytes, t: float) -> None:
         if event.startswith(b"data:") and event.find(b"\n") < 0 and event.find(b"\r") < 0:
@@ -54,9 +127,11 @@ class EventReader:
         try:
             msg = json.loads(data)
         except ValueError:
+            msg = None
+        if not isinstance(msg, dict):  # not JSON, or JSON but not an object
             self._counts[reason] += 1
             return None
-        return msg if isinstance(msg, dict) else None
+        return msg
 
     def _message(self, msg: dict, t: float, streamed: bool) -> None:
         seen = self._seen
@@ -120,21 +195,15 @@ class UsageFilter:
     are passed as they complete (the server's bytes, separators included)."""
 
     def __init__(self):
-        self._buf = b""
+        self._events = EventSplitter()
 
     def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        out = []
-        while (cut := _event_end(self._buf)) is not None:
-            event, self._buf = self._buf[:cut[1]], self._buf[cut[1]:]
-            if not _usage_only(event[:cut[0]]):
-                out.append(event)
-        return b"".join(out)
+        return b"".join(raw for event, raw in self._events.feed(data)
+                        if not (event and _usage_only(event)))
 
     def rest(self) -> bytes:
         """What is left at the end (an event the server did not close): passed on."""
-        rest, self._buf = self._buf, b""
-        return rest
+        return self._events.rest()
 
 
 def _usage_only(event: bytes) -> bool:
@@ -147,16 +216,6 @@ def _usage_only(event: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(msg, dict) and not msg.get("choices") and bool(msg.get("usage"))
-
-
-def _event_end(buf: bytes) -> tuple[int, int] | None:
-    """(end of the first event, start of the next), or None while incomplete."""
-    i = buf.find(b"\n\n")
-    if i >= 0 and buf.find(b"\r", 0, i) < 0:  # LF-separated: no CR before it
-        return i, i + 2
-    found = [(i, i + len(sep)) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r")
-             if (i := buf.find(sep)) >= 0]
-    return min(found) if found else None
 
 
 def _usage(seen: Observed, usage: dict) -> None:

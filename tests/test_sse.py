@@ -1,0 +1,113 @@
+"""The tap's server-sent event splitter (``tap.sse.EventSplitter``) and reader, against
+a plain reading of the SSE framing (blank lines end events; lines end in CRLF, LF or CR),
+on streams cut at every kind of place: the bytes pass through exactly, the events are
+the same, and what the issue's hostile probe found is counted (issue 30)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phasewatch.tap.observed import Observed
+from phasewatch.tap.sse import EventReader, EventSplitter, UsageFilter
+
+
+def reference(stream: bytes) -> list[bytes]:
+    """The events of a whole stream: each event's lines (up to its last non-blank line,
+    without the line end after it), one per blank line, unclosed tail left out."""
+    events, content_end, start, pos = [], -1, 0, 0
+    for m in re.finditer(rb"\r\n|\r(?!\n)|\n", stream):
+        a, b = m.span()
+        if a > pos:
+            content_end = a
+        else:
+            events.append(stream[start:content_end] if content_end >= 0 else b"")
+            start, content_end = b, -1
+        pos = b
+    return events
+
+
+def split_all(stream: bytes, cuts: list[int], limit: int = 1 << 20):
+    s = EventSplitter(limit)
+    events, raws, at = [], [], 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        for event, raw in s.feed(stream[at:cut]):
+            events.append(event)
+            raws.append(raw)
+        at = cut
+    return events, b"".join(raws) + s.rest(), s
+
+
+pieces = st.sampled_from([b"data: {}", b"data: x", b"", b"event: a", b":c", b"data:"])
+ends = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(pieces, ends), max_size=40), st.data())
+def test_any_framing_cut_anywhere_splits_as_the_spec_reads_it(lines, data):
+    stream = b"".join(p + e for p, e in lines)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=12))
+    events, passed, _ = split_all(stream, cuts)
+    assert passed == stream
+    want = reference(stream)
+    # a final lone CR may still become CRLF: the spec's reader waits too
+    if stream.endswith(b"\r") and not stream.endswith(b"\r\n"):
+        want = reference(stream[:-1])
+    assert events == want
+
+
+def test_an_event_past_the_limit_is_counted_once_and_passed_on_whole():
+    big = b"data: " + b"x" * (20 << 20) + b"\n\n"
+    stream = b"data: {\"a\": 1}\n\n" + big + b"data: {\"b\": 2}\n\n"
+    events, passed, s = split_all(stream, list(range(0, len(stream), 1 << 16)))
+    assert passed == stream and s.too_large == 1
+    assert [e for e in events if e is not None] == [b'data: {"a": 1}', b'data: {"b": 2}']
+    counts = Counter()
+    reader = EventReader(Observed(), counts)
+    for i in range(0, len(stream), 1 << 16):
+        reader.feed(stream[i:i + (1 << 16)], 1.0)
+    assert counts["event_too_large"] == 1
+
+
+def test_a_line_past_the_limit_with_no_end_keeps_no_more_than_the_limit():
+    s = EventSplitter(1024)
+    for _ in range(100):
+        s.feed(b"y" * 1000)
+    assert len(s._buf) <= 1024 and s.too_large == 1
+    assert s.feed(b"\n\ndata: z\n\n")[-1] == (b"data: z", b"data: z\n\n")
+
+
+def test_json_that_is_not_an_object_is_counted_unreadable():
+    counts = Counter()
+    reader = EventReader(Observed(), counts)
+    for payload in (b"[1,2,3]", b'"str"', b"null", b"42", b"{not json"):
+        reader.feed(b"data: " + payload + b"\n\n", 1.0)
+    chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+    reader.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n", 2.0)
+    assert counts["unreadable_event"] == 5
+
+
+def test_crlf_and_many_small_events_read_the_same_as_lf():
+    chunk = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+    lf = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for _ in range(2000))
+    crlf = lf.replace(b"\n", b"\r\n")
+    got = []
+    for stream in (lf, crlf):
+        seen = Observed()
+        reader = EventReader(seen, Counter())
+        for i in range(0, len(stream), 4096):  # bursts that hold many events each
+            reader.feed(stream[i:i + 4096], float(i))
+        got.append(len(seen.choice(0).emissions))
+    assert got == [2000, 2000]
+
+
+def test_the_usage_filter_passes_an_unclosed_tail_on():
+    f = UsageFilter()
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 3}}\r\n\r\n'
+    out = f.feed(b"data: {\"choices\": [{}]}\r\n\r\n" + usage + b"data: tail")
+    assert out == b"data: {\"choices\": [{}]}\r\n\r\n"
+    assert f.rest() == b"data: tail"
