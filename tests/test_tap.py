@@ -899,3 +899,26 @@ def test_usage_filter_passes_every_other_event_whole_and_in_order():
     stream = b"".join(events)
     out = b"".join(f.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + f.rest()
     assert out == events[0] + events[2] + events[3]
+
+
+def test_a_request_the_http_parser_refuses_is_counted_and_logged_in_one_line(fake, make_tap,
+                                                                             caplog):
+    """2,000 headers: aiohttp answers 400 before the tap's handler runs; the tap counts
+    it (outcome bad_request) and logs one line, no traceback (issue 30)."""
+    import logging
+    import socket
+
+    tap, server, _ = make_tap()
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            headers = "".join(f"X-H{i}: v\r\n" for i in range(2000))
+            s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n{headers}"
+                      "Content-Length: 2\r\n\r\n{}".encode())
+            assert s.recv(64).split(b" ")[1] == b"400"
+        assert wait_for(lambda: tap.counts.get("bad_request") == 1, timeout=10)
+    records = [r for r in caplog.records if "could not be read as HTTP" in r.getMessage()]
+    assert len(records) == 1 and records[0].exc_info is None
+    assert "Too many headers" in records[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    status, _, _ = post(server.port, {"model": MODEL, "stream": True, "max_tokens": 2})
+    assert status == 200  # the next client is served

@@ -33,6 +33,39 @@ def server_ssl(cert_file: str, key_file: str) -> ssl.SSLContext:
     return ctx
 
 
+class ServerLog:
+    """aiohttp's server logger for the tap's listener. A request its HTTP parser refuses
+    (too many headers, a malformed request line: answered 400 by aiohttp before the tap
+    sees it) is counted, outcome ``bad_request``, and logged in one line; anything else
+    aiohttp reports (an error in the tap's own handler, a bug) is counted ``tap_error``
+    and logged with its traceback."""
+
+    def __init__(self, counts):
+        self._counts = counts
+
+    def _report(self, level: int, msg: str, *args, exc_info=None, **_kw) -> None:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        remote = args[0] if args else "?"
+        if isinstance(exc_info, HttpProcessingError):
+            self._counts["bad_request"] += 1
+            why = " ".join(str(exc_info.message or exc_info).split())
+            log.log(level, "refused a request from %s that could not be read as HTTP "
+                    "(answered %s): %s", remote, exc_info.code, why)
+        else:
+            self._counts["tap_error"] += 1
+            log.error(msg, *args, exc_info=exc_info)
+
+    def exception(self, msg: str, *args, **kw) -> None:
+        self._report(logging.WARNING, msg, *args, **kw)
+
+    def debug(self, msg: str, *args, **kw) -> None:  # aiohttp: non-HTTP bytes, first request
+        self._report(logging.DEBUG, msg, *args, **kw)
+
+    def __getattr__(self, name: str):
+        return getattr(logging.getLogger("aiohttp.server"), name)
+
+
 class TapServer:
     """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``; with
     ``metrics_port`` (0: a free one) its counts (and ``client``'s) on ``/metrics``
@@ -60,7 +93,8 @@ class TapServer:
         return self
 
     async def _site(self, app: web.Application, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._grace)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._grace,
+                               logger=ServerLog(self.tap.counts))
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, reuse_address=True,

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 # streams cut short, by why; records lost, by why (with the client's own drops);
 # answers or requests passed on without being read.
 OUTCOMES = ("completed", "aborted", "unanswered", "untimed", "body_too_large_untimed",
-            "upstream_unreachable", "upstream_timeout")  # and upstream_status_<N>xx
+            "upstream_unreachable", "upstream_timeout", "bad_request",
+            "tap_error")  # and upstream_status_<N>xx
 ABORTS = ("client_disconnected", "upstream_broke_off", "upstream_stalled", "tap_stopped")
 TAP_DROPS = ("no_model", "record_failed", "body_too_large_untimed")
 UNREAD = ("unreadable_request", "compressed_answer", "event_too_large", "unreadable_event",
