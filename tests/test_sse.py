@@ -111,3 +111,59 @@ def test_the_usage_filter_passes_an_unclosed_tail_on():
     out = f.feed(b"data: {\"choices\": [{}]}\r\n\r\n" + usage + b"data: tail")
     assert out == b"data: {\"choices\": [{}]}\r\n\r\n"
     assert f.rest() == b"data: tail"
+
+
+class FullDecode(EventReader):
+    """The reader with its fast path off: every event decoded whole."""
+
+    @property
+    def _model(self):
+        return b""
+
+    @_model.setter
+    def _model(self, value):
+        pass
+
+
+def _chunk(rng_choice, k: int) -> bytes:
+    text = rng_choice([" tok", "", 'a "quote"', "back\\slash", "ünï", "\n", "}]{", ' "index":1'])
+    head = {"id": f"chatcmpl-{k}", "object": "chat.completion.chunk", "created": 1,
+            "model": rng_choice(["m", "m", "m", "other"])}
+    choice = rng_choice([
+        {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"role": None, "content": text, "reasoning_content": None,
+                               "tool_calls": None}, "logprobs": None,
+         "finish_reason": None, "matched_stop": None},
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": None,
+         "stop_reason": None},
+        {"index": 1, "delta": {"content": text}, "finish_reason": None},
+        {"index": 0, "delta": {"content": text}, "finish_reason": "stop"},
+        {"index": 0, "delta": {"content": text, "token_ids": [1, 2]}, "finish_reason": None},
+        {"index": 0, "delta": {"tool_calls": [{"id": "t"}]}, "finish_reason": None},
+        {"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}])
+    msg = {**head, "choices": [choice]}
+    extra = rng_choice([None, {"usage": None}, {"usage": {"completion_tokens": k}},
+                        {"choices": [choice, {**choice, "index": 1}]}])
+    if extra:
+        msg.update(extra)
+    return b"data: " + json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode() \
+        + b"\n\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_the_fast_read_of_a_chunk_is_the_full_decodes(rng):
+    """Chunks as vLLM and SGLang write them (and others that must not take the fast
+    path: finishing, token ids, tool calls, usage, two choices, another model, text that
+    looks like keys): read with the fast path and with every event decoded, the same."""
+    chunks = [_chunk(rng.choice, k) for k in range(30)]
+    got = []
+    for cls in (EventReader, FullDecode):
+        seen, counts = Observed(), Counter()
+        reader = cls(seen, counts)
+        for k, c in enumerate(chunks):
+            reader.feed(c, float(k))
+        got.append(({i: (c.emissions, c.tokens, c.finish_reason)
+                     for i, c in seen.choices.items()}, seen.model, seen.output_tokens,
+                    dict(counts)))
+    assert got[0] == got[1]

@@ -44,6 +44,26 @@ class EventSplitter:
         self.too_large = 0
 
     def feed(self, data: bytes) -> list[tuple[bytes | None, bytes]]:
+        if self._buf or self._skipping or b"\r" in data:
+            return self._feed(data)
+        # the common case, nothing pending and LF line ends only: events end at "\n\n"
+        out, start, limit = [], 0, self._limit
+        while (i := data.find(b"\n\n", start)) >= 0:
+            if i == start:  # a blank line where an event would start: an empty event
+                out.append((b"", data[i:i + 1]))
+                start = i + 1
+                continue
+            if i - start > limit:
+                self.too_large += 1
+                out.append((None, data[start:i + 2]))
+            else:
+                out.append((data[start:i], data[start:i + 2]))
+            start = i + 2
+        if start < len(data):
+            out += self._feed(data[start:] if start else data)
+        return out
+
+    def _feed(self, data: bytes) -> list[tuple[bytes | None, bytes]]:
         buf = self._buf
         buf += data
         out = []
@@ -61,6 +81,9 @@ class EventSplitter:
                 if self._skipping:
                     out.append((None, raw))
                     self._skipping = False
+                elif self._content_end - start > self._limit:
+                    self.too_large += 1
+                    out.append((None, raw))
                 else:
                     end = self._content_end
                     out.append((bytes(buf[start:end]) if end >= 0 else b"", raw))
@@ -93,6 +116,21 @@ class EventSplitter:
         return rest
 
 
+# The one chunk a stream is made of, one choice with one piece of text and nothing else
+# that counts (vLLM's and SGLang's chat and completions chunks), read where its fields
+# sit instead of decoding all of it: the head before "choices" holds no brace, bracket
+# or backslash (so no string there hides a key), the text is one JSON string, and every
+# other field of the choice and of the delta is null. Anything else, or a model other
+# than the one seen, takes the full decode (``_event``), which reads it the same way.
+_NULLS = rb'(?:"[a-z_]+":null,)*'
+_MORE_NULLS = rb'(?:,"[a-z_]+":null)*'
+_TEXT = rb'"((?:[^"\\]|\\.)+)"'
+_PIECE = re.compile(
+    rb'\{([^\\{}\[\]]*)"choices":\[\{"index":(\d{1,3}),(?:"delta":\{' + _NULLS
+    + rb'"content":' + _TEXT + _MORE_NULLS + rb'\}|"text":' + _TEXT + rb')'
+    + _MORE_NULLS + rb'\}\]' + _MORE_NULLS + rb'\}')
+
+
 class EventReader:
     """Server-sent events of an OpenAI-style stream, fed the bytes as they arrive."""
 
@@ -100,6 +138,7 @@ class EventReader:
         self._seen, self._counts = seen, counts
         self._events = EventSplitter()
         self._usage_tokens = 0  # the running completion_tokens, when the server sends it
+        self._model = b""  # '"model":"<the model seen>"', as the chunks' heads carry it
 
     def feed(self, data: bytes, t: float) -> None:
         events = self._events
@@ -113,6 +152,13 @@ class EventReader:
     def _event(self, event: bytes, t: float) -> None:
         if event.startswith(b"data:") and event.find(b"\n") < 0 and event.find(b"\r") < 0:
             data = event[5:].lstrip()  # one data line: every OpenAI-style server's event
+            m = _PIECE.fullmatch(data)
+            if m is not None and self._model and self._model in m[1]:
+                index = int(m[2])  # one emission of one choice, its tokens unknown
+                c = self._seen.choice(index if index < 1024 else 0)
+                c.emissions.append(t)
+                c.tokens.append(0)
+                return
         else:
             data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
                               if line.startswith(b"data:"))
@@ -137,6 +183,8 @@ class EventReader:
         seen = self._seen
         if msg.get("model"):  # the served name the server answers with (TGI's own id
             seen.model = str(msg["model"])  # where the client asked for "tgi")
+            self._model = json.dumps({"model": seen.model}, separators=(",", ":"),
+                                     ensure_ascii=False)[1:-1].encode()
         emitted, finishing = {}, []  # emitted: choice -> its tokens (vLLM's token ids)
         for choice in msg.get("choices") or ():
             if not isinstance(choice, dict):
