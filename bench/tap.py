@@ -70,7 +70,11 @@ LOCK_PHASES = ("direct", "tap") * 2
 LOCK_PHASE_S = 2.0
 RATE = 20_000  # content chunks/s offered to the tap (and to the relay)
 RATE_STREAMS = 128
-RATE_PHASES = ("tap", "relay") * 2
+# the tap and the bare relay on the loop the tap runs on by default (uvloop) and on
+# asyncio's own, each beside the relay on the same loop
+RATE_PATHS = ("tap", "relay", "tap_asyncio", "relay_asyncio")
+RATE_PHASES = RATE_PATHS * 2
+PER_CHUNK_RATIO_TARGET = 1 / 1.1  # the tap's chunks per CPU-second over the relay's
 RATE_PHASE_S = 2.5
 RATE_SETTLE_S = 0.5  # of a rate phase, not counted (the other path draining)
 TTFT_P50_TARGET_MS = 1.0
@@ -184,6 +188,7 @@ def _serve_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tap")
     parser.add_argument("role", choices=("upstream", "relay"))
     parser.add_argument("--upstream", default="")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args(argv)
     app = web.Application()
     if args.role == "upstream":
@@ -199,7 +204,12 @@ def _serve_main(argv: list[str]) -> None:
         print(f"{args.role} on :{site._server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(up())
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(up())
+    else:
+        asyncio.run(up())
 
 
 # ---- processes -------------------------------------------------------------------------
@@ -524,19 +534,27 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
     up_url = f"http://127.0.0.1:{upstream.port}"
     ex = ServeProcess(tmp, prefix=taskset(CLIENT_CORE)).start()
     procs.append(ex)
-    tap = _Proc([*taskset(SERVER_CORE), py, "-m", "phasewatch.cli", "tap", "--upstream", up_url,
-                 "--host", "127.0.0.1", "--port", "0", "--target",
-                 f"127.0.0.1:{ex.grpc_port}", "--engine", "tap", "--model", MODEL],
-                r"phasewatch tap on https?://[^:]+:(\d+)")
-    procs.append(tap)
-    relay = _Proc([*taskset(SERVER_CORE), py, "-m", "bench.tap", "relay", "--upstream",
-                   up_url], r"relay on :(\d+)")
-    procs.append(relay)
+    def start_tap(loop: str) -> _Proc:
+        tap = _Proc([*taskset(SERVER_CORE), py, "-m", "phasewatch.cli", "tap", "--upstream",
+                     up_url, "--host", "127.0.0.1", "--port", "0", "--target",
+                     f"127.0.0.1:{ex.grpc_port}", "--engine", "tap", "--model", MODEL,
+                     "--loop", loop], r"phasewatch tap on https?://[^:]+:(\d+)")
+        procs.append(tap)
+        return tap
+
+    def start_relay(loop: str) -> _Proc:
+        relay = _Proc([*taskset(SERVER_CORE), py, "-m", "bench.tap", "relay", "--upstream",
+                       up_url, "--loop", loop], r"relay on :(\d+)")
+        procs.append(relay)
+        return relay
+
+    tap, tap_asyncio = start_tap("auto"), start_tap("asyncio")  # auto: uvloop, installed
+    relay, relay_asyncio = start_relay("uvloop"), start_relay("asyncio")
     time.sleep(0.5)
     tap_idle = tap.status("VmRSS")
     tap_url, relay_url = f"http://127.0.0.1:{tap.port}", f"http://127.0.0.1:{relay.port}"
     paths = {"direct": up_url, "tap": tap_url}
-    ours = [tap.pid, relay.pid]
+    ours = [tap.pid, relay.pid, tap_asyncio.pid, relay_asyncio.pid]
 
     def tap_cpu() -> float:
         return cpu_seconds(tap.pid)
@@ -546,14 +564,17 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                                               _Others(SERVER_CORE, ours))
     locked = Load(paths, STREAMS, GAP_S, FIRST_S, lockstep=True)
     lock, _ = _latency(locked, LOCK_PHASES, LOCK_PHASE_S, tap_cpu, _Others(SERVER_CORE, ours))
-    rated = Load({"tap": tap_url, "relay": relay_url}, RATE_STREAMS, RATE_STREAMS / RATE, 0.0,
-                 lockstep=True, raw=True)
-    rate = _rate(rated, {"tap": tap.pid, "relay": relay.pid}, upstream.pid,
+    rate_procs = {"tap": tap, "relay": relay, "tap_asyncio": tap_asyncio,
+                  "relay_asyncio": relay_asyncio}
+    rated = Load({k: f"http://127.0.0.1:{p.port}" for k, p in rate_procs.items()},
+                 RATE_STREAMS, RATE_STREAMS / RATE, 0.0, lockstep=True, raw=True)
+    rate = _rate(rated, {k: p.pid for k, p in rate_procs.items()}, upstream.pid,
                  _Others(SERVER_CORE, ours))
     tap_peak, relay_peak = tap.status("VmHWM"), relay.status("VmHWM")
 
     # every request through the tap recorded, once
-    through = paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
+    through = (paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
+               + rated.done["tap_asyncio"])
     deadline, recorded = time.monotonic() + 15, 0.0
     while time.monotonic() < deadline:
         recorded = total(scrape(ex.http_port), "phasewatch_requests_total")
@@ -588,11 +609,18 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
         Row("tap_chunk_p99", f"tap: added per-chunk latency p99, {STREAMS} streams",
             lat["added_chunk_p99_ms"], "ms", CHUNK_P99_TARGET_MS, "lower",
             d["chunk_ms"]["p99"], ref_lat, also_ok=ok, extra=lat_extra),
-        Row("tap_chunks_per_core", f"tap: chunks/s per tap CPU-second, {RATE:,}/s offered",
+        Row("tap_chunks_per_core", f"tap: chunks/s per tap CPU-second, {RATE:,}/s offered, "
+            "uvloop (the default)",
             rate["tap"]["chunks_per_cpu_s"], "chunks/s", CHUNKS_PER_CORE_TARGET, "higher",
             rate["relay"]["chunks_per_cpu_s"],
-            "a bare aiohttp relay (no parsing, no records), same load by turns",
-            also_ok=ok, extra={**rate, **check}),
+            "a bare aiohttp relay on uvloop (no parsing, no records), same load by turns",
+            ratio_target=PER_CHUNK_RATIO_TARGET, also_ok=ok, extra={**rate, **check}),
+        Row("tap_chunks_per_core_asyncio", f"tap: chunks/s per tap CPU-second, {RATE:,}/s "
+            "offered, asyncio's own loop (--loop asyncio)",
+            rate["tap_asyncio"]["chunks_per_cpu_s"], "chunks/s", CHUNKS_PER_CORE_TARGET,
+            "higher", rate["relay_asyncio"]["chunks_per_cpu_s"],
+            "a bare aiohttp relay on asyncio's loop, same load by turns",
+            ratio_target=PER_CHUNK_RATIO_TARGET, also_ok=ok, extra={**rate, **check}),
         Row("tap_rss", "tap: peak RSS (VmHWM) after every load", tap_peak / 2**20, "MiB",
             RSS_TARGET_MIB, "lower", relay_peak / 2**20, "the bare relay's peak, same loads",
             also_ok=ok, extra={"tap_idle_mib": round(tap_idle / 2**20, 1),

@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="engine label of the tap's records (default tap)")
     exporter.add_argument("--model", default="", metavar="NAME",
                           help="model label when a request names none")
+    listener.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                          help="event loop: uvloop where installed (auto, the default), or "
+                          "asyncio's own")
     limits = tap.add_argument_group("limits")
     limits.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                         help="seconds the upstream may stay silent, before answering (then "

