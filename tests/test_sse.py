@@ -48,7 +48,7 @@ pieces = st.sampled_from([b"data: {}", b"data: x", b"", b"event: a", b":c", b"da
 ends = st.sampled_from([b"\n", b"\r\n", b"\r"])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(st.tuples(pieces, ends), max_size=40), st.data())
 def test_any_framing_cut_anywhere_splits_as_the_spec_reads_it(lines, data):
     stream = b"".join(p + e for p, e in lines)
@@ -208,3 +208,12 @@ def test_vllms_own_streams_read_fast_as_the_full_decode_reads_them(name):
         assert not fast  # every chunk carries its usage: decoded whole
     else:
         assert len(fast) == len(content) > 10, (len(fast), len(content))
+
+
+def test_blank_lines_where_an_event_would_start_are_empty_events():
+    """Found by the framing property: a lone LF before an event is a blank line of its
+    own (an empty event), in one piece or in two."""
+    for stream in (b"\ndata: {}\n\n", b"\n\n\ndata: a\n\ndata: b\n\n\n"):
+        for cut in range(len(stream) + 1):
+            events, passed, _ = split_all(stream, [cut])
+            assert passed == stream and events == reference(stream), (stream, cut)

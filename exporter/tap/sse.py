@@ -47,19 +47,21 @@ class EventSplitter:
         if self._buf or self._skipping or b"\r" in data:
             return self._feed(data)
         # the common case, nothing pending and LF line ends only: events end at "\n\n"
-        out, start, limit = [], 0, self._limit
-        while (i := data.find(b"\n\n", start)) >= 0:
-            if i == start:  # a blank line where an event would start: an empty event
-                out.append((b"", data[i:i + 1]))
-                start = i + 1
-                continue
+        out, start, limit, n = [], 0, self._limit, len(data)
+        while True:
+            while start < n and data[start] == 10:  # a blank line where an event would
+                out.append((b"", data[start:start + 1]))  # start: an empty event
+                start += 1
+            i = data.find(b"\n\n", start)
+            if i < 0:
+                break
             if i - start > limit:
                 self.too_large += 1
                 out.append((None, data[start:i + 2]))
             else:
                 out.append((data[start:i], data[start:i + 2]))
             start = i + 2
-        if start < len(data):
+        if start < n:
             out += self._feed(data[start:] if start else data)
         return out
 
