@@ -922,3 +922,19 @@ def test_a_request_the_http_parser_refuses_is_counted_and_logged_in_one_line(fak
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     status, _, _ = post(server.port, {"model": MODEL, "stream": True, "max_tokens": 2})
     assert status == 200  # the next client is served
+
+
+def test_aiohttps_own_debug_lines_are_no_outcome():
+    """Only a request the parser refused is counted; aiohttp's debug lines (its loop in
+    debug mode: "Ignored premature client disconnection") are passed on, not counted."""
+    from collections import Counter
+
+    from aiohttp.http_exceptions import BadHttpMethod
+
+    from phasewatch.tap.server import ServerLog
+
+    counts = Counter()
+    log = ServerLog(counts)
+    log.debug("Ignored premature client disconnection")
+    log.debug("Error handling request from %s", "192.0.2.1", exc_info=BadHttpMethod("\x16"))
+    assert dict(counts) == {"bad_request": 1}

@@ -59,8 +59,13 @@ class ServerLog:
     def exception(self, msg: str, *args, **kw) -> None:
         self._report(logging.WARNING, msg, *args, **kw)
 
-    def debug(self, msg: str, *args, **kw) -> None:  # aiohttp: non-HTTP bytes, first request
-        self._report(logging.DEBUG, msg, *args, **kw)
+    def debug(self, msg: str, *args, exc_info=None, **kw) -> None:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        if isinstance(exc_info, HttpProcessingError):  # non-HTTP bytes as a first request
+            self._report(logging.DEBUG, msg, *args, exc_info=exc_info)
+        else:  # aiohttp's own debug lines (its loop in debug mode): not an outcome
+            logging.getLogger("aiohttp.server").debug(msg, *args, exc_info=exc_info, **kw)
 
     def __getattr__(self, name: str):
         return getattr(logging.getLogger("aiohttp.server"), name)
