@@ -552,7 +552,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
     relay, relay_asyncio = start_relay("uvloop"), start_relay("asyncio")
     time.sleep(0.5)
     tap_idle = tap.status("VmRSS")
-    tap_url, relay_url = f"http://127.0.0.1:{tap.port}", f"http://127.0.0.1:{relay.port}"
+    tap_url = f"http://127.0.0.1:{tap.port}"
     paths = {"direct": up_url, "tap": tap_url}
     ours = [tap.pid, relay.pid, tap_asyncio.pid, relay_asyncio.pid]
 
