@@ -87,6 +87,11 @@ class Tap:
         self.ask_usage = ask_usage
         self.counts: Counter = Counter()
         self._session: aiohttp.ClientSession | None = None
+        self._watchdog: asyncio.Task | None = None
+        # open answers: key -> [when the tap last read from the server or finished
+        # writing to the client (loop time; inf while a write waits on the client),
+        # the server's response]
+        self._open: dict[int, list] = {}
 
     def app(self) -> web.Application:
         app = web.Application()  # bodies are read (or streamed) by _request_body
@@ -101,11 +106,33 @@ class Tap:
             # concurrent stream), and no cookie jar (one client's cookies are no other's)
             connector=aiohttp.TCPConnector(limit=0, ssl=self._upstream_ssl),
             cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=_NO_AUTO_HEADERS,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, self.timeout_s),
-                                          sock_read=self.timeout_s),
+            # no sock_read: aiohttp would move a timer on every read; the silence of an
+            # answer is watched once a tick for all streams (_watch), and the wait for
+            # an answer's head bounded per request (_handle)
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, self.timeout_s)),
             auto_decompress=False)
 
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """An answer silent for ``timeout_s`` (nothing read from the server, while the tap
+        was not waiting on the client) is ended as aiohttp's sock_read timeout would end
+        it: its reader raises a TimeoutError (counted ``upstream_stalled``). One check a
+        tick for every open stream, instead of a timer moved on every read."""
+        loop = asyncio.get_running_loop()
+        tick = min(1.0, self.timeout_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for entry in list(self._open.values()):
+                if now - entry[0] > self.timeout_s and not entry[1].content.is_eof():
+                    entry[1].content.set_exception(TimeoutError(
+                        f"the upstream sent nothing for {self.timeout_s:g}s"))
+                    entry[0] = float("inf")  # ended once
+
     async def _stop(self, _app) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -168,8 +195,9 @@ class Tap:
                     seen.hide_usage = True
         url = self.upstream + request.path_qs
         try:
-            upstream = await self._session.request(request.method, url, headers=headers,
-                                                   data=body, allow_redirects=False)
+            async with asyncio.timeout(self.timeout_s):  # until the answer's head
+                upstream = await self._session.request(request.method, url, headers=headers,
+                                                       data=body, allow_redirects=False)
         except asyncio.CancelledError:  # the tap is stopping before the server answered
             self._unanswered(timed, "tap_stopped", untimed)
             raise
@@ -213,10 +241,15 @@ class Tap:
             reader = None
         whole = bytearray()
         aborted, side = "", "client"  # whose fault an exception is
+        loop = asyncio.get_running_loop()
+        watched = [loop.time(), upstream]  # for _watch
+        self._open[id(watched)] = watched
+        inf = float("inf")
         try:
             await resp.prepare(request)
             while True:
                 side = "upstream"
+                watched[0] = loop.time()
                 chunk = await upstream.content.readany()
                 if not chunk:
                     break
@@ -224,6 +257,7 @@ class Tap:
                 side = "client"
                 passed = hide.feed(chunk) if hide is not None else chunk
                 if passed:
+                    watched[0] = inf  # the client's pace is not the server's silence
                     await resp.write(passed)
                 if reader is not None and upstream.status == 200:
                     if streamed:
@@ -250,6 +284,7 @@ class Tap:
             upstream.close()
             raise
         finally:
+            del self._open[id(watched)]
             if aborted:
                 self.counts[aborted] += 1
             if seen is not None:
