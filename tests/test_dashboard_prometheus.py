@@ -114,7 +114,10 @@ def _objectives_agree(exporter: Snapshot, prometheus: Snapshot) -> None:
     assert (b["ttft_objective"], b["tpot_objective"]) == (0.03, 0.009), report
     assert math.isnan(a["itl_objective"]) and math.isnan(b["e2el_objective"]), report
     assert 0.1 < a["ttft_attainment"] < 0.95 and 0.1 < a["tpot_attainment"] < 0.95, report
-    assert abs(a["goodput"] - b["goodput"]) <= 0.10 * a["goodput"], report
+    # goodput is a rate of few requests (~2/s): the exporter's 30 s window and
+    # Prometheus's rate() over 30 s of 1 s scrapes differ by up to a scrape at each end,
+    # which is 2/30 of the window's requests beside the 10 % (a CI run read 10.5 %)
+    assert abs(a["goodput"] - b["goodput"]) <= (0.10 + 2 / 30) * a["goodput"], report
     for k in ("good_ratio", "ttft_attainment", "tpot_attainment"):
         assert abs(a[k] - b[k]) <= 0.05, report
     for snap in (exporter, prometheus):
