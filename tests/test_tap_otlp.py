@@ -308,3 +308,26 @@ def test_a_hostile_tap_span_is_rejected_with_its_reason(attributes, reason):
         assert rows(ex) == []
     finally:
         ex.stop(grace=1)
+
+
+def test_a_tap_span_stands_for_one_request_whatever_ratio_is_configured():
+    """--trace-sample-ratio 0.25 weighs an engine's span 4 (its trace was sampled); the
+    tap's span of another request, sent the same way, is one request: the tap records
+    every request it passes."""
+    ex = Exporter(replace(CONFIG, trace_sample_ratio=0.25)).start()
+    try:
+        (_, _, kwargs), (r2, _, _) = tapped(2, seed=6)
+        send_engine(ex, [to_span(MODEL, kwargs, "tap", Resource.create({}))])
+        send_engine(ex, engine_spans([(r2, {}, {})]))  # no traceparent: alone at once
+        def by_source() -> dict:
+            out: dict = {}
+            for x in scrape(ex.http_port).samples:
+                if x.name == "phasewatch_requests_total":
+                    out[x.labels["source"]] = out.get(x.labels["source"], 0.0) + x.value
+            return out
+
+        total = wait_for(lambda: (lambda t: t if len(t) == 2 else None)(by_source()),
+                         timeout=15)
+        assert total == {"tap": 1.0, "engine": 4.0}, by_source()
+    finally:
+        ex.stop(grace=1)

@@ -102,9 +102,13 @@ class TraceSampling:
         self._ignored: Counter = Counter()
         self._lock = threading.Lock()
 
-    def weights(self, trace_states: Sequence[str]) -> np.ndarray | None:
-        """One weight per span (from its tracestate); None when every one is 1."""
-        default = 1.0 / self.ratio
+    def weights(self, trace_states: Sequence[str], configured: bool = True
+                ) -> np.ndarray | None:
+        """One weight per span (from its tracestate); None when every one is 1. Without
+        ``configured`` a span with no threshold weighs 1, not 1/--trace-sample-ratio: a
+        stream tap's record stands for one request, whatever its trace was sampled at
+        (a sampler after the tap, writing its ``th``, still counts)."""
+        default = 1.0 / self.ratio if configured else 1.0
         if not any("th:" in s for s in trace_states):  # the usual case: no threshold
             return None if default == 1.0 else np.full(len(trace_states), default)
         out = np.full(len(trace_states), default)

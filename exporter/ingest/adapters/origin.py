@@ -58,7 +58,8 @@ def span_columns(builder: BatchBuilder, spans: list, pods: bool,
                                 for k, s in zip(keys, spans, strict=True)])
     if pods:
         builder.text(pod=[pod_of(s.resource) for s in spans])
-    weights = None if sampling is None else sampling.weights([s.trace_state for s in spans])
+    weights = None if sampling is None else sampling.weights(
+        [s.trace_state for s in spans], configured=source is None)
     if weights is not None:
         builder.columns(weight=weights)
     return builder
