@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections import Counter
 
 from phasewatch.aggregation.sink import RequestSink
@@ -21,7 +22,7 @@ def client_recorder(client):
     return record
 
 
-class BufferedRecorder:
+class BufferedRecorder(ABC):
     """A ``Tap`` record callback that gathers what ``_item`` makes of each record and
     hands it on with ``_send`` every ``interval`` seconds, from a thread of its own,
     never from the tap's event loop. Past ``max_buffer`` waiting records, or after
@@ -39,12 +40,13 @@ class BufferedRecorder:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @abstractmethod
     def _item(self, model: str, kwargs: dict, seen):
         """What is buffered for one record; None when it cannot be (counted there)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _send(self, items: list) -> None:
-        raise NotImplementedError
+        """Hand ``items`` on, counting what became of them in ``stats``."""
 
     def __call__(self, model: str, kwargs: dict, seen=None) -> None:
         item = self._item(model, kwargs, seen)
