@@ -20,6 +20,7 @@ directly to print the figures of one configuration::
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import subprocess
@@ -111,21 +112,27 @@ class Sampler:
         self.url, self.interval = url, interval
         self.samples: list[tuple[float, dict]] = []
         self.pages: dict[str, str] = {}
+        self.errors: list[str] = []  # each failed read: its time and what went wrong
         self._best: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
+        # Nothing may end this loop but stop(): a thread that died on one bad read (an
+        # IncompleteRead is no OSError, a cut page no metric family) would leave every
+        # later ``at`` on its last value, and vLLM's increase over a range short.
         while not self._stop.is_set():
+            sent = time.time()
             try:
-                text = get(self.url, 5).decode()
-            except OSError:
-                text = None
-            if text is not None:
+                text = get(self.url, 10).decode()
+                values = page_values(text)
+            except Exception as e:  # kept in self.errors, read by figures
+                self.errors.append(f"{sent:.3f} {type(e).__name__}: {e}"[:200])
+            else:
+                # the page was made between the request and the answer: stamp it halfway
+                self.samples.append(((sent + time.time()) / 2, values))
                 self.pages.setdefault("first", text)
                 self.pages["last"] = text
-                values = page_values(text)
-                self.samples.append((time.time(), values))
                 for key, name in (("vllm:num_requests_waiting", "most_waiting"),
                                   ("vllm:kv_cache_usage_perc", "fullest")):
                     v = values.get(key, 0.0)
@@ -133,6 +140,20 @@ class Sampler:
                         self._best[key] = v
                         self.pages[name] = text
             self._stop.wait(self.interval)
+
+    def coverage(self, lo: float, hi: float) -> dict:
+        """How well the samples cover [lo, hi]: a sample at or before lo and at or after
+        hi, the widest gap between samples over it, and the reads that failed."""
+        times = [t for t, _ in self.samples]
+        inside = [t for t in times if lo <= t <= hi]
+        before = [t for t in times if t <= lo]
+        after = [t for t in times if t >= hi]
+        edges = ([before[-1]] if before else []) + inside + ([after[0]] if after else [])
+        gaps = [b - a for a, b in itertools.pairwise(edges)]
+        return {"samples": len(inside), "bracketed": bool(before and after),
+                "max_gap_s": round(max(gaps), 3) if gaps else None,
+                "errors": len(self.errors),
+                "first_errors": self.errors[:3]}
 
     def start(self) -> Sampler:
         self._thread.start()
@@ -327,6 +348,8 @@ def figures(run: WorkloadRun) -> dict:
                      "decode": (est.get("decode") or {}).get("requests"),
                      "vllm": s.increase("vllm:request_success_total", lo, hi)},
         "vllm_prompt_tokens": s.increase("vllm:prompt_tokens_total", lo, hi),
+        # vLLM's side is as good as the test's samples of its /metrics over the range
+        "sampler": s.coverage(lo, hi),
         "dropped": {line.split(" ")[0]: float(line.split(" ")[1])
                     for line in run.metrics.splitlines()
                     if line.startswith("phasewatch_ingest_dropped_total{")},
