@@ -11,9 +11,10 @@ this process) on CLIENT_CORE. The share of SERVER_CORE that other processes took
 meanwhile is measured (/proc/stat) and shown: direct requests never cross that core,
 so work there from outside the benchmark lands on the tap's side only.
 
-Every content chunk carries the upstream's send time (``"sent"``, ``time.time()``, the
-first key of its JSON), so the client knows each chunk's delivery latency (received -
-sent, one host's clock) and each request's TTFT (request sent -> first content chunk
+Every content chunk carries the upstream's send time as its text (``"t"`` and
+``time.time()``), in vLLM's shape (a head of id, object, creation time and model that
+holds still over a stream), so the client knows each chunk's delivery latency (received
+- sent, one host's clock) and each request's TTFT (request sent -> first content chunk
 received).
 
 * Latency: STREAMS streams, each at its own pace (a chunk every GAP_S), open all
@@ -82,8 +83,7 @@ TTFT_P99_TARGET_MS = 1.0
 CHUNK_P99_TARGET_MS = 1.0
 CHUNKS_PER_CORE_TARGET = 20_000
 RSS_TARGET_MIB = 150.0
-SENT = b'data: {"sent":'
-MARK = b'{"sent":'
+MARK = b'"delta":{"content":"t'  # a content chunk, its text the upstream's send time
 
 
 # ---- the fake upstream and the bare relay (each its own process) ----------------------
@@ -140,9 +140,8 @@ async def _chat(request):
         if k == 0:  # vLLM sends the role when the first token is out
             await resp.write(event('{"index":0,"delta":{"role":"assistant","content":""},'
                                    '"logprobs":null,"finish_reason":null}'))
-        await resp.write(
-            f'data: {{"sent":{time.time():.6f},{head},"choices":[{{"index":0,"delta":'
-            f'{{"content":" tok{k}"}},"logprobs":null,"finish_reason":null}}]}}\n\n'.encode())
+        await resp.write(event(f'{{"index":0,"delta":{{"content":"t{time.time():.6f}"}},'
+                               '"logprobs":null,"finish_reason":null}'))
     await resp.write(event('{"index":0,"delta":{"content":""},"logprobs":null,'
                            '"finish_reason":"length"}'))
     if (ask.get("stream_options") or {}).get("include_usage"):
@@ -333,11 +332,12 @@ class Load:
                 full = self.active[path] == self.streams  # every stream on this path
                 n = 0
                 for ev in events:
-                    if not ev.startswith(SENT):
+                    at = ev.find(MARK) + len(MARK)
+                    if at < len(MARK):
                         continue
                     n += 1
                     if full:
-                        lat.append(t - float(ev[len(SENT):ev.index(b",", len(SENT))]))
+                        lat.append(t - float(ev[at:ev.index(b'"', at)]))
                         if first:
                             ttft.append(t - t0)
                     first = False

@@ -6,6 +6,7 @@ the same, and what the issue's hostile probe found is counted (issue 30)."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -72,6 +73,7 @@ def test_an_event_past_the_limit_is_counted_once_and_passed_on_whole():
     reader = EventReader(Observed(), counts)
     for i in range(0, len(stream), 1 << 16):
         reader.feed(stream[i:i + (1 << 16)], 1.0)
+    reader.flush()
     assert counts["event_too_large"] == 1
 
 
@@ -90,6 +92,7 @@ def test_json_that_is_not_an_object_is_counted_unreadable():
         reader.feed(b"data: " + payload + b"\n\n", 1.0)
     chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
     reader.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n", 2.0)
+    reader.flush()
     assert counts["unreadable_event"] == 5
 
 
@@ -103,6 +106,7 @@ def test_crlf_and_many_small_events_read_the_same_as_lf():
         reader = EventReader(seen, Counter())
         for i in range(0, len(stream), 4096):  # bursts that hold many events each
             reader.feed(stream[i:i + 4096], float(i))
+        reader.flush()
         got.append(len(seen.choice(0).emissions))
     assert got == [2000, 2000]
 
@@ -119,19 +123,34 @@ class FullDecode(EventReader):
     """The reader with its fast path off: every event decoded whole."""
 
     @property
-    def _model(self):
+    def _templates(self):
+        return []
+
+    @_templates.setter
+    def _templates(self, value):
+        pass
+
+    @property
+    def _model_key(self):
         return b""
 
-    @_model.setter
-    def _model(self, value):
+    @_model_key.setter
+    def _model_key(self, value):
         pass
 
 
-def _chunk(rng_choice, k: int) -> bytes:
-    text = rng_choice([" tok", "", 'a "quote"', "back\\slash", "ünï", "\n", "}]{", ' "index":1'])
-    head = {"id": f"chatcmpl-{k}", "object": "chat.completion.chunk", "created": 1,
-            "model": rng_choice(["m", "m", "m", "other"])}
-    choice = rng_choice([
+def _chunk(rng_choice, k: int, shape_choice=None) -> bytes:
+    """One chunk: its text drawn by ``rng_choice``, the rest by ``shape_choice`` (a draw
+    that repeats itself makes a stream of one shape, as engines send)."""
+    pick = shape_choice or rng_choice
+    text = rng_choice([" tok", "", 'a "quote"', "back\\slash", "ünï", "\n", "}]{", ' "index":1',
+                       '"},"logprobs":null,"finish_reason":null}]}', "\t", "BAD"])
+    # one id for the stream (as vLLM and SGLang send it: the reader's templates apply)
+    # or one per chunk
+    head = {"id": pick([f"chatcmpl-{k}", "chatcmpl-s", "chatcmpl-s"]),
+            "object": "chat.completion.chunk", "created": 1,
+            "model": pick(["m", "m", "m", "other"])}
+    choice = pick([
         {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None},
         {"index": 0, "delta": {"role": None, "content": text, "reasoning_content": None,
                                "tool_calls": None}, "logprobs": None,
@@ -144,12 +163,15 @@ def _chunk(rng_choice, k: int) -> bytes:
         {"index": 0, "delta": {"tool_calls": [{"id": "t"}]}, "finish_reason": None},
         {"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}])
     msg = {**head, "choices": [choice]}
-    extra = rng_choice([None, {"usage": None}, {"usage": {"completion_tokens": k}},
+    extra = pick([None, {"usage": None}, {"usage": {"completion_tokens": k}},
                         {"choices": [choice, {**choice, "index": 1}]}])
     if extra:
         msg.update(extra)
-    return b"data: " + json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode() \
-        + b"\n\n"
+    data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    # text that is no JSON string (a bare quote, a raw control character, a bad escape)
+    # in a chunk that is otherwise one the templates would take
+    data = data.replace(b"BAD", rng_choice([b'a"b', b"a\x01b", b"a\\xb", b"a\\u12b"]))
+    return b"data: " + data + b"\n\n"
 
 
 @settings(max_examples=200, deadline=None)
@@ -158,13 +180,17 @@ def test_the_fast_read_of_a_chunk_is_the_full_decodes(rng):
     """Chunks as vLLM and SGLang write them (and others that must not take the fast
     path: finishing, token ids, tool calls, usage, two choices, another model, text that
     looks like keys): read with the fast path and with every event decoded, the same."""
-    chunks = [_chunk(rng.choice, k) for k in range(30)]
+    # most chunks of one shape (the stream's: a draw started afresh per chunk), some not
+    shape = rng.randrange(1 << 30)
+    chunks = [_chunk(rng.choice, k, random.Random(shape).choice if rng.random() < 0.8
+                     else None) for k in range(40)]
     got = []
     for cls in (EventReader, FullDecode):
         seen, counts = Observed(), Counter()
         reader = cls(seen, counts)
         for k, c in enumerate(chunks):
             reader.feed(c, float(k))
+        reader.flush()
         got.append(({i: (c.emissions, c.tokens, c.finish_reason)
                      for i, c in seen.choices.items()}, seen.model, seen.output_tokens,
                     dict(counts)))
@@ -192,6 +218,7 @@ def test_vllms_own_streams_read_fast_as_the_full_decode_reads_them(name):
             reader = cls(seen, counts)
             for k, piece in enumerate(pieces):
                 reader.feed(piece, float(k) if len(pieces) > 1 else 0.0)
+            reader.flush()
             seen.settle()
             got.append((pieces is raw, {i: (c.emissions, c.tokens, c.finish_reason)
                                         for i, c in seen.choices.items()},
@@ -217,3 +244,62 @@ def test_blank_lines_where_an_event_would_start_are_empty_events():
         for cut in range(len(stream) + 1):
             events, passed, _ = split_all(stream, [cut])
             assert passed == stream and events == reference(stream), (stream, cut)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_vllms_streams_cut_anywhere_read_as_the_full_decode_reads_them(data):
+    """vLLM's own streams (LF and CRLF) cut at random places, read every few bytes or at
+    the end: a piece that is one chunk whole is read by a template before any
+    splitting, any other by the splitter; either way the same emissions, times and
+    counts as decoding every event whole as it comes."""
+    from phasewatch.tap import sse
+
+    name = data.draw(st.sampled_from(["chat", "chat-n2", "completions"]))
+    raw = (STREAMS / f"{name}.sse").read_bytes()
+    if data.draw(st.booleans()):
+        raw = raw.replace(b"\n", b"\r\n")
+    # cuts at event ends (whole chunks, as a relay reads them) and anywhere
+    ends = [m.end() for m in re.finditer(rb"(\r?\n){2}", raw)]
+    cuts = sorted(set(data.draw(st.lists(st.sampled_from(ends), max_size=60))
+                      + data.draw(st.lists(st.integers(0, len(raw)), max_size=20))))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    every = data.draw(st.sampled_from([sse.READ_EVERY, 300, 1]))  # where reads fall
+    got = []
+    for cls in (EventReader, FullDecode):
+        seen, counts = Observed(), Counter()
+        reader = cls(seen, counts)
+        old, sse.READ_EVERY = sse.READ_EVERY, every
+        try:
+            for k, piece in enumerate(pieces):
+                reader.feed(piece, float(k))
+        finally:
+            sse.READ_EVERY = old
+        reader.flush()
+        got.append(({i: (c.emissions, c.tokens, c.finish_reason)
+                     for i, c in seen.choices.items()}, seen.output_tokens, dict(counts)))
+    assert got[0] == got[1]
+    assert sum(len(c[0]) for c in got[0][0].values()) > 10
+
+
+def test_a_stream_decodes_one_chunk_whole_and_reads_the_rest_fast(monkeypatch):
+    """vLLM's chat stream a chunk at a time: the role chunk, the finishing chunk and
+    the usage are decoded whole (the first content chunk read by ``_PIECE``, the
+    second making the template); every other content chunk is read by the template."""
+    raw = (STREAMS / "chat.sse").read_bytes()
+    whole = []
+    real = EventReader._event
+
+    def counted(self, event, t):
+        whole.append(event)
+        return real(self, event, t)
+
+    monkeypatch.setattr(EventReader, "_event", counted)
+    events = [e for e in raw.split(b"\n\n") if e]
+    seen = Observed()
+    reader = EventReader(seen, Counter())
+    for event in events:  # as a relay reads them, a chunk at a time
+        reader.feed(event + b"\n\n", 1.0)
+    reader.flush()
+    assert len(events) > 20 and len(whole) <= 5, [w[:80] for w in whole]
+    assert len(seen.choice(0).emissions) >= len(events) - 5

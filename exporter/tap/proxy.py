@@ -291,6 +291,8 @@ class Tap:
                 seen.aborted = aborted
                 seen.end = time.time()
                 seen.status = upstream.status
+                if reader is not None and streamed:
+                    reader.flush()  # what it holds unread (each event keeps its time)
                 if reader is not None and not streamed and whole and not seen.aborted:
                     reader.whole(bytes(whole), seen.end)
                 seen.settle()

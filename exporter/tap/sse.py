@@ -13,7 +13,7 @@ import json
 import re
 from collections import Counter
 
-from phasewatch.tap.observed import Observed
+from phasewatch.tap.observed import Choice, Observed
 
 MAX_EVENT = 1 << 20  # an SSE event larger than this is not parsed (passed on all the same)
 
@@ -35,7 +35,7 @@ class EventSplitter:
 
     def __init__(self, limit: int = MAX_EVENT):
         self._buf = bytearray()
-        self._limit = limit
+        self._limit = self.limit = limit
         self._line = 0  # where the current line starts
         self._pos = 0  # where the next search for a line end starts
         self._content_end = -1  # end of the event's last non-blank line (-1: none yet)
@@ -109,6 +109,15 @@ class EventSplitter:
             self._content_end -= start
         return out
 
+    def held(self) -> int:
+        """How many bytes are held for an event not complete yet."""
+        return len(self._buf)
+
+    def idle(self) -> bool:
+        """Nothing held and no event being passed on unread: the next bytes start
+        afresh."""
+        return not self._buf and not self._skipping
+
     def rest(self) -> bytes:
         """What is left at the end (an event the stream did not close)."""
         rest = bytes(self._buf)
@@ -120,55 +129,166 @@ class EventSplitter:
 
 # The one chunk a stream is made of, one choice with one piece of text and nothing else
 # that counts (vLLM's and SGLang's chat and completions chunks), read where its fields
-# sit instead of decoding all of it: the head before "choices" holds no brace, bracket
-# or backslash (so no string there hides a key), the text is one JSON string, and every
-# other field of the choice and of the delta is null. Anything else, or a model other
-# than the one seen, takes the full decode (``_event``), which reads it the same way.
+# sit instead of decoding all of it: the head before "choices" is JSON's "key":value
+# pairs of strings without escapes, numbers, true, false or null (so no string there
+# hides a key), the text is one JSON string, and every other field of the choice and
+# of the delta is null. Written as the engines write it (no spaces between tokens).
+# Anything else takes the full decode (``_event``), which reads it the same way.
+_SIMPLE = rb'"[^"\\\x00-\x1f]*"'
+_HEAD = (rb'((?:' + _SIMPLE + rb':(?:' + _SIMPLE
+         + rb'|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null),)*)')
 _NULLS = rb'(?:"[a-z_]+":null,)*'
-_MORE_NULLS = rb'(?:,"[a-z_]+":null)*'
-_TEXT = rb'"((?:[^"\\]|\\.)+)"'
+
+
+def _more_nulls(but: str) -> bytes:
+    """Null fields after the one that counts, none of them a key that counts (JSON's last
+    of two equal keys wins: a null "content" after the text would unsay it)."""
+    return rb'(?:,"(?!(?:' + but.encode() + rb')")[a-z_]+":null)*'
+
+
+_TEXT = rb'"((?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))+)"'
 _PIECE = re.compile(
-    rb'\{([^\\{}\[\]]*)"choices":\[\{"index":(\d{1,3}),(?:"delta":\{' + _NULLS
-    + rb'"content":' + _TEXT + _MORE_NULLS + rb'\}|"text":' + _TEXT + rb')'
-    + _MORE_NULLS + rb'\}\]' + _MORE_NULLS + rb'\}')
+    rb'\{' + _HEAD + rb'"choices":\[\{"index":(0|[1-9]\d{0,2}),(?:"delta":\{'
+    + _NULLS + rb'"content":' + _TEXT + _more_nulls("content") + rb'\}|"text":' + _TEXT
+    + rb')' + _more_nulls("index|delta|text") + rb'\}\]' + _more_nulls("choices") + rb'\}')
+
+
+# The fast read of a whole event: its one data line and the chunk as _PIECE reads it.
+_PIECE_EVENT = re.compile(rb"data: ?" + _PIECE.pattern)
+# A JSON string's body, not empty (what a template's text may be): most are plain
+# (no escape), found in one pass of a character class; the rest take the whole rule
+_PLAIN = re.compile(rb'[^"\\\x00-\x1f]+')
+_BODY = re.compile(_TEXT[1:-1].replace(b"(", b"(?:", 1))
+
+
+def _text_between(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` is a JSON string's body, not empty."""
+    return (_PLAIN.fullmatch(data, start, end) is not None
+            or _BODY.fullmatch(data, start, end) is not None)
+
+TEMPLATES = 8  # the chunk shapes a stream's reader keeps (a choice each, with n > 1)
+# Bytes an EventReader holds before it reads them: a stream's pieces are kept as they
+# come (two appends on the relay's path) and read in one loop at the end of the stream
+# or past this many bytes, where the reading's code and data stay hot in the CPU's
+# caches instead of being evicted by the relay's between two chunks.
+READ_EVERY = 32 << 10
 
 
 class EventReader:
-    """Server-sent events of an OpenAI-style stream, fed the bytes as they arrive."""
+    """Server-sent events of an OpenAI-style stream, fed the bytes as they arrive.
+
+    A chunk that ``_PIECE`` reads becomes a template once its head is known good (it
+    decoded whole, or a chunk before it had the same head): the bytes before its text
+    and after it. A later event that starts and ends with a template's bytes and holds
+    a JSON string's body between them is the same chunk with other text (the same id,
+    model, creation time and choice, as vLLM and SGLang repeat them): one emission of
+    that choice. A piece of the stream that is one such event whole (the server's
+    write, as a relay reads it) is read as it is, before any splitting. A chunk whose
+    head changes (a time in it) is read where its fields sit (``_PIECE``) where it names
+    the model seen; anything else is decoded whole (``_event``).
+
+    ``feed`` keeps the pieces; ``flush`` reads them (``feed`` does every
+    ``READ_EVERY`` bytes; the tap at the end of the stream)."""
 
     def __init__(self, seen: Observed, counts: Counter):
         self._seen, self._counts = seen, counts
         self._events = EventSplitter()
         self._usage_tokens = 0  # the running completion_tokens, when the server sends it
-        self._model = b""  # '"model":"<the model seen>"', as the chunks' heads carry it
+        # (before the text, after it with the blank line, after it as an event, choice)
+        self._templates: list[tuple[bytes, bytes, bytes, Choice]] = []
+        self._model_key = b""  # '"model":"<the model seen>",' as a chunk's head holds it
+        self._last_head = b""  # of the last chunk read where its fields sit
+        self._pieces: list[bytes] = []  # fed and not read yet, and when each came
+        self._times: list[float] = []
+        self._held = 0
 
     def feed(self, data: bytes, t: float) -> None:
+        self._pieces.append(data)
+        self._times.append(t)
+        self._held += len(data)
+        if self._held >= READ_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the pieces fed since the last read, each event timed by the piece that
+        completed it."""
+        pieces, times = self._pieces, self._times
+        if not pieces:
+            return
+        self._pieces, self._times, self._held = [], [], 0
+        events, templates = self._events, self._templates  # both changed in place only
+        plain, body = _PLAIN.fullmatch, _BODY.fullmatch
+        for data, t in zip(pieces, times, strict=True):
+            if events.idle():  # the piece starts an event: perhaps it is one chunk, whole
+                for prefix, suffix, _, c in templates:
+                    if data.startswith(prefix) and data.endswith(suffix):
+                        a, b = len(prefix), len(data) - len(suffix)
+                        if plain(data, a, b) is not None or body(data, a, b) is not None:
+                            c.emissions.append(t)  # one emission, its tokens unknown
+                            c.tokens.append(0)
+                            break
+                else:
+                    self._split(data, t)
+            else:
+                self._split(data, t)
+
+    def _split(self, data: bytes, t: float) -> None:
         events = self._events
         before = events.too_large
         for event, _ in events.feed(data):
             if event:
-                self._event(event, t)
+                self._read(event, t)
         if events.too_large > before:
             self._counts["event_too_large"] += events.too_large - before
 
-    def _event(self, event: bytes, t: float) -> None:
-        if event.startswith(b"data:") and event.find(b"\n") < 0 and event.find(b"\r") < 0:
-            data = event[5:].lstrip()  # one data line: every OpenAI-style server's event
-            m = _PIECE.fullmatch(data)
-            if m is not None and self._model and self._model in m[1]:
-                index = int(m[2])  # one emission of one choice, its tokens unknown
-                c = self._seen.choice(index if index < 1024 else 0)
+    def _read(self, event: bytes, t: float) -> None:
+        for prefix, _, suffix, c in self._templates:
+            if (event.startswith(prefix) and event.endswith(suffix)
+                    and _text_between(event, len(prefix), len(event) - len(suffix))):
                 c.emissions.append(t)
                 c.tokens.append(0)
                 return
-        else:
-            data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
-                              if line.startswith(b"data:"))
-        if not data or data.strip() == b"[DONE]":
+        m = _PIECE_EVENT.fullmatch(event)
+        key = self._model_key
+        if m is not None and key and key in m[1] and m[1].count(b'"model":') == 1:
+            index = int(m[2])
+            c = self._seen.choice(index if index < 1024 else 0)
+            c.emissions.append(t)
+            c.tokens.append(0)
+            if m[1] == self._last_head:  # the head holds still: a template
+                self._template(event, m)
+            self._last_head = m[1]
             return
+        model = self._seen.model
+        ok = self._event(event, t)
+        if self._seen.model != model:  # the templates hold the model they were made with
+            self._templates.clear()
+            self._model_key = b'"model":%s,' % json.dumps(
+                self._seen.model, ensure_ascii=False).encode()
+        if ok and m is not None:  # decoded whole: its head is good
+            self._template(event, m)
+
+    def _template(self, event: bytes, m: re.Match) -> None:
+        """Keep the bytes around the text of ``event`` (read by ``_PIECE``: ``m``)."""
+        text = 3 if m[3] is not None else 4
+        index = int(m[2])
+        suffix = event[m.end(text):]
+        templates = self._templates
+        templates.insert(0, (event[:m.start(text)], suffix + b"\n\n", suffix,
+                             self._seen.choice(index if index < 1024 else 0)))
+        del templates[TEMPLATES:]
+
+    def _event(self, event: bytes, t: float) -> bool:
+        """Read one event whole; True where it held a JSON object."""
+        data = b"\n".join(line[5:].lstrip() for line in event.splitlines()
+                          if line.startswith(b"data:"))
+        if not data or data.strip() == b"[DONE]":
+            return False
         msg = self._parse(data, "unreadable_event")
-        if msg is not None:
-            self._message(msg, t, streamed=True)
+        if msg is None:
+            return False
+        self._message(msg, t, streamed=True)
+        return True
 
     def _parse(self, data: bytes, reason: str) -> dict | None:
         """A JSON object, or None (counted under ``reason`` when it is not JSON)."""
@@ -185,8 +305,6 @@ class EventReader:
         seen = self._seen
         if msg.get("model"):  # the served name the server answers with (TGI's own id
             seen.model = str(msg["model"])  # where the client asked for "tgi")
-            self._model = json.dumps({"model": seen.model}, separators=(",", ":"),
-                                     ensure_ascii=False)[1:-1].encode()
         emitted, finishing = {}, []  # emitted: choice -> its tokens (vLLM's token ids)
         for choice in msg.get("choices") or ():
             if not isinstance(choice, dict):
