@@ -34,6 +34,10 @@ received).
   delivered in a window over the CPU seconds (all threads: the gRPC sender included)
   the process spent in it. Only content chunks count; the role, finish, usage and
   ``[DONE]`` events relayed and parsed too do not.
+* The same at 64 and 256 streams in lock step (STREAMS_ROWS), tap beside relay.
+* Workers: ``--workers 2`` against ``--workers 1`` by turns, neither pinned, under
+  WORKERS_RATE offered from WORKERS_STREAMS streams (more than one worker relays):
+  chunks/s delivered, and their ratio; each worker's peak RSS.
 * RSS: the tap's peak (VmHWM) after every load, beside the bare relay's.
 * Every request sent through the tap must be in the exporter's
   ``phasewatch_requests_total`` (every row's ``also_ok``).
@@ -76,6 +80,10 @@ RATE_STREAMS = 128
 RATE_PATHS = ("tap", "relay", "tap_asyncio", "relay_asyncio")
 RATE_PHASES = RATE_PATHS * 2
 PER_CHUNK_RATIO_TARGET = 1 / 1.1  # the tap's chunks per CPU-second over the relay's
+STREAMS_ROWS = (64, 256)  # the tap beside the relay at these many streams, too
+WORKERS_STREAMS = 256  # --workers 2 against 1, under more than one worker relays
+WORKERS_RATE = 60_000
+WORKERS_RATIO_TARGET = 1.8
 RATE_PHASE_S = 2.5
 RATE_SETTLE_S = 0.5  # of a rate phase, not counted (the other path draining)
 TTFT_P50_TARGET_MS = 1.0
@@ -231,7 +239,7 @@ class _Proc:
             terminate(self.proc)
             rest = self.proc.stdout.read() if found else ""
             raise RuntimeError(f"{' '.join(cmd)} did not start:\n{''.join(found)}{rest}")
-        self.port, self.pid = int(m[1]), self.proc.pid
+        self.port, self.pid, self.line = int(m[1]), self.proc.pid, found[0]
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # never blocks
 
     def status(self, key: str) -> int:
@@ -472,31 +480,35 @@ def _latency(load: Load, phases: tuple[str, ...], phase_s: float, cpu,
     return out, (spent[0], spent[1])
 
 
-def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others) -> dict:
+def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
+          phases: tuple[str, ...] = RATE_PHASES, rate: int = RATE) -> dict:
     """The tap and the relay by turns under the same offered load: per path, content
-    chunks delivered over the process's CPU seconds, in windows after each turn
-    settled."""
+    chunks delivered over the CPU seconds of its processes (a pid, or a tap's parent and
+    workers), in windows after each turn settled."""
     from bench.common import cpu_seconds
 
     sums = {p: Counter() for p in procs}
 
+    def cpu(pids) -> float:
+        return sum(cpu_seconds(p) for p in (pids if isinstance(pids, list) else [pids]))
+
     async def phase(path: str) -> None:
         await asyncio.sleep(RATE_SETTLE_S)
         pid = procs[path]
-        c0, u0, w0 = cpu_seconds(pid), cpu_seconds(upstream_pid), time.monotonic()
+        c0, u0, w0 = cpu(pid), cpu_seconds(upstream_pid), time.monotonic()
         n0, r0 = load.chunks[path], load.reads[path]
         await asyncio.sleep(RATE_PHASE_S - RATE_SETTLE_S)
         s = sums[path]
-        s["cpu"] += cpu_seconds(pid) - c0
+        s["cpu"] += cpu(pid) - c0
         s["upstream_cpu"] += cpu_seconds(upstream_pid) - u0
         s["wall"] += time.monotonic() - w0
         s["chunks"] += load.chunks[path] - n0
         s["reads"] += load.reads[path] - r0
 
     started = time.monotonic()
-    asyncio.run(load.run(RATE_PHASES, phase))
-    out: dict = {"offered_chunks_per_s": RATE, "streams": RATE_STREAMS,
-                 "step_ms": round(RATE_STREAMS / RATE * 1e3, 2),
+    asyncio.run(load.run(phases, phase))
+    out: dict = {"offered_chunks_per_s": rate, "streams": load.streams,
+                 "step_ms": round(load.streams / rate * 1e3, 2),
                  "seconds": round(time.monotonic() - started, 1),
                  "server_core_taken_by_others": others.share()}
     for path, s in sums.items():
@@ -509,6 +521,42 @@ def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others) -> dict:
             "upstream_chunks_per_cpu_s": (round(s["chunks"] / s["upstream_cpu"])
                                           if s["upstream_cpu"] else 0)}
     return out
+
+
+def _workers(up_url: str, grpc_port: int, procs: list, upstream_pid: int) -> dict:
+    """``--workers 1`` and ``--workers 2`` by turns under a load above what one worker
+    relays: chunks/s delivered (wall) and per CPU-second of all the tap's processes;
+    then each worker's peak RSS. Neither tap is pinned to a core (each worker takes one
+    of the host's), the upstream and the load stay on CLIENT_CORE."""
+    from bench.common import SERVER_CORE
+
+    py = sys.executable
+    taps = {}
+    for name, n in (("w1", 1), ("w2", 2)):
+        taps[name] = _Proc([py, "-m", "phasewatch.cli", "tap", "--upstream", up_url, "--host",
+                            "127.0.0.1", "--port", "0", "--target", f"127.0.0.1:{grpc_port}",
+                            "--engine", "tap", "--model", MODEL, "--workers", str(n)],
+                           r"phasewatch tap on https?://[^:]+:(\d+)", timeout=90.0)
+        procs.append(taps[name])
+    found = re.search(r"workers: ([\d, ]+)\)", taps["w2"].line)
+    children = [int(x) for x in found[1].split(", ")] if found else []
+    pids = {"w1": [taps["w1"].pid], "w2": [taps["w2"].pid, *children]}
+    load = Load({k: f"http://127.0.0.1:{p.port}" for k, p in taps.items()}, WORKERS_STREAMS,
+                WORKERS_STREAMS / WORKERS_RATE, 0.0, lockstep=True, raw=True)
+    rate = _rate(load, pids, upstream_pid, _Others(SERVER_CORE, pids["w1"] + pids["w2"]),
+                 ("w1", "w2") * 2, WORKERS_RATE)
+
+    def peak(pid: int) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    each = [round(peak(pid), 1) for pid in children]
+    return {"load": load, "rate": rate, "each_mib": each,
+            "rss_mib": max(each) if each else float("nan"),
+            "one_rss_mib": round(peak(taps["w1"].pid), 1),
+            "parent_mib": round(peak(taps["w2"].pid), 1)}
 
 
 # ---- the rows --------------------------------------------------------------------------
@@ -570,18 +618,29 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                  RATE_STREAMS, RATE_STREAMS / RATE, 0.0, lockstep=True, raw=True)
     rate = _rate(rated, {k: p.pid for k, p in rate_procs.items()}, upstream.pid,
                  _Others(SERVER_CORE, ours))
+    # the tap beside the relay at 64 and 256 streams in lock step (a burst of that many
+    # chunks every step), the same offered rate
+    by_streams = {}
+    for n in STREAMS_ROWS:
+        load = Load({"tap": tap_url, "relay": f"http://127.0.0.1:{relay.port}"}, n, n / RATE,
+                    0.0, lockstep=True, raw=True)
+        by_streams[n] = (load, _rate(load, {"tap": tap.pid, "relay": relay.pid}, upstream.pid,
+                                     _Others(SERVER_CORE, ours), ("tap", "relay") * 2))
     tap_peak, relay_peak = tap.status("VmHWM"), relay.status("VmHWM")
+    workers = _workers(up_url, ex.grpc_port, procs, upstream.pid)
 
     # every request through the tap recorded, once
     through = (paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
-               + rated.done["tap_asyncio"])
+               + rated.done["tap_asyncio"] + sum(x[0].done["tap"] for x in by_streams.values())
+               + sum(workers["load"].done.values()))
     deadline, recorded = time.monotonic() + 15, 0.0
     while time.monotonic() < deadline:
         recorded = total(scrape(ex.http_port), "phasewatch_requests_total")
         if recorded >= through:
             break
         time.sleep(0.1)
-    failed = sum(sum(x.failed.values()) for x in (paced, locked, rated))
+    failed = sum(sum(x.failed.values()) for x in (paced, locked, rated, workers["load"],
+                                                  *(x[0] for x in by_streams.values())))
     ok = recorded == through and failed == 0
     check = {"requests_through_tap": through, "phasewatch_requests_total": recorded,
              "failed_requests": failed}
@@ -621,6 +680,24 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
             "higher", rate["relay_asyncio"]["chunks_per_cpu_s"],
             "a bare aiohttp relay on asyncio's loop, same load by turns",
             ratio_target=PER_CHUNK_RATIO_TARGET, also_ok=ok, extra={**rate, **check}),
+        *(Row(f"tap_chunks_per_core_{n}", f"tap: chunks/s per tap CPU-second, {n} streams "
+              f"in lock step, {RATE:,}/s offered, uvloop", r["tap"]["chunks_per_cpu_s"],
+              "chunks/s", CHUNKS_PER_CORE_TARGET, "higher", r["relay"]["chunks_per_cpu_s"],
+              "a bare aiohttp relay on uvloop, same load by turns",
+              ratio_target=PER_CHUNK_RATIO_TARGET, also_ok=ok, extra={**r, **check})
+          for n, (_, r) in by_streams.items()),
+        Row("tap_workers_scaling", f"tap: chunks/s with --workers 2, {WORKERS_STREAMS} streams, "
+            f"{WORKERS_RATE:,}/s offered", workers["rate"]["w2"]["chunks_per_s"], "chunks/s",
+            CHUNKS_PER_CORE_TARGET, "higher", workers["rate"]["w1"]["chunks_per_s"],
+            "--workers 1, same load by turns", ratio_target=WORKERS_RATIO_TARGET, also_ok=ok,
+            extra={**workers["rate"], "cores": os.cpu_count(), **check,
+                   "target_why": "issue 30: 1.8x from one worker to two on a 2-core host; "
+                                 "the upstream and the load run on the same host's cores"}),
+        Row("tap_rss_per_worker", "tap: peak RSS (VmHWM) of each of 2 workers, after their "
+            "load", workers["rss_mib"], "MiB", RSS_TARGET_MIB, "lower",
+            workers["one_rss_mib"], "--workers 1's peak, same load", also_ok=ok,
+            extra={"each_mib": workers["each_mib"],
+                   "parent_mib": workers["parent_mib"], **check}),
         Row("tap_rss", "tap: peak RSS (VmHWM) after every load", tap_peak / 2**20, "MiB",
             RSS_TARGET_MIB, "lower", relay_peak / 2**20, "the bare relay's peak, same loads",
             also_ok=ok, extra={"tap_idle_mib": round(tap_idle / 2**20, 1),

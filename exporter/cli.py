@@ -82,6 +82,16 @@ def deprecation_line(command: str, used: list[str]) -> str:
             "exporter; --tls-cert-file/--tls-key-file are a listener's own)")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return n
+
+
 def _add_token_flag(p, what: str) -> None:
     """``--token`` and TLS to the exporter (``--exporter-tls-ca/-cert/-key``) on ``p``, a
     parser or an argument group."""
@@ -266,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
     listener.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                           help="event loop: uvloop where installed (auto, the default), or "
                           "asyncio's own")
+    listener.add_argument("--workers", type=_positive_int,
+                          default=os.environ.get("PHASEWATCH_TAP_WORKERS", "1"), metavar="N",
+                          help="processes serving the port (SO_REUSEPORT), each a whole tap "
+                          "on a core of its own; their counts summed on --metrics-port and "
+                          "in the stop line (default $PHASEWATCH_TAP_WORKERS, else 1; in "
+                          "Kubernetes the container's CPU request)")
     limits = tap.add_argument_group("limits")
     limits.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                         help="seconds the upstream may stay silent, before answering (then "

@@ -323,4 +323,5 @@ def cmd_tap(args) -> int:
                              upstream_ca=args.upstream_ca, timeout_s=args.timeout,
                              max_body_bytes=int(args.max_body_mib * (1 << 20)),
                              metrics_port=args.metrics_port, ask_usage=args.ask_usage,
-                             otlp_endpoint=args.otlp_endpoint, loop=args.loop, stop=stop)
+                             otlp_endpoint=args.otlp_endpoint, loop=args.loop,
+                             workers=args.workers, stop=stop)

@@ -261,7 +261,7 @@ def test_tap_help_reads_as_sections_and_names_each_side_of_tls():
              for title, text in sections.items()}
     assert flags["upstream"] == {"--upstream", "--upstream-ca", "--ask-usage"}
     assert flags["listener"] == {"--host", "--port", "--tls-cert-file", "--tls-key-file",
-                                 "--metrics-port", "--loop"}
+                                 "--metrics-port", "--loop", "--workers"}
     assert flags["to the exporter"] == {"--target", "--otlp-endpoint", "--token",
                                         "--exporter-tls-ca",
                                         "--exporter-tls-cert", "--exporter-tls-key",

@@ -580,6 +580,30 @@ def test_the_service_port_reaches_the_tap_where_there_is_one(overlay):
     assert len({p["containerPort"] for p in pod_ports}) == len(pod_ports)
 
 
+def workers_follow_the_cpu_request(tap: dict) -> int:
+    """The tap container runs one worker per core it requests (issue 30): the CLI's
+    ``--workers`` default comes from ``PHASEWATCH_TAP_WORKERS``, which Kubernetes sets
+    from the container's own CPU request, rounded up (a resourceFieldRef with divisor
+    1). The number of workers, as the CLI reads it in that container."""
+    import math
+
+    env = {e["name"]: e for e in tap.get("env", [])}
+    ref = env["PHASEWATCH_TAP_WORKERS"]["valueFrom"]["resourceFieldRef"]
+    assert ref == {"containerName": tap["name"], "resource": "requests.cpu",
+                   "divisor": "1"}, ref
+    cpu = str(tap["resources"]["requests"]["cpu"])
+    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    want = math.ceil(cores)  # as the kubelet rounds a resourceFieldRef
+    read = subprocess.run(
+        [sys.executable, "-c", "import sys; from phasewatch.cli import build_parser; "
+         "print(build_parser().parse_args(sys.argv[1:]).workers)", *tap["args"]],
+        env={**os.environ, "PHASEWATCH_TAP_WORKERS": str(want)}, capture_output=True,
+        text=True, timeout=60)
+    assert read.stdout.strip() == str(want), read.stderr
+    assert "--workers" not in " ".join(tap["args"])  # the request decides, not a flag
+    return want
+
+
 @pytest.mark.parametrize("overlay", TAP_OVERLAYS)
 def test_the_tap_fronts_the_server(overlay, tmp_path):
     docs = render(overlay)
@@ -605,6 +629,7 @@ def test_the_tap_fronts_the_server(overlay, tmp_path):
     assert tap["readinessProbe"]["timeoutSeconds"] >= server["readinessProbe"].get(
         "timeoutSeconds", 1)
     assert tap["livenessProbe"]["tcpSocket"] == {"port": "http-tap"}
+    workers_follow_the_cpu_request(tap)
     hardened(tap)
     assert tap["securityContext"] == side["securityContext"]
     (tmp,) = [m for m in tap["volumeMounts"] if m["mountPath"] == "/tmp"]

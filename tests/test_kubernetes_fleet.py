@@ -42,6 +42,7 @@ from tests.test_kubernetes import (
     ports,
     render,
     serve_config,
+    workers_follow_the_cpu_request,
 )
 
 COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib"
@@ -267,6 +268,7 @@ def test_the_taps_send_their_records_through_the_collector(fleet, tmp_path):
     env = {e["name"]: e for e in tap["env"]}
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME)"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    workers_follow_the_cpu_request(tap)
     hardened(tap)
     cfg = serve_config(*localised(fleet["docs"], fleet["phasewatch"], tmp_path))
     assert cfg.source_label and cfg.trace_join_wait >= 5

@@ -26,8 +26,9 @@ In: a client's HTTP requests and the upstream server's answers. ``proxy`` (``Tap
 the aiohttp handler: pass through, time, count), ``sse`` (the server-sent events read
 as they arrive, and the usage-only chunk kept from the client), ``observed`` (what was
 seen of one request, per choice), ``tracecontext`` (the W3C headers sent upstream),
-``server`` (the listener: TLS from reloaded PEM files, the event loop thread,
-``serve_forever`` for ``phasewatch tap``).
+``server`` (the listener: TLS from reloaded PEM files, the event loop thread),
+``workers`` (``serve_forever`` for ``phasewatch tap``: one process, or ``--workers N``
+on one port).
 
 Out: one record per choice (``PhasewatchClient.record`` keywords), handed on by
 ``recorder``: through a ``PhasewatchClient`` to an exporter's gRPC port (never
@@ -42,10 +43,11 @@ line logged when the tap stops.
 from phasewatch.tap.observed import Choice, Observed
 from phasewatch.tap.proxy import TIMED_PATHS, Tap
 from phasewatch.tap.recorder import BatchRecorder, client_recorder
-from phasewatch.tap.server import TapServer, serve_forever, server_ssl
+from phasewatch.tap.server import TapServer, server_ssl
 from phasewatch.tap.sse import EventReader, UsageFilter
 from phasewatch.tap.stats import TapCollector, metrics_app, summary, tallies
 from phasewatch.tap.tracecontext import trace_headers
+from phasewatch.tap.workers import serve_forever
 
 __all__ = [
     "TIMED_PATHS",

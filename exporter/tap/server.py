@@ -1,11 +1,11 @@
 """The tap's listener: TLS from reloaded PEM files, the aiohttp sites on an event loop
-thread of their own (``TapServer``), and ``serve_forever`` (``phasewatch tap``)."""
+thread of their own (``TapServer``), and ``start``: a running tap of ``phasewatch tap``'s
+settings (``workers.serve_forever`` runs one, or several processes of them)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import threading
 
@@ -13,7 +13,7 @@ from aiohttp import web
 
 from phasewatch.tap.proxy import Tap
 from phasewatch.tap.recorder import client_recorder
-from phasewatch.tap.stats import metrics_app, summary
+from phasewatch.tap.stats import metrics_app
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,12 @@ class TapServer:
 
     def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, metrics_port: int | None = None,
-                 client=None, grace: float = 10.0, loop: str = "auto"):
+                 client=None, grace: float = 10.0, loop: str = "auto",
+                 reuse_port: bool = False):
         self.tap, self.host, self.port = tap, host, port
         self.metrics_port, self._client = metrics_port, client
         self._ssl, self._grace = ssl_context, grace
+        self._reuse_port = reuse_port  # one of several processes on the tap's port
         self._loop = new_loop(loop)
         self._runners: list[web.AppRunner] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="pw-tap",
@@ -116,18 +118,18 @@ class TapServer:
         asyncio.run_coroutine_threadsafe(self._up(), self._loop).result(30)
         return self
 
-    async def _site(self, app: web.Application, port: int) -> int:
+    async def _site(self, app: web.Application, port: int, reuse_port: bool = False) -> int:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._grace,
                                logger=ServerLog(self.tap.counts))
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, reuse_address=True,
-                           ssl_context=self._ssl)
+                           reuse_port=reuse_port or None, ssl_context=self._ssl)
         await site.start()
         return site._server.sockets[0].getsockname()[1]
 
     async def _up(self) -> None:
-        self.port = await self._site(self.tap.app(), self.port)
+        self.port = await self._site(self.tap.app(), self.port, self._reuse_port)
         if self.metrics_port is not None:
             self.metrics_port = await self._site(metrics_app(self.tap, self._client),
                                                  self.metrics_port)
@@ -144,19 +146,12 @@ class TapServer:
         self._thread.join(10)
 
 
-def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
-                  default_model: str, *, token: str = "", client_tls=None,
-                  tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
-                  timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
-                  metrics_port: int | None = None, ask_usage: bool = False,
-                  otlp_endpoint: str = "", loop: str = "auto",
-                  stop: threading.Event | None = None) -> int:
-    """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
-    Records go to ``target`` (an exporter's phasewatch gRPC port) or, with
-    ``otlp_endpoint``, as OTLP spans there (an OpenTelemetry Collector in front of a
-    fleet: ``otlp_out``). ``token`` / ``client_tls`` (an
-    ``phasewatch.transport.tls.ClientTls``): to either; ``tls_cert_file`` /
-    ``tls_key_file``: the tap's own HTTPS listener."""
+def recorder(target: str, engine: str, *, otlp_endpoint: str = "", token: str = "",
+             client_tls=None):
+    """(what counts the records sent: ``stats``, ``close()``; the ``Tap``'s record
+    callback; where the records go, in words): to ``target`` (an exporter's phasewatch
+    gRPC port) or, with ``otlp_endpoint``, as OTLP spans there (an OpenTelemetry
+    Collector in front of a fleet: ``otlp_out``)."""
     from phasewatch.client import PhasewatchClient
     from phasewatch.transport.tls import ClientTls
 
@@ -165,32 +160,29 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
         from phasewatch.tap.otlp_out import OtlpRecorder, span_exporter
 
         client = OtlpRecorder(span_exporter(otlp_endpoint, token=token, tls=tls), engine)
-        record, where = client, f"{otlp_endpoint} (OTLP spans)"
-    else:
-        client = PhasewatchClient(target, engine=engine, source="tap", token=token,
-                                  tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
-        record, where = client_recorder(client), target
-    tap = server = None
+        return client, client, f"{otlp_endpoint} (OTLP spans)"
+    client = PhasewatchClient(target, engine=engine, source="tap", token=token,
+                              tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+    return client, client_recorder(client), target
+
+
+def start(conf: dict, port: int, metrics_port: int | None = None,
+          reuse_port: bool = False) -> tuple[Tap, object, TapServer, str]:
+    """A running tap of ``serve_forever``'s settings (``conf``) on ``port``: (the
+    ``Tap``, what counts its records, its ``TapServer``, where the records go)."""
+    client, record, where = recorder(conf["target"], conf["engine"],
+                                     otlp_endpoint=conf["otlp_endpoint"],
+                                     token=conf["token"], client_tls=conf["client_tls"])
     try:
-        tap = Tap(upstream, record, default_model=default_model,
-                  max_body_bytes=max_body_bytes, timeout_s=timeout_s, upstream_ca=upstream_ca,
-                  ask_usage=ask_usage)
-        listener = (server_ssl(tls_cert_file, tls_key_file)
-                    if tls_cert_file or tls_key_file else None)
-        server = TapServer(tap, host, port, ssl_context=listener, metrics_port=metrics_port,
-                           client=client, loop=loop).start()
-        print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
-              f"records to {where} (pid {os.getpid()})", flush=True)
-        if server.metrics_port is not None:
-            print(f"phasewatch tap counts on {server.scheme}://{host}:{server.metrics_port}"
-                  "/metrics", flush=True)
-        (stop or threading.Event()).wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if server is not None:
-            server.stop()
+        tap = Tap(conf["upstream"], record, default_model=conf["default_model"],
+                  max_body_bytes=conf["max_body_bytes"], timeout_s=conf["timeout_s"],
+                  upstream_ca=conf["upstream_ca"], ask_usage=conf["ask_usage"])
+        cert, key = conf["tls_cert_file"], conf["tls_key_file"]
+        listener = server_ssl(cert, key) if cert or key else None
+        server = TapServer(tap, conf["host"], port, ssl_context=listener,
+                           metrics_port=metrics_port, client=client, loop=conf["loop"],
+                           reuse_port=reuse_port).start()
+    except BaseException:
         client.close()
-        if tap is not None:
-            log.info("phasewatch tap stopped: %s", summary(tap.counts, client.stats))
-    return 0
+        raise
+    return tap, client, server, where
