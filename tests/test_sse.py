@@ -184,9 +184,11 @@ def test_the_fast_read_of_a_chunk_is_the_full_decodes(rng):
     shape = rng.randrange(1 << 30)
     chunks = [_chunk(rng.choice, k, random.Random(shape).choice if rng.random() < 0.8
                      else None) for k in range(40)]
+    # the model the request named (the tap sets it before the answer), or none
+    asked = rng.choice(["", "m"])
     got = []
     for cls in (EventReader, FullDecode):
-        seen, counts = Observed(), Counter()
+        seen, counts = Observed(model=asked), Counter()
         reader = cls(seen, counts)
         for k, c in enumerate(chunks):
             reader.feed(c, float(k))

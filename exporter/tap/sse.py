@@ -166,6 +166,7 @@ def _text_between(data: bytes, start: int, end: int) -> bool:
     return (_PLAIN.fullmatch(data, start, end) is not None
             or _BODY.fullmatch(data, start, end) is not None)
 
+
 TEMPLATES = 8  # the chunk shapes a stream's reader keeps (a choice each, with n > 1)
 # Bytes an EventReader holds before it reads them: a stream's pieces are kept as they
 # come (two appends on the relay's path) and read in one loop at the end of the stream
@@ -263,8 +264,9 @@ class EventReader:
         ok = self._event(event, t)
         if self._seen.model != model:  # the templates hold the model they were made with
             self._templates.clear()
-            self._model_key = b'"model":%s,' % json.dumps(
-                self._seen.model, ensure_ascii=False).encode()
+        if self._seen.model != model or not key:  # the model may be the request's already
+            self._model_key = (b'"model":%s,' % json.dumps(
+                self._seen.model, ensure_ascii=False).encode()) if self._seen.model else b""
         if ok and m is not None:  # decoded whole: its head is good
             self._template(event, m)
 
