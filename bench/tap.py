@@ -35,6 +35,8 @@ received).
   the process spent in it. Only content chunks count; the role, finish, usage and
   ``[DONE]`` events relayed and parsed too do not.
 * The same at 64 and 256 streams in lock step (STREAMS_ROWS), tap beside relay.
+* Bursts (the hostile probe's): a ~2 MB burst of CRLF events, with a small request
+  beside it, and 100,000 small LF events, each read whole, direct and through the tap.
 * Workers: ``--workers 2`` against ``--workers 1`` by turns, neither pinned, under
   WORKERS_RATE offered from WORKERS_STREAMS streams (more than one worker relays):
   chunks/s delivered, and their ratio; each worker's peak RSS.
@@ -80,6 +82,8 @@ RATE_STREAMS = 128
 RATE_PATHS = ("tap", "relay", "tap_asyncio", "relay_asyncio")
 RATE_PHASES = RATE_PATHS * 2
 PER_CHUNK_RATIO_TARGET = 1 / 1.1  # the tap's chunks per CPU-second over the relay's
+BURST_TARGET_S = 1.0  # a ~2 MB CRLF burst, or 100,000 small events, through the tap
+BESIDE_TARGET_S = 0.1  # a small request beside the burst
 STREAMS_ROWS = (64, 256)  # the tap beside the relay at these many streams, too
 WORKERS_STREAMS = 256  # --workers 2 against 1, under more than one worker relays
 WORKERS_RATE = 60_000
@@ -118,10 +122,34 @@ class _Steps:
 _STEPS: dict[float, _Steps] = {}
 
 
+async def _burst(request, ask: dict):
+    """``burst`` events written at once (one write), LF- or CRLF-framed (``crlf``): the
+    hostile probe's streams. Each is a content chunk without a head (``small``) or
+    vLLM's with its head, padded to ``event_bytes``."""
+    from aiohttp import web
+
+    sep = "\r\n\r\n" if ask.get("crlf") else "\n\n"
+    if ask.get("small"):
+        one = 'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}' + sep
+    else:
+        head = (f'"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,'
+                f'"model":"{ask.get("model", MODEL)}"')
+        text = "x" * max(1, int(ask.get("event_bytes", 0)) - len(head) - 120)
+        one = (f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"{text}"}},'
+               f'"logprobs":null,"finish_reason":null}}]}}' + sep)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write((one * int(ask["burst"]) + "data: [DONE]" + sep).encode())
+    await resp.write_eof()
+    return resp
+
+
 async def _chat(request):
     from aiohttp import web
 
     ask = await request.json()
+    if ask.get("burst"):
+        return await _burst(request, ask)
     n = int(ask.get("max_tokens", TOKENS))
     gap, first = float(ask.get("gap_s", GAP_S)), float(ask.get("first_s", FIRST_S))
     steps = None
@@ -523,6 +551,43 @@ def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
     return out
 
 
+async def _timed(url: str, body: dict) -> tuple[float, int]:
+    """(seconds until the whole answer was read, bytes) of one request."""
+    import aiohttp
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/v1/chat/completions", json=body) as resp:
+        data = await resp.read()
+    return time.monotonic() - t0, len(data)
+
+
+def _bursts(urls: dict[str, str]) -> dict:
+    """Per path (direct, tap): a ~2 MB burst of CRLF events read whole, with a small
+    request sent beside it 10 ms later (how long that one took: one stream never stalls
+    the others), and 100,000 small LF events read whole. The best of three each."""
+    crlf = {"model": MODEL, "stream": True, "burst": 10_000, "crlf": True,
+            "event_bytes": 230}
+    small = {"model": MODEL, "stream": True, "burst": 100_000, "small": True}
+    beside = {"model": MODEL, "stream": True, "max_tokens": 2, "gap_s": 0.0,
+              "first_s": 0.0}
+
+    async def both(url: str) -> tuple[float, float, int]:
+        big = asyncio.ensure_future(_timed(url, crlf))
+        await asyncio.sleep(0.01)
+        (aside, _), (whole, size) = await _timed(url, beside), await big
+        return whole, aside, size
+
+    out: dict = {}
+    for path, url in urls.items():
+        runs = [asyncio.run(both(url)) for _ in range(3)]
+        out[path] = {"crlf_s": min(r[0] for r in runs), "beside_s": min(r[1] for r in runs),
+                     "crlf_bytes": runs[0][2],
+                     "small_s": min(asyncio.run(_timed(url, small))[0] for _ in range(3))}
+    out["tap_requests"] = 9 if "tap" in urls else 0  # 3 x (burst, beside, small events)
+    return out
+
+
 def _workers(up_url: str, grpc_port: int, procs: list, upstream_pid: int) -> dict:
     """``--workers 1`` and ``--workers 2`` by turns under a load above what one worker
     relays: chunks/s delivered (wall) and per CPU-second of all the tap's processes;
@@ -626,13 +691,14 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                     0.0, lockstep=True, raw=True)
         by_streams[n] = (load, _rate(load, {"tap": tap.pid, "relay": relay.pid}, upstream.pid,
                                      _Others(SERVER_CORE, ours), ("tap", "relay") * 2))
+    bursts = _bursts({"direct": up_url, "tap": tap_url})
     tap_peak, relay_peak = tap.status("VmHWM"), relay.status("VmHWM")
     workers = _workers(up_url, ex.grpc_port, procs, upstream.pid)
 
     # every request through the tap recorded, once
     through = (paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
                + rated.done["tap_asyncio"] + sum(x[0].done["tap"] for x in by_streams.values())
-               + sum(workers["load"].done.values()))
+               + sum(workers["load"].done.values()) + bursts["tap_requests"])
     deadline, recorded = time.monotonic() + 15, 0.0
     while time.monotonic() < deadline:
         recorded = total(scrape(ex.http_port), "phasewatch_requests_total")
@@ -698,6 +764,21 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
             workers["one_rss_mib"], "--workers 1's peak, same load", also_ok=ok,
             extra={"each_mib": workers["each_mib"],
                    "parent_mib": workers["parent_mib"], **check}),
+        Row("tap_crlf_burst", f"tap: a {bursts['tap']['crlf_bytes'] / 1e6:.1f} MB burst of "
+            "CRLF events, read whole", bursts["tap"]["crlf_s"], "s", BURST_TARGET_S, "lower",
+            bursts["direct"]["crlf_s"], "direct, same burst",
+            extra={**bursts, "target_why": "issue 30's probe: 5.75 s through the tap, "
+                                           "0.09 s direct"}),
+        Row("tap_crlf_beside", "tap: a 2-token request sent beside the CRLF burst, whole",
+            bursts["tap"]["beside_s"], "s", BESIDE_TARGET_S, "lower",
+            bursts["direct"]["beside_s"], "direct, beside the same burst",
+            extra={**bursts, "target_why": "one stream never stalls the others (the probe's "
+                                           "waited 5.3 s)"}),
+        Row("tap_small_events", "tap: 100,000 small LF events, read whole",
+            bursts["tap"]["small_s"], "s", BURST_TARGET_S, "lower",
+            bursts["direct"]["small_s"], "direct, same events",
+            extra={**bursts, "target_why": "issue 30's probe: 0.65 s through the tap, "
+                                           "0.01 s direct"}),
         Row("tap_rss", "tap: peak RSS (VmHWM) after every load", tap_peak / 2**20, "MiB",
             RSS_TARGET_MIB, "lower", relay_peak / 2**20, "the bare relay's peak, same loads",
             also_ok=ok, extra={"tap_idle_mib": round(tap_idle / 2**20, 1),
