@@ -160,10 +160,31 @@ def recorder(target: str, engine: str, *, otlp_endpoint: str = "", token: str = 
         from phasewatch.tap.otlp_out import OtlpRecorder, span_exporter
 
         client = OtlpRecorder(span_exporter(otlp_endpoint, token=token, tls=tls), engine)
-        return client, client, f"{otlp_endpoint} (OTLP spans)"
+        return client, client, destination(target, otlp_endpoint)
     client = PhasewatchClient(target, engine=engine, source="tap", token=token,
                               tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
-    return client, client_recorder(client), target
+    return client, client_recorder(client), destination(target, otlp_endpoint)
+
+
+def destination(target: str, otlp_endpoint: str) -> str:
+    """Where the tap's records go, in words."""
+    return f"{otlp_endpoint} (OTLP spans)" if otlp_endpoint else target
+
+
+def listener_ssl(conf: dict) -> ssl.SSLContext | None:
+    """The tap's own HTTPS context from ``conf``'s PEM files; None for plain HTTP."""
+    cert, key = conf["tls_cert_file"], conf["tls_key_file"]
+    return server_ssl(cert, key) if cert or key else None
+
+
+def announce(conf: dict, scheme: str, port: int, metrics_port: int | None, where: str,
+             processes: str) -> None:
+    """The lines ``phasewatch tap`` prints once it listens (``processes``: its pids)."""
+    print(f"phasewatch tap on {scheme}://{conf['host']}:{port} -> {conf['upstream']}; "
+          f"records to {where} ({processes})", flush=True)
+    if metrics_port is not None:
+        print(f"phasewatch tap counts on {scheme}://{conf['host']}:{metrics_port}/metrics",
+              flush=True)
 
 
 def start(conf: dict, port: int, metrics_port: int | None = None,
@@ -177,9 +198,7 @@ def start(conf: dict, port: int, metrics_port: int | None = None,
         tap = Tap(conf["upstream"], record, default_model=conf["default_model"],
                   max_body_bytes=conf["max_body_bytes"], timeout_s=conf["timeout_s"],
                   upstream_ca=conf["upstream_ca"], ask_usage=conf["ask_usage"])
-        cert, key = conf["tls_cert_file"], conf["tls_key_file"]
-        listener = server_ssl(cert, key) if cert or key else None
-        server = TapServer(tap, conf["host"], port, ssl_context=listener,
+        server = TapServer(tap, conf["host"], port, ssl_context=listener_ssl(conf),
                            metrics_port=metrics_port, client=client, loop=conf["loop"],
                            reuse_port=reuse_port).start()
     except BaseException:

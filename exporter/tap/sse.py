@@ -35,7 +35,7 @@ class EventSplitter:
 
     def __init__(self, limit: int = MAX_EVENT):
         self._buf = bytearray()
-        self._limit = self.limit = limit
+        self._limit = limit
         self._line = 0  # where the current line starts
         self._pos = 0  # where the next search for a line end starts
         self._content_end = -1  # end of the event's last non-blank line (-1: none yet)
@@ -108,10 +108,6 @@ class EventSplitter:
         if self._content_end >= 0:
             self._content_end -= start
         return out
-
-    def held(self) -> int:
-        """How many bytes are held for an event not complete yet."""
-        return len(self._buf)
 
     def idle(self) -> bool:
         """Nothing held and no event being passed on unread: the next bytes start
@@ -218,16 +214,14 @@ class EventReader:
             return
         self._pieces, self._times, self._held = [], [], 0
         events, templates = self._events, self._templates  # both changed in place only
-        plain, body = _PLAIN.fullmatch, _BODY.fullmatch
         for data, t in zip(pieces, times, strict=True):
             if events.idle():  # the piece starts an event: perhaps it is one chunk, whole
                 for prefix, suffix, _, c in templates:
-                    if data.startswith(prefix) and data.endswith(suffix):
-                        a, b = len(prefix), len(data) - len(suffix)
-                        if plain(data, a, b) is not None or body(data, a, b) is not None:
-                            c.emissions.append(t)  # one emission, its tokens unknown
-                            c.tokens.append(0)
-                            break
+                    if (data.startswith(prefix) and data.endswith(suffix)
+                            and _text_between(data, len(prefix), len(data) - len(suffix))):
+                        c.emissions.append(t)  # one emission, its tokens unknown
+                        c.tokens.append(0)
+                        break
                 else:
                     self._split(data, t)
             else:

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from multiprocessing.connection import Connection, wait
 
-from phasewatch.tap.server import start
+from phasewatch.tap.server import announce, destination, listener_ssl, start
 from phasewatch.tap.stats import summary
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,8 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
     tap = server = client = None
     try:
         tap, client, server, where = start(conf, port, metrics_port)
-        print(f"phasewatch tap on {server.scheme}://{host}:{server.port} -> {upstream}; "
-              f"records to {where} (pid {os.getpid()})", flush=True)
-        if server.metrics_port is not None:
-            print(f"phasewatch tap counts on {server.scheme}://{host}:{server.metrics_port}"
-                  "/metrics", flush=True)
+        announce(conf, server.scheme, server.port, server.metrics_port, where,
+                 f"pid {os.getpid()}")
         (stop or threading.Event()).wait()
     except KeyboardInterrupt:
         pass
@@ -193,18 +190,14 @@ def serve_workers(conf: dict, port: int, workers: int, metrics_port: int | None,
     try:
         for i in range(workers):
             running.append(_started(ctx, conf, port, i, totals))
+        context = listener_ssl(conf)  # the workers' own, and the parent's /metrics
         if metrics_port is not None:
-            metrics = _MetricsServer(totals, conf["host"], metrics_port, conf)
-        scheme = "https" if conf["tls_cert_file"] or conf["tls_key_file"] else "http"
-        where = (f"{conf['otlp_endpoint']} (OTLP spans)" if conf["otlp_endpoint"]
-                 else conf["target"])
+            metrics = _MetricsServer(totals, conf["host"], metrics_port, context)
         pids = ", ".join(str(w.pid) for w in running)
-        print(f"phasewatch tap on {scheme}://{conf['host']}:{port} -> {conf['upstream']}; "
-              f"records to {where} (pid {os.getpid()}, {workers} workers: {pids})",
-              flush=True)
-        if metrics is not None:
-            print(f"phasewatch tap counts on {scheme}://{conf['host']}:{metrics.port}"
-                  "/metrics", flush=True)
+        announce(conf, "https" if context is not None else "http", port,
+                 metrics.port if metrics is not None else None,
+                 destination(conf["target"], conf["otlp_endpoint"]),
+                 f"pid {os.getpid()}, {workers} workers: {pids}")
         _watch(ctx, conf, port, running, totals, stop)
     except KeyboardInterrupt:
         pass
@@ -291,14 +284,12 @@ class _MetricsServer:
     """The workers' summed counts on ``/metrics`` (``stats.metrics_app``), on an event
     loop thread of the parent's own."""
 
-    def __init__(self, totals: Totals, host: str, port: int, conf: dict):
+    def __init__(self, totals: Totals, host: str, port: int, context):
         from aiohttp import web
 
-        from phasewatch.tap.server import server_ssl
         from phasewatch.tap.stats import metrics_app
 
-        cert, key = conf["tls_cert_file"], conf["tls_key_file"]
-        self._ssl = server_ssl(cert, key) if cert or key else None
+        self._ssl = context
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="pw-tap-metrics", daemon=True)
