@@ -32,7 +32,7 @@ def start_tap(fake, exporter, tmp_path, *extra: str):
             [sys.executable, "-m", "phasewatch.cli", "tap", "--upstream",
              f"http://127.0.0.1:{fake.port}", "--port", "0", "--metrics-port", "0",
              "--target", f"127.0.0.1:{exporter.grpc_port}", *extra],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     found = wait_for(lambda: re.search(
         r"tap on http://127.0.0.1:(\d+) .*\((?:pid \d+), (\d+) workers: ([\d, ]+)\)\n"
         r".*counts on http://127.0.0.1:(\d+)/metrics", log.read_text(), re.S), timeout=60)
@@ -116,3 +116,24 @@ def test_workers_is_read_from_the_environment_and_must_be_positive(tmp_path):
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--workers: must be a whole number of at least 1" in \
         bad.stderr, bad.stderr
+
+
+def test_a_sigterm_to_the_whole_group_stops_every_worker_cleanly(fake, exporter, tmp_path):
+    """GNU timeout and systemd's control-group kill send SIGTERM to every process: each
+    worker lets its streams finish and reports its last counts, and the parent starts
+    none again."""
+    proc, log, port, _, pids = start_tap(fake, exporter, tmp_path, "--workers", "2")
+    try:
+        for _ in range(6):
+            assert post(port, {"model": MODEL, "stream": True, "max_tokens": 2})[0] == 200
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        terminate(proc, timeout=60)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "starting another" not in text, text
+    assert re.search(r"phasewatch tap stopped \(2 workers, completed by each: \d+, \d+\): "
+                     r"requests: completed 6;", text), text
+    for pid in pids:
+        assert wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), timeout=10), pid

@@ -139,8 +139,12 @@ def worker_main(conf: dict, port: int, conn: Connection) -> None:
     gone; its counts to the parent every ``REPORT_S`` and once more at the end."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # the parent stops the workers: Ctrl-C in a terminal reaches the whole group
+    # the parent stops the workers: Ctrl-C in a terminal reaches the whole group. A
+    # SIGTERM sent to the whole group (GNU timeout, systemd's control-group kill) or to
+    # this worker alone stops it as the parent's word does: its streams finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     try:
         tap, client, server, _ = start(conf, port, reuse_port=True)
     except Exception as e:  # the parent reports it, then stops
@@ -148,10 +152,11 @@ def worker_main(conf: dict, port: int, conn: Connection) -> None:
         return
     conn.send(("up", os.getpid()))
     try:
-        while not conn.poll(REPORT_S):
+        while not conn.poll(REPORT_S) and not terminated.is_set():
             conn.send(("counts", dict(tap.counts), dict(client.stats)))
-        with contextlib.suppress(EOFError):  # EOF: the parent is gone
-            conn.recv()  # "stop"
+        if not terminated.is_set():
+            with contextlib.suppress(EOFError):  # EOF: the parent is gone
+                conn.recv()  # "stop"
     finally:
         server.stop()
         client.close()
@@ -242,6 +247,8 @@ def _watch(ctx, conf: dict, port: int, running: list[_Worker], totals: Totals,
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
+                if stop.is_set():  # it ended with the parent (a SIGTERM to the group)
+                    return
                 w.proc.join(5)
                 log.error("tap worker %d (pid %d) exited (code %s); starting another",
                           w.index, w.pid, w.proc.exitcode)
