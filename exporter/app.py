@@ -43,6 +43,8 @@ from phasewatch.transport.http_server import HttpServer, make_handler
 from phasewatch.transport.tls import TlsFiles, TlsFront
 
 log = logging.getLogger("phasewatch")
+# a tick of a loop this late, or an update this long, is logged (see _roofline_loop)
+STALL_NOTICE = 2.0
 
 
 def _address(host: str, port: int) -> str:
@@ -334,7 +336,21 @@ class Exporter:
             self._stop.wait(max(interval - (time.monotonic() - began), 0.0))
 
     def _roofline_loop(self) -> None:
-        while not self._stop.wait(self.config.roofline_interval):
+        """Update the roofline and verdict every --roofline-interval. A tick that comes
+        STALL_NOTICE seconds or more late (the process was not scheduled: a paused or
+        starved host, or a thread holding the interpreter) is logged, and so is an
+        update that took that long: rates and the verdict average over such a gap, and
+        exports and engine scrapes waited through it."""
+        interval = self.config.roofline_interval
+        notice = max(STALL_NOTICE, interval)
+        due = time.monotonic() + interval
+        while not self._stop.wait(max(due - time.monotonic(), 0.0)):
+            late = time.monotonic() - due
+            if late >= notice:
+                log.warning("phasewatch ran %.1f s late (a %g s roofline tick): this process "
+                            "was not scheduled, so the figures average over that gap",
+                            late, interval)
+            began = time.monotonic()
             try:
                 self.monitor.update()
                 window = self.aggregator.window
@@ -342,6 +358,11 @@ class Exporter:
                 self.history.record(window.summary(labels.pairs(), names=labels.names))
             except Exception:  # keep estimating on the next tick; never kill the loop
                 log.exception("roofline update failed")
+            took = time.monotonic() - began
+            if took >= notice:
+                log.warning("the roofline update took %.1f s (--roofline-interval %g s)",
+                            took, interval)
+            due = time.monotonic() + interval
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close.

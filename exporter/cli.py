@@ -82,13 +82,28 @@ def deprecation_line(command: str, used: list[str]) -> str:
             "exporter; --tls-cert-file/--tls-key-file are a listener's own)")
 
 
+class _FromEnv(str):
+    """A flag's default read from the environment variable ``env`` (else ``fallback``):
+    argparse converts a string default with the flag's type, and a bad value must name
+    the variable it came from, which the user set, not only the flag they did not use."""
+
+    env = ""
+
+    def __new__(cls, env: str, fallback: str) -> _FromEnv:
+        value = super().__new__(cls, os.environ.get(env, fallback))
+        value.env = env if env in os.environ else ""
+        return value
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+        came = f" (from ${text.env})" if isinstance(text, _FromEnv) and text.env else ""
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of at least 1, got {str(text)!r}{came}")
     return n
 
 
@@ -277,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="event loop: uvloop where installed (auto, the default), or "
                           "asyncio's own")
     listener.add_argument("--workers", type=_positive_int,
-                          default=os.environ.get("PHASEWATCH_TAP_WORKERS", "1"), metavar="N",
+                          default=_FromEnv("PHASEWATCH_TAP_WORKERS", "1"), metavar="N",
                           help="processes serving the port (SO_REUSEPORT), each a whole tap "
                           "on a core of its own; their counts summed on --metrics-port and "
                           "in the stop line (default $PHASEWATCH_TAP_WORKERS, else 1; in "

@@ -67,6 +67,25 @@ def test_sigterm_finishes_the_call_in_flight_and_exits_in_time(tmp_path):
     assert "shutting down" in log and _totals(log)["accepted"] == 1
 
 
+def test_a_stopped_process_says_how_late_it_ran_when_it_is_resumed(tmp_path):
+    """A host that pauses the exporter (a frozen VM, SIGSTOP, a starved CPU) leaves every
+    rate and the verdict averaging over the gap: the log says so, with the gap."""
+    sp = ServeProcess(tmp_path, "--roofline-interval", "0.5").start()
+    try:
+        time.sleep(1.0)
+        sp.signal(signal.SIGSTOP)
+        time.sleep(3.5)
+        sp.signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while "late" not in sp.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        sp.stop()
+    late = re.findall(r"WARNING.*phasewatch ran ([\d.]+) s late \(a 0.5 s roofline tick\)",
+                      sp.log_path.read_text())
+    assert len(late) == 1 and 2.0 <= float(late[0]) <= 4.0, sp.log_path.read_text()[-2000:]
+
+
 def _restart(tmp_path, send, ports_of) -> tuple[int, int]:
     """Start an exporter, let ``send`` run, SIGTERM it, start another on the same ports
     a second later; returns (first's final accepted total, second's)."""

@@ -116,6 +116,13 @@ def test_workers_is_read_from_the_environment_and_must_be_positive(tmp_path):
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--workers: must be a whole number of at least 1" in \
         bad.stderr, bad.stderr
+    # a bad value in the environment is told as the variable's
+    env["PHASEWATCH_TAP_WORKERS"] = "abc"
+    bad = subprocess.run([sys.executable, "-m", "phasewatch.cli", "tap", "--upstream",
+                          "http://127.0.0.1:1"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and ("got 'abc' (from $PHASEWATCH_TAP_WORKERS)"
+                                    in bad.stderr), bad.stderr
 
 
 def test_a_sigterm_to_the_whole_group_stops_every_worker_cleanly(fake, exporter, tmp_path):

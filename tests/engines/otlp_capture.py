@@ -39,8 +39,8 @@ class OtlpCapture:
     """Relay-capture on ``127.0.0.1:port`` (0 = a free port, read ``.port`` after start)."""
 
     def __init__(self, forward_to: str, port: int = 0, host: str = "127.0.0.1",
-                 timeout: float = 10.0, on_export=None):
-        self.forward_to, self.host, self.timeout = forward_to, host, timeout
+                 max_timeout: float = 60.0, on_export=None):
+        self.forward_to, self.host, self.max_timeout = forward_to, host, max_timeout
         self.requested_port = port
         self.on_export = on_export  # called with (bytes) after each stored export
         self.raw: list[bytes] = []  # every request received, in order
@@ -61,7 +61,10 @@ class OtlpCapture:
             self.on_export(request)
         began = time.monotonic()
         try:
-            response = self._forward(request, timeout=self.timeout,
+            # the engine's own deadline (grpc gives a far one where it set none): the
+            # relay cuts no call sooner than the engine would
+            left = min(context.time_remaining(), self.max_timeout)
+            response = self._forward(request, timeout=left,
                                      compression=grpc.Compression.NoCompression)
         except grpc.RpcError as e:  # the next hop's refusal is the engine's answer
             with self._lock:
