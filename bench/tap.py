@@ -39,7 +39,10 @@ received).
   beside it, and 100,000 small LF events, each read whole, direct and through the tap.
 * Workers: ``--workers 2`` against ``--workers 1`` by turns, neither pinned, under
   WORKERS_RATE offered from WORKERS_STREAMS streams (more than one worker relays):
-  chunks/s delivered, and their ratio; each worker's peak RSS.
+  chunks/s delivered, and their ratio; each worker's peak RSS. Its upstream is a light
+  one (``python -m bench.tap light``: the same events from a raw asyncio protocol on
+  uvloop) and its client runs on uvloop, so that the load takes as little as it can of
+  the cores the workers share with it.
 * RSS: the tap's peak (VmHWM) after every load, beside the bare relay's.
 * Every request sent through the tap must be in the exporter's
   ``phasewatch_requests_total`` (every row's ``also_ok``).
@@ -86,7 +89,7 @@ BURST_TARGET_S = 1.0  # a ~2 MB CRLF burst, or 100,000 small events, through the
 BESIDE_TARGET_S = 0.1  # a small request beside the burst
 STREAMS_ROWS = (64, 256)  # the tap beside the relay at these many streams, too
 WORKERS_STREAMS = 256  # --workers 2 against 1, under more than one worker relays
-WORKERS_RATE = 60_000
+WORKERS_RATE = 100_000
 WORKERS_RATIO_TARGET = 1.8
 RATE_PHASE_S = 2.5
 RATE_SETTLE_S = 0.5  # of a rate phase, not counted (the other path draining)
@@ -186,6 +189,115 @@ async def _chat(request):
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+class _LightSteps:
+    """``_Steps`` for ``_LightStream``: every ``gap`` seconds each waiting stream writes
+    its next chunk, all with the one send time of the step."""
+
+    def __init__(self, gap: float):
+        self.gap, self.streams = gap, []
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            due += self.gap
+            await asyncio.sleep(max(due - loop.time(), 0.0))
+            sent = f"{time.time():.6f}".encode()
+            streams, self.streams = self.streams, []
+            self.streams.extend(s for s in streams if s.step(sent))
+
+
+_LIGHT_STEPS: dict[float, _LightSteps] = {}
+
+
+class _LightStream(asyncio.Protocol):
+    """The upstream's chat stream in lock step (``_chat``'s events, byte for byte but for
+    the ids) from a raw protocol: an HTTP/1.1 request read by its Content-Length, the
+    answer chunked, each event one write of bytes made before the stream began around
+    the step's send time. It costs a fraction of aiohttp's writes, so that the workers
+    row measures the tap's cores on a host whose cores the load shares."""
+
+    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    def __init__(self):
+        self.buf, self.transport, self.k, self.n = b"", None, 0, 0
+        self.serial = id(self)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        length = 0
+        for line in self.buf[:end].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(self.buf) < end + 4 + length:
+            return
+        body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
+        self._begin(json.loads(body))
+
+    @staticmethod
+    def _frame(event: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(event), event)
+
+    def _begin(self, ask: dict) -> None:
+        self.serial += 1
+        head = (f'"id":"chatcmpl-{self.serial:x}","object":"chat.completion.chunk",'
+                f'"created":{int(time.time())},"model":"{ask.get("model", MODEL)}"')
+        self.n, self.k = int(ask.get("max_tokens", TOKENS)), 0
+        self.usage = bool((ask.get("stream_options") or {}).get("include_usage"))
+        self.head = head
+        self.pre = f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"t'.encode()
+        self.post = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+        self.transport.write(self.HEAD)
+        gap = float(ask.get("gap_s", GAP_S))
+        steps = _LIGHT_STEPS.get(gap) or _LIGHT_STEPS.setdefault(gap, _LightSteps(gap))
+        steps.streams.append(self)
+
+    def _event(self, choices: str, extra: str = "") -> bytes:
+        return self._frame(f'data: {{{self.head},"choices":[{choices}]{extra}}}\n\n'.encode())
+
+    def step(self, sent: bytes) -> bool:
+        """Write the next chunk; False once the stream has ended (or its client left)."""
+        if self.transport.is_closing():
+            return False
+        if self.k == 0:
+            self.transport.write(self._event('{"index":0,"delta":{"role":"assistant",'
+                                             '"content":""},"logprobs":null,'
+                                             '"finish_reason":null}'))
+        self.transport.write(self._frame(self.pre + sent + self.post))
+        self.k += 1
+        if self.k < self.n:
+            return True
+        end = [self._event('{"index":0,"delta":{"content":""},"logprobs":null,'
+                           '"finish_reason":"length"}')]
+        if self.usage:
+            end.append(self._event("", f',"usage":{{"prompt_tokens":12,"completion_tokens":'
+                                       f'{self.n},"total_tokens":{12 + self.n}}}'))
+        end += [self._frame(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+        self.transport.write(b"".join(end))
+        return False
+
+
+def _light_main() -> None:
+    """``python -m bench.tap light``: ``_LightStream`` on uvloop, a free port."""
+    import uvloop
+
+    async def up() -> None:
+        server = await asyncio.get_running_loop().create_server(_LightStream, "127.0.0.1", 0)
+        print(f"light upstream on :{server.sockets[0].getsockname()[1]}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(up())
 
 
 def _relay_handler(upstream: str):
@@ -508,8 +620,16 @@ def _latency(load: Load, phases: tuple[str, ...], phase_s: float, cpu,
     return out, (spent[0], spent[1])
 
 
+def _on_uvloop(coro):
+    """``asyncio.run`` on uvloop: a light load for the workers row."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
 def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
-          phases: tuple[str, ...] = RATE_PHASES, rate: int = RATE) -> dict:
+          phases: tuple[str, ...] = RATE_PHASES, rate: int = RATE, run=asyncio.run) -> dict:
     """The tap and the relay by turns under the same offered load: per path, content
     chunks delivered over the CPU seconds of its processes (a pid, or a tap's parent and
     workers), in windows after each turn settled."""
@@ -534,7 +654,7 @@ def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
         s["reads"] += load.reads[path] - r0
 
     started = time.monotonic()
-    asyncio.run(load.run(phases, phase))
+    run(load.run(phases, phase))
     out: dict = {"offered_chunks_per_s": rate, "streams": load.streams,
                  "step_ms": round(load.streams / rate * 1e3, 2),
                  "seconds": round(time.monotonic() - started, 1),
@@ -588,14 +708,20 @@ def _bursts(urls: dict[str, str]) -> dict:
     return out
 
 
-def _workers(up_url: str, grpc_port: int, procs: list, upstream_pid: int) -> dict:
+def _workers(grpc_port: int, procs: list) -> dict:
     """``--workers 1`` and ``--workers 2`` by turns under a load above what one worker
     relays: chunks/s delivered (wall) and per CPU-second of all the tap's processes;
     then each worker's peak RSS. Neither tap is pinned to a core (each worker takes one
-    of the host's), the upstream and the load stay on CLIENT_CORE."""
-    from bench.common import SERVER_CORE
+    of the host's). The upstream is the light one (``_LightStream``) and the load's
+    client runs on uvloop, both on CLIENT_CORE: on a host of two cores the second
+    worker shares its core with them, and what they take is what it cannot have."""
+    from bench.common import CLIENT_CORE, SERVER_CORE, taskset
 
     py = sys.executable
+    light = _Proc([*taskset(CLIENT_CORE), py, "-m", "bench.tap", "light"],
+                  r"light upstream on :(\d+)")
+    procs.append(light)
+    up_url, upstream_pid = f"http://127.0.0.1:{light.port}", light.pid
     taps = {}
     for name, n in (("w1", 1), ("w2", 2)):
         taps[name] = _Proc([py, "-m", "phasewatch.cli", "tap", "--upstream", up_url, "--host",
@@ -609,7 +735,9 @@ def _workers(up_url: str, grpc_port: int, procs: list, upstream_pid: int) -> dic
     load = Load({k: f"http://127.0.0.1:{p.port}" for k, p in taps.items()}, WORKERS_STREAMS,
                 WORKERS_STREAMS / WORKERS_RATE, 0.0, lockstep=True, raw=True)
     rate = _rate(load, pids, upstream_pid, _Others(SERVER_CORE, pids["w1"] + pids["w2"]),
-                 ("w1", "w2") * 2, WORKERS_RATE)
+                 ("w1", "w2") * 2, WORKERS_RATE, run=_on_uvloop)
+    rate["upstream"] = "bench.tap light (raw asyncio protocol on uvloop)"
+    rate["load_loop"] = "uvloop"
 
     def peak(pid: int) -> float:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -693,7 +821,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                                      _Others(SERVER_CORE, ours), ("tap", "relay") * 2))
     bursts = _bursts({"direct": up_url, "tap": tap_url})
     tap_peak, relay_peak = tap.status("VmHWM"), relay.status("VmHWM")
-    workers = _workers(up_url, ex.grpc_port, procs, upstream.pid)
+    workers = _workers(ex.grpc_port, procs)
 
     # every request through the tap recorded, once
     through = (paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
@@ -791,6 +919,8 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] in ("upstream", "relay"):
         _serve_main(sys.argv[1:])
+    elif sys.argv[1:] == ["light"]:
+        _light_main()
     else:
         from bench.common import CLIENT_CORE, pin
 

