@@ -76,6 +76,12 @@ def taskset(core: int) -> list[str]:
     return ["taskset", "-c", str(core)] if (os.cpu_count() or 1) > 1 else []
 
 
+def every_core() -> list[str]:
+    """A child free to run on every core, though this process is pinned (``pin``)."""
+    n = os.cpu_count() or 1
+    return ["taskset", "-c", f"0-{n - 1}"] if n > 1 else []
+
+
 def serve(tmp: Path, *args: str) -> ServeProcess:
     """``phasewatch serve`` on free ports, pinned to SERVER_CORE."""
     return ServeProcess(tmp, *args, prefix=taskset(SERVER_CORE)).start()

@@ -88,8 +88,8 @@ PER_CHUNK_RATIO_TARGET = 1 / 1.1  # the tap's chunks per CPU-second over the rel
 BURST_TARGET_S = 1.0  # a ~2 MB CRLF burst, or 100,000 small events, through the tap
 BESIDE_TARGET_S = 0.1  # a small request beside the burst
 STREAMS_ROWS = (64, 256)  # the tap beside the relay at these many streams, too
-WORKERS_STREAMS = 256  # --workers 2 against 1, under more than one worker relays
-WORKERS_RATE = 100_000
+WORKERS_STREAMS = 512  # --workers 2 against 1, under more than one worker relays
+WORKERS_RATE = 200_000
 WORKERS_RATIO_TARGET = 1.8
 RATE_PHASE_S = 2.5
 RATE_SETTLE_S = 0.5  # of a rate phase, not counted (the other path draining)
@@ -629,12 +629,15 @@ def _on_uvloop(coro):
 
 
 def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
-          phases: tuple[str, ...] = RATE_PHASES, rate: int = RATE, run=asyncio.run) -> dict:
+          phases: tuple[str, ...] = RATE_PHASES, rate: int = RATE, run=asyncio.run,
+          beside: dict | None = None) -> dict:
     """The tap and the relay by turns under the same offered load: per path, content
     chunks delivered over the CPU seconds of its processes (a pid, or a tap's parent and
-    workers), in windows after each turn settled."""
+    workers), in windows after each turn settled; and the share of a core each process
+    of ``beside`` (name: pid) took meanwhile."""
     from bench.common import cpu_seconds
 
+    beside = {"upstream": upstream_pid, **(beside or {})}
     sums = {p: Counter() for p in procs}
 
     def cpu(pids) -> float:
@@ -643,12 +646,14 @@ def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
     async def phase(path: str) -> None:
         await asyncio.sleep(RATE_SETTLE_S)
         pid = procs[path]
-        c0, u0, w0 = cpu(pid), cpu_seconds(upstream_pid), time.monotonic()
+        c0, w0 = cpu(pid), time.monotonic()
+        b0 = {k: cpu_seconds(v) for k, v in beside.items()}
         n0, r0 = load.chunks[path], load.reads[path]
         await asyncio.sleep(RATE_PHASE_S - RATE_SETTLE_S)
         s = sums[path]
         s["cpu"] += cpu(pid) - c0
-        s["upstream_cpu"] += cpu_seconds(upstream_pid) - u0
+        for k, v in beside.items():
+            s[f"{k}_cpu"] += cpu_seconds(v) - b0[k]
         s["wall"] += time.monotonic() - w0
         s["chunks"] += load.chunks[path] - n0
         s["reads"] += load.reads[path] - r0
@@ -667,7 +672,9 @@ def _rate(load: Load, procs: dict, upstream_pid: int, others: _Others,
             "cpu_s": round(s["cpu"], 2), "chunks": s["chunks"],
             "chunks_per_client_read": round(s["chunks"] / s["reads"], 2) if s["reads"] else 0,
             "upstream_chunks_per_cpu_s": (round(s["chunks"] / s["upstream_cpu"])
-                                          if s["upstream_cpu"] else 0)}
+                                          if s["upstream_cpu"] else 0),
+            "cores_beside": {k: round(s[f"{k}_cpu"] / s["wall"], 2) if s["wall"] else 0
+                             for k in beside}}
     return out
 
 
@@ -708,14 +715,14 @@ def _bursts(urls: dict[str, str]) -> dict:
     return out
 
 
-def _workers(grpc_port: int, procs: list) -> dict:
+def _workers(grpc_port: int, exporter_pid: int, procs: list) -> dict:
     """``--workers 1`` and ``--workers 2`` by turns under a load above what one worker
     relays: chunks/s delivered (wall) and per CPU-second of all the tap's processes;
     then each worker's peak RSS. Neither tap is pinned to a core (each worker takes one
     of the host's). The upstream is the light one (``_LightStream``) and the load's
     client runs on uvloop, both on CLIENT_CORE: on a host of two cores the second
     worker shares its core with them, and what they take is what it cannot have."""
-    from bench.common import CLIENT_CORE, SERVER_CORE, taskset
+    from bench.common import CLIENT_CORE, SERVER_CORE, cpu_seconds, every_core, taskset
 
     py = sys.executable
     light = _Proc([*taskset(CLIENT_CORE), py, "-m", "bench.tap", "light"],
@@ -724,7 +731,12 @@ def _workers(grpc_port: int, procs: list) -> dict:
     up_url, upstream_pid = f"http://127.0.0.1:{light.port}", light.pid
     taps = {}
     for name, n in (("w1", 1), ("w2", 2)):
-        taps[name] = _Proc([py, "-m", "phasewatch.cli", "tap", "--upstream", up_url, "--host",
+        # this process is pinned to CLIENT_CORE and a child inherits that: one worker
+        # gets SERVER_CORE (alone, as the tap in the rows above), two get every core of
+        # the host (before, both inherited CLIENT_CORE and shared it with the load)
+        pinned = taskset(SERVER_CORE) if n == 1 else every_core()
+        taps[name] = _Proc([*pinned, py, "-m", "phasewatch.cli", "tap", "--upstream", up_url,
+                            "--host",
                             "127.0.0.1", "--port", "0", "--target", f"127.0.0.1:{grpc_port}",
                             "--engine", "tap", "--model", MODEL, "--workers", str(n)],
                            r"phasewatch tap on https?://[^:]+:(\d+)", timeout=90.0)
@@ -735,7 +747,16 @@ def _workers(grpc_port: int, procs: list) -> dict:
     load = Load({k: f"http://127.0.0.1:{p.port}" for k, p in taps.items()}, WORKERS_STREAMS,
                 WORKERS_STREAMS / WORKERS_RATE, 0.0, lockstep=True, raw=True)
     rate = _rate(load, pids, upstream_pid, _Others(SERVER_CORE, pids["w1"] + pids["w2"]),
-                 ("w1", "w2") * 2, WORKERS_RATE, run=_on_uvloop)
+                 ("w1", "w2") * 2, WORKERS_RATE, run=_on_uvloop,
+                 beside={"load": os.getpid(), "exporter": exporter_pid})
+    rate["w2_each_worker_cpu_s_whole_run"] = [round(cpu_seconds(pid), 2) for pid in children]
+    w1, w2 = rate["w1"], rate["w2"]
+    # what the ratio is made of: the cores the two workers got (the load took the rest
+    # of the host's), and each worker's chunks per CPU-second beside one worker's
+    shares = {"w2_tap_cores": w2["core_busy"],
+              "w2_cores_to_the_load": round(sum(w2["cores_beside"].values()), 2),
+              "per_cpu_second_w2_over_w1": round(w2["chunks_per_cpu_s"]
+                                                 / max(w1["chunks_per_cpu_s"], 1), 2)}
     rate["upstream"] = "bench.tap light (raw asyncio protocol on uvloop)"
     rate["load_loop"] = "uvloop"
 
@@ -746,7 +767,7 @@ def _workers(grpc_port: int, procs: list) -> dict:
         return float("nan")
 
     each = [round(peak(pid), 1) for pid in children]
-    return {"load": load, "rate": rate, "each_mib": each,
+    return {"load": load, "rate": rate, "shares": shares, "each_mib": each,
             "rss_mib": max(each) if each else float("nan"),
             "one_rss_mib": round(peak(taps["w1"].pid), 1),
             "parent_mib": round(peak(taps["w2"].pid), 1)}
@@ -821,7 +842,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                                      _Others(SERVER_CORE, ours), ("tap", "relay") * 2))
     bursts = _bursts({"direct": up_url, "tap": tap_url})
     tap_peak, relay_peak = tap.status("VmHWM"), relay.status("VmHWM")
-    workers = _workers(ex.grpc_port, procs)
+    workers = _workers(ex.grpc_port, ex.proc.pid, procs)
 
     # every request through the tap recorded, once
     through = (paced.done["tap"] + locked.done["tap"] + rated.done["tap"]
@@ -885,6 +906,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
             CHUNKS_PER_CORE_TARGET, "higher", workers["rate"]["w1"]["chunks_per_s"],
             "--workers 1, same load by turns", ratio_target=WORKERS_RATIO_TARGET, also_ok=ok,
             extra={**workers["rate"], "cores": os.cpu_count(), **check,
+                   **workers["shares"],
                    "target_why": "issue 30: 1.8x from one worker to two on a 2-core host; "
                                  "the upstream and the load run on the same host's cores"}),
         Row("tap_rss_per_worker", "tap: peak RSS (VmHWM) of each of 2 workers, after their "
