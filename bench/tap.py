@@ -110,16 +110,22 @@ class _Steps:
     def __init__(self, gap: float):
         self.gap = gap
         self.tick = asyncio.get_running_loop().create_future()
-        self.task = asyncio.create_task(self._run())
+        self.task = asyncio.create_task(_every(gap, self._step))
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while True:
-            due += self.gap
-            await asyncio.sleep(max(due - loop.time(), 0.0))
-            tick, self.tick = self.tick, loop.create_future()
-            tick.set_result(None)
+    def _step(self) -> None:
+        tick, self.tick = self.tick, asyncio.get_running_loop().create_future()
+        tick.set_result(None)
+
+
+async def _every(gap: float, step) -> None:
+    """``step()`` every ``gap`` seconds on a fixed schedule: after a late step the next
+    comes sooner, so that the rate holds."""
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    while True:
+        due += gap
+        await asyncio.sleep(max(due - loop.time(), 0.0))
+        step()
 
 
 _STEPS: dict[float, _Steps] = {}
@@ -197,17 +203,12 @@ class _LightSteps:
 
     def __init__(self, gap: float):
         self.gap, self.streams = gap, []
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task = asyncio.get_running_loop().create_task(_every(gap, self._step))
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while True:
-            due += self.gap
-            await asyncio.sleep(max(due - loop.time(), 0.0))
-            sent = f"{time.time():.6f}".encode()
-            streams, self.streams = self.streams, []
-            self.streams.extend(s for s in streams if s.step(sent))
+    def _step(self) -> None:
+        sent = f"{time.time():.6f}".encode()
+        streams, self.streams = self.streams, []
+        self.streams.extend(s for s in streams if s.step(sent))
 
 
 _LIGHT_STEPS: dict[float, _LightSteps] = {}
