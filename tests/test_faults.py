@@ -83,7 +83,8 @@ def test_a_stopped_process_says_how_late_it_ran_when_it_is_resumed(tmp_path):
         sp.stop()
     late = re.findall(r"WARNING.*phasewatch ran ([\d.]+) s late \(a 0.5 s roofline tick\)",
                       sp.log_path.read_text())
-    assert len(late) == 1 and 2.0 <= float(late[0]) <= 4.0, sp.log_path.read_text()[-2000:]
+    # stopped 3.5 s, a tick due every 0.5 s: 3.0-3.5 s late, and more on a loaded host
+    assert any(2.5 <= float(x) <= 8.0 for x in late), sp.log_path.read_text()[-2000:]
 
 
 def _restart(tmp_path, send, ports_of) -> tuple[int, int]:
