@@ -91,9 +91,10 @@ def report(runs: dict[str, WorkloadRun]) -> None:
               f"{f.get('max_kv_usage') or 0:>6.0%}  {f.get('max_waiting') or 0:>7.0f}  "
               f"{v.get('phase')}/{v.get('resource')}/{v.get('cause')}")
         print(f"{'':<14} {v.get('text', '')}")
-        if f.get("first_attempt"):  # run once more (verdict_runs.rerun_reason)
-            print(f"{'':<14} (second run: the first was set aside because "
-                  f"{f['first_attempt']['fault']})")
+        for n, e in enumerate(f.get("earlier_attempts") or (), 1):  # rerun_reason
+            print(f"{'':<14} (run {n} of {len(f['earlier_attempts']) + 1} set aside: "
+                  f"{e['why']}; FLOP ratio {e.get('flops_ratio')}, verdict "
+                  f"{(e.get('verdict') or {}).get('cause')})")
 
 
 def write_pages(runs: dict[str, WorkloadRun]) -> None:
@@ -163,7 +164,7 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
 def brief(f: dict) -> str:
     """The figures that say where a ratio went wrong, first (pytest cuts a long dict)."""
     keys = ("flops_ratio", "inferred_flops", "vllm_flops", "requests", "vllm_prompt_tokens",
-            "sampler", "sampler_widest_gap_s", "host_stalls", "first_attempt",
+            "sampler", "sampler_widest_gap_s", "host_stalls", "earlier_attempts",
             "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
             "warnings", "loadavg", "range", "inputs", "client")
     return json.dumps({k: f.get(k) for k in keys}, default=str)
