@@ -92,6 +92,26 @@ def test_waiting_with_running_pinned_and_kv_room_is_the_slot_limit():
     assert v.cause.evidence["waiting_by_reason"] == {"capacity": 15.6, "deferred": 0.0}
 
 
+def test_a_slot_limit_the_running_gauge_misses_between_steps_is_read_from_the_records():
+    """vLLM's running gauge is the count after a step, held through the next: where a
+    batch of equal requests ends together, the long step that prefills their
+    replacements reads 1 of 8 (the real vLLM under --max-num-seqs 8: 37 % of one-second
+    scrapes at 8, 15 waiting in the rest). The records hold 8 in the engine throughout."""
+    est = estimate(QUEUE)
+    engine = state(max_running=8.0, running_at_max_share=0.37, mean_running=3.9,
+                   mean_waiting=12.3, max_waiting=16.0, waiting_share=0.87,
+                   max_kv_usage=0.008, preemptions=0.0)
+    cause = diagnose("queue", est, DEP, records(running=8), engine)
+    assert cause.name == "concurrency_limit" and cause.source == "engine_metrics", cause
+    assert cause.evidence["running_read_from"] == "records"
+    assert cause.evidence["engine_running_at_max_share"] == 0.37
+    assert cause.evidence["running_at_max_share"] >= 0.8, cause.evidence
+    assert "8 requests running" in cause.text and "by the requests' own times" in cause.text
+    # the records below the gauge's maximum most of the time: no slot held, a busy engine
+    half = diagnose("queue", est, DEP, records(running=4), engine)
+    assert half.name == "compute_saturated", half
+
+
 def test_waiting_at_a_full_kv_cache_without_preemptions_is_kv_cache():
     est = estimate(QUEUE)
     engine = state(max_running=5.0, running_at_max_share=0.7, mean_waiting=4.0,
