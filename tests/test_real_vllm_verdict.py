@@ -162,7 +162,7 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
     assert abs(f["flops_ratio"] - 1) <= TOLERANCE, brief(f)
     if name == "prefill_heavy":  # there decode moves a sliver of the bytes
         return
-    if name in BYTES_OVERSTATED and abs(bytes_ratio(f) - 1) > TOLERANCE:
+    if name in BYTES_OVERSTATED and bytes_ratio(f) > 1 + TOLERANCE:  # over, not under
         pytest.xfail(f"decode bytes {bytes_ratio(f):.3f}x vLLM's: {BYTES_OVERSTATED[name]}")
     assert abs(bytes_ratio(f) - 1) <= TOLERANCE, brief(f)
 
