@@ -441,6 +441,22 @@ def engine_state_missed(name: str, f: dict) -> str:
         f"{f.get('max_running')})")
 
 
+def verdict_missed(name: str, verdict: dict) -> str:
+    """How the verdict's (phase, resource, cause) missed ``EXPECTED[name]``, or ""."""
+    got = (verdict.get("phase"), verdict.get("resource"), verdict.get("cause"))
+    for value, want in zip(got, EXPECTED[name], strict=True):
+        if not (value in want if isinstance(want, tuple) else value == want):
+            return (f"the verdict was {'/'.join(map(str, got))}: "
+                    f"{verdict.get('text', '')[:200]}")
+    return ""
+
+
+def bytes_known_over(name: str, f: dict) -> bool:
+    """The workload's decode bytes are over the tolerance the way ``BYTES_OVERSTATED``
+    says (over, never under)."""
+    return name in BYTES_OVERSTATED and bytes_ratio(f) > 1 + TOLERANCE
+
+
 def missed(run: WorkloadRun) -> str:
     """The first of the tests' expectations (``EXPECTED``, ``TOLERANCE``, the engine's
     state) this run missed, in words, or ""."""
@@ -448,15 +464,11 @@ def missed(run: WorkloadRun) -> str:
     ratio = f.get("flops_ratio")
     if ratio is None or abs(ratio - 1) > TOLERANCE:
         return f"the FLOP ratio was {ratio}"
-    over = name in BYTES_OVERSTATED and bytes_ratio(f) > 1 + TOLERANCE  # known: over
-    if name != "prefill_heavy" and not over and not abs(bytes_ratio(f) - 1) <= TOLERANCE:
+    if (name != "prefill_heavy" and not bytes_known_over(name, f)
+            and not abs(bytes_ratio(f) - 1) <= TOLERANCE):
         return f"the decode bytes ratio was {bytes_ratio(f):.3f}"
-    v = run.roofline.get("verdict") or {}
-    got = (v.get("phase"), v.get("resource"), v.get("cause"))
-    for value, want in zip(got, EXPECTED[name], strict=True):
-        if not (value in want if isinstance(want, tuple) else value == want):
-            return f"the verdict was {'/'.join(map(str, got))}: {v.get('text', '')[:200]}"
-    return engine_state_missed(name, f)
+    return (verdict_missed(name, run.roofline.get("verdict") or {})
+            or engine_state_missed(name, f))
 
 
 def rerun_reason(run: WorkloadRun) -> str:
