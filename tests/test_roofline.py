@@ -9,7 +9,13 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline import catalog, model_costs
-from phasewatch.roofline.estimate import Deployment, estimate, inside_fraction, union_length
+from phasewatch.roofline.estimate import (
+    Deployment,
+    _estimate_in,
+    estimate,
+    inside_fraction,
+    union_length,
+)
 
 M = catalog.model("Llama-3.1-8B")
 DEP = Deployment("Llama-3.1-8B", M, catalog.hardware("H100-SXM"))
@@ -96,6 +102,73 @@ def test_overlapping_requests_give_the_batch_size():
     # 4 sequences share one weight read per step: bytes per step grow by KV only
     per_step = M.params * 2 + 4 * model_costs.kv_bytes_per_token(M) * 105.5
     assert est.decode.achieved_bytes_per_second == pytest.approx(per_step / 0.01, rel=1e-6)
+
+
+def _slot_limited(slots=4, n=200, seed=0):
+    """An engine step by step under a slot limit: waiting requests fill free slots and
+    are prefilled in the next step (200 ms), beside one decode token for every running
+    request (a 10 ms step without a prefill). Output lengths vary, so the one or two
+    requests left of a batch decode through the long step that prefills the rest's
+    replacements. Returns the records (TPOT only: no token times) and the number of
+    steps that carried decode tokens."""
+    rng = np.random.default_rng(seed)
+    outputs = rng.integers(20, 40, n)
+    t, waiting, running, records, decode_steps = 1000.0, list(range(n)), {}, [], 0
+    first, made = {}, {}
+    while waiting or running:
+        admitted = []
+        while waiting and len(running) + len(admitted) < slots:
+            admitted.append(waiting.pop(0))
+        start = t
+        t += 0.01 + (0.2 if admitted else 0.0)
+        decode_steps += bool(running)
+        for r in list(running):
+            made[r] += 1
+            if made[r] == outputs[r]:
+                del running[r]
+                records.append(RequestRecord(
+                    model="Llama-3.1-8B", arrival=1000.0, scheduled=first[r][0],
+                    first_token=first[r][1], last_token=t, finish=t + 0.001,
+                    prompt_tokens=100, cached_prompt_tokens=0, output_tokens=int(outputs[r])))
+        for r in admitted:
+            first[r], made[r], running[r] = (start, t), 1, True
+    return records, decode_steps
+
+
+def test_long_prefill_steps_beside_few_decodes_count_once():
+    """A step that prefills beside one decode counts as one decode step, not its length
+    over the mean TPOT (vLLM under --max-num-seqs: phasewatch read 1.13-1.23x its
+    decode bytes before). Busy time over the mean TPOT overcounts this engine's steps by
+    more than 10 %; the count from tokens and concurrency is within 2 %."""
+    records, steps = _slot_limited()
+    window = RollingWindow(600.0, capacity=10_000)
+    Aggregator(window=window).ingest(RequestBatch.from_records(records, engine="e"), "test")
+    c = window.columns()
+    lo, hi = 1000.0, float(np.nanmax(c["last_token_at"]))
+    est = _estimate_in(c, DEP, lo, hi, "m", "e")
+    d = est.decode
+    counted = d.weight_bytes / float(model_costs.weight_bytes_read(M, est.decode_batch_size))
+    assert counted == pytest.approx(steps, rel=0.02)
+    tpot = float(np.sum(c["last_token_at"] - c["first_token_at"]) / np.sum(c["steps"]))
+    assert d.busy_seconds / tpot > 1.1 * steps  # what the mean TPOT alone counted
+    assert est.decode_step_seconds == pytest.approx(d.busy_seconds / counted)
+
+
+def test_a_stall_does_not_add_decode_steps():
+    """Four requests decode together, one step every 10 ms, and one step in the middle
+    lasts 2 s (the host stalled): 100 steps, however long one of them took."""
+    records = []
+    for _ in range(4):
+        times = [2000.0 + 0.01 * i + (2.0 if i >= 50 else 0.0) for i in range(101)]
+        records.append(RequestRecord(
+            model="Llama-3.1-8B", arrival=1999.9, scheduled=1999.95, first_token=times[0],
+            last_token=times[-1], finish=times[-1] + 0.001, prompt_tokens=100,
+            cached_prompt_tokens=0, output_tokens=101))
+    c = _cols(records)
+    est = _estimate_in(c, DEP, 1999.0, 2004.0, "m", "e")
+    counted = est.decode.weight_bytes / float(model_costs.weight_bytes_read(M, 4.0))
+    assert counted == pytest.approx(100, rel=1e-6)
+    assert est.decode_step_seconds == pytest.approx(3.0 / 100)
 
 
 def test_without_a_deployment_only_shares():

@@ -177,7 +177,8 @@ class BottleneckMonitor:
             if not (sel & fresh).any():  # no request in the window: no verdict to give,
                 self._verdicts.pop(key, None)  # only older ones read for the lookback
                 continue
-            mine = {k: v[sel] for k, v in cols.items()}
+            # one label set (a sidecar beside its engine): its columns are the window's
+            mine = cols if sel.all() else {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
             source = self._engine_for(model, dep)
             rates = source.rates(self.span) if source else None

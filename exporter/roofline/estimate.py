@@ -24,10 +24,16 @@ How each figure is inferred (cost formulas in ``model_costs``):
   a long request straddling the range's start is neither counted whole nor lost.
 * **Decode batch size** (mean concurrent decodes while decoding) = decode
   interval time inside the range / decode busy time: the overlap of intervals.
-* **Decode step time** = decode time / decode steps, over the range. Steps per
+* **Decode steps** (engine steps with decode tokens in them) in the range. Tokens per
   request are the number of inter-token gaps when emission times were sent (an
   engine step that emits several tokens, as with speculative decoding, is one
-  gap), else ``output_tokens - 1`` (TPOT). Steps in the range = busy / step time.
+  gap), else ``output_tokens - 1`` (TPOT). A step gives one token to each of the c
+  requests decoding in it, so steps = the sum of every request's tokens x 1/c, each
+  request's tokens spread over its decode time and c read from the decode intervals
+  at each moment; a step that also completes a prefill (it ends at a first-token
+  time) counts once on its own (``_decode_step_count``). Busy time over the mean TPOT
+  counted a long step with few decodes beside it as several. **Decode step time** =
+  busy / steps.
 * **Decode bytes** = weights once per step (for MoE: the experts that step's batch
   routes to) + per decode step each sequence's KV cache at its context, summed
   exactly per request as ``steps x (prompt + output / 2)`` context tokens.
@@ -77,6 +83,7 @@ from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
 SAME_STEP_SECONDS = 1e-4
 LOOKBACK_SPANS = 3  # how far back (in ranges) the estimator reads requests
 RANGE_END_QUANTILE = 0.9
+COUNT_MASK = (1 << 21) - 1  # one of the running counts packed in ``_decode_step_count``
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,95 @@ def _reported_steps(steps: dict | None, lo: float, hi: float):
             float(((e - s)[inside] * f).sum() / f.sum()))
 
 
+def _prefill_steps(c: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The engine steps that completed a prefill: their ends (the distinct first-token
+    times, sorted; requests whose first tokens are within ``SAME_STEP_SECONDS`` completed
+    in one step) and how long each took at most (the shortest [scheduled, first token]
+    of the requests completed in it)."""
+    sched, first = c["scheduled_at"], c["first_token_at"]
+    seen = ~np.isnan(sched) & ~np.isnan(first) & (first >= sched)
+    key = np.round(first[seen] / SAME_STEP_SECONDS)
+    order = np.argsort(key)
+    key, took = key[order], (first[seen] - sched[seen])[order]
+    if not len(key):
+        return key, took
+    new = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1])  # each step's first
+    return key[new] * SAME_STEP_SECONDS, np.minimum.reduceat(took, new)
+
+
+def _decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
+                       ends: np.ndarray, took: np.ndarray, lo: float, hi: float) -> float:
+    """Engine steps with decode tokens in them over [lo, hi], from the requests' tokens.
+
+    Every request decoding when a step runs gets one token from it, so a step is 1/c of
+    each of the c requests decoding in it: steps = sum over requests of their tokens'
+    1/c. A request's n tokens are taken as spread evenly over its decode time and c is
+    read at each moment from the decode intervals (all requests seen: with sampled
+    records ``_decode`` counts busy time over the mean TPOT instead). A
+    step that also completes a prefill (it ends at a first-token time, and lasted at
+    most the shortest [scheduled, first token] of the requests it completed) counts once
+    on its own, and the requests decoding through it spread their other tokens over the
+    rest of their decode time.
+
+    Decode busy time over the mean TPOT counted a long step with few requests decoding
+    beside it as several: the step that prefills a finished batch's replacements beside
+    the one request left of it (vLLM under --max-num-seqs: 1.09-1.23x the steps vLLM
+    ran), many prompts' prefill beside a few decodes. The count from tokens and
+    concurrency holds however long a step lasts where every request in it spreads its
+    tokens alike (a stall of the host). Known limit: a long step that no first-token
+    time marks, with few of the requests decoding through it (vLLM recomputing preempted
+    prompts), still weighs more in those requests' TPOT than it is; on the real vLLM
+    under KV pressure the steps came out 0.97x vLLM's."""
+    # every moment something changes, in time order: a decode begins (+1 decoding) or
+    # ends (-1); a step that completed a prefill begins (+1 prefilling) or ends (-1; at
+    # its end less SAME_STEP_SECONDS / 2, so that the step that completed a request's own
+    # prefill, whose end is its first-token time rounded, falls before its decode)
+    n, k = len(first), len(ends)
+    if max(n, k) >= COUNT_MASK:  # (beyond any window's capacity) the caller's fallback
+        return 0.0
+    # (no count goes below 0 even for a moment: a decode ends after it begins, a step
+    # that prefilled lasted at least SAME_STEP_SECONDS)
+    t = np.concatenate([first, np.maximum(last, first), ends - np.maximum(took, SAME_STEP_SECONDS),
+                        ends - SAME_STEP_SECONDS / 2, [lo, hi]])
+    # the three running counts in one integer, 21 bits each: decoding, prefilling, and
+    # the prefill steps ended so far (one cumulative sum instead of three)
+    delta = np.zeros(len(t), dtype=np.int64)
+    delta[:n], delta[n:2 * n] = 1, -1
+    delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
+    at = np.argsort(t)
+    t = t[at]
+    counts = np.cumsum(delta[at])
+    decoding = counts & COUNT_MASK
+    prefilling = (counts >> 21) & COUNT_MASK
+    where = np.empty(len(t), dtype=np.intp)
+    where[at] = np.arange(len(t))  # each event's place in time order
+    b, e = where[:n], where[n:2 * n]  # each request's first and last token
+    # the steps with decode tokens in them: decodes went on through their end
+    shared = decoding[where[2 * n + k:2 * n + 2 * k]] > 0
+    steps = float((shared & (ends >= lo) & (ends <= hi)).sum())
+    done = counts >> 42
+    own = np.minimum(done[e] - done[b], n_tokens)  # of a request's tokens, from them
+    seg = np.diff(t)
+    seg[prefilling[:-1] > 0] = 0.0  # the decode time outside steps that prefilled
+    kept = np.zeros(len(t))
+    np.cumsum(seg, out=kept[1:])
+    seg /= np.maximum(decoding[:-1], 1)  # 1/c of a step
+    seg[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
+    share = np.zeros(len(t))
+    np.cumsum(seg, out=share[1:])
+    alone, part = kept[e] - kept[b], share[e] - share[b]
+    tokens = (n_tokens - own) * part / np.maximum(alone, 1e-12)
+    through = alone <= 1e-9  # decoded only through prefill steps: over its whole time
+    if through.any():
+        seg = np.diff(t) / np.maximum(decoding[:-1], 1)
+        seg[(t[:-1] < lo) | (t[1:] > hi)] = 0.0
+        whole = np.zeros(len(t))
+        np.cumsum(seg, out=whole[1:])
+        tokens[through] = (n_tokens[through] * (whole[e] - whole[b])[through]
+                           / np.maximum(t[e] - t[b], 1e-12)[through])
+    return steps + float(tokens.sum())
+
+
 def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
             steps: dict | None = None):
     m = dep.model
@@ -266,11 +362,16 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
                               "tpot" if not timed.any() else "token_gaps+tpot")
     if reported is not None:
         batch, step = reported
+        n_steps = busy / step
     else:
         inputs["decode_batch"] = "overlapping_decode_intervals"
-        step = duration.sum() / (n_tokens * f).sum()
         batch = duration.sum() / busy
-    n_steps = busy / step
+        # sampled: 1/c of a sample's count is biased (a sample of 1 in 10 decoding
+        # reads c = 10 where 3 were); the busy time estimated from it is not
+        n_steps = (_decode_step_count(first, last, n_tokens, *_prefill_steps(c), lo, hi)
+                   if np.all(w == 1.0) else 0.0)
+        step = busy / n_steps if n_steps > 0 else duration.sum() / (n_tokens * f).sum()
+        n_steps = busy / step
     context = n_tokens * (prompt + out / 2.0) * f  # context tokens read over the decode steps
     kv = model_costs.kv_bytes_per_token(m) * context.sum()
     weights = n_steps * float(model_costs.weight_bytes_read(m, batch))
@@ -314,10 +415,10 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()), weight_bytes=weights)
 
 
-def _shares(c: dict) -> dict[str, float] | None:
+def _shares(c: dict, sel: np.ndarray) -> dict[str, float] | None:
     """``window.phase_time_shares`` without the phases no request reports; None when
     there is nothing to share."""
-    shares = phase_time_shares(c)
+    shares = phase_time_shares(c, sel)
     if shares["queue"] is None:
         return None
     return {k: v for k, v in shares.items() if v is not None}
@@ -374,7 +475,7 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
         model=model, engine=engine, range_start=lo, range_end=hi,
         range_end_lag_seconds=float(np.nanmax(end)) - hi, requests=int(in_range.sum()),
         prefill=prefill, decode=decode, decode_batch_size=batch, decode_step_seconds=step,
-        phase_time_share=_shares({k: v[in_range] for k, v in cols.items()}), inputs=inputs,
+        phase_time_share=_shares(cols, in_range), inputs=inputs,
         shared_step_flops=shared, inferred=inferred)
 
 
