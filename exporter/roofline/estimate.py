@@ -277,10 +277,11 @@ def _decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray
     the one request left of it (vLLM under --max-num-seqs: 1.09-1.23x the steps vLLM
     ran), many prompts' prefill beside a few decodes. The count from tokens and
     concurrency holds however long a step lasts where every request in it spreads its
-    tokens alike (a stall of the host). Known limit: a long step that no first-token
-    time marks, with few of the requests decoding through it (vLLM recomputing preempted
-    prompts), still weighs more in those requests' TPOT than it is; on the real vLLM
-    under KV pressure the steps came out 0.97x vLLM's."""
+    tokens alike (a stall of the host). Known limit, under KV pressure: a preempted
+    request's decode interval holds the time it waited to be scheduled again, and c
+    counts it as decoding then; the steps that recompute preempted prompts have no
+    first-token time to mark them. On the real vLLM the steps came out 0.94-0.97x
+    vLLM's there (within 1 % in the other workloads)."""
     # every moment something changes, in time order: a decode begins (+1 decoding) or
     # ends (-1); a step that completed a prefill begins (+1 prefilling) or ends (-1; at
     # its end less SAME_STEP_SECONDS / 2, so that the step that completed a request's own

@@ -587,6 +587,54 @@ def figures(run: WorkloadRun) -> dict:
     return out
 
 
+def save_exports(run: WorkloadRun, path: Path) -> None:
+    """The engine's OTLP exports of the run as it sent them, each a 4-byte big-endian
+    length and an ``ExportTraceServiceRequest``: fed again to an ``OtlpIngest`` they give
+    the window phasewatch estimated from, to try an estimator on the real engine's
+    records offline."""
+    with open(path, "wb") as out:
+        for raw in run.exports:
+            out.write(len(raw).to_bytes(4, "big") + raw)
+
+
+def read_exports(path: Path) -> list[bytes]:
+    """``save_exports``' file, one serialized ``ExportTraceServiceRequest`` each."""
+    data, out, i = path.read_bytes(), [], 0
+    while i + 4 <= len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        out.append(data[i + 4:i + 4 + n])
+        i += 4 + n
+    return out
+
+
+def step_fixture(exports: list[bytes], samples: list, lo: float, hi: float, out: Path
+                 ) -> dict:
+    """Write one workload's exports (gzipped ``save_exports`` format) to ``out`` and return
+    what vLLM counted over [lo, hi] (phasewatch's estimate's range): its steps, from the
+    test's samples of ``vllm:iteration_tokens_total_count`` around each end (linearly
+    between them, as ``Sampler.increase``), with those samples, so the count can be
+    checked by hand. ``tests/test_real_vllm_steps.py`` replays the file."""
+    import gzip
+
+    with gzip.open(out, "wb") as f:
+        for raw in exports:
+            f.write(len(raw).to_bytes(4, "big") + raw)
+    name = "vllm:iteration_tokens_total_count"
+    times = [t for t, _ in samples]
+    around = []
+    for edge in (lo, hi):
+        i = min(max(bisect.bisect_left(times, edge), 1), len(times) - 1)
+        around += [(samples[i - 1][0], samples[i - 1][1].get(name)),
+                   (samples[i][0], samples[i][1].get(name))]
+
+    def at(k: int) -> float:
+        (t0, a), (t1, b) = around[k], around[k + 1]
+        edge = (lo, hi)[k // 2]
+        return a + (b - a) * (edge - t0) / (t1 - t0)
+
+    return {"range": [lo, hi], "vllm_steps": at(2) - at(0), "samples_around": around}
+
+
 def main(argv: list[str]) -> int:
     import tempfile
 
@@ -601,9 +649,7 @@ def main(argv: list[str]) -> int:
                 (Path("/tmp") / f"verdict-{run.name}.json").write_text(
                     json.dumps({"roofline": run.roofline, "client": run.client,
                                 "samples": run.sampler.samples}, default=str))
-                with open(Path("/tmp") / f"verdict-{run.name}.exports", "wb") as out:
-                    for raw in run.exports:  # length-prefixed, to replay offline
-                        out.write(len(raw).to_bytes(4, "big") + raw)
+                save_exports(run, Path("/tmp") / f"verdict-{run.name}.exports")
                 for key, page in run.sampler.pages.items():
                     (Path("/tmp") / f"verdict-{run.name}-{key}.txt").write_text(page)
     return 0
