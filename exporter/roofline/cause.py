@@ -48,7 +48,8 @@ import numpy as np
 
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.engine_metrics import EngineRates
-from phasewatch.roofline.estimate import Deployment, RooflineEstimate, union_length
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.intervals import union_length
 
 # vLLM preempts when it cannot allocate a block; its usage gauge reads 1.0 then. Scraped
 # every couple of seconds, a cache that fills and frees between scrapes reads a little
