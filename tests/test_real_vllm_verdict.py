@@ -27,7 +27,7 @@ phase, resource and cause; no utilization above 1 anywhere. vLLM's own count of 
 steps is printed beside phasewatch's count of the steps with decode tokens. Every
 figure is printed (``-s``) and written to ``test-artifacts/real_vllm_verdict.json``, and
 the engine's OTLP exports of each workload to ``test-artifacts/real_vllm_NAME.exports``
-(``verdict_runs.save_exports``: replayed into an ``OtlpIngest`` they are the window
+(``verdict_runs.write_exports``: replayed into an ``OtlpIngest`` they are the window
 phasewatch estimated from).
 
 ``PHASEWATCH_UPDATE_FIXTURES=1`` also writes vLLM's own ``/metrics`` pages of the runs
@@ -58,9 +58,9 @@ from tests.engines.verdict_runs import (
     calibrate,
     engine_state_missed,
     run_config,
-    save_exports,
     step_fixture,
     verdict_missed,
+    write_exports,
 )
 from tests.test_real_vllm import VLLM_VERSION, WorkerDied, require_vllm
 
@@ -94,7 +94,7 @@ def report(runs: dict[str, WorkloadRun]) -> None:
     (ARTIFACTS / "real_vllm_verdict.json").write_text(json.dumps(figures, indent=1,
                                                                  default=str))
     for name, r in runs.items():  # the records behind the figures, to replay offline
-        save_exports(r, ARTIFACTS / f"real_vllm_{name}.exports")
+        write_exports(r.exports, ARTIFACTS / f"real_vllm_{name}.exports")
     print("\nworkload       flops pw/vLLM  decode bytes pw/vLLM  steps pw/vLLM  preempt  max KV  "
           "waiting  verdict")
     for name, f in figures.items():

@@ -223,8 +223,9 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
         # reads c = 10 where 3 were); the busy time estimated from it is not
         n_steps = (decode_step_count(first, last, n_tokens, *prefill_steps(c), lo, hi)
                    if np.all(w == 1.0) else 0.0)
-        step = busy / n_steps if n_steps > 0 else duration.sum() / (n_tokens * f).sum()
-        n_steps = busy / step
+        if n_steps <= 0:  # busy time over the mean TPOT
+            n_steps = busy * (n_tokens * f).sum() / duration.sum()
+        step = busy / n_steps
     context = n_tokens * (prompt + out / 2.0) * f  # context tokens read over the decode steps
     kv = model_costs.kv_bytes_per_token(m) * context.sum()
     weights = n_steps * float(model_costs.weight_bytes_read(m, batch))

@@ -148,22 +148,21 @@ def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
     steps = float((shared & (ends >= lo) & (ends <= hi)).sum())
     done = counts >> 42
     own = np.minimum(done[e] - done[b], n_tokens)  # of a request's tokens, from them
-    seg = np.diff(t)
-    seg[prefilling[:-1] > 0] = 0.0  # the decode time outside steps that prefilled
-    kept = np.zeros(len(t))
-    np.cumsum(seg, out=kept[1:])
-    seg /= np.maximum(decoding[:-1], 1)  # 1/c of a step
-    seg[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
-    share = np.zeros(len(t))
-    np.cumsum(seg, out=share[1:])
-    alone, part = kept[e] - kept[b], share[e] - share[b]
-    tokens = (n_tokens - own) * part / np.maximum(alone, 1e-12)
+    dt = np.diff(t)
+    step_share = dt / np.maximum(decoding[:-1], 1)  # a step is 1/c of each decode in it
+    step_share[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
+    decode_only = prefilling[:-1] == 0  # outside the steps that completed a prefill
+
+    def across(x: np.ndarray) -> np.ndarray:
+        """``x`` summed over each request's decode interval"""
+        total = np.zeros(len(t))
+        np.cumsum(x, out=total[1:])
+        return total[e] - total[b]
+
+    alone = across(dt * decode_only)
+    tokens = (n_tokens - own) * across(step_share * decode_only) / np.maximum(alone, 1e-12)
     through = alone <= 1e-9  # decoded only through prefill steps: over its whole time
     if through.any():
-        seg = np.diff(t) / np.maximum(decoding[:-1], 1)
-        seg[(t[:-1] < lo) | (t[1:] > hi)] = 0.0
-        whole = np.zeros(len(t))
-        np.cumsum(seg, out=whole[1:])
-        tokens[through] = (n_tokens[through] * (whole[e] - whole[b])[through]
-                           / np.maximum(t[e] - t[b], 1e-12)[through])
+        tokens[through] = (n_tokens * across(step_share) / np.maximum(t[e] - t[b], 1e-12)
+                           )[through]
     return steps + float(tokens.sum())

@@ -132,6 +132,20 @@ def page_values(text: str) -> dict[str, float]:
     return out
 
 
+def value_at(samples: list, name: str, t: float) -> float:
+    """A series' value at ``t`` from (time, values) samples, linearly between the samples
+    around it (the first or last value outside them)."""
+    times = [s[0] for s in samples]
+    i = bisect.bisect_left(times, t)
+    if i == 0:
+        return samples[0][1].get(name, 0.0)
+    if i >= len(times):
+        return samples[-1][1].get(name, 0.0)
+    (t0, a), (t1, b) = samples[i - 1], samples[i]
+    va, vb = a.get(name, 0.0), b.get(name, 0.0)
+    return va + (vb - va) * (t - t0) / (t1 - t0)
+
+
 class Sampler:
     """vLLM's /metrics every ``interval`` seconds: (time.time(), values) pairs; raw pages
     are kept too (the fixtures): the first, the last, and those at the moment of the
@@ -199,16 +213,7 @@ class Sampler:
         self._thread.join(10)
 
     def at(self, name: str, t: float) -> float:
-        """The series' value at ``t``, linearly between the samples around it."""
-        times = [s[0] for s in self.samples]
-        i = bisect.bisect_left(times, t)
-        if i == 0:
-            return self.samples[0][1].get(name, 0.0)
-        if i >= len(times):
-            return self.samples[-1][1].get(name, 0.0)
-        (t0, a), (t1, b) = self.samples[i - 1], self.samples[i]
-        va, vb = a.get(name, 0.0), b.get(name, 0.0)
-        return va + (vb - va) * (t - t0) / (t1 - t0)
+        return value_at(self.samples, name, t)
 
     def increase(self, name: str, lo: float, hi: float) -> float:
         return self.at(name, hi) - self.at(name, lo)
@@ -587,19 +592,25 @@ def figures(run: WorkloadRun) -> dict:
     return out
 
 
-def save_exports(run: WorkloadRun, path: Path) -> None:
-    """The engine's OTLP exports of the run as it sent them, each a 4-byte big-endian
-    length and an ``ExportTraceServiceRequest``: fed again to an ``OtlpIngest`` they give
-    the window phasewatch estimated from, to try an estimator on the real engine's
-    records offline."""
-    with open(path, "wb") as out:
-        for raw in run.exports:
+def write_exports(exports: list[bytes], path: Path) -> None:
+    """The engine's OTLP exports as it sent them, each a 4-byte big-endian length and an
+    ``ExportTraceServiceRequest`` (gzipped where ``path`` ends in .gz): fed again to an
+    ``OtlpIngest`` they give the window phasewatch estimated from, to try an estimator on
+    the real engine's records offline."""
+    import gzip
+
+    with (gzip.open if path.suffix == ".gz" else open)(path, "wb") as out:
+        for raw in exports:
             out.write(len(raw).to_bytes(4, "big") + raw)
 
 
 def read_exports(path: Path) -> list[bytes]:
-    """``save_exports``' file, one serialized ``ExportTraceServiceRequest`` each."""
+    """``write_exports``' file, one serialized ``ExportTraceServiceRequest`` each."""
+    import gzip
+
     data, out, i = path.read_bytes(), [], 0
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
     while i + 4 <= len(data):
         n = int.from_bytes(data[i:i + 4], "big")
         out.append(data[i + 4:i + 4 + n])
@@ -609,30 +620,20 @@ def read_exports(path: Path) -> list[bytes]:
 
 def step_fixture(exports: list[bytes], samples: list, lo: float, hi: float, out: Path
                  ) -> dict:
-    """Write one workload's exports (gzipped ``save_exports`` format) to ``out`` and return
-    what vLLM counted over [lo, hi] (phasewatch's estimate's range): its steps, from the
-    test's samples of ``vllm:iteration_tokens_total_count`` around each end (linearly
-    between them, as ``Sampler.increase``), with those samples, so the count can be
-    checked by hand. ``tests/test_real_vllm_steps.py`` replays the file."""
-    import gzip
-
-    with gzip.open(out, "wb") as f:
-        for raw in exports:
-            f.write(len(raw).to_bytes(4, "big") + raw)
+    """Write one workload's exports to ``out`` (``write_exports``) and return what vLLM
+    counted over [lo, hi] (phasewatch's estimate's range): its steps, from the test's
+    samples of ``vllm:iteration_tokens_total_count`` (``value_at``), with the samples
+    around each end, so the count can be checked by hand.
+    ``tests/test_real_vllm_steps.py`` replays the file."""
+    write_exports(exports, out)
     name = "vllm:iteration_tokens_total_count"
     times = [t for t, _ in samples]
     around = []
     for edge in (lo, hi):
         i = min(max(bisect.bisect_left(times, edge), 1), len(times) - 1)
-        around += [(samples[i - 1][0], samples[i - 1][1].get(name)),
-                   (samples[i][0], samples[i][1].get(name))]
-
-    def at(k: int) -> float:
-        (t0, a), (t1, b) = around[k], around[k + 1]
-        edge = (lo, hi)[k // 2]
-        return a + (b - a) * (edge - t0) / (t1 - t0)
-
-    return {"range": [lo, hi], "vllm_steps": at(2) - at(0), "samples_around": around}
+        around += [(t, v.get(name)) for t, v in samples[i - 1:i + 1]]
+    return {"range": [lo, hi], "samples_around": around,
+            "vllm_steps": value_at(samples, name, hi) - value_at(samples, name, lo)}
 
 
 def main(argv: list[str]) -> int:
@@ -649,7 +650,7 @@ def main(argv: list[str]) -> int:
                 (Path("/tmp") / f"verdict-{run.name}.json").write_text(
                     json.dumps({"roofline": run.roofline, "client": run.client,
                                 "samples": run.sampler.samples}, default=str))
-                save_exports(run, Path("/tmp") / f"verdict-{run.name}.exports")
+                write_exports(run.exports, Path("/tmp") / f"verdict-{run.name}.exports")
                 for key, page in run.sampler.pages.items():
                     (Path("/tmp") / f"verdict-{run.name}-{key}.txt").write_text(page)
     return 0
