@@ -181,13 +181,16 @@ TLS_RELOADS = _self("phasewatch_tls_reloads_total",
 PHASE_UNAVAILABLE = _self("phasewatch_phase_unavailable_total",
                           "Accepted requests for which a phase could not be derived, by reason.",
                           "phase", "reason")
+MODEL_UNMATCHED = _self("phasewatch_model_unmatched_requests_total",
+                        "Requests whose model name matched none of the configured models "
+                        "(each name logged once, with the configured ones).")
 SAMPLING_IGNORED = _self("phasewatch_trace_sampling_ignored_total",
                          "Request spans whose sampling threshold (ot=th) was ignored as "
                          "unusable, by reason.", "reason")._replace(needs=SAMPLING_NEEDS)
 SELF_COUNTERS = (INGEST_BATCHES, INGEST_REQUESTS, INGEST_ACCEPTED, INGEST_REJECTED,
                  INGEST_REFUSED, INGEST_DROPPED, LIFECYCLE_EVENTS, LABEL_OVERFLOW, OTLP_SPANS,
                  OTLP_JOINED, TRACE_JOIN, ENGINE_SCRAPES, AUTH_REFUSED, TLS_RELOADS,
-                 PHASE_UNAVAILABLE, SAMPLING_IGNORED)
+                 PHASE_UNAVAILABLE, SAMPLING_IGNORED, MODEL_UNMATCHED)
 
 
 # ---- the exporter's own gauges (read from its parts at scrape) --------------------------
@@ -303,10 +306,15 @@ TAP_UNREAD = _tap("phasewatch_tap_unread_total",
                   "Requests or answers passed on without being read, by reason.", "reason")
 TAP_RECORDS_ACCEPTED = _tap("phasewatch_tap_records_accepted_total",
                             "Records the exporter accepted.")
+TAP_TOKEN_TIMES_DROPPED = _tap(
+    "phasewatch_tap_token_times_dropped_total",
+    "Requests whose per-token times the token count contradicts, recorded without them, "
+    "by reason.", "reason")
 # tap.tallies() family key -> family
 TAP: dict[str, Family] = {"requests": TAP_REQUESTS, "aborts": TAP_ABORTS,
                           "records_dropped": TAP_RECORDS_DROPPED, "unread": TAP_UNREAD,
-                          "records_accepted": TAP_RECORDS_ACCEPTED}
+                          "records_accepted": TAP_RECORDS_ACCEPTED,
+                          "token_times_dropped": TAP_TOKEN_TIMES_DROPPED}
 
 # Every family, by section, in the order /metrics shows them.
 SECTIONS: dict[str, tuple[Family, ...]] = {

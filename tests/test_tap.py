@@ -463,7 +463,8 @@ def test_the_command_serves_and_records(fake, exporter, tmp_path):
     # SIGTERM: the tap stops cleanly and logs what it counted
     assert proc.returncode == 0, log.read_text()
     assert ("phasewatch tap stopped: requests: completed 1; aborts: none; records_dropped: "
-            "none; unread: none; records_accepted 1") in log.read_text(), log.read_text()
+            "none; unread: none; token_times_dropped: none; records_accepted 1"
+            ) in log.read_text(), log.read_text()
 
 
 @pytest.mark.parametrize("spelling", ["exporter-tls", "tls"])

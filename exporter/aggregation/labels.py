@@ -81,7 +81,9 @@ class LabelSets:
     def _lookup(self, model: str, engine: str, pod: str | None, rows: int,
                 source: int = 0) -> int:
         if self._model_names is not None:
-            model = self._model_names(model)
+            model, known = self._model_names.match(model)
+            if not known:
+                self._stats.inc("phasewatch_model_unmatched_requests_total", rows)
         model = self._value("model", model, rows)
         engine = self._value("engine", engine, rows)
         key = (model, engine, *(() if pod is None else (self._pod(pod, rows),)),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -247,19 +248,33 @@ class Deployments:
         return found
 
 
+def bare_name(name: str) -> str:
+    """A model name less a revision suffix and a path: ``/models/Llama-3.1-8B@main`` and
+    ``org/Llama-3.1-8B`` are ``Llama-3.1-8B`` (transformers serve answers with
+    ``<path or id>@<revision>``, vLLM serving a directory with its path)."""
+    return name.split("@", 1)[0].rstrip("/\\").rsplit("/", 1)[-1]
+
+
 class ModelNames:
     """One model, one label: every name that denotes a configured model maps to its
     ``served_name`` (``ModelNames(options)(name)``), whichever source the request came
-    from (a tap's record carries the name the client asked for, a vLLM span none, so
+    from (a tap's record carries the name the server answered with, a vLLM span none, so
     ``--default-model``), so the roofline and verdict find it and tap, engine and joined
     rows share the label.
 
-    Names of a model: its served name, ``--model``, the name its config gives, and every
-    name the catalog knows it by (aliases and Hugging Face ids, case-insensitive, as
-    the catalog resolves them). A name that denotes two configured models is left as
-    it is (as ``Deployments.for_model`` leaves it unmatched); any other name too.
-    Hardware plays no part: a model whose hardware was not detected is still one label.
+    Names of a model: its served name, ``--model``, the name its config gives, the
+    directory of its ``--hf-config``, and every name the catalog knows it by (aliases
+    and Hugging Face ids, case-insensitive, as the catalog resolves them). A name that
+    differs from one of those only by a path or a revision suffix (``bare_name``) is the
+    same model. With one model configured, every name is that model (a sidecar serves
+    one). A name that denotes two configured models is left as it is (as
+    ``Deployments.for_model`` leaves it unmatched), and so is any other name: logged
+    once with the configured names (``unmatched``), so that a request that lands under
+    "no roofline" says why. Hardware plays no part: a model whose hardware was not
+    detected is still one label.
     """
+
+    MAX_LOGGED = 100  # distinct unmatched names logged; the rest are counted only
 
     def __init__(self, options: list[ModelOptions]):
         exact: dict[str, set[str]] = {}
@@ -269,13 +284,20 @@ class ModelNames:
             spec, _ = _model(o)
             label = served_name(o, spec)
             self.labels.append(label)
-            for name in (label, o.model, spec.name):
-                if name:
-                    exact.setdefault(name, set()).add(label)
+            names = {label, o.model, spec.name}
+            if o.hf_config:
+                where = Path(o.hf_config).parent
+                names |= {str(where), str(where.resolve())}
+            for name in names - {""}:
+                exact.setdefault(name, set()).add(label)
             for name in {n for m in (o.model, spec.name) if m for n in catalog.model_names(m)}:
                 folded.setdefault(name.lower(), set()).add(label)
+            for name in names - {""}:
+                folded.setdefault(bare_name(name).lower(), set()).add(label)
         self._exact = {n: ls.pop() for n, ls in exact.items() if len(ls) == 1}
         self._folded = {n: ls.pop() for n, ls in folded.items() if len(ls) == 1}
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
 
     @property
     def single(self) -> str:
@@ -284,5 +306,32 @@ class ModelNames:
         return self.labels[0] if len(set(self.labels)) == 1 else ""
 
     def __call__(self, name: str) -> str:
+        return self.match(name)[0]
+
+    def match(self, name: str) -> tuple[str, bool]:
+        """(the label ``name`` goes under, whether it denotes a configured model); a
+        name matched by no rule while models are configured is logged once."""
         found = self._exact.get(name)
-        return found if found is not None else self._folded.get(name.lower(), name)
+        if found is None:
+            found = self._folded.get(name.lower())
+        if found is None and name:
+            found = self._folded.get(bare_name(name).lower())
+        if found is not None:
+            return found, True
+        if self.single:
+            if name:
+                self._tell(name, f"counted as {self.single!r}, the one model configured")
+            return self.single, True
+        if self.labels:
+            self._tell(name, "no roofline or verdict for it: it matches none of the "
+                       f"configured models ({', '.join(sorted(set(self.labels)))}); give "
+                       "--served-model-name the name the server answers with")
+        return name, not self.labels
+
+    def _tell(self, name: str, what: str) -> None:
+        with self._lock:
+            if name in self._logged or len(self._logged) >= self.MAX_LOGGED:
+                return
+            self._logged.add(name)
+        level = logging.INFO if self.single else logging.WARNING
+        log.log(level, "requests for model %r: %s", name, what)

@@ -4,7 +4,11 @@ keywords, one per choice)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
+# Why a request's per-token reading was left out, the request kept (``Observed.records``)
+TOKEN_TIMES_DROPPED = ("emissions_exceed_output", "token_counts_exceed_output")
 
 
 @dataclass
@@ -59,9 +63,15 @@ class Observed:
                 emitted += 1
             c.finish_only = None
 
-    def records(self) -> list[dict]:
+    def records(self, dropped: Counter | None = None) -> list[dict]:
         """``PhasewatchClient.record`` keywords: one record per choice, the prompt
-        counted by the first (``choice`` > 0 marks the others)."""
+        counted by the first (``choice`` > 0 marks the others).
+
+        A per-token reading the output's token count contradicts (more emissions than
+        tokens; tokens per emission adding up to more than the output) is the tap's own
+        doubt, not the request's: the emission times (or the tokens per emission) are
+        left out and counted in ``dropped`` by reason (``TOKEN_TIMES_DROPPED``), and the
+        request keeps its first and last token, its counts and its finish reason."""
         choices = sorted(self.choices.items()) or [(0, Choice())]
         emitted = sum(len(c.emissions) for _, c in choices)
         # per choice output tokens: the usage's total when there is one choice; with
@@ -75,12 +85,21 @@ class Observed:
                       len(c.emissions) if one_each else None)
             if output is None:  # no usage: the chunks' token ids, else one per chunk
                 output = sum(counts) if counts else len(c.emissions) or None
+            times = c.emissions or None
+            if counts and output is not None and sum(counts[1:]) > max(output - 1, 0):
+                counts = None
+                if dropped is not None:
+                    dropped["token_counts_exceed_output"] += 1
+            if times and output is not None and len(times) > max(output, 1):
+                times = counts = None
+                if dropped is not None:
+                    dropped["emissions_exceed_output"] += 1
             out.append(dict(
                 arrival=self.arrival, first_token=c.emissions[0] if c.emissions else None,
                 last_token=c.emissions[-1] if c.emissions else None, finish=self.end,
                 prompt_tokens=self.prompt_tokens,
                 cached_prompt_tokens=self.cached_prompt_tokens, output_tokens=output,
                 finish_reason=c.finish_reason or ("abort" if self.aborted else ""),
-                token_times=c.emissions or None, token_counts=counts,
+                token_times=times, token_counts=counts,
                 trace_parent=self.trace_parent, choice=index))
         return out

@@ -308,7 +308,7 @@ class Tap:
         if not model:
             self.counts["no_model"] += 1
             return
-        for kwargs in seen.records():
+        for kwargs in seen.records(self.counts):
             try:
                 self._record(model, kwargs, seen)
             except Exception:  # never let phasewatch's side fail the user's request

@@ -191,6 +191,8 @@ class EventReader:
         self._seen, self._counts = seen, counts
         self._events = EventSplitter()
         self._usage_tokens = 0  # the running completion_tokens, when the server sends it
+        self._usage_running = False  # a chunk before this one carried a usage: the usage
+        # runs (vLLM's continuous_usage_stats), and its growth is the next chunk's tokens
         # (before the text, after it with the blank line, after it as an event, choice)
         self._templates: list[tuple[bytes, bytes, bytes, Choice]] = []
         self._model_key = b""  # '"model":"<the model seen>",' as a chunk's head holds it
@@ -325,17 +327,22 @@ class EventReader:
         if not streamed:
             return
         done = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        grew = isinstance(done, int) and done > self._usage_tokens
         # tokens per emission: the chunk's token ids, else the running usage's growth
         # (it belongs to the chunk's one choice: vLLM sends one choice per chunk; with
-        # several in one chunk, their tokens are unknown)
+        # several in one chunk, their tokens are unknown). A usage is growth where the
+        # usage already ran (an earlier chunk carried one) or nothing was emitted before
+        # it; else it is the total of the emissions before it: transformers serve,
+        # llama.cpp's server and TGI send it once, on the chunk that finishes.
+        own = self._usage_running or not any(c.emissions for c in seen.choices.values())
+        self._usage_running = self._usage_running or isinstance(done, int)
+        grew = own and isinstance(done, int) and done > self._usage_tokens
         if not emitted and grew:
             emitted = {id(c): (c, None) for c in finishing}
         for c, ids in emitted.values():
             c.emissions.append(t)
             c.tokens.append(ids or (done - self._usage_tokens if grew and (
                 len(emitted) == 1) else 0))  # 0: unknown
-        if grew:
+        if isinstance(done, int) and done > self._usage_tokens:
             self._usage_tokens = done
         if not emitted:
             # a chunk that only finishes: the end-of-sequence token (no text) where the

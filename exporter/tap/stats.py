@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from phasewatch import catalog
+from phasewatch.tap.observed import TOKEN_TIMES_DROPPED
 
 if TYPE_CHECKING:
     from phasewatch.tap.proxy import Tap
@@ -23,6 +24,7 @@ ABORTS = ("client_disconnected", "upstream_broke_off", "upstream_stalled", "tap_
 TAP_DROPS = ("no_model", "record_failed", "body_too_large_untimed")
 UNREAD = ("unreadable_request", "compressed_answer", "event_too_large", "unreadable_event",
           "unreadable_body")
+TOKEN_TIMES = TOKEN_TIMES_DROPPED  # requests kept without their per-token times
 # the gRPC client's, and the OTLP recorder's export_failed (tap.otlp_out)
 CLIENT_DROPS = ("buffer_full", "refused", "shutdown", "invalid", "closed", "export_failed")
 
@@ -30,7 +32,8 @@ CLIENT_DROPS = ("buffer_full", "refused", "shutdown", "invalid", "closed", "expo
 def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = None
             ) -> dict[str, dict[str, int]]:
     """The counts by family: requests (by outcome), aborts, records_dropped (the tap's
-    and the client's, ``rejected`` by the exporter among them) and unread; and, with
+    and the client's, ``rejected`` by the exporter among them), unread and
+    token_times_dropped (requests recorded without their per-token times); and, with
     the client's stats, records_accepted."""
     stats = client_stats or {}
     outcomes = {k: counts.get(k, 0) for k in OUTCOMES}
@@ -40,7 +43,8 @@ def tallies(counts: Mapping[str, int], client_stats: Mapping[str, int] | None = 
         dropped.update({k: stats.get(f"dropped_{k}", 0) for k in CLIENT_DROPS})
         dropped["rejected"] = stats.get("rejected", 0)
     out = {"requests": outcomes, "aborts": {k: counts.get(k, 0) for k in ABORTS},
-           "records_dropped": dropped, "unread": {k: counts.get(k, 0) for k in UNREAD}}
+           "records_dropped": dropped, "unread": {k: counts.get(k, 0) for k in UNREAD},
+           "token_times_dropped": {k: counts.get(k, 0) for k in TOKEN_TIMES}}
     if client_stats is not None:
         out["records_accepted"] = {"": stats.get("accepted", 0)}
     return out
