@@ -86,7 +86,28 @@ $(VLLM_PW): $(VLLM_STAMP) pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $(VLLM_PW)
 
-engines-venv: $(VLLM_STAMP) $(VLLM_PW)
+# Hugging Face's own OpenAI-compatible server (`transformers serve`) for
+# tests/test_real_transformers.py, on the CPU torch that lies on disk (torch==2.13.0; an
+# unpinned torch would pull a CUDA build). The CLI imports `requests`, which the serving
+# extra does not bring.
+TF_VENV  := .venv-transformers
+TF_STAMP := $(TF_VENV)/.installed
+
+$(TF_STAMP):
+	$(PYTHON) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TF_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(TF_VENV)/bin/python -m pip install --quiet 'transformers[serving]==5.17.0' requests
+	touch $(TF_STAMP)
+
+# phasewatch there too (no dependencies), for `phasewatch.roofline.calibrate` with torch
+TF_PW := $(TF_VENV)/.phasewatch
+
+$(TF_PW): $(TF_STAMP) pyproject.toml
+	$(TF_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(TF_PW)
+
+engines-venv: $(VLLM_STAMP) $(VLLM_PW) $(TF_STAMP) $(TF_PW)
 
 # The real-engine test alone: phasewatch against a live vLLM on this CPU.
 real-engines: $(STAMP) engines-venv

@@ -32,7 +32,12 @@ from phasewatch.dashboard.frames import (
 )
 from phasewatch.dashboard.http import FetchError, base_url, get_json
 from phasewatch.dashboard.replicas import replicas_from_frames
-from phasewatch.dashboard.theme import OPTIONAL_PHASES, PHASES, REQUIRED_PHASES
+from phasewatch.dashboard.theme import (
+    CLIENT_PHASES,
+    OPTIONAL_PHASES,
+    PHASES,
+    REQUIRED_PHASES,
+)
 from phasewatch.roofline.verdict import headline
 from phasewatch.transport.tls import ClientTls
 
@@ -221,8 +226,14 @@ def _waterfall(requests: list[dict]) -> list[dict]:
     rows = []
     for q in requests[:WATERFALL_REQUESTS]:
         parts = {p: q.get(p) for p in PHASES}
-        if q.get("arrival") is None or any(parts[p] is None for p in REQUIRED_PHASES):
+        client = parts["queue"] is None and parts["prefill"] is None  # a tap's record
+        if q.get("arrival") is None or any(
+                parts[p] is None for p in (CLIENT_PHASES if client else REQUIRED_PHASES)):
             continue
+        if client:
+            parts.update(preprocess=0.0, queue=0.0, prefill=0.0)
+        else:  # ttft is the sum of the phases drawn
+            parts["ttft"] = 0.0
         for p in OPTIONAL_PHASES:  # unknown preprocess is inside the queue; no transfer
             parts[p] = parts[p] or 0.0
         rows.append({**_key(q), "label": q["request_id"], "kind": "request",

@@ -277,7 +277,7 @@ def waterfall_figure(waterfall: pd.DataFrame, idle_text: str | None = None) -> d
     phases drawn (preprocess and the KV transfer only where the server reports them)."""
     if waterfall.empty:
         return empty_figure("Recent requests by phase", idle_text or
-                            "No finished requests with queue, prefill and decode yet")
+                            "No finished requests with their phases yet")
     df = waterfall.sort_values("start").reset_index(drop=True)
     # "joined: <request>" where the exporter labels sources (a tap's request, the
     # engine's, or both joined), so a client-visible bar is never taken for an engine's

@@ -11,7 +11,14 @@ import pandas as pd
 from dash import html
 
 from phasewatch.dashboard.frames import LATENCIES, LATENCY_STATS, Snapshot, who
-from phasewatch.dashboard.theme import GLOSSARY, OPTIONAL_PHASES, PHASES, text_color, verdict_color
+from phasewatch.dashboard.theme import (
+    CLIENT_PHASES,
+    GLOSSARY,
+    OPTIONAL_PHASES,
+    PHASES,
+    text_color,
+    verdict_color,
+)
 from phasewatch.publish import benchtext
 from phasewatch.requests.objectives import OBJECTIVES
 from phasewatch.roofline.verdict import headline
@@ -133,8 +140,13 @@ def _chips(v) -> list:
     over = {(phase, what) for phase, what, _ in (v["ceiling_exceeded"] or ())}
     mbu = "over its ceiling" if ("decode", "bandwidth") in over else utilization_text(v["mbu"])
     mfu = "over its ceiling" if ("prefill", "flops") in over else utilization_text(v["mfu"])
+    client = not pd.isna(v["ttft_share"])  # the client's view: ttft and decode alone
     chips = [html.Span([term(p), f" {percent_text(v[f'{p}_share'])}"], className="pw-chip")
-             for p in PHASES if not pd.isna(v[f"{p}_share"]) or p not in OPTIONAL_PHASES]
+             for p in (CLIENT_PHASES if client else PHASES)
+             if not pd.isna(v[f"{p}_share"]) or p not in OPTIONAL_PHASES]
+    if client:
+        chips.append(html.Span("from the client's view (no engine spans)",
+                               className="pw-chip", title=GLOSSARY["ttft"]))
     chips += [html.Span([term("MBU", "decode MBU"), f" {mbu}"], className="pw-chip"),
               html.Span([term("MFU", "prefill MFU"), f" {mfu}"], className="pw-chip"),
               html.Span([term("confidence"), f" {percent_text(v['confidence'])}"],

@@ -95,6 +95,9 @@ PHASE_MEAN = (f"sum by ({BY}, {{pod}}, phase) (rate({cat.PHASE_DURATION.name}_su
 VERDICT = f"{cat.BOTTLENECK_INFO.name}{{sel}} == 1"
 VERDICT_VOTES = (f"count by ({BY}, phase, resource) "
                  f"(group by ({BY}, {{pod}}, phase, resource) ({VERDICT}))")
+# label sets whose verdict comes from the client's view alone (a tap's records)
+CLIENT_VIEW = (f"count by ({BY}) ({cat.ROOFLINE_INPUTS.name}{{sel_and}}"
+               'input="phases",origin="client_view"})')
 VERDICT_REPORTING = f"count by ({BY}) (group by ({BY}, {{pod}}) ({VERDICT}))"
 VERDICT_CONFIDENCE = f"avg by ({BY}) ({cat.BOTTLENECK_CONFIDENCE.name}{{sel}})"
 # ... and why (the cause label: kv_cache, concurrency_limit, ... or none); an exporter

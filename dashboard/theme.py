@@ -8,13 +8,16 @@ KV transfer yellow, decode green.
 from __future__ import annotations
 
 PHASE_COLORS = {"preprocess": "#56B4E9", "queue": "#E69F00", "prefill": "#0072B2",
-                "kv_transfer": "#F0E442", "decode": "#009E73"}
+                "kv_transfer": "#F0E442", "ttft": "#999933", "decode": "#009E73"}
 # In the order a request passes them. preprocess is known only where the server says
 # when its engine took the request in (vLLM, TGI, SGLang); elsewhere it is inside the
-# queue. kv_transfer exists only for disaggregated prefill/decode (SGLang).
-PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
-OPTIONAL_PHASES = ("preprocess", "kv_transfer")  # absent = 0 in a request's bar
-REQUIRED_PHASES = tuple(p for p in PHASES if p not in OPTIONAL_PHASES)
+# queue. kv_transfer exists only for disaggregated prefill/decode (SGLang). ttft stands
+# for preprocess, queue and prefill together in the client's view (a stream tap's
+# records, no engine spans), which has nothing finer.
+PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode")
+OPTIONAL_PHASES = ("preprocess", "kv_transfer", "ttft")  # absent = 0 in a request's bar
+REQUIRED_PHASES = ("queue", "prefill", "decode")
+CLIENT_PHASES = ("ttft", "decode")  # the client's view: all it can split
 # The banner takes the colour of the bottleneck; overhead and unknown get their own.
 RESOURCE_COLORS = {"capacity": PHASE_COLORS["queue"], "frontend": PHASE_COLORS["preprocess"],
                    "interconnect": PHASE_COLORS["kv_transfer"], "overhead": "#CC79A7",
@@ -53,6 +56,9 @@ def text_color(phase: str | None, resource: str | None) -> str:
 GLOSSARY = {
     "TTFT": "Time to first token: from the request's arrival to its first output token "
             "(preprocess + queue + prefill).",
+    "ttft": "Time to first token as one phase: preprocess, queue and prefill undivided, "
+            "as the client sees them (a stream tap's records carry no engine times; give "
+            "the engine's spans to split it).",
     "ITL": "Inter-token latency: every gap between consecutive emissions (streamed chunks; "
            "a chunk may carry several tokens), pooled over requests, as vLLM's benchmark "
            "itl and aiperf's inter-chunk latency; stalls show in its tail. aiperf's and "

@@ -121,9 +121,9 @@ def _summary_line(summary: dict) -> str:
         def ms(d: dict, q: str) -> str:
             return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
         sh = m["phase_time_share"]
-        share = "-" if sh["queue"] is None else " ".join(
-            f"{p} {sh[p]:.0%}" for p in ("preprocess", "queue", "prefill", "kv_transfer", "decode")
-            if sh.get(p) is not None)
+        share = " ".join(f"{p} {sh[p]:.0%}" for p in (
+            "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode")
+            if sh.get(p) is not None) or "-"
         parts.append(
             f"{m['model']}: {m['request_rate']:.1f} req/s | TTFT p50 {ms(m['ttft_seconds'], 'p50')}"
             f" p99 {ms(m['ttft_seconds'], 'p99')} | ITL p50 {ms(m['itl_seconds'], 'p50')} | "

@@ -399,10 +399,15 @@ def panels() -> list[dict]:
     lay.add({"type": "stat", "title": "Bottleneck",
              "description": "The exporter's verdict per model: the phase that dominates request "
                             "time and the resource limiting it. The value is how many pods "
-                            "report it.",
+                            "report it. Phase ttft: from the client's view (a stream tap's "
+                            "records, no engine spans), time to first token undivided "
+                            "(preprocess, queue and prefill); a second line says so.",
              "targets": [target(q(queries.VERDICT_VOTES),
                                 who("({{engine}}): {{phase}} bound by {{resource}}"),
-                                instant=True)],
+                                instant=True),
+                         target(q(queries.CLIENT_VIEW),
+                                who("({{engine}}): from the client's view (no engine spans)"),
+                                ref="B", instant=True)],
              "fieldConfig": {"defaults": {"unit": "none", "decimals": 0,
                                           "color": {"mode": "fixed", "fixedColor": "text"}},
                              "overrides": []},

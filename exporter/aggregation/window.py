@@ -378,6 +378,9 @@ class RollingWindow:
 
 SHARE_PHASES = ("preprocess", "queue", "prefill", "kv_transfer", "decode")
 OPTIONAL_PHASES = ("preprocess", "kv_transfer")  # not every server reports them
+# The client's view (a tap's records, no engine span): time to first token, undivided
+# (preprocess + queue + prefill: named so that no one reads it as prefill), and decode.
+CLIENT_PHASES = ("ttft", "decode")
 
 
 def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, float | None]:
@@ -385,19 +388,39 @@ def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, fl
     (``sel``) whose queue, prefill and decode are known. A request that does not report
     preprocess has it inside its queue (measured from arrival), so it adds 0 there; one
     without a KV transfer (not disaggregated) had none. An optional phase no request
-    reports is None. All None without such requests."""
+    reports is None, and so is ``ttft``.
+
+    Where no request has its queue and prefill known but some have their time to first
+    token and decode (the client's view: a stream tap's records, no engine span), the
+    shares are those two (``CLIENT_PHASES``) and every engine phase is None. All None
+    without such requests either."""
     sel = np.ones(len(cols["queue"]), dtype=bool) if sel is None else sel
     q, p, d = cols["queue"][sel], cols["prefill"][sel], cols["decode"][sel]
     full = ~(np.isnan(q) | np.isnan(p) | np.isnan(d))
+    none = dict.fromkeys((*SHARE_PHASES, "ttft"))
+    if not full.any():
+        t = cols["ttft"][sel]
+        seen = ~(np.isnan(t) | np.isnan(d))
+        total = float(t[seen].sum() + d[seen].sum())
+        if not seen.any() or total <= 0:
+            return none
+        return {**none, "ttft": float(t[seen].sum() / total),
+                "decode": float(d[seen].sum() / total)}
     optional = {k: cols[k][sel][full] for k in OPTIONAL_PHASES}
     parts = {"preprocess": np.nan_to_num(optional["preprocess"]).sum(), "queue": q[full].sum(),
              "prefill": p[full].sum(), "kv_transfer": np.nan_to_num(optional["kv_transfer"]).sum(),
              "decode": d[full].sum()}
     total = sum(parts.values())
-    if not full.any() or total <= 0:
-        return dict.fromkeys(SHARE_PHASES)
-    shares = {k: float(parts[k] / total) for k in SHARE_PHASES}
+    if total <= 0:
+        return none
+    shares = {**none, **{k: float(parts[k] / total) for k in SHARE_PHASES}}
     for k, v in optional.items():
         if np.isnan(v).all():
             shares[k] = None
     return shares
+
+
+def client_view(shares: dict | None) -> bool:
+    """Whether ``phase_time_shares`` gave the client's view (time to first token and
+    decode, no engine phase)."""
+    return bool(shares) and shares.get("ttft") is not None

@@ -125,10 +125,14 @@ def _pct(x: float) -> str:
 
 
 def busy_share(cols: dict, lo: float, hi: float) -> float | None:
-    """Share of [lo, hi] in which the engine had a request in prefill or decode."""
+    """Share of [lo, hi] in which the engine had a request in prefill or decode (in the
+    client's view, with no scheduling time: from its arrival)."""
     if hi <= lo:
         return None
-    start = np.fmin(cols["scheduled_at"], cols["first_token_at"])
+    sched = cols["scheduled_at"]
+    if np.isnan(sched).all() and "arrival" in cols:
+        sched = cols["arrival"]
+    start = np.fmin(sched, cols["first_token_at"])
     end = np.fmax(cols["last_token_at"], cols["first_token_at"])
     ok = ~np.isnan(start) & ~np.isnan(end)
     if not ok.any():
@@ -285,7 +289,8 @@ def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
         how = (f"a decode step shared with prefill takes {slowdown:.1f}x one that is not "
                f"(TPOT {gaps['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
                f"{gaps['tpot_without_prefill'] * 1e3:.1f} ms)")
-    elif share >= INTERFERENCE_FLOPS and shared_time >= INTERFERENCE_SHARED:
+    elif (share >= INTERFERENCE_FLOPS and shared_time >= INTERFERENCE_SHARED
+          and not est.client_view):  # there, "prefill" runs from arrival: the queue too
         how = f"{_pct(share)} of the FLOPs in decode's steps are other requests' prefill"
     else:
         return None
@@ -318,11 +323,14 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         state, source = engine.state(), "engine_metrics"
     else:
         state, source = in_engine(cols, dep, lo, hi), "records"
-    if phase in ("queue", "decode", "prefill"):
+    if phase in ("queue", "decode", "prefill", "ttft"):
         cause = _kv_cache(state, window, source)
         if cause is not None:
             return _with_recompute(cause, est)
-    if phase == "queue":
+    # time to first token (the client's view) holds the queue: a slot limit where the
+    # engine's own gauges say so (the records alone cannot tell waiting from a slow
+    # prefill there)
+    if phase == "queue" or (phase == "ttft" and source == "engine_metrics"):
         cause = _concurrency_limit(state, source)
         if cause is None and source == "engine_metrics":
             cause = _concurrency_limit(_running_from_records(state, cols, lo, hi), source)
@@ -332,6 +340,8 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi))
         if cause is not None:
             return cause
+    if phase == "ttft" and source == "records":
+        return None  # the records cannot tell waiting from a busy engine there
     if busy is not None and busy >= BUSY:
         # what was looked for and not found: prefill interference only slows decode
         seen = [*(["full KV cache"] if state.get("max_kv_usage") is not None else []),

@@ -84,9 +84,18 @@ from phasewatch.roofline.intervals import (
     inside_fraction,
     prefill_steps,
     reported_steps,
+    step_by_batch,
 )
 
 LOOKBACK_SPANS = 3  # how far back (in ranges) the estimator reads requests
+# inputs["phases"] where the window holds the client's view alone (a tap's records)
+CLIENT_VIEW = ("client_view: time to first token (preprocess, queue and prefill undivided) "
+               "and decode, from a stream tap's records; no engine spans")
+CLIENT_PREFILL = ("arrival_to_first_token: the client's view has no scheduling time, so the "
+                  "prefill interval holds the queue and the front end too; its MFU is a "
+                  "lower bound")
+CLIENT_CACHED = ("unknown: the server did not say how many prompt tokens its prefix cache "
+                 "served; every prompt token counted as computed")
 RANGE_END_QUANTILE = 0.9
 
 
@@ -156,6 +165,17 @@ class RooflineEstimate:
     # own counters replace them (the two side by side: how far inference is off)
     inferred: dict[str, dict[str, float]] = field(default_factory=dict)
     recompute_flops: float = 0.0  # of decode's, redone for preempted requests
+    # a decode step at the roofline, at the window's batch: the larger of its bytes at the
+    # achievable bandwidth and its FLOPs at the achievable FLOP/s; and the weights' part
+    decode_step_roofline_seconds: float | None = None
+    decode_step_weights_seconds: float | None = None
+    # how the step moves with the batch (``intervals.step_by_batch``), None unknown
+    decode_step_by_batch: dict | None = None
+
+    @property
+    def client_view(self) -> bool:
+        """The window holds the client's view alone (a stream tap's records)."""
+        return "phases" in self.inputs and self.inputs["phases"].startswith("client_view")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -236,14 +256,31 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
                           weight_bytes=weights), batch, step
 
 
+def _prefill_start(c: dict) -> tuple[np.ndarray, bool]:
+    """Where each request's prefill interval starts: its scheduling, or, where no request
+    of the window has one (the client's view: a tap's records), its arrival (True)."""
+    sched = c["scheduled_at"]
+    if (~np.isnan(sched)).any() or (np.isnan(c["arrival"])).all():
+        return sched, False
+    return c["arrival"], True
+
+
 def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     m = dep.model
-    sched, first = c["scheduled_at"], c["first_token_at"]
+    (sched, client), first = _prefill_start(c), c["first_token_at"]
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
-    ok = timed & (c["uncached"] >= 0)
+    uncached_col = c["uncached"]
+    if client:  # the prompt's own cache hits are unknown: every token computed
+        inputs["prefill_interval"] = CLIENT_PREFILL
+        unknown = (uncached_col < 0) & (c["prompt"] >= 0)
+        if (unknown & timed).any():
+            inputs["cached_tokens"] = CLIENT_CACHED
+            uncached_col = np.where(unknown, c["prompt"], uncached_col)
+    ok = timed & (uncached_col >= 0)
     if not ok.any():
         inputs["prefill"] = "unavailable: " + (
-            "no scheduled and first-token times" if not timed.any() else
+            ("no arrival and first-token times" if client else
+             "no scheduled and first-token times") if not timed.any() else
             "prompt tokens unknown" if (c["prompt"][timed] < 0).all() else
             "cached prompt tokens unknown (the server does not say how many prompt tokens "
             "its prefix cache served; for vLLM give --engine-metrics-url for its hit rate)")
@@ -254,7 +291,7 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
         inputs["prefill"] = "unavailable: prefill intervals have no length in the range"
         return None
     f = inside_fraction(sched, first, lo, hi) * w  # the part inside, of the requests it is
-    uncached = c["uncached"][ok].astype(float)
+    uncached = uncached_col[ok].astype(float)
     cached = np.maximum(c["prompt"][ok], 0) - uncached
     flops = float(np.sum(model_costs.prefill_flops(m, uncached, cached) * f))
     inside = (first >= lo) & (first <= hi)
@@ -273,7 +310,7 @@ def _shares(c: dict, sel: np.ndarray) -> dict[str, float] | None:
     """``window.phase_time_shares`` without the phases no request reports; None when
     there is nothing to share."""
     shares = phase_time_shares(c, sel)
-    if shares["queue"] is None:
+    if shares["queue"] is None and shares["ttft"] is None:
         return None
     return {k: v for k, v in shares.items() if v is not None}
 
@@ -299,7 +336,7 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
     if prefill is None or decode is None:
         return 0.0
     w = _weights(c, np.ones(len(c["end_at"]), dtype=bool))
-    both, _ = busy_time(np.concatenate([c["scheduled_at"], c["first_token_at"]]),
+    both, _ = busy_time(np.concatenate([_prefill_start(c)[0], c["first_token_at"]]),
                         np.concatenate([c["first_token_at"], c["last_token_at"]]),
                         np.concatenate([w, w]), lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
@@ -325,12 +362,39 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
     in_range = (end >= lo) & (end <= hi)
     inferred = {name: {"flops": p.flops, "bytes": p.bytes, "weight_bytes": p.weight_bytes}
                 for name, p in (("prefill", prefill), ("decode", decode)) if p is not None}
+    shares = _shares(cols, in_range)
+    if shares is not None and "ttft" in shares:
+        inputs["phases"] = CLIENT_VIEW
+    roof = _step_roofline(dep, decode, step, shared.get("decode", 0.0))
     return RooflineEstimate(
         model=model, engine=engine, range_start=lo, range_end=hi,
         range_end_lag_seconds=float(np.nanmax(end)) - hi, requests=int(in_range.sum()),
         prefill=prefill, decode=decode, decode_batch_size=batch, decode_step_seconds=step,
-        phase_time_share=_shares(cols, in_range), inputs=inputs,
-        shared_step_flops=shared, inferred=inferred)
+        phase_time_share=shares, inputs=inputs,
+        shared_step_flops=shared, inferred=inferred,
+        decode_step_roofline_seconds=roof[0], decode_step_weights_seconds=roof[1],
+        decode_step_by_batch=step_by_batch(cols["first_token_at"], cols["last_token_at"],
+                                           cols["steps"].astype(float), lo, hi)
+        if decode is not None else None)
+
+
+def _step_roofline(dep: Deployment | None, decode: PhaseEstimate | None,
+                   step: float | None, shared_flops: float) -> tuple[float | None, float | None]:
+    """(a decode step at the roofline, the weights' part of it): the window's mean step's
+    bytes at the achievable bandwidth, or its FLOPs (a prefill chunk's sharing it
+    included) at the achievable FLOP/s, whichever takes longer; None without a decode
+    estimate."""
+    if dep is None or decode is None or not step or decode.busy_seconds <= 0:
+        return None, None
+    steps = decode.busy_seconds / step
+    hw = dep.hardware
+    bandwidth = hw.achievable_bandwidth
+    flops = hw.achievable_flops(dep.compute_dtype) if dep.peak_flops else 0.0
+    if not bandwidth:
+        return None, None
+    memory = decode.bytes / steps / bandwidth
+    compute = (decode.flops + shared_flops) / steps / flops if flops else 0.0
+    return max(memory, compute), decode.weight_bytes / steps / bandwidth
 
 
 def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,

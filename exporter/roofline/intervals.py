@@ -166,3 +166,46 @@ def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
         tokens[through] = (n_tokens * across(step_share) / np.maximum(t[e] - t[b], 1e-12)
                            )[through]
     return steps + float(tokens.sum())
+
+
+def decoding_beside(first: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.ndarray
+                    ) -> np.ndarray:
+    """For each [a, b]: the mean number of the intervals [first, last] open over it (the
+    requests decoding then, one whose interval it is included): the integral of the open
+    count over [a, b] / (b - a), from sorted ends and their cumulative sums, no request x
+    request matrix."""
+    fs, ls = np.sort(first), np.sort(last)
+    cf, cl = np.r_[0.0, np.cumsum(fs)], np.r_[0.0, np.cumsum(ls)]
+
+    def integral(t: np.ndarray) -> np.ndarray:  # of the open count from -inf to t
+        i, j = np.searchsorted(fs, t, side="right"), np.searchsorted(ls, t, side="right")
+        return (i * t - cf[i]) - (j * t - cl[j])
+    return (integral(b) - integral(a)) / (b - a)
+
+
+def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: float,
+                  hi: float, min_requests: int = 8) -> dict | None:
+    """How the decode step moves with the batch in [lo, hi], from the records: per request
+    decoding inside it, its mean step (decode time / steps) against the mean number of
+    requests decoding beside it (``decoding_beside``); a least-squares line through them,
+    read at the 10th and 90th percentile of the batch. A step that stays flat while the
+    batch grows is a per-step cost the batch does not change (the server's own work per
+    step); one that rises with it is traffic that grows with the batch (the KV cache).
+    None with fewer than ``min_requests`` requests or a batch that barely varies."""
+    both = ~np.isnan(first) & ~np.isnan(last) & (last > first)
+    ok = both & (steps > 0) & (first >= lo) & (last <= hi)
+    if ok.sum() < min_requests:
+        return None
+    a, b = first[ok], last[ok]
+    batch = decoding_beside(first[both], last[both], a, b)
+    step = (b - a) / steps[ok]
+    low, high = np.quantile(batch, [0.1, 0.9])
+    if high < 1.5 * low or high - low < 1.0:
+        return None
+    slope, base = np.polyfit(batch, step, 1)
+    at_low, at_high = base + slope * low, base + slope * high
+    if at_low <= 0:
+        return None
+    return {"batch_low": float(low), "batch_high": float(high), "step_low": float(at_low),
+            "step_high": float(at_high), "growth": float(at_high / at_low),
+            "requests": int(ok.sum())}

@@ -103,8 +103,10 @@ def achievable_source(dep: Deployment) -> str:
 
 
 def phase_name(phase: str) -> str:
-    """A phase as a sentence starts with it: "Prefill", "KV transfer"."""
-    return "KV transfer" if phase == "kv_transfer" else phase.capitalize()
+    """A phase as a sentence starts with it: "Prefill", "KV transfer", "Time to first
+    token" (the client's view: preprocess, queue and prefill undivided)."""
+    return {"kv_transfer": "KV transfer", "ttft": "Time to first token"}.get(
+        phase, phase.capitalize())
 
 
 def headline(phase: str, resource: str, cause: str | None = None) -> str:
@@ -135,6 +137,7 @@ class Verdict:
     text: str = ""
     cause: Cause | None = None
     lead: str = ""  # the objectives' sentence the text starts with ("" without objectives)
+    view: str = "engine"  # "client": from a stream tap's records alone (no engine spans)
 
     @property
     def headline(self) -> str:
@@ -218,10 +221,15 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     elif dep is None:
         resource, util_margin = "unknown", 0.0
     else:
-        resource, used, detail = _utilization(est, dep, phase)
+        # time to first token (the client's view) against the prompts' prefill: the
+        # prefill estimate, over arrival to first token
+        roof = "prefill" if phase == "ttft" else phase
+        resource, used, detail = _utilization(est, dep, roof)
         evidence.update(detail)
-        if resource == "unknown" and phase in est.inputs:
-            evidence["unavailable"] = est.inputs[phase].removeprefix("unavailable: ")
+        if resource == "unknown" and roof in est.inputs:
+            evidence["unavailable"] = est.inputs[roof].removeprefix("unavailable: ")
+        if phase == "decode":
+            evidence.update(_step_evidence(est))
         util_margin = 0.0
         if used is not None:
             bound = BOUND_FRACTION
@@ -247,18 +255,67 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         confidence = round(confidence * 0.5, 3)
     level = "high" if confidence >= 0.7 else "medium" if confidence >= 0.4 else "low"
     levers = (cause.levers if cause is not None and cause.levers else
-              LEVERS.get((phase, resource), ()))
+              _levers(phase, resource, evidence))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
                       confidence_level=level, evidence=evidence, levers=levers, cause=cause,
-                      lead=slo_lead(slo, by_misses))
+                      lead=slo_lead(slo, by_misses),
+                      view="client" if est.client_view else "engine")
+    if verdict.view == "client":
+        evidence["view"] = "client"
     verdict.text = describe(verdict, dep)
     if cause is not None and cause.name == "compute_saturated":
         verdict.text = f"{verdict.text} {cause.text}."
     elif cause is not None and cause.name != "frontend":
         verdict.text = f"{cause.text}. {verdict.text}"
+    if verdict.view == "client":
+        verdict.text = f"{verdict.text} {CLIENT_NOTE}"
     if verdict.lead:
         verdict.text = f"{verdict.lead} {verdict.text}"
     return verdict
+
+
+# said after a verdict made from the client's view alone
+CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
+               "first token holds the queue and the prefill undivided.)")
+# a decode step that stays within this factor while the batch grows is flat: a per-step
+# cost the batch does not change
+FLAT_STEP = 1.15
+
+
+def _step_evidence(est: RooflineEstimate) -> dict:
+    """The decode step against the roofline's step at the same batch, and how the step
+    moved with the batch (``RooflineEstimate.decode_step_*``)."""
+    out = {}
+    step, roof = est.decode_step_seconds, est.decode_step_roofline_seconds
+    if step and roof:
+        out.update(decode_step_seconds=step, roofline_step_seconds=roof,
+                   step_over_roofline=step / roof)
+        if est.decode_step_weights_seconds:
+            out["weights_step_seconds"] = est.decode_step_weights_seconds
+    if est.decode_step_by_batch:
+        out["step_by_batch"] = est.decode_step_by_batch
+    return out
+
+
+def _flat(evidence: dict) -> dict | None:
+    """``step_by_batch`` where the step stayed flat while the batch grew, else None."""
+    by = evidence.get("step_by_batch")
+    return by if by and by["growth"] <= FLAT_STEP else None
+
+
+def _levers(phase: str, resource: str, evidence: dict) -> tuple[str, ...]:
+    """The (phase, resource) levers; for an overhead-bound decode whose step is measured
+    against the roofline's, what each does to ITL and throughput (a flat step: more
+    concurrent requests cost ITL little)."""
+    if (phase, resource) == ("decode", "overhead") and "step_over_roofline" in evidence:
+        flat = _flat(evidence)
+        batches = "larger batches" + (
+            f": the step stayed flat from a batch of {flat['batch_low']:.0f} to "
+            f"{flat['batch_high']:.0f}, so more concurrent requests raise throughput at "
+            "little cost to ITL" if flat is not None else "")
+        return ("CUDA graphs, a compiled model or a faster serving engine: the per-step "
+                "overhead sets ITL", batches, "fewer tiny requests")
+    return LEVERS.get((phase, resource), ())
 
 
 def _pct(x: float) -> str:
@@ -272,6 +329,9 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     head = f"{phase_name(v.phase)} takes {_pct(share)} of request time"
     shares = e["phase_time_share"]
     if v.resource == "capacity":
+        if v.phase == "ttft":
+            return (f"{head}: its time goes to waiting for KV-cache memory or a slot, not to "
+                    f"prefill arithmetic (decode {_pct(shares['decode'])}).")
         if v.phase != "queue":
             return (f"{head}: its time goes to waiting for KV-cache memory or a slot, not "
                     f"to arithmetic (queue {_pct(shares['queue'])}).")
@@ -305,12 +365,25 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     hw = dep.hardware
     # two bases, said as such: "achievable" (measured, or the datasheet x a typical
     # efficiency) decides the verdict; MBU and MFU are against the datasheet peaks
-    tail = (f"{phase_name(v.phase)}'s MBU {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
+    whose = ("The prompts' prefill over arrival to first token: MBU" if v.phase == "ttft"
+             else f"{phase_name(v.phase)}'s MBU")
+    tail = (f"{whose} {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
             f"datasheet peaks of {hw.name} x{hw.gpus}, at {e['arithmetic_intensity']:.0f} "
             f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
+    step = _step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
+    if v.resource == "overhead" and v.phase == "ttft":
+        used = e["of_achievable_flops"] + e["of_achievable_bandwidth"]
+        return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
+                f"roofline explains {_pct(used)} of it, so the time goes to waiting, the "
+                "server's front end or its per-step overhead, not to prefill arithmetic; "
+                "the client's view cannot tell which (the engine's /metrics, "
+                f"--engine-metrics-url, shows its queue). {tail}")
     if v.resource == "overhead":
+        why = ("so time goes to scheduling, launches and small batches" if not step else
+               "so time goes to the server's own work per step (scheduling, launches, "
+               "the host), not the GPU's")
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
-                f"ceilings, so time goes to scheduling, launches and small batches. {tail}")
+                f"ceilings, {why}. {step}{tail}")
     compute = v.resource == "compute"
     used = e["of_achievable_flops"] if compute else e["of_achievable_bandwidth"]
     other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
@@ -323,4 +396,38 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
         mixed = "prefill chunks" if v.phase == "decode" else "decode tokens"
         text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
                  f"{mixed} sharing them)")
-    return f"{text}. {tail}"
+    return f"{text}. {step}{tail}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.01 else f"{seconds * 1e3:.0f} ms"
+
+
+def _step_sentence(e: dict, overhead: bool) -> str:
+    """The decode step against the roofline's at the same batch, and how it moved with
+    the batch (read as the resource has it: a flat step far from the roofline is the
+    server's per-step cost, near it the weights read once a step); "" without the
+    figures."""
+    if "step_over_roofline" not in e:
+        return ""
+    batch = e.get("decode_batch_size")
+    at = f" at a batch of {batch:.1f}" if batch else ""
+    text = (f"A decode step takes {_ms(e['decode_step_seconds'])}{at}, "
+            f"{e['step_over_roofline']:.1f}x the {_ms(e['roofline_step_seconds'])} the "
+            "roofline allows it")
+    if e.get("weights_step_seconds"):
+        text += (f" (the weights alone: {_ms(e['weights_step_seconds'])} at the achievable "
+                 "bandwidth)")
+    by = e.get("step_by_batch")
+    if by:
+        moved = (f"from a batch of {by['batch_low']:.0f} to {by['batch_high']:.0f} the step "
+                 f"went from {_ms(by['step_low'])} to {_ms(by['step_high'])}")
+        if by["growth"] <= FLAT_STEP:
+            text += (f"; {moved}: flat, a per-step cost the batch does not change" if overhead
+                     else f"; {moved}: flat, the weights read once a step set it, so a larger "
+                     "batch costs little")
+        else:
+            text += (f"; {moved}: far from the roofline, the per-request work of each step "
+                     "grows with it" if overhead else
+                     f"; {moved}: the traffic that grows with the batch (the KV cache) sets it")
+    return text + ". "
