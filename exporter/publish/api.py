@@ -41,6 +41,9 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
         "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
         "confidence_level": v.confidence_level, "headline": v.headline, "text": v.text,
         "levers": list(v.levers), "evidence": v.evidence,
+        # engine: from the engine's spans (or the tap's joined to them); client: from a
+        # stream tap's records alone (phases ttft and decode)
+        "view": v.view,
         # why: from the engine's own state (engine_metrics) or the records alone
         "cause": None if c is None else c.name,
         "cause_detail": None if c is None else {

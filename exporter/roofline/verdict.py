@@ -381,7 +381,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     if v.resource == "overhead":
         why = ("so time goes to scheduling, launches and small batches" if not step else
                "so time goes to the server's own work per step (scheduling, launches, "
-               "the host), not the GPU's")
+               "the host's code), not the hardware's arithmetic or memory traffic")
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
                 f"ceilings, {why}. {step}{tail}")
     compute = v.resource == "compute"
