@@ -216,3 +216,18 @@ def test_prefix_cache_share_fills_unknown_cached_tokens_for_the_estimator():
     r = _rates(no_cached_counter)
     assert r.cached_share_source == "prefix_cache_hits"
     assert r.cached_prompt_share == pytest.approx(0.125)
+
+
+def test_tgi_and_llamacpp_pages_as_their_code_writes_them():
+    """TGI 3.3.7's page (metrics-exporter-prometheus: counters without _total, a gauge
+    without HELP) and llama.cpp b10621's (``llamacpp:``), from their source
+    (tests/fixtures/engine/*/README.md): TGI's KV usage is the tokens its running batch
+    holds over its budget; llama.cpp's prompt tokens leave the cached out, and a deferred
+    request means every slot is busy."""
+    tgi = parse_page((FIX / "tgi-3.3.7" / "metrics.txt").read_text())
+    assert (tgi.running, tgi.waiting, tgi.kv_capacity_tokens) == (2, 1, 10240)
+    assert tgi.kv_usage == pytest.approx(4096 / 10240)
+    cpp = parse_page((FIX / "llamacpp-b10621" / "metrics.txt").read_text())
+    assert (cpp.running, cpp.waiting, cpp.max_running) == (2, 1, 2)
+    assert (cpp.prompt_tokens, cpp.cached_tokens) == (412 + 57, 57)
+    assert cpp.kv_usage is None  # llama.cpp publishes none (removed upstream)

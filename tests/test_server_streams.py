@@ -99,6 +99,43 @@ def test_transformers_serves_own_streams(name, whole):
     assert ok and gaps == len(c.emissions) - 1
 
 
+LLAMACPP = ENGINES / "llamacpp-b10621" / "streams"
+TGI = ENGINES / "tgi-3.3.7" / "streams"
+WRITTEN = [(d, p.name) for d in (LLAMACPP, TGI) for p in sorted(d.glob("*.sse"))]
+
+
+@pytest.mark.parametrize("where,name", WRITTEN,
+                         ids=[f"{d.parent.name}-{n}" for d, n in WRITTEN])
+def test_llamacpp_and_tgi_streams_as_their_code_writes_them(where, name):
+    """llama.cpp's server (b10621: a role chunk with null content, the finish on a chunk
+    of its own with an empty delta and timings, usage on a choice-less chunk with
+    include_usage, always on completions' last; [DONE]) and TGI 3.3.7 (the role in every
+    chunk, the finish reason on the last token's chunk, an EOS chunk with empty content,
+    usage on a choice-less chunk; completions' finish_reason "" until the last), written
+    from their source (each folder's README names the lines)."""
+    raw = (where / name).read_bytes()
+    msgs = chunks(raw)
+    usage = next((m["usage"] for m in reversed(msgs) if m.get("usage")), None)
+    finishing = [c for m in msgs for c in m.get("choices", ()) if c.get("finish_reason")]
+    (last,) = finishing
+    seen, counts = read(raw)
+    assert not counts, counts
+    assert seen.model == "tiny-llama"
+    (c,) = seen.choices.values()
+    assert c.finish_reason == last["finish_reason"]
+    n = texts(msgs)
+    text_less = not ((last.get("delta") or {}).get("content") or last.get("text"))
+    eos = bool(usage) and text_less and usage["completion_tokens"] == n + 1
+    assert len(c.emissions) == n + eos
+    if usage:
+        assert seen.output_tokens == usage["completion_tokens"]
+    dropped = Counter()
+    (r,) = seen.records(dropped)
+    assert not dropped
+    assert r["output_tokens"] == (usage["completion_tokens"] if usage else n)
+    assert kept([r], seen.model) == (True, len(c.emissions) - 1)
+
+
 def test_transformers_serves_whole_answer():
     body = (TRANSFORMERS / "chat-whole.json").read_bytes()
     msg = json.loads(body)

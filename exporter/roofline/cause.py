@@ -87,7 +87,7 @@ CAUSES: dict[str, dict] = {
     "concurrency_limit": {
         "title": "Slot limit", "resource": "capacity",
         "levers": ("a larger --max-num-seqs (SGLang --max-running-requests, TGI "
-                   "--max-batch-size): the KV cache has room",
+                   "--max-batch-size, llama.cpp --parallel): the KV cache has room",
                    "a larger --max-num-batched-tokens (TGI --max-batch-total-tokens)")},
     "imbalance": {
         "title": "Load imbalance", "resource": "capacity",

@@ -18,10 +18,15 @@ against pages captured from a real vLLM in
   (vLLM ``num_requests_running`` / ``num_requests_waiting`` and, from 0.32 on,
   ``num_requests_waiting_by_reason{reason=capacity|deferred}``; SGLang
   ``num_running_reqs`` / ``num_queue_reqs``; TGI ``tgi_batch_current_size`` /
-  ``tgi_queue_size``), KV-cache usage 0..1 (vLLM ``kv_cache_usage_perc``, SGLang
-  ``token_usage``), preemptions (vLLM ``num_preemptions_total``; SGLang retracts:
+  ``tgi_queue_size``; llama.cpp's server ``llamacpp:requests_processing`` (busy slots)
+  / ``requests_deferred``), KV-cache usage 0..1 (vLLM ``kv_cache_usage_perc``, SGLang
+  ``token_usage``; TGI the tokens its running batch holds, ``batch_current_max_tokens``,
+  over its budget ``batch_max_total_tokens``), preemptions (vLLM
+  ``num_preemptions_total``; SGLang retracts:
   ``num_retracted_requests_total``), speculative decoding's drafts and accepted tokens,
-  and the configured limits the engine publishes: the KV cache's size in tokens
+  and the configured limits the engine publishes (or shows: llama.cpp defers a request
+  only with every slot busy, so its requests processing then are its slots): the KV
+  cache's size in tokens
   (vLLM ``cache_config_info``'s ``num_gpu_blocks`` x ``block_size``, SGLang
   ``max_total_num_tokens``) and the most requests it runs at once (SGLang
   ``max_running_requests``; vLLM does not publish ``--max-num-seqs``).
@@ -52,7 +57,7 @@ from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
 
-PREFIXES = ("vllm:", "sglang:", "tgi_")
+PREFIXES = ("vllm:", "sglang:", "tgi_", "llamacpp:")
 # series (without the engine's prefix) -> EngineSample field; counters and gauges alike
 SERIES = {
     "estimated_flops_per_gpu_total": "flops",
@@ -72,7 +77,15 @@ SERIES = {
     "spec_decode_num_accepted_tokens_total": "accepted_tokens",
     "max_total_num_tokens": "kv_capacity_tokens",  # SGLang
     "max_running_requests": "max_running",  # SGLang
+    # TGI (router/src/infer, queue.rs): the tokens the running batch holds in the KV
+    # cache against the most it may (--max-batch-total-tokens): its KV usage
+    "batch_current_max_tokens": "kv_tokens_held", "batch_max_total_tokens": "kv_capacity_tokens",
+    # llama.cpp's server (tools/server: to_metrics): busy slots, and requests waiting for
+    # a slot; its prompt_tokens_total leaves the cached tokens out
+    "requests_processing": "running", "requests_deferred": "waiting",
 }
+# per engine prefix: its prompt_tokens_total counts only the prompt tokens computed
+PROMPT_LESS_CACHED = ("llamacpp:",)
 MEAN_FIELDS = ("kv_usage",)  # a share: averaged over data-parallel engines, not added
 RANK_LABELS = ("tp_rank", "pp_rank")
 MAX_PAGE_BYTES = 16 << 20
@@ -158,6 +171,7 @@ def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSa
     """
     samples = [s for family in text_string_to_metric_families(text) for s in family.samples
                if s.name.startswith(PREFIXES)]
+    computed_only = any(s.name.startswith(PROMPT_LESS_CACHED) for s in samples)
     names = {s.labels["model_name"] for s in samples if "model_name" in s.labels}
     if model is not None and model not in names and len(names) == 1:
         model = None
@@ -189,6 +203,15 @@ def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSa
     for field in MEAN_FIELDS:
         if field in sums:
             sums[field] /= counts[field]
+    held = sums.pop("kv_tokens_held", None)
+    if "kv_usage" not in sums and held is not None and sums.get("kv_capacity_tokens"):
+        sums["kv_usage"] = min(held / sums["kv_capacity_tokens"], 1.0)  # TGI
+    if computed_only and "prompt_tokens" in sums:  # llama.cpp: cached ones beside them
+        sums["prompt_tokens"] += sums.get("cached_tokens", 0.0)
+    if computed_only and sums.get("waiting", 0.0) >= 1 and "running" in sums:
+        # llama.cpp defers a request only when every slot (--parallel) is busy: the
+        # requests processing then are its slot count
+        sums["max_running"] = sums["running"]
     names = {f.name for f in fields(EngineSample)} - {"at", "waiting_by_reason"}
     return EngineSample(at=at, waiting_by_reason=tuple(sorted(reasons.items())),
                         **{k: v for k, v in sums.items() if k in names})
@@ -256,7 +279,7 @@ def summarize(recent: list[EngineSample]) -> EngineRates | None:
         preemptions=increase("preemptions"),
         spec_acceptance=accepted / drafts if drafts and accepted is not None else None,
         kv_capacity_tokens=recent[-1].kv_capacity_tokens,
-        configured_max_running=recent[-1].max_running)
+        configured_max_running=max(present("max_running"), default=None))
 
 
 class EngineMetricsSource:
