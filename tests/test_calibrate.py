@@ -82,3 +82,16 @@ def test_report_puts_measurement_beside_the_datasheet():
     text = calibrate.report(profile)
     assert "3,000.0 GB/s    3,350 GB/s datasheet (90%)" in text
     assert "800.000 TFLOP/s 989 TFLOP/s datasheet (81%)" in text
+
+
+def test_a_cpu_without_16_bit_units_holds_16_bit_models_to_its_fp32_ceiling():
+    """On an AVX2 CPU torch's bf16 matmul ran 0.9 GFLOP/s against 113 in fp32, and vLLM's
+    CPU kernels (converting to fp32) computed a bf16 model at 6x the bf16 figure: a
+    16-bit ceiling below fp32's is raised to it, and the profile says what was measured."""
+    from phasewatch.roofline.calibrate import cpu_half_floor
+
+    flops = {"bf16": 0.9e9, "fp16": 0.86e9, "fp32": 113e9}
+    assert cpu_half_floor(flops) == {"bf16": 0.9e9, "fp16": 0.86e9}
+    assert flops == {"bf16": 113e9, "fp16": 113e9, "fp32": 113e9}
+    amx = {"bf16": 300e9, "fp16": 90e9, "fp32": 100e9}  # AMX: bf16 faster, kept
+    assert cpu_half_floor(amx) == {"fp16": 90e9} and amx["bf16"] == 300e9

@@ -113,6 +113,21 @@ def torch_matmuls(n: int, repeats: int, progress: Progress, cuda: bool) -> dict[
     return flops
 
 
+def cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
+    """On a CPU, raise a 16-bit ceiling measured below the fp32 one to it, in place; the
+    figures raised, as measured. A CPU without bf16 or fp16 arithmetic units (no
+    AVX512-BF16, AMX or AVX512-FP16: AVX2 parts) runs torch's 16-bit matmul on a slow
+    path (here 0.9 GFLOP/s against 113 in fp32), while an engine's kernels convert to
+    fp32 and use the fp32 units (vLLM on this CPU computed 6x that bf16 figure): no
+    16-bit product costs the hardware more than an fp32 one, so fp32's figure is a
+    ceiling for it and the lower measurement is not."""
+    top = flops.get("fp32")
+    raised = {k: flops[k] for k in ("bf16", "fp16") if top and flops.get(k, top) < top}
+    for k in raised:
+        flops[k] = top
+    return raised
+
+
 def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
     """(device name, device count, bandwidth, {dtype: flops}) with torch on the first
     CUDA device."""
@@ -176,6 +191,13 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
             flops = torch_matmuls(matmul_n, repeats, progress, cuda=False)
             method["matmul"] = (f"torch {matmul_n}x{matmul_n} bf16/fp16/fp32 matmul on the "
                                 "CPU (torch threads)")
+            slow = cpu_half_floor(flops)
+            if slow:
+                method["half_precision"] = (
+                    "torch's " + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in slow.items())
+                    + " GFLOP/s, below its fp32: this CPU has no faster 16-bit units, so "
+                    "a 16-bit model is computed on the fp32 units (as vLLM's CPU kernels "
+                    "do, converting), and the fp32 figure is its ceiling too")
         else:
             flops = {"fp32": cpu_matmul(matmul_n, repeats, progress)}
             method["matmul"] = (f"numpy {matmul_n}x{matmul_n} fp32 matmul (BLAS threads); "
