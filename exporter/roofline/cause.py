@@ -49,7 +49,7 @@ import numpy as np
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
-from phasewatch.roofline.intervals import union_length
+from phasewatch.roofline.intervals import decode_slowdown, union_length
 
 # vLLM preempts when it cannot allocate a block; its usage gauge reads 1.0 then. Scraped
 # every couple of seconds, a cache that fills and frees between scrapes reads a little
@@ -363,65 +363,3 @@ def _with_recompute(cause: Cause, est: RooflineEstimate) -> Cause:
         cause.evidence["recompute_flops_share"] = share
         cause.text += f"; ~{_pct(share)} of the FLOPs redo preempted requests' prompts"
     return cause
-
-
-def _prefill_cover(cols: dict):
-    """The length of the union of the window's prefill intervals (scheduled to first
-    token) before each time ``t``, as a function; None without two prefills."""
-    sched, first = cols["scheduled_at"], cols["first_token_at"]
-    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched)
-    if pre.sum() < 2:
-        return None
-    s, e = sched[pre], first[pre]
-    order = np.argsort(s)
-    s, e = s[order], np.maximum.accumulate(e[order])
-    starts = np.r_[True, s[1:] > e[:-1]]  # merge into disjoint intervals
-    ms, me = s[starts], np.r_[e[np.flatnonzero(starts)[1:] - 1], e[-1]]
-    cum = np.r_[0.0, np.cumsum(me - ms)]
-
-    def covered(t):
-        i = np.searchsorted(ms, t, side="right")
-        inside = np.clip(t - ms[np.maximum(i - 1, 0)], 0,
-                         (me - ms)[np.maximum(i - 1, 0)]) * (i > 0)
-        return cum[np.maximum(i - 1, 0)] * (i > 0) + inside
-    return covered
-
-
-def decode_shared_with_prefill(cols: dict) -> np.ndarray:
-    """Per request, the share of its decode interval (first to last token) during which
-    some request of the window was prefilling; NaN without a decode interval or without
-    two prefills to tell from."""
-    first, last = cols["first_token_at"], cols["last_token_at"]
-    out = np.full(len(first), np.nan)
-    covered = _prefill_cover(cols)
-    dec = ~np.isnan(first) & ~np.isnan(last) & (last > first)
-    if covered is not None and dec.any():
-        a, b = first[dec], last[dec]
-        out[dec] = (covered(b) - covered(a)) / (b - a)
-    return out
-
-
-def decode_slowdown(cols: dict, lo: float, hi: float) -> dict | None:
-    """How much slower decoding runs while other requests prefill, from the records: per
-    request, the share of its decode interval that overlaps someone's prefill and its
-    TPOT; a least-squares line TPOT = a + b x share gives the TPOT of a decode that
-    shares every step, (a + b), against one that shares none, (a). None when the shares
-    do not spread enough to fit (every decode overlaps prefills alike)."""
-    first, last = cols["first_token_at"], cols["last_token_at"]
-    steps = cols["steps"].astype(float)
-    dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (steps > 0) & (
-        first >= lo) & (last <= hi)
-    covered = _prefill_cover(cols)
-    if covered is None or dec.sum() < 8:
-        return None
-    a, b = first[dec], last[dec]
-    share = (covered(b) - covered(a)) / (b - a)
-    tpot = (b - a) / steps[dec]
-    if np.ptp(share) < 0.2:
-        return None
-    slope, base = np.polyfit(share, tpot, 1)
-    if base <= 0:
-        return None
-    return {"tpot_without_prefill": float(base), "tpot_sharing_every_step": float(base + slope),
-            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum()),
-            "decode_time_shared": float((share * (b - a)).sum() / (b - a).sum())}

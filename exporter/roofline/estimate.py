@@ -82,6 +82,7 @@ from phasewatch.roofline.intervals import (
     busy_time,
     decode_step_count,
     inside_fraction,
+    prefill_start,
     prefill_steps,
     reported_steps,
     step_by_batch,
@@ -256,18 +257,9 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
                           weight_bytes=weights), batch, step
 
 
-def _prefill_start(c: dict) -> tuple[np.ndarray, bool]:
-    """Where each request's prefill interval starts: its scheduling, or, where no request
-    of the window has one (the client's view: a tap's records), its arrival (True)."""
-    sched = c["scheduled_at"]
-    if (~np.isnan(sched)).any() or (np.isnan(c["arrival"])).all():
-        return sched, False
-    return c["arrival"], True
-
-
 def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     m = dep.model
-    (sched, client), first = _prefill_start(c), c["first_token_at"]
+    (sched, client), first = prefill_start(c), c["first_token_at"]
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
     uncached_col = c["uncached"]
     if client:  # the prompt's own cache hits are unknown: every token computed
@@ -336,7 +328,7 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
     if prefill is None or decode is None:
         return 0.0
     w = _weights(c, np.ones(len(c["end_at"]), dtype=bool))
-    both, _ = busy_time(np.concatenate([_prefill_start(c)[0], c["first_token_at"]]),
+    both, _ = busy_time(np.concatenate([prefill_start(c)[0], c["first_token_at"]]),
                         np.concatenate([c["first_token_at"], c["last_token_at"]]),
                         np.concatenate([w, w]), lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)

@@ -49,8 +49,8 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray,
     """The window's figures per objective set: ``outcome`` and ``phase`` are the window's
     ``slo_outcome`` / ``slo_phase`` rows ([requests, objectives]). ``decode``, where the
     records tell it: per request its TPOT (``tpot``) and the share of its decode spent
-    beside other requests' prefills (``shared``, ``cause.decode_shared_with_prefill``),
-    and the window's fit of one on the other (``fit``, ``cause.decode_slowdown``); the
+    beside other requests' prefills (``shared``, ``intervals.decode_shared_with_prefill``),
+    and the window's fit of one on the other (``fit``, ``intervals.decode_slowdown``); the
     TPOT objective's figures then say how many misses prefill interference made. None
     without objectives or judged requests."""
     judged = (outcome >= 0).any(axis=1) if outcome.size else np.zeros(0, bool)
@@ -95,7 +95,7 @@ BESIDE_MARGIN = 0.2
 
 def _without_prefill(outcome: np.ndarray, decode: dict, seconds: float | None) -> dict | None:
     """What the TPOT misses would have been without the prefill chunks beside their decode
-    steps: each request's TPOT less the fitted cost of sharing (``cause.decode_slowdown``:
+    steps: each request's TPOT less the fitted cost of sharing (``intervals.decode_slowdown``:
     TPOT = a + b x share), against the objective."""
     fit = decode.get("fit")
     if fit is None or seconds is None or fit["slowdown"] <= 1:

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phasewatch.roofline.cause import Cause
+from phasewatch.roofline.decode_step import overhead_levers, step_evidence, step_sentence
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
@@ -229,7 +230,7 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         if resource == "unknown" and roof in est.inputs:
             evidence["unavailable"] = est.inputs[roof].removeprefix("unavailable: ")
         if phase == "decode":
-            evidence.update(_step_evidence(est))
+            evidence.update(step_evidence(est))
         util_margin = 0.0
         if used is not None:
             bound = BOUND_FRACTION
@@ -277,44 +278,13 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
 # said after a verdict made from the client's view alone
 CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
                "first token holds the queue and the prefill undivided.)")
-# a decode step that stays within this factor while the batch grows is flat: a per-step
-# cost the batch does not change
-FLAT_STEP = 1.15
-
-
-def _step_evidence(est: RooflineEstimate) -> dict:
-    """The decode step against the roofline's step at the same batch, and how the step
-    moved with the batch (``RooflineEstimate.decode_step_*``)."""
-    out = {}
-    step, roof = est.decode_step_seconds, est.decode_step_roofline_seconds
-    if step and roof:
-        out.update(decode_step_seconds=step, roofline_step_seconds=roof,
-                   step_over_roofline=step / roof)
-        if est.decode_step_weights_seconds:
-            out["weights_step_seconds"] = est.decode_step_weights_seconds
-    if est.decode_step_by_batch:
-        out["step_by_batch"] = est.decode_step_by_batch
-    return out
-
-
-def _flat(evidence: dict) -> dict | None:
-    """``step_by_batch`` where the step stayed flat while the batch grew, else None."""
-    by = evidence.get("step_by_batch")
-    return by if by and by["growth"] <= FLAT_STEP else None
-
-
 def _levers(phase: str, resource: str, evidence: dict) -> tuple[str, ...]:
-    """The (phase, resource) levers; for an overhead-bound decode whose step is measured
-    against the roofline's, what each does to ITL and throughput (a flat step: more
-    concurrent requests cost ITL little)."""
-    if (phase, resource) == ("decode", "overhead") and "step_over_roofline" in evidence:
-        flat = _flat(evidence)
-        batches = "larger batches" + (
-            f": the step stayed flat from a batch of {flat['batch_low']:.0f} to "
-            f"{flat['batch_high']:.0f}, so more concurrent requests raise throughput at "
-            "little cost to ITL" if flat is not None else "")
-        return ("CUDA graphs, a compiled model or a faster serving engine: the per-step "
-                "overhead sets ITL", batches, "fewer tiny requests")
+    """The (phase, resource) levers, or an overhead-bound decode's as its step tells
+    (``decode_step.overhead_levers``)."""
+    if (phase, resource) == ("decode", "overhead"):
+        told = overhead_levers(evidence)
+        if told is not None:
+            return told
     return LEVERS.get((phase, resource), ())
 
 
@@ -370,7 +340,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     tail = (f"{whose} {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
             f"datasheet peaks of {hw.name} x{hw.gpus}, at {e['arithmetic_intensity']:.0f} "
             f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
-    step = _step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
+    step = step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
     if v.resource == "overhead" and v.phase == "ttft":
         used = e["of_achievable_flops"] + e["of_achievable_bandwidth"]
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
@@ -397,37 +367,3 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
         text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
                  f"{mixed} sharing them)")
     return f"{text}. {step}{tail}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.01 else f"{seconds * 1e3:.0f} ms"
-
-
-def _step_sentence(e: dict, overhead: bool) -> str:
-    """The decode step against the roofline's at the same batch, and how it moved with
-    the batch (read as the resource has it: a flat step far from the roofline is the
-    server's per-step cost, near it the weights read once a step); "" without the
-    figures."""
-    if "step_over_roofline" not in e:
-        return ""
-    batch = e.get("decode_batch_size")
-    at = f" at a batch of {batch:.1f}" if batch else ""
-    text = (f"A decode step takes {_ms(e['decode_step_seconds'])}{at}, "
-            f"{e['step_over_roofline']:.1f}x the {_ms(e['roofline_step_seconds'])} the "
-            "roofline allows it")
-    if e.get("weights_step_seconds"):
-        text += (f" (the weights alone: {_ms(e['weights_step_seconds'])} at the achievable "
-                 "bandwidth)")
-    by = e.get("step_by_batch")
-    if by:
-        moved = (f"from a batch of {by['batch_low']:.0f} to {by['batch_high']:.0f} the step "
-                 f"went from {_ms(by['step_low'])} to {_ms(by['step_high'])}")
-        if by["growth"] <= FLAT_STEP:
-            text += (f"; {moved}: flat, a per-step cost the batch does not change" if overhead
-                     else f"; {moved}: flat, the weights read once a step set it, so a larger "
-                     "batch costs little")
-        else:
-            text += (f"; {moved}: far from the roofline, the per-request work of each step "
-                     "grows with it" if overhead else
-                     f"; {moved}: the traffic that grows with the batch (the KV cache) sets it")
-    return text + ". "

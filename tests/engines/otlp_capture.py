@@ -81,11 +81,18 @@ class OtlpCapture:
         self._forward = self._channel.unary_unary(
             METHOD, request_serializer=_identity, response_deserializer=_identity)
 
-    def retarget(self, forward_to: str) -> None:
-        """Pass later exports on to ``forward_to`` (a fresh exporter per workload)."""
+    def retarget(self, forward_to: str | None) -> None:
+        """Pass later exports on to ``forward_to`` (a fresh exporter per workload); None
+        answers them as a receiver that took them and passes them nowhere (an engine
+        whose spans reach no phasewatch, without the retries of a refused export that
+        would reach the next one)."""
         old = self._channel
         self.forward_to = forward_to
-        self._connect()
+        if forward_to is None:
+            self._channel = None
+            self._forward = lambda request, **_: b""  # an empty ExportTraceServiceResponse
+        else:
+            self._connect()
         if old is not None:
             old.close()
 

@@ -35,6 +35,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -77,6 +78,12 @@ WORKLOADS = {
 # shared a fifth or more of its steps (a shared step costs 2.4-3.1x). The others run
 # without objectives.
 SLO_TTFT = {"slot_limit": "ttft:500"}
+# Workloads run a second time through a tap alone (``tap_view``): vLLM's spans reach no
+# phasewatch (its OTLP, as phasewatch sees it, is off), the tap's records and vLLM's
+# /metrics are all it has, and no --served-model-name: vLLM answers as "tiny-llama", the
+# --hf-config names its directory. The client's view must decide what the joined view
+# decided: decode's limit, and time to first token for a dominant prefill.
+TAP_VIEW = ("decode_heavy", "prefill_heavy")
 SLO_TPOT_OVER_ALONE = {"mixed": 1.5}
 
 
@@ -270,6 +277,9 @@ class WorkloadRun:
     figures: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)  # its /api/v1/summary entry for the model
     exports: list = field(default_factory=list)  # the engine's OTLP exports, as sent
+    # the same workload through a tap alone (TAP_VIEW): its roofline entry, /metrics,
+    # client counts and log, and why each earlier run of it was set aside
+    tap_view: dict = field(default_factory=dict)
 
 
 def calibrate(tmp: Path) -> Path:
@@ -331,10 +341,76 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
                     "host_stalls", "export_answer_seconds", "capture_forward_errors",
                     "engine_scrapes", "warnings", "loadavg")}})
             runs.append(run)
+        # after every joined run of this start: the tap's own requests' spans never
+        # reach a workload's exporter
+        for i, run in enumerate(runs):
+            if run.name in TAP_VIEW:
+                run.tap_view = tap_view(tmp, base, run.name, profile, cap, run,
+                                        serial=1_000_000 * (i + 1) + 500_000)
     finally:
         stop_group(vllm)
         cap.stop()
     return runs
+
+
+def tap_view_missed(run: WorkloadRun, view: dict) -> str:
+    """How the tap's view of ``run``'s workload disagrees with the joined verdict, or
+    "": the same phase (time to first token standing for a dominant prefill or queue)
+    and resource, from the client's view."""
+    joined = run.roofline.get("verdict") or {}
+    v = (view.get("roofline") or {}).get("verdict") or {}
+    phase = {"prefill": "ttft", "queue": "ttft", "preprocess": "ttft"}.get(
+        joined.get("phase"), joined.get("phase"))
+    if (v.get("phase"), v.get("resource"), v.get("view")) != (
+            phase, joined.get("resource"), "client"):
+        return (f"the tap's view said {v.get('phase')}/{v.get('resource')} "
+                f"(view {v.get('view')}), the joined view {joined.get('phase')}/"
+                f"{joined.get('resource')}: {v.get('text', '')[:300]}")
+    return ""
+
+
+def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadRun,
+             serial: int) -> dict:
+    """Workload ``name`` once more, through ``phasewatch serve --tap-upstream`` alone
+    (``TAP_VIEW``), up to ``ATTEMPTS`` runs where it disagrees with ``run``'s verdict or
+    the host stalled (every earlier run's reason kept in ``earlier_attempts``)."""
+    earlier: list[dict] = []
+    for attempt in range(ATTEMPTS):
+        view = _tap_workload(tmp, base, name, profile, cap, serial + 100_000 * attempt)
+        stalls = view["host_stalls"]
+        why = (f"the host stalled {stalls[0][1]:.1f} s" if stalls and stalls[0][1] >= HOST_STALL
+               else tap_view_missed(run, view))
+        view["earlier_attempts"] = earlier
+        if not why or attempt == ATTEMPTS - 1:
+            return view
+        print(f"\n{name} through the tap: {why}; running it once more", flush=True)
+        earlier.append({"why": why})
+    return view
+
+
+def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int) -> dict:
+    from tests.serve import ServeProcess
+
+    cap.retarget(None)  # vLLM's spans reach no phasewatch
+    serve = ServeProcess(
+        tmp, "--tap-upstream", base, "--tap-port", "0", "--hf-config",
+        str(MODEL_DIR / "config.json"), "--hardware-profile", str(profile),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--roofline-interval", "1").start()
+    clock = HostClock(tmp / f"{name}-tap-{serial}.stalls").start()
+    try:
+        tap = int(re.search(r"stream tap on http://[^:]+:(\d+)", serve.log_path.read_text())[1])
+        client = load(tmp, f"http://127.0.0.1:{tap}", name, serial)
+        time.sleep(3.0)
+        pw = f"http://127.0.0.1:{serve.http_port}"
+        roofline = json.loads(get(pw + "/api/v1/roofline"))["models"]
+        metrics = get(pw + "/metrics").decode()
+    finally:
+        stalls = clock.stop()
+        serve.stop()
+    return {"roofline": roofline[0] if len(roofline) == 1 else {"all": roofline},
+            "metrics": metrics, "client": client, "log": serve.log_path.read_text(),
+            "host_stalls": stalls[:3]}
 
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
