@@ -390,10 +390,11 @@ def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadR
 
 def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int) -> dict:
     from tests.serve import ServeProcess
+    from tests.test_real_vllm import phasewatch_dtype_flags
 
     cap.retarget(None)  # vLLM's spans reach no phasewatch
     serve = ServeProcess(
-        tmp, "--tap-upstream", base, "--tap-port", "0", "--hf-config",
+        tmp, *phasewatch_dtype_flags(), "--tap-upstream", base, "--tap-port", "0", "--hf-config",
         str(MODEL_DIR / "config.json"), "--hardware-profile", str(profile),
         "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
         "--roofline-interval", "1").start()
@@ -416,9 +417,11 @@ def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: i
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
               serve_args: tuple, serial: int) -> WorkloadRun:
     from tests.serve import ServeProcess
+    from tests.test_real_vllm import phasewatch_dtype_flags
 
     serve = ServeProcess(
-        tmp, "--hf-config", str(MODEL_DIR / "config.json"), "--served-model-name",
+        tmp, *phasewatch_dtype_flags(), "--hf-config", str(MODEL_DIR / "config.json"),
+        "--served-model-name",
         MODEL_NAME, "--default-model", MODEL_NAME, "--hardware-profile", str(profile),
         "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
         "--roofline-interval", "1", *serve_args).start()
@@ -512,14 +515,18 @@ def vllm_prompt_costs(model_dir: str = str(MODEL_DIR)) -> dict:
         "import json, sys\n"
         "from vllm.engine.arg_utils import EngineArgs\n"
         "from vllm.v1.metrics.perf import ExecutionContext, ModelMetrics\n"
-        "m = ModelMetrics(EngineArgs(model=sys.argv[1]).create_engine_config())\n"
+        "m = ModelMetrics(EngineArgs(model=sys.argv[1], dtype=sys.argv[2])"
+        ".create_engine_config())\n"
         "def step(n):\n"
         "    c = ExecutionContext()\n"
         "    if n:\n"
         "        c.add(n, n, is_prefill=True)\n"
         "    return m.get_read_bytes(c) + m.get_write_bytes(c)\n"
         "print(json.dumps([step(0), step(100), step(1000)]))\n")
-    out = subprocess.run([str(VLLM_PY), "-c", script, model_dir], capture_output=True,
+    from tests.test_real_vllm import vllm_dtype
+
+    out = subprocess.run([str(VLLM_PY), "-c", script, model_dir, vllm_dtype()],
+                         capture_output=True,
                          text=True, timeout=300, check=True, cwd=ROOT,
                          env={"PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
     empty, short, long = json.loads(out.stdout.strip().splitlines()[-1])
