@@ -161,3 +161,42 @@ def test_engine_phases_win_over_the_clients_view():
     tap_only = {k: v[1:] for k, v in cols.items()}
     shares = phase_time_shares(tap_only)
     assert shares["queue"] is None and shares["ttft"] == pytest.approx(0.5 / 2.5)
+
+
+def test_grafanas_bottleneck_says_client_view_through_a_real_prometheus(tmp_path):
+    """A real Prometheus scraping an exporter fed a tap's records alone: Grafana's
+    Bottleneck stat (its expressions as generated, variables filled as Grafana would)
+    reads the client's-view line and a verdict on ttft or decode."""
+    import json
+    import sys
+    import time
+
+    from phasewatch.app import Exporter
+    from phasewatch.config import ServeConfig
+    from phasewatch.roofline.deployments import ModelOptions
+    from tests.conftest import TEST_PORTS
+    from tests.prom import PrometheusServer
+    from tests.test_otlp_sampling import ROOT, _wait
+
+    sys.path.insert(0, str(ROOT / "grafana"))
+    import generate as grafana
+
+    doc = json.loads(grafana.OUT.read_text())
+    exprs = [e for title, e in grafana.expressions(doc) if title == "Bottleneck"]
+    values = {"$__rate_interval": "1m", "$__range": "5m", "$model": ".*", "$engine": ".*",
+              "$source": ".*", "$pod": ".*", "$job": ".*"}
+    votes, client = (grafana.substitute(e, values) for e in exprs)
+    shift = time.time() - 50 - EPOCH  # the records' clock ends about now
+    records = [dataclasses.replace(
+        r, arrival=r.arrival + shift, first_token=r.first_token + shift,
+        last_token=r.last_token + shift, finish=r.finish + shift,
+        token_times=[t + shift for t in r.token_times]) for r in _host_bound()]
+    config = ServeConfig(**TEST_PORTS, roofline_interval=0.5,
+                         model_flags=ModelOptions(model="Llama-3.1-8B", hardware="H100-SXM"))
+    with Exporter(config) as ex:
+        ex.aggregator.ingest(RequestBatch.from_records(records, engine="tap"), "test")
+        with PrometheusServer(tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+            rows = _wait(lambda: prom.query(client))
+            assert rows and rows[0]["metric"]["model"] == "Llama-3.1-8B", (client, rows)
+            voted = _wait(lambda: prom.query(votes))
+            assert voted and voted[0]["metric"]["phase"] in ("ttft", "decode"), voted

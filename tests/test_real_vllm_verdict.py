@@ -200,7 +200,7 @@ def brief(f: dict) -> str:
             "inferred_prefill_weight_bytes", "prefill_weight_bytes_shared_with_decode",
             "decode_steps", "vllm_steps",
             "requests", "vllm_prompt_tokens",
-            "sampler", "sampler_widest_gap_s", "host_stalls", "earlier_attempts",
+            "host_slowdown", "sampler", "sampler_widest_gap_s", "host_stalls", "earlier_attempts",
             "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
             "warnings", "loadavg", "range", "inputs", "client")
     return json.dumps({k: bytes_ratio(f) if k == "bytes_ratio" else f.get(k) for k in keys},

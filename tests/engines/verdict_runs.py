@@ -68,6 +68,40 @@ WORKLOADS = {
     "slot_limit": dict(streams=24, prompt_words=32, max_tokens=64),
     "kv_pressure": dict(streams=12, prompt_words=210, max_tokens=200),
 }
+# The workloads above are sized for a host on which vLLM decodes a token of this model
+# alone in about REFERENCE_STEP seconds (tests/engines/tiny_model.py: ~10 ms). On a
+# slower host (an AVX2 part here took 44 ms) every request would take that much longer,
+# and the 30 s window's range (it ends a 90th-percentile request time before the newest
+# end) would hold a handful of requests straddling its edges: prompts and outputs shrink
+# by the measured slowdown (``host_slowdown``, ``sized``), so that a request takes about
+# as long as on the reference host and the window holds as many of them.
+REFERENCE_STEP = 0.010
+SHRUNK = {"prompt_words": 8, "max_tokens": 2, "mix_prompt_words": 8, "mix_max_tokens": 2}
+
+
+def sized(name: str, slowdown: float) -> dict:
+    """``WORKLOADS[name]`` with its prompts and outputs divided by ``slowdown`` (each at
+    least ``SHRUNK``'s floor)."""
+    return {k: max(SHRUNK[k], round(v / slowdown)) if k in SHRUNK and slowdown > 1 else v
+            for k, v in WORKLOADS[name].items()}
+
+
+def host_slowdown(base: str) -> float:
+    """How much slower than ``REFERENCE_STEP`` this host decodes a token of the model
+    alone (a 33-token completion, after one to warm up), at least 1."""
+    body = json.dumps({"model": MODEL_NAME, "prompt": "1 hello", "max_tokens": 33,
+                       "min_tokens": 33, "ignore_eos": True, "temperature": 0}).encode()
+    took = []
+    for _ in range(2):
+        req = urllib.request.Request(base + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        began = time.monotonic()
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+        took.append(time.monotonic() - began)
+    return max(1.0, took[-1] / 33 / REFERENCE_STEP)
+
+
 # Latency objectives (--slo) per workload, proving the verdict's first sentence on the
 # real engine: the slot limit's queued requests miss TTFT 500 ms in the queue; the mixed
 # workload's decodes miss a TPOT objective half again above what this engine decodes at
@@ -292,10 +326,10 @@ def calibrate(tmp: Path) -> Path:
     return out
 
 
-def load(tmp: Path, base: str, name: str, serial: int) -> dict:
+def load(tmp: Path, base: str, name: str, serial: int, slowdown: float = 1.0) -> dict:
     out = tmp / f"{name}.load.json"
     args = []
-    for k, v in WORKLOADS[name].items():
+    for k, v in sized(name, slowdown).items():
         args += ["--" + k.replace("_", "-"), str(v)]
     proc = subprocess.run(
         [str(VLLM_PY), str(ROOT / "tests/engines/steady_load.py"), "--base-url", base + "/v1",
@@ -324,13 +358,18 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
                                    model_dir=MODEL_DIR)
         base = f"http://127.0.0.1:{port}"
         wait_healthy(vllm, base, tmp / "vllm.log")
+        slowdown = host_slowdown(base)
+        print(f"\n{config}: this host decodes {slowdown:.1f}x slower than the workloads' "
+              f"reference: {', '.join(f'{n} {sized(n, slowdown)}' for n in workloads)}",
+              flush=True)
         for i, name in enumerate(workloads):
             args = (*serve_args, *objectives(name, runs))
             earlier: list[dict] = []
             for attempt in range(ATTEMPTS):  # the last one stands, and the tests say
                 # what each one before it missed
                 run = _workload(tmp, base, config, name, profile, cap, args,
-                                serial=1_000_000 * (i + 1) + 100_000 * attempt)
+                                serial=1_000_000 * (i + 1) + 100_000 * attempt,
+                                slowdown=slowdown)
                 run.figures["earlier_attempts"] = earlier
                 why = rerun_reason(run)
                 if not why or attempt == ATTEMPTS - 1:
@@ -346,7 +385,8 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
         for i, run in enumerate(runs):
             if run.name in TAP_VIEW:
                 run.tap_view = tap_view(tmp, base, run.name, profile, cap, run,
-                                        serial=1_000_000 * (i + 1) + 500_000)
+                                        serial=1_000_000 * (i + 1) + 500_000,
+                                        slowdown=slowdown)
     finally:
         stop_group(vllm)
         cap.stop()
@@ -370,13 +410,14 @@ def tap_view_missed(run: WorkloadRun, view: dict) -> str:
 
 
 def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadRun,
-             serial: int) -> dict:
+             serial: int, slowdown: float = 1.0) -> dict:
     """Workload ``name`` once more, through ``phasewatch serve --tap-upstream`` alone
     (``TAP_VIEW``), up to ``ATTEMPTS`` runs where it disagrees with ``run``'s verdict or
     the host stalled (every earlier run's reason kept in ``earlier_attempts``)."""
     earlier: list[dict] = []
     for attempt in range(ATTEMPTS):
-        view = _tap_workload(tmp, base, name, profile, cap, serial + 100_000 * attempt)
+        view = _tap_workload(tmp, base, name, profile, cap, serial + 100_000 * attempt,
+                             slowdown)
         stalls = view["host_stalls"]
         why = (f"the host stalled {stalls[0][1]:.1f} s" if stalls and stalls[0][1] >= HOST_STALL
                else tap_view_missed(run, view))
@@ -388,7 +429,8 @@ def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadR
     return view
 
 
-def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int) -> dict:
+def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
+                  slowdown: float) -> dict:
     from tests.serve import ServeProcess
     from tests.test_real_vllm import phasewatch_dtype_flags
 
@@ -401,7 +443,7 @@ def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: i
     clock = HostClock(tmp / f"{name}-tap-{serial}.stalls").start()
     try:
         tap = int(re.search(r"stream tap on http://[^:]+:(\d+)", serve.log_path.read_text())[1])
-        client = load(tmp, f"http://127.0.0.1:{tap}", name, serial)
+        client = load(tmp, f"http://127.0.0.1:{tap}", name, serial, slowdown)
         time.sleep(3.0)
         pw = f"http://127.0.0.1:{serve.http_port}"
         roofline = json.loads(get(pw + "/api/v1/roofline"))["models"]
@@ -415,7 +457,7 @@ def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: i
 
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
-              serve_args: tuple, serial: int) -> WorkloadRun:
+              serve_args: tuple, serial: int, slowdown: float = 1.0) -> WorkloadRun:
     from tests.serve import ServeProcess
     from tests.test_real_vllm import phasewatch_dtype_flags
 
@@ -433,7 +475,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     from tests.test_real_vllm import WorkerDied
 
     try:
-        client = load(tmp, base, name, serial)
+        client = load(tmp, base, name, serial, slowdown)
         log = (tmp / "vllm.log").read_text()
         if client.get("returncode") and "died unexpectedly" in log:
             raise WorkerDied(f"vLLM's worker died under {name}:\n{log[-3000:]}")
@@ -452,6 +494,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
                       summary=next((m for m in summary if m["model"] == MODEL_NAME), {}))
     run.exports = cap.raw[exported:]
     run.figures = figures(run)
+    run.figures["host_slowdown"] = slowdown
     run.figures["capture_forward_errors"] = cap.forward_errors[forward_errors:][:5]
     # where a run went wrong on a loaded machine: how long phasewatch took to answer the
     # engine's exports, how its own scrapes of the engine went, what it warned of, and
