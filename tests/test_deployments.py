@@ -157,3 +157,33 @@ def test_label_sets_name_every_row_by_its_models_label():
     assert labels.index("meta-llama/Llama-3.1-8B-Instruct", "vllm") == labels.index(
         "Llama-3.1-8B", "vllm")
     assert labels.pairs() == [("Llama-3.1-8B", "vllm")]
+
+
+def test_a_servers_own_name_for_the_configured_model_is_it(tmp_path, caplog):
+    """Issue 36: transformers serve answers as <dir>@main, vLLM serving a directory with
+    its path; --hf-config names the model by its directory. A path or a revision apart,
+    or with one model configured, it is that model (logged once); a name the catalog
+    knows as another model is not, nor any name that matches none of several configured
+    models: each logged once with the configured names, and counted."""
+    from phasewatch.aggregation.labels import LabelSets
+    from phasewatch.selfstats import SelfStats
+
+    model = tmp_path / "models" / "my-llama"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text((HF / "llama-3.1-8b-instruct.json").read_text())
+    names = ModelNames([ModelOptions(hf_config=str(model / "config.json"))])
+    label = names.single
+    for name in (f"{model}@main", str(model), "my-llama@v2", "/other/path/my-llama",
+                 "whatever-the-client-said"):
+        assert names.match(name) == (label, True), name
+    assert names.match("mistralai/Mistral-7B-v0.1") == ("mistralai/Mistral-7B-v0.1", False)
+    two = ModelNames([ModelOptions(model="Llama-3.1-8B"), ModelOptions(model="Qwen2.5-7B")])
+    assert two.match("/models/Qwen2.5-7B@main") == ("Qwen2.5-7B", True)
+    stats = SelfStats()
+    labels = LabelSets(stats, model_names=two)
+    with caplog.at_level(logging.WARNING, logger="phasewatch"):
+        for _ in range(3):
+            labels.index("gpt-x", "tap")
+    assert stats.get("phasewatch_model_unmatched_requests_total") == 3
+    told = [r.getMessage() for r in caplog.records if "gpt-x" in r.getMessage()]
+    assert len(told) == 1 and "Llama-3.1-8B" in told[0] and "Qwen2.5-7B" in told[0], told

@@ -289,7 +289,9 @@ def test_per_model_objectives_and_the_catalogs_families():
                                           served_model_name="llama", slo="ttft:700,tpot:50"),))
     ex = Exporter(config, clock=lambda: T + 2)
     batch = hand_batch()
-    for name in ("Llama-3.1-8B", "other"):  # the first by a name of the configured model
+    # the first by a name of the configured model; the second a model the catalog knows
+    # as another (with one model configured, a name it does not know would be that one)
+    for name in ("Llama-3.1-8B", "Qwen2.5-7B"):
         batch.strings = [name if s == "m" else s for s in batch.strings]
         ex.aggregator.ingest(batch, "phasewatch")
         batch = hand_batch()
@@ -304,14 +306,15 @@ def test_per_model_objectives_and_the_catalogs_families():
         assert [p.name for p in fam.metric[0].label] == f.label_names()
     gauge = {(m.label[0].value, m.label[2].value): m.gauge.value
              for m in fams["phasewatch_slo_objective_seconds"].metric}
-    assert gauge == {("llama", "ttft"): 0.7, ("llama", "tpot"): 0.05, ("other", "ttft"): 0.2}
+    assert gauge == {("llama", "ttft"): 0.7, ("llama", "tpot"): 0.05,
+                     ("Qwen2.5-7B", "ttft"): 0.2}
     good = {m.label[0].value: m.counter.value
             for m in fams["phasewatch_slo_good_requests_total"].metric}
     # llama, ttft <= .7 and tpot <= .05: A, F, H (D's TTFT and E's TPOT are unknown);
-    # other, ttft <= .2: A, E, H
-    assert good == {"llama": 3, "other": 3}
+    # Qwen2.5-7B, ttft <= .2: A, E, H
+    assert good == {"llama": 3, "Qwen2.5-7B": 3}
     text, _ = ex.metrics_page.render(golden.ACCEPT["text"])
-    assert b'phasewatch_slo_requests_total{engine="vllm",model="other",objective="ttft",' \
+    assert b'phasewatch_slo_requests_total{engine="vllm",model="Qwen2.5-7B",objective="ttft",' \
         b'outcome="met"} 3.0' in text
 
 

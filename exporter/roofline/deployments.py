@@ -248,6 +248,16 @@ class Deployments:
         return found
 
 
+def _catalog_model(name: str) -> str:
+    """The catalog's name for the model ``name`` (or its bare name) denotes, "" for none."""
+    for candidate in (name, bare_name(name)):
+        try:
+            return catalog.model(candidate).name if candidate else ""
+        except ValueError:
+            continue
+    return ""
+
+
 def bare_name(name: str) -> str:
     """A model name less a revision suffix and a path: ``/models/Llama-3.1-8B@main`` and
     ``org/Llama-3.1-8B`` are ``Llama-3.1-8B`` (transformers serve answers with
@@ -267,7 +277,8 @@ class ModelNames:
     and Hugging Face ids, case-insensitive, as the catalog resolves them). A name that
     differs from one of those only by a path or a revision suffix (``bare_name``) is the
     same model. With one model configured, every name is that model (a sidecar serves
-    one). A name that denotes two configured models is left as it is (as
+    one), but a name the catalog knows as another model (``mistralai/Mistral-7B-v0.1``
+    beside a configured Llama). A name that denotes two configured models is left as it is (as
     ``Deployments.for_model`` leaves it unmatched), and so is any other name: logged
     once with the configured names (``unmatched``), so that a request that lands under
     "no roofline" says why. Hardware plays no part: a model whose hardware was not
@@ -318,7 +329,7 @@ class ModelNames:
             found = self._folded.get(bare_name(name).lower())
         if found is not None:
             return found, True
-        if self.single:
+        if self.single and not _catalog_model(name):
             if name:
                 self._tell(name, f"counted as {self.single!r}, the one model configured")
             return self.single, True
