@@ -69,6 +69,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.engines.capture_transformers import stop as stop_group  # noqa: E402
+from tests.serve import FREE as PW_FREE  # noqa: E402
+from tests.serve import PATTERNS as SERVE_PATTERNS  # noqa: E402
+
 TINY_MODEL = ROOT / "tests" / "engines" / "tiny_model.py"
 
 # hidden, intermediate, layers, attention heads, KV heads, head dim, vocab, max positions
@@ -83,15 +88,8 @@ MODEL_DIRS = {"8b": "llama-3.1-8b-shape-random", "mini": "llama-mini-random",
 # tests/engines/capture_transformers.py's bounded paged cache, for a CPU
 CPU_CB_FLAGS = "--cb-block-size 32 --cb-num-blocks 128 --cb-max-batch-tokens 512"
 PROMPT = "tell me about the sea and the sky"
-PW_PATTERNS = {
-    "grpc_port": r"phasewatch gRPC receiver on [^:]+:(\d+)",
-    "http_port": r"metrics on https?://[^:]+:(\d+)/metrics",
-    "otlp_grpc_port": r"OTLP/gRPC receiver on [^:]+:(\d+)",
-    "otlp_http_port": r"OTLP/HTTP on https?://[^:]+:(\d+)/v1/traces",
-    "tap_port": r"stream tap on http://[^:]+:(\d+)",
-}
-PW_FREE = ("--grpc-port", "0", "--http-port", "0", "--otlp-grpc-port", "0",
-           "--otlp-http-port", "0", "--http-host", "127.0.0.1")
+# phasewatch serve's free ports and the log lines that say which it bound (tests/serve.py)
+PW_PATTERNS = {**SERVE_PATTERNS, "tap_port": r"stream tap on http://[^:]+:(\d+)"}
 VERSIONS = ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "fastapi",
             "starlette", "uvicorn", "pydantic", "pydantic-core", "openai", "typing-extensions",
             "anyio", "phasewatch", "protobuf", "grpcio", "opentelemetry-sdk", "aiohttp",
@@ -530,16 +528,7 @@ class Check:
         proc = self.procs.get(name)
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout)
-        # whatever of its group is left (workers, a stuck server)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
+        stop_group(proc, timeout)  # SIGTERM to its group, then SIGKILL to what is left
         say(f"[{name}] stopped (exit {proc.returncode})")
         self.summary.setdefault("exit_codes", {})[name] = proc.returncode
         del self.procs[name]
