@@ -236,7 +236,9 @@ def _waterfall(requests: list[dict]) -> list[dict]:
             parts["ttft"] = 0.0
         for p in OPTIONAL_PHASES:  # unknown preprocess is inside the queue; no transfer
             parts[p] = parts[p] or 0.0
-        rows.append({**_key(q), "label": q["request_id"], "kind": "request",
+        # a tap's record has no request id of the engine's: its place in the list names it
+        rows.append({**_key(q), "label": q["request_id"] or f"request {len(rows) + 1}",
+                     "kind": "request",
                      "arrival": q["arrival"], **parts, "prompt_tokens": q.get("prompt_tokens"),
                      "output_tokens": q.get("output_tokens")})
     if rows:

@@ -22,7 +22,7 @@ from phasewatch.dashboard.layout import (
     log_tokens_ticks,
     note,
 )
-from phasewatch.dashboard.theme import CEILING_STYLES, OPTIONAL_PHASES, PHASE_COLORS, PHASES
+from phasewatch.dashboard.theme import CEILING_STYLES, PHASE_COLORS, PHASES
 
 DASHES = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
 SECONDS_AXIS = {"tickformat": "~s", "ticksuffix": "s", "rangemode": "tozero"}
@@ -287,8 +287,8 @@ def waterfall_figure(waterfall: pd.DataFrame, idle_text: str | None = None) -> d
     data = []
     for p in PHASES:
         width = np.nan_to_num(df[p].astype(float).to_numpy())
-        if p in OPTIONAL_PHASES and not width.any():
-            continue  # a server that does not report it (preprocess: inside the queue)
+        if not width.any():  # a server that does not report it (preprocess: inside the
+            continue  # queue), or the client's view (ttft undivided: no queue or prefill)
         data.append({"type": "bar", "orientation": "h", "name": p, "y": labels,
                      "x": width.tolist(), "base": base.tolist(),
                      "marker": {"color": PHASE_COLORS[p]},

@@ -38,6 +38,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("queue_share", ("phase_time_share", "queue")),
     ("prefill_share", ("phase_time_share", "prefill")),
     ("kv_transfer_share", ("phase_time_share", "kv_transfer")),
+    ("ttft_share", ("phase_time_share", "ttft")),  # the client's view: ttft and decode
     ("decode_share", ("phase_time_share", "decode")),
     # with objectives (--slo): goodput, the share of requests that met every objective
     # set, and each objective's attainment (NaN where not set)
