@@ -49,7 +49,7 @@ import numpy as np
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
-from phasewatch.roofline.intervals import decode_slowdown, union_length
+from phasewatch.roofline.intervals import decode_slowdown, prefill_start, union_length
 
 # vLLM preempts when it cannot allocate a block; its usage gauge reads 1.0 then. Scraped
 # every couple of seconds, a cache that fills and frees between scrapes reads a little
@@ -129,10 +129,7 @@ def busy_share(cols: dict, lo: float, hi: float) -> float | None:
     client's view, with no scheduling time: from its arrival)."""
     if hi <= lo:
         return None
-    sched = cols["scheduled_at"]
-    if np.isnan(sched).all() and "arrival" in cols:
-        sched = cols["arrival"]
-    start = np.fmin(sched, cols["first_token_at"])
+    start = np.fmin(prefill_start(cols)[0], cols["first_token_at"])
     end = np.fmax(cols["last_token_at"], cols["first_token_at"])
     ok = ~np.isnan(start) & ~np.isnan(end)
     if not ok.any():

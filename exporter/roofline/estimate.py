@@ -176,7 +176,7 @@ class RooflineEstimate:
     @property
     def client_view(self) -> bool:
         """The window holds the client's view alone (a stream tap's records)."""
-        return "phases" in self.inputs and self.inputs["phases"].startswith("client_view")
+        return bool(self.phase_time_share) and "ttft" in self.phase_time_share
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -85,10 +85,10 @@ def reported_steps(steps: dict | None, lo: float, hi: float):
 def prefill_start(c: dict) -> tuple[np.ndarray, bool]:
     """Where each request's prefill interval starts: its scheduling, or, where no request
     of the window has one (the client's view: a tap's records), its arrival (True)."""
-    sched = c["scheduled_at"]
-    if (~np.isnan(sched)).any() or (np.isnan(c["arrival"])).all():
+    sched, arrival = c["scheduled_at"], c.get("arrival")
+    if arrival is None or (~np.isnan(sched)).any() or np.isnan(arrival).all():
         return sched, False
-    return c["arrival"], True
+    return arrival, True
 
 
 def prefill_steps(c: dict) -> tuple[np.ndarray, np.ndarray]:
