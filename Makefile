@@ -3,7 +3,11 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Two stamps in the one .venv: RUN_STAMP, the package alone (`make demo`: what a user
+# runs); STAMP, the package with its dev extras (tests, linters, fuzzers). Installing
+# the dev extras stamps both, so `make demo` after `make test` installs nothing more.
+RUN_STAMP := $(VENV)/.installed-run
+STAMP     := $(VENV)/.installed
 
 .PHONY: demo demo-otlp test lint bench profile proto system-deps clean image
 
@@ -14,11 +18,17 @@ STAMP  := $(VENV)/.installed
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   := phasewatch:$(VERSION)
 
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 # Debian packages the tests need: a real Prometheus server (and promtool), a real
 # headless browser with its WebDriver for the dashboard's tests, docker-compose to
@@ -38,12 +48,13 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# `make demo` prints the dashboard's URL (http://127.0.0.1:8050/).
-# `make demo DEMO_ARGS="--protocol otlp-grpc --span-shape tgi"` drives it through OTLP.
-demo: $(STAMP)
+# `make demo` prints the dashboard's URL (http://127.0.0.1:8050/, or a free port where
+# 8050 is taken). `make demo DEMO_ARGS="--protocol otlp-grpc --span-shape tgi"` drives it
+# through OTLP (README, "Two commands").
+demo: $(RUN_STAMP)
 	$(VENV)/bin/phasewatch demo $(DEMO_ARGS)
 
-demo-otlp: $(STAMP)
+demo-otlp: $(RUN_STAMP)
 	$(VENV)/bin/phasewatch demo --protocol otlp-grpc --span-shape vllm $(DEMO_ARGS)
 
 lint: $(STAMP)

@@ -9,16 +9,18 @@ failed; nothing is cleared. A short cache shares one fetch among open tabs.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import dash
 from dash import Input, Output, dcc, html
-from werkzeug.serving import make_server
+from werkzeug.serving import LISTEN_QUEUE, get_sockaddr, make_server, select_address_family
 
 from phasewatch.dashboard import figures, panels
 from phasewatch.dashboard.frames import Selection, Snapshot
+from phasewatch.dashboard.layout import empty_figure
 from phasewatch.dashboard.replica_panel import replica_tables, rule_text
 from phasewatch.dashboard.theme import CAPTIONS, PAGE_CSS
 
@@ -74,6 +76,7 @@ class CachedSource:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     last_ok: float | None = None
     window_seconds: float | None = None  # the last good snapshot's
+    failing: str | None = None  # the kind of the source's error since its last answer
 
     def fetch(self, selection: Selection) -> Snapshot:
         now = time.monotonic()
@@ -89,7 +92,22 @@ class CachedSource:
             if snap.error is None:
                 self.last_ok = snap.fetched_at
                 self.window_seconds = snap.window_seconds
+            self._log_change(snap)
         return snap
+
+    def _log_change(self, snap: Snapshot) -> None:
+        """A source that stops answering is logged once, with the URL and why, and once
+        when it answers again: not at every refresh of every tab."""
+        kind = None if snap.error is None else snap.error.kind
+        if kind == self.failing:
+            return
+        self.failing = kind
+        name = getattr(self.source, "name", snap.source)
+        if snap.error is not None:
+            log.warning("dashboard: %s: %s; retrying every refresh (logged again once it "
+                        "answers)", snap.error.target, snap.error.message)
+        else:
+            log.info("dashboard: the %s at %s answers again", name, snap.target)
 
 
 def build_figures(snap: Snapshot) -> list[dict]:
@@ -104,18 +122,33 @@ def build_figures(snap: Snapshot) -> list[dict]:
             figures.waterfall_figure(snap.waterfall, idle)]
 
 
+def no_data_figures(message: str) -> list[dict]:
+    """Every figure as its title over ``message``, with no axes: before the source has
+    ever answered there is no picture to keep (Plotly's empty axes, -1 to 6, would read
+    as data)."""
+    return [empty_figure(fig["layout"]["title"]["text"], message)
+            for fig in build_figures(Snapshot("", ""))]
+
+
+def no_data_text(source_name: str) -> str:
+    return f"No data: the {source_name} has not answered yet (see the message above)"
+
+
 def page_outputs(snap: Snapshot, last_ok: float | None = None,
                  started: float | None = None) -> list:
     """State or banners, cards, the bench fold's blocks and its style, every figure,
     footer, the objectives' cards, figure and style, the replicas' tables and style: what
     one refresh sends the page.
-    On a source error only the state and the footer change; the rest keeps its picture.
+    On a source error only the state and the footer change; the rest keeps its picture,
+    and a figure that has none (the source never answered) says so, without axes.
     ``started``: ``perf_counter()`` when the refresh began (the footer shows its time)."""
     started = time.perf_counter() if started is None else started
     state = panels.state_panel(snap, last_ok)
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.fetched_at))
     if snap.error is not None:
-        return [state, *[dash.no_update] * 3, *[dash.no_update] * len(GRAPHS),
+        figs = ([dash.no_update] * len(GRAPHS) if last_ok is not None
+                else no_data_figures(no_data_text(snap.source)))
+        return [state, *[dash.no_update] * 3, *figs,
                 f"{stamp}: {snap.error.message}", *[dash.no_update] * 5]
     body = [state] if state is not None else panels.banners(snap)
     cards = panels.kpi_cards(snap.kpis) if not snap.kpis.empty else []
@@ -225,10 +258,12 @@ def _layout(source, refresh: float, scenario: ScenarioControl | None) -> html.Di
                       html.P(f"{CAPTIONS['replicas']} {rule_text()}", className="pw-caption")],
                      id="replicas", className="pw-replicas", style={"display": "none"}),
             panels.bench_compare(),
-            html.Div([html.Div([dcc.Graph(id=g, config=GRAPH_CONFIG),
+            html.Div([html.Div([dcc.Graph(id=g, config=GRAPH_CONFIG, figure=first),
                                 html.P(CAPTIONS[g], className="pw-caption")],
                                className="pw-panel pw-full-row" if g in FULL_ROW
-                               else "pw-panel", id=f"panel-{g}") for g in GRAPHS],
+                               else "pw-panel", id=f"panel-{g}")
+                      for g, first in zip(GRAPHS, no_data_figures(
+                          f"Waiting for the {source.name}'s first answer"), strict=True)],
                      className="pw-grid"),
         ], className="pw-main"),
         html.Div(id="footer", className="pw-footer"),
@@ -297,14 +332,37 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     return app
 
 
-class DashboardServer:
-    """The app on a real socket (port 0 picks one), served from a thread."""
+def dashboard_socket(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket (port 0: a free one). A port that cannot be
+    bound raises OSError, which the commands report naming their flag: Werkzeug's own
+    bind prints two lines of its own and exits the process."""
+    family = select_address_family(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Werkzeug's
+        sock.bind(get_sockaddr(host, port, family))
+        sock.listen(LISTEN_QUEUE)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, app: dash.Dash, host: str = "127.0.0.1", port: int = 8050):
+
+class DashboardServer:
+    """The app on a real socket (port 0 picks one; ``sock``: one ``dashboard_socket``
+    bound already), served from a thread."""
+
+    def __init__(self, app: dash.Dash, host: str = "127.0.0.1", port: int = 8050,
+                 sock: socket.socket | None = None):
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        self._server = make_server(host, port, app.server, threaded=True)
+        sock = sock or dashboard_socket(host, port)
+        try:
+            self._server = make_server(host, port, app.server, threaded=True,
+                                       fd=sock.fileno())
+        finally:
+            sock.close()  # the server holds a duplicate of it
         self.host = host
-        self.port = self._server.server_port
+        self.port = self._server.socket.getsockname()[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name="pw-dashboard", daemon=True)
 

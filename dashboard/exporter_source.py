@@ -144,7 +144,8 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
         d = r.get("deployment")
         if d:
             ceilings.append({**k, "hardware": f"{d['hardware']} x{d['gpus']}",
-                             "ceiling": "datasheet",
+                             "ceiling": ("measured" if d.get("peak_source") == "calibrated"
+                                         else "datasheet"),
                              "bandwidth": d["peak_bandwidth_bytes_per_second"],
                              "flops": d["peak_flops_per_second"]})
             ceilings.append({**k, "hardware": f"{d['hardware']} x{d['gpus']}",

@@ -70,6 +70,13 @@ NO_ROOFLINE = ("No roofline yet: the exporter needs --model and --hardware, and 
 NO_POINTS = "No operating point yet: estimated every few seconds from the window's requests"
 
 
+def ceiling_name(kind: str, hardware: str) -> str:
+    """A roofline line's name: "datasheet ceiling (H100-SXM x1)", "achievable ceiling",
+    "measured ceiling (calibrate, AMD EPYC 7B13 (2 cores) x1)"."""
+    where = ", ".join(w for w in ("calibrate" if kind == "measured" else "", hardware) if w)
+    return f"{kind} ceiling" + (f" ({where})" if where else "")
+
+
 def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
                     idle_text: str | None = None) -> dict:
     """Log-log roofline: per hardware, min(bandwidth x intensity, peak FLOP/s) for each
@@ -96,7 +103,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
         seen.add(key)
         ridge = row.flops / row.bandwidth
         style = CEILING_STYLES.get(row.ceiling, CEILING_STYLES["datasheet"])
-        name = f"{row.ceiling} ceiling" + (f" ({row.hardware})" if row.hardware else "")
+        name = ceiling_name(row.ceiling, row.hardware)
         data.append({"type": "scatter", "mode": "lines", "name": name,
                      "x": [lo, ridge, hi], "y": [row.bandwidth * lo, row.flops, row.flops],
                      "line": {"color": style["color"], "dash": style["dash"], "width": 2},

@@ -53,9 +53,13 @@ def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = ""
 
 
 def ceiling_sentence(phase: str, ceiling: str, ratio: float) -> str:
+    """Through Prometheus the evidence ``roofline.ceiling.blame`` weighs is not at hand:
+    the inputs in its order, the model first."""
     return (f"{phase_name(phase)} achieved {ratio:.2f}x its {CEILING_WORDS.get(ceiling, ceiling)}"
-            " ceiling, so that ceiling is wrong and no utilization is given: run `phasewatch "
-            "calibrate` in the deployment's compute dtype and pass --hardware-profile.")
+            " ceiling, which no hardware does, so no utilization is given: the engine most "
+            "likely serves a smaller model than the one configured (check --model or "
+            "--hf-config), else the compute dtype or the GPU count is wrong, else the "
+            "ceiling (the exporter's log says which).")
 
 
 def _by_key(rows, key, field: str | None = None) -> dict:

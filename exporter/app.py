@@ -18,7 +18,7 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
 from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.aggregation.window import RollingWindow
-from phasewatch.config import ListenError, ServeConfig
+from phasewatch.config import ServeConfig
 from phasewatch.ingest.adapters import AdapterContext
 from phasewatch.ingest.grpc_server import PhasewatchService, start_grpc_server
 from phasewatch.ingest.lifecycle import LifecycleJoiner
@@ -40,35 +40,12 @@ from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth
 from phasewatch.transport.http_server import HttpServer, make_handler
+from phasewatch.transport.listen import ListenError, listening
 from phasewatch.transport.tls import TlsFiles, TlsFront
 
 log = logging.getLogger("phasewatch")
 # a tick of a loop this late, or an update this long, is logged (see _roofline_loop)
 STALL_NOTICE = 2.0
-
-
-def _address(host: str, port: int) -> str:
-    bare = host.strip("[]")
-    return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
-
-
-def _why_not(error: BaseException) -> str:
-    """Why a bind failed, in the OS's words ("address already in use"); else the
-    error's first clause."""
-    for e in (error, error.__cause__, error.__context__):
-        if isinstance(e, OSError) and e.errno:
-            return os.strerror(e.errno)[0].lower() + os.strerror(e.errno)[1:]
-    return str(error).split(";")[0]
-
-
-def listening(what: str, flag: str, host: str, port: int, start):
-    """``start()``, with a bind failure (OSError, or gRPC's RuntimeError) turned into a
-    ListenError that says which listener, which address and which flag to change."""
-    try:
-        return start()
-    except (OSError, RuntimeError) as e:
-        raise ListenError(f"cannot listen on {_address(host, port)} for {what} ({flag}): "
-                          f"{_why_not(e)}") from e
 
 
 def deployment_line(d, engine_metrics_url: str = "") -> str:
@@ -103,6 +80,7 @@ class Exporter:
         options = config.model_options()
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
         self._resolved = [(o, d) for o, d in resolved if d is not None]  # logged by start()
+        self._configured = bool(options)  # a model without its hardware: resolve() said so
         deployments = Deployments([d for _, d in resolved if d is not None])
         timeout = config.engine_metrics_timeout
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, d.served_name,
@@ -261,10 +239,9 @@ class Exporter:
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         if self.tap is not None:
-            self._tap_server = listening(
-                "the stream tap", "--tap-port", c.tap_host, c.tap_port,
-                lambda: tapmod.TapServer(self.tap, c.tap_host, c.tap_port,
-                                         grace=c.shutdown_grace).start())
+            self._tap_server = tapmod.TapServer(  # a taken port names --tap-port
+                self.tap, c.tap_host, c.tap_port, grace=c.shutdown_grace,
+                listener=("the stream tap", "--tap-port")).start()
             self.tap_port = self._tap_server.port
             log.info("stream tap on http://%s:%d -> %s", c.tap_host, self.tap_port,
                      c.tap_upstream)
@@ -284,7 +261,7 @@ class Exporter:
                  self.otlp_http_port)
         for o, d in self._resolved:
             log.info("%s", deployment_line(d, o.engine_metrics_url))
-        if not self._resolved:
+        if not self._configured:
             log.info("roofline: no model configured (--model or --hf-config, with --hardware):"
                      " latency and phases only")
         return self

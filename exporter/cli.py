@@ -17,6 +17,7 @@ from phasewatch.commands import (
     cmd_tap,
 )
 from phasewatch.config import ConfigError, ListenError, add_serve_flags
+from phasewatch.roofline.measure import MATMUL_SECONDS
 from phasewatch.sim.scenarios import SCENARIOS
 
 DESCRIPTION = """\
@@ -157,21 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
                           "[--no-dashboard] [--FLAG VALUE ...]",
                           description="Start an exporter, a simulated engine feeding it and "
                           "the Dash dashboard reading it; print the URLs and a one-line "
-                          "summary every few seconds. The dashboard switches the scenario.")
+                          "summary every few seconds. The dashboard switches the scenario. "
+                          "A default port another program holds gives way to a free one (the "
+                          "demo prints which); a port given by flag, variable or --config "
+                          "does not.")
     demo.add_argument("--duration", type=float, default=0,
                       help="stop after this many seconds (default: run until Ctrl-C)")
     demo.add_argument("--summary-every", type=float, default=5.0,
                       help="seconds between summary lines (default 5)")
     demo.add_argument("--dashboard-host", default="127.0.0.1",
                       help="address of the Dash dashboard (default 127.0.0.1)")
-    demo.add_argument("--dashboard-port", type=int, default=8050,
-                      help="port of the Dash dashboard (default 8050; 0 picks a free one)")
+    demo.add_argument("--dashboard-port", type=int, default=None,
+                      help="port of the Dash dashboard (default 8050, or a free one when "
+                      "8050 is taken; 0 picks a free one)")
     demo.add_argument("--refresh", type=float, default=2.0,
                       help="seconds between dashboard refreshes (default 2)")
     demo.add_argument("--no-dashboard", action="store_true",
                       help="exporter and simulated load only")
     _add_sim_flags(demo, deployment=False)
-    add_serve_flags(demo)
+    add_serve_flags(demo)  # the demo's default ports give way to free ones where taken
     demo.set_defaults(func=cmd_demo)
     dash_cmd = sub.add_parser(
         "dashboard", help="the live Dash dashboard, reading an exporter or Prometheus",
@@ -313,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
         description="Measure achievable memory bandwidth (a large streaming copy) and matmul "
         "FLOP/s in bf16, fp16 and fp32 with torch (on the GPU when one is present, else on "
-        "the CPU; without torch numpy measures fp32 alone), and "
+        "the CPU; without torch numpy measures fp32 alone), each dtype within about "
+        "--matmul-seconds, saying on stderr what it measures and how long each took, and "
         "write a hardware profile for --hardware-profile.")
     cal.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where to measure (default auto: the GPU if torch sees one)")
@@ -324,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--matmul-n", type=int, default=2048,
                      help="matrix size of the matmul (default 2048; 8192 suits a GPU)")
     cal.add_argument("--repeats", type=int, default=5, help="best of this many runs")
+    cal.add_argument("--matmul-seconds", type=float, default=MATMUL_SECONDS, metavar="SECONDS",
+                     help="each dtype's matmuls stop after about this long: a dtype too "
+                     "slow for it is measured on a smaller matrix or fewer times (the "
+                     f"profile's matmul_runs says which, and why; default {MATMUL_SECONDS:g})")
     cal.set_defaults(func=cmd_calibrate)
     return parser
 

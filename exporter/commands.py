@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from phasewatch.config import ConfigError, load_serve_config
 from phasewatch.sim.scenarios import SCENARIOS, scenario
+from phasewatch.transport.listen import listening, moving_taken_ports, or_free_port
 
 log = logging.getLogger("phasewatch")
 
@@ -26,6 +27,23 @@ def _setup_logging(level: str) -> None:
 def _stop_on_signals(stop: threading.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+
+
+def wait_stopped(stop: threading.Event, timeout: float = float("inf")) -> bool:
+    """``stop.wait(timeout)`` in slices of at most half a second: True once ``stop`` is set.
+
+    Python runs a signal's handler in the main thread only when that thread runs Python
+    code. A SIGTERM the kernel hands to another thread (gRPC's, the dashboard's) while
+    the main thread sleeps in one long lock wait sets nothing until that wait ends: a
+    demo stopped by its test hung past the test's 30 s and was killed. In slices, the
+    handler runs within half a second whichever thread took the signal."""
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return stop.is_set()
+        if stop.wait(min(0.5, left)):
+            return True
 
 
 def _client_tls(args: argparse.Namespace):
@@ -44,7 +62,8 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
     """
     from phasewatch.app import Exporter
 
-    config = load_serve_config(args)
+    given: set[str] = set()
+    config = load_serve_config(args, given=given)
     _setup_logging(config.log_level)
     if demo and (config.tls_cert_file or config.tls_client_ca_file):
         raise ConfigError("the demo's own simulator and dashboard talk to its exporter in "
@@ -64,12 +83,19 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
         args.model, args.hardware, args.gpus = m.model, m.hardware, m.gpus
     stop = threading.Event()
     _stop_on_signals(stop)
-    return config, stop, Exporter(config).start()
+    if not demo:  # serve's ports are a contract: a taken one fails (ListenError)
+        return config, stop, Exporter(config).start()
+    # the demo's default ports are its own choice: one taken moves to a free port, said
+    # in the demo's lines (args.taken_ports); a port the user gave stays, and fails
+    exporter, config, args.taken_ports = moving_taken_ports(
+        lambda c: Exporter(c).start(), config,
+        {n: "--" + n.replace("_", "-") for n in DEMO_PORTS if n not in given})
+    return config, stop, exporter
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config, stop, exporter = _start_exporter(args)
-    stop.wait()
+    wait_stopped(stop)
     log.info("shutting down: in-flight calls get %gs", config.shutdown_grace)
     exporter.stop(grace=config.shutdown_grace)
     return 0
@@ -115,12 +141,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if client.stats["sent"] == len(engine.finished) else 1
 
 
-def _summary_line(summary: dict) -> str:
+def _summary_line(summary: dict, shares: dict | None = None) -> str:
+    """One line per model; its phase shares the verdict's (``shares``, by model: what the
+    banner's chips show, over the roofline's range) where it has one, else the window's."""
     parts = []
     for m in summary["models"]:
         def ms(d: dict, q: str) -> str:
             return "-" if d.get(q) is None else f"{d[q] * 1000:.0f}ms"
-        sh = m["phase_time_share"]
+        sh = (shares or {}).get(m["model"]) or m["phase_time_share"]
         share = " ".join(f"{p} {sh[p]:.0%}" for p in (
             "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode")
             if sh.get(p) is not None) or "-"
@@ -160,7 +188,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from phasewatch.requests.objectives import ObjectivesByModel
     from phasewatch.sim.live import SwitchableLoad
 
-    config, stop, exporter = _start_exporter(args, demo=True)
+    dash_socket, dash_taken = (None, None) if args.no_dashboard else _dashboard_socket(args)
+    try:
+        config, stop, exporter = _start_exporter(args, demo=True)
+    except BaseException:
+        if dash_socket is not None:
+            dash_socket.close()
+        raise
+    if dash_taken is not None:
+        args.taken_ports["dashboard_port"] = dash_taken
     host = "127.0.0.1" if config.http_host in ("0.0.0.0", "") else config.http_host
     base = f"http://{host}:{exporter.http_port}"
     target = {"phasewatch": f"127.0.0.1:{exporter.grpc_port}",
@@ -179,37 +215,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
         load.switch(name)
 
     dashboard = None
-    if not args.no_dashboard:
+    if dash_socket is not None:
         from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
         from phasewatch.dashboard.exporter_source import ExporterSource
 
         control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, switch)
         app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
                          scenario=control)
-        dashboard = DashboardServer(app, args.dashboard_host, args.dashboard_port).start()
+        dashboard = DashboardServer(app, args.dashboard_host, sock=dash_socket).start()
+    taken = args.taken_ports
+
+    def was(name: str, before: str = " (", after: str = ")") -> str:
+        """" (9464 was taken)": a default port another program held, so another was used."""
+        return f"{before}{taken[name]} was taken{after}" if name in taken else ""
+
     print(f"phasewatch demo: scenario {args.scenario}", flush=True)
     if dashboard is not None:
-        print(f"  dashboard: {dashboard.url}   (switch the scenario at the top right)",
-              flush=True)
+        print(f"  dashboard: {dashboard.url}{was('dashboard_port')}   (switch the workload "
+              f"with {SCENARIO_MENU})", flush=True)
     print(f"  objectives: {config.slo or 'none'} ("
           + ("the scenario's, " if args.scenario_slo else "")
           + "for goodput and the verdict; --slo to set them)", flush=True)
-    print(f"  metrics:   {base}/metrics", flush=True)
+    print(f"  metrics:   {base}/metrics{was('http_port')}", flush=True)
     print(f"  JSON API:  {base}/api/v1/summary, roofline, history, requests", flush=True)
-    print(f"  gRPC:      {config.grpc_host}:{exporter.grpc_port}", flush=True)
-    print(f"  OTLP:      {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC), "
-          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces", flush=True)
+    print(f"  gRPC:      {config.grpc_host}:{exporter.grpc_port}{was('grpc_port')}", flush=True)
+    print(f"  OTLP:      {config.otlp_grpc_host}:{exporter.otlp_grpc_port} (gRPC"
+          f"{was('otlp_grpc_port', '; ', '')}), "
+          f"http://{config.otlp_http_host}:{exporter.otlp_http_port}/v1/traces"
+          f"{was('otlp_http_port')}", flush=True)
     print(f"  sending:   {args.protocol}"
           + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
     load.start()
     end = time.monotonic() + duration
     try:
-        while not stop.wait(min(args.summary_every, max(0.0, end - time.monotonic()))):
+        while not wait_stopped(stop, min(args.summary_every, max(0.0, end - time.monotonic()))):
             if time.monotonic() >= end:
                 break
             _print_summary(exporter, load.current)
     finally:
         stop.set()
+        log.info("demo: stopping: the simulated load, then its client's last records")
         load.stop()
         client.close()
         _print_summary(exporter, load.current)
@@ -217,6 +262,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
             dashboard.stop()
         exporter.stop()
     return 0
+
+
+# the demo's listeners whose default port, when taken, gives way to a free one
+DEMO_PORTS = ("http_port", "grpc_port", "otlp_grpc_port", "otlp_http_port")
+DEMO_DASHBOARD_PORT = 8050
+# where the page switches the demo's workload (dashboard/app.py's header), as the demo
+# and the README say it
+SCENARIO_MENU = "the scenario menu in the dashboard's top bar"
+
+
+def _dashboard_socket(args):
+    """The demo's dashboard socket, bound before the exporter starts (a taken
+    --dashboard-port fails alone, in one line): on --dashboard-port, or on a free port
+    where its default is taken. Returns it and the port that was taken (or None)."""
+    from phasewatch.dashboard.app import dashboard_socket
+
+    given = args.dashboard_port is not None
+    return or_free_port("the dashboard", "--dashboard-port", args.dashboard_host,
+                        args.dashboard_port if given else DEMO_DASHBOARD_PORT,
+                        lambda p: dashboard_socket(args.dashboard_host, p), movable=not given)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -238,25 +303,27 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _stop_on_signals(stop)
     app = create_app(source, refresh=args.refresh, basic_auth=args.basic_auth)
-    server = DashboardServer(app, args.host, args.port).start()
+    server = listening("the dashboard", "--port", args.host, args.port,
+                       lambda: DashboardServer(app, args.host, args.port).start())
     print(f"phasewatch dashboard on {server.url} reading {source.name} {source.url}",
           flush=True)
-    stop.wait()
+    wait_stopped(stop)
     server.stop()
     return 0
 
 
 def _print_summary(exporter, current: str) -> None:
     summary = exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())
-    print(f"[{current}] {_summary_line(summary)}", flush=True)
-    for r in exporter.monitor.results():
-        if r.verdict is not None:
-            v = r.verdict
-            if v.lead:  # the objectives' sentence on a line of its own
-                print(f"  objectives {r.model}: {v.lead}", flush=True)
-            text = v.text[len(v.lead):].lstrip() if v.text.startswith(v.lead) else v.text
-            print(f"  verdict {r.model}: {text} Levers: "
-                  f"{', '.join(v.levers) or '-'}.", flush=True)
+    results = [r for r in exporter.monitor.results() if r.verdict is not None]
+    shares = {r.model: r.verdict.evidence["phase_time_share"] for r in results}
+    print(f"[{current}] {_summary_line(summary, shares)}", flush=True)
+    for r in results:
+        v = r.verdict
+        if v.lead:  # the objectives' sentence on a line of its own
+            print(f"  objectives {r.model}: {v.lead}", flush=True)
+        text = v.text[len(v.lead):].lstrip() if v.text.startswith(v.lead) else v.text
+        levers = f" Levers: {', '.join(v.levers)}." if v.levers else ""
+        print(f"  verdict {r.model}: {text}{levers}", flush=True)
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
@@ -304,7 +371,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from phasewatch.roofline import calibrate
 
     profile = calibrate.calibrate(args.device, args.size_mib, args.matmul_n, args.repeats,
-                                  progress=calibrate.stderr_progress)
+                                  progress=calibrate.stderr_progress,
+                                  matmul_seconds=args.matmul_seconds)
     calibrate.write(profile, args.output)
     print(calibrate.report(profile))
     print(f"profile written to {args.output}; use it with --hardware-profile {args.output}")

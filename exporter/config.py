@@ -18,6 +18,7 @@ from phasewatch.options import SERVE_GROUPS, SERVE_OPTIONS, Option
 from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.transport.admission import container_memory_limit
+from phasewatch.transport.listen import ListenError
 
 __all__ = ["SERVE_GROUPS", "SERVE_OPTIONS", "ConfigError", "ListenError", "Option",
            "ServeConfig", "add_serve_flags", "load_serve_config"]
@@ -122,11 +123,6 @@ class ConfigError(ValueError):
     pass
 
 
-class ListenError(OSError):
-    """A listener could not bind its address; the message names the listener, the
-    address and the flag that moves it."""
-
-
 def _coerce(option: Option, value: Any, source: str) -> Any:
     try:
         if option.type is int and isinstance(value, float) and not value.is_integer():
@@ -173,8 +169,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load_serve_config(args: argparse.Namespace | None = None,
-                      environ: dict[str, str] | None = None) -> ServeConfig:
-    """Merge defaults < config file < PHASEWATCH_* environment < command-line flags."""
+                      environ: dict[str, str] | None = None,
+                      given: set[str] | None = None) -> ServeConfig:
+    """Merge defaults < config file < PHASEWATCH_* environment < command-line flags.
+    ``given``: a set to add the name of every option the file, the environment or a
+    flag set (the rest kept their defaults)."""
+    given = set() if given is None else given
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {o.name: o.default for o in SERVE_OPTIONS}
     slo_source = "slo"  # where the value checked last came from, for its error
@@ -202,16 +202,19 @@ def load_serve_config(args: argparse.Namespace | None = None,
                               f"{', '.join(_BY_NAME)}")
         for k, v in data.items():
             values[k] = _coerce(_BY_NAME[k], v, path)
+            given.add(k)
         if "slo" in data:
             slo_source = f"config file {path}: slo"
     for o in SERVE_OPTIONS:
         env = environ.get(f"PHASEWATCH_{o.name.upper()}")
         if env is not None:
             values[o.name] = _coerce(o, env, f"PHASEWATCH_{o.name.upper()}")
+            given.add(o.name)
             slo_source = "PHASEWATCH_SLO" if o.name == "slo" else slo_source
         flag = getattr(args, o.name, None) if args is not None else None
         if flag is not None:
             values[o.name] = _coerce(o, flag, "--" + o.name.replace("_", "-"))
+            given.add(o.name)
             slo_source = "--slo" if o.name == "slo" else slo_source
     if values["classic_buckets"] not in CLASSIC_BUCKETS:
         raise ConfigError(f"classic_buckets must be one of {', '.join(CLASSIC_BUCKETS)}, not "

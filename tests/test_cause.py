@@ -307,3 +307,87 @@ def test_queued_requests_are_never_told_nothing_to_fix():
     decode = Verdict("decode", "memory_bandwidth", 0.4, "low", levers=levers, text="Decode")
     _tell_idle(decode, 0.14)
     assert decode.levers == () and decode.text.startswith("Nothing to fix"), decode
+
+
+# ---- hysteresis on the cause, and a slot limit read while requests wait ------------
+def _slots(groups: list[tuple[float, float, int, float]], length: float = 3.0) -> dict:
+    """Back-to-back requests of ``length`` s in ``slots`` slots from ``start`` to ``end``,
+    each having waited ``queue`` s before its schedule: one (start, end, slots, queue)
+    per group."""
+    rows = [(t + 1e-4 * k, queue) for start, end, slots, queue in groups
+            for k in range(slots) for t in np.arange(start, end - 1e-9, length)]
+    sched = np.array([r[0] for r in rows])
+    n = len(sched)
+    return {"scheduled_at": sched, "first_token_at": sched + 0.1,
+            "last_token_at": sched + length - 2e-3, "end_at": sched + length - 2e-3,
+            "queue": np.array([r[1] for r in rows]), "prompt": np.full(n, 100),
+            "uncached": np.full(n, 100), "output": np.full(n, 50), "steps": np.full(n, 49)}
+
+
+def test_records_read_the_slot_limit_over_the_moments_requests_wait():
+    """8 slots full while requests wait (0-15 s), then a lull, then 4 running with no
+    queue (18-33 s): at the maximum 45 % of the time, but 100 % of the time anything
+    waited. The slot limit is the second reading; the plain share would miss it (the
+    demo's overload sagged to 74 % at the range's end, where the requests still waiting
+    or running have no record yet)."""
+    cols = _slots([(0.0, 15.0, 8, 2.0), (18.0, 33.0, 4, 0.0)])
+    seen = in_engine(cols, DEP, 0.0, 33.0)
+    assert seen["max_running"] == 8
+    assert seen["running_read_over"] == "waiting"
+    assert seen["running_at_max_share"] == pytest.approx(1.0, abs=0.03)
+    assert seen["waiting_moment_share"] == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
+    plain = in_engine({k: v for k, v in cols.items() if k != "queue"}, DEP, 0.0, 33.0)
+    assert plain["running_at_max_share"] == pytest.approx(15 / 33, abs=0.03)
+    cause = diagnose("queue", estimate(QUEUE, hi=33.0), DEP, cols, None)
+    assert cause.name == "concurrency_limit" and cause.source == "records"
+    assert "of the time requests waited at that maximum" in cause.text
+
+
+def test_the_cause_in_place_keeps_it_until_the_evidence_is_clearly_gone():
+    """The engine's gauge at its maximum in half the scrapes (under ``pinned``, 0.6): a
+    slot limit is not found afresh, but one the verdict holds stays (its threshold moves
+    by 0.15 in its favour), as the phase's does; at a third of the scrapes it goes."""
+    est = estimate(QUEUE)
+    quiet = records(running=4)  # the records cannot find the limit on their own
+    gauge = dict(max_running=8.0, configured_max_running=8.0, waiting_share=0.9,
+                 max_kv_usage=0.3, mean_waiting=10.0)
+    half = state(running_at_max_share=0.5, **gauge)
+    assert diagnose("queue", est, DEP, quiet, half).name == "compute_saturated"
+    held = diagnose("queue", est, DEP, quiet, half, held="concurrency_limit")
+    assert held.name == "concurrency_limit"
+    third = state(running_at_max_share=0.33, **gauge)
+    assert diagnose("queue", est, DEP, quiet, third,
+                    held="concurrency_limit").name == "compute_saturated"
+    # the KV cache's threshold likewise: 92 % usage with preemption-free waiting
+    full = state(max_kv_usage=0.92, waiting_share=0.9, mean_waiting=5.0)
+    assert diagnose("queue", est, DEP, quiet, full).name != "kv_cache"
+    assert diagnose("queue", est, DEP, quiet, full, held="kv_cache").name == "kv_cache"
+
+
+def test_every_hold_moves_a_threshold_the_limits_have_toward_the_cause():
+    """cause_limits.HOLD names only thresholds Limits has, each moved in its cause's
+    favour: a lower bar to find it (a higher one for the KV room it needs)."""
+    from dataclasses import fields
+
+    from phasewatch.roofline.cause_limits import HOLD, LIMITS
+
+    names = {f.name for f in fields(LIMITS)}
+    for cause, moves in HOLD.items():
+        assert cause in CAUSES
+        assert set(moves) <= names, (cause, set(moves) - names)
+        for name, move in moves.items():
+            assert (move > 0) == (name == "kv_room"), (cause, name, move)
+
+
+def test_a_partly_busy_engine_is_not_said_to_be_filled():
+    """Issue 37: "Engine busy 64 % of the window ... its own work fills it" read as a
+    diagnosis of a machine idle a third of the time."""
+    est = estimate(DECODE)
+    quiet = state(max_running=30.0, running_at_max_share=0.1, max_kv_usage=0.2,
+                  preemptions=0.0)
+    part = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.64)
+    assert part.name == "compute_saturated"
+    assert part.text.endswith("its own work, no limit, sets the pace, with 36% of the "
+                              "window idle"), part.text
+    full = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.97)
+    assert full.text.endswith("its own work fills it")

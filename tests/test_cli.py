@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from phasewatch.commands import SCENARIO_MENU
 from tests.conftest import Scrape
 
 PHASEWATCH = [sys.executable, "-m", "phasewatch.cli"]
@@ -23,7 +24,9 @@ def test_demo_serves_live_metrics_then_exits_zero():
         url = dashboard = None
         for line in proc.stdout:
             m = re.search(r"dashboard:\s+(http://\S+)", line)
-            dashboard = m.group(1) if m else dashboard
+            if m:
+                dashboard = m.group(1)
+                assert line.rstrip().endswith(f"(switch the workload with {SCENARIO_MENU})")
             m = re.search(r"metrics:\s+(http://\S+/metrics)", line)
             if m:
                 url = m.group(1)
@@ -219,6 +222,49 @@ def test_serve_logs_the_resolved_roofline_at_start(tmp_path):
             "800 TFLOP/s (published); engine metrics none (--engine-metrics-url)") in log
 
 
+def _roofline_lines(*flags: str, tmp_path) -> list[str]:
+    """``serve`` (every port 0) started with ``flags``: its log lines about the roofline."""
+    from tests.serve import ServeProcess
+
+    serve = ServeProcess(tmp_path, *flags).start()
+    try:
+        deadline = time.monotonic() + 10  # logged with the ports, or right after them
+        while "roofline" not in serve.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        serve.stop()
+    lines = serve.log_path.read_text().splitlines()
+    if any("detected through NVML" in line for line in lines):
+        pytest.skip("this machine's GPU was detected: the hardware is not missing here")
+    return [line for line in lines if "roofline" in line]
+
+
+def test_serve_without_hardware_says_once_that_the_hardware_is_missing(tmp_path):
+    """Issue 37: without --hardware on a GPU-less machine the log said the hardware was
+    missing, then "roofline: no model configured (--model or --hf-config, with
+    --hardware)" though --model was given. One line now, naming what is missing and the
+    way to give it, calibrate included for a CPU."""
+    (line,) = _roofline_lines("--model", "Llama-3.1-8B", tmp_path=tmp_path)
+    assert "no roofline for Llama-3.1-8B: the hardware is missing" in line
+    assert "--hardware NAME" in line and "`phasewatch calibrate --output FILE`" in line
+    assert "--hardware-profile FILE" in line and "no model configured" not in line
+    (line,) = _roofline_lines(tmp_path=tmp_path)  # no model: that is what is missing
+    assert "roofline: no model configured" in line
+
+
+@pytest.mark.parametrize("cpu", ["cpu", "AMD EPYC 7B13"])
+def test_serve_with_a_cpu_for_hardware_points_at_calibrate(cpu):
+    """A CPU is in no catalog: --hardware cpu fails at start with the way to measure it."""
+    proc = subprocess.run([*PHASEWATCH, "serve", "--http-port", "0", "--grpc-port", "0",
+                           "--otlp-grpc-port", "0", "--otlp-http-port", "0",
+                           "--model", "Llama-3.1-8B", "--hardware", cpu],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert f"unknown hardware {cpu!r}" in proc.stderr
+    assert ("for a CPU, or a part the catalog lacks, measure it with `phasewatch calibrate "
+            "--output FILE` and pass --hardware-profile FILE") in proc.stderr
+
+
 def test_help_names_every_phase():
     """Issue 26: the overview named three phases of four (five when disaggregated)."""
     out = subprocess.run([*PHASEWATCH, "--help"], capture_output=True, text=True,
@@ -293,3 +339,26 @@ def test_client_tls_flags_default_to_their_environment_variables(monkeypatch):
     monkeypatch.setenv("PHASEWATCH_TAP_TLS_CERT_FILE", "listener.pem")
     args = build_parser().parse_args(["tap", "--upstream", "http://127.0.0.1:1"])
     assert (args.exporter_tls_ca, args.tls_cert_file) == ("env-ca.pem", "listener.pem")
+
+
+def test_the_readme_and_the_demo_name_the_scenario_menu_where_the_page_has_it():
+    """Issue 37: the README and the demo said the scenario selector was "at the top
+    right"; the page has it in its top bar (the dark header), after the model and
+    engine menus, at the left on a wide screen. One wording, in both, of that place."""
+    from pathlib import Path
+
+    from phasewatch.dashboard.app import ScenarioControl, create_app
+    from phasewatch.dashboard.exporter_source import ExporterSource
+
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text()
+                      .split())
+    assert f"Switch the workload with {SCENARIO_MENU}" in readme
+    assert "top right" not in readme
+    control = ScenarioControl(("chat", "rag"), "chat", lambda name: None)
+    page = create_app(ExporterSource("http://127.0.0.1:9464"), scenario=control).layout()
+    top = page.children[0]  # the page's first row: the top bar
+    assert top.className == "pw-header"
+    selectors = next(c for c in top.children if getattr(c, "className", "") == "pw-selectors")
+    last = selectors.children[-1]  # after the model and engine menus
+    assert [c.id for c in selectors.children[:2]] == ["model", "engine"]
+    assert last.children[0].children.strip() == "scenario" and last.children[1].id == "scenario"

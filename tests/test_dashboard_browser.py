@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -29,12 +30,12 @@ from tests.conftest import TEST_PORTS
 EXPECTED = {"long_generation": ("decode", "memory_bandwidth"),
             "rag": ("prefill", "compute"),
             "overload": ("queue", "capacity")}
-# rag's engine has a request in it ~13% of the time: nothing to fix, no lever, and the
-# banner says why (it read "not enough evidence yet" beside "Nothing to fix")
-IDLE = {"rag"}
-# Issue 28: the scenarios' objectives on the page: long_generation meets TTFT 500 ms,
-# overload burns it (its requests wait in the queue for tens of seconds)
-TTFT_MET = {"long_generation": lambda x: x >= 95.0, "overload": lambda x: x < 50.0}
+# Issue 28: the scenarios' objectives on the page: long_generation meets TTFT 500 ms and
+# rag TTFT 2 s (issue 37: one pipeline keeps its engine busy, ~40 requests a window, where
+# a request every 4 s left it idle and its objectives never judged), overload burns it
+# (its requests wait in the queue for tens of seconds)
+TTFT_MET = {"long_generation": lambda x: x >= 95.0, "rag": lambda x: x >= 95.0,
+            "overload": lambda x: x < 50.0}
 
 
 def _ttft_met(browser: Browser) -> float | None:
@@ -56,7 +57,8 @@ class Demo:
 
     def __init__(self, first: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phasewatch.cli", "demo", "--scenario", first,
+            [sys.executable, "-X", "faulthandler", "-m", "phasewatch.cli", "demo",
+             "--scenario", first,
              "--http-port", "0", "--grpc-port", "0", "--otlp-grpc-port", "0",
              "--otlp-http-port", "0", "--dashboard-port", "0", "--time-scale", "4",
              "--window-seconds", "10", "--roofline-interval", "1", "--refresh", "1",
@@ -80,12 +82,21 @@ class Demo:
             raise AssertionError("the demo printed no dashboard URL:\n" + "".join(self.lines))
 
     def stop(self) -> int:
+        """SIGTERM, as a user's Ctrl-C or Kubernetes; a demo that has not ended in 30 s
+        is sent SIGABRT, whose faulthandler dump (every thread's stack) lands in
+        ``lines`` for the failure's message, then killed."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            time.sleep(0.5)  # the reader's last lines
+            self.lines.append(f"(not ended 30 s after SIGTERM: code {self.proc.wait()})\n")
+            return self.proc.returncode
 
 
 def _shown(browser: Browser, element_id: str) -> bool:
@@ -116,11 +127,9 @@ def test_demo_banner_follows_the_scenario_switch(browser):
                              f"prefill and decode points on the roofline for {name}")
             (banner,) = browser.banners()
             assert banner["model"] == "Llama-3.1-8B"
-            if name in IDLE:
-                assert "Nothing to fix" in banner["text"], banner["text"]
-                assert "No lever: the engine is idle most of the window" in banner["text"]
-            else:
-                assert "Levers that fit" in banner["text"], banner["text"]
+            assert "Levers that fit" in banner["text"], banner["text"]
+            assert "Nothing to fix" not in banner["text"] and "calibrate" not in \
+                banner["text"], banner["text"]
             if name in TTFT_MET:
                 browser.wait_for(lambda n=name: (v := _ttft_met(browser)) is not None
                                  and TTFT_MET[n](v), 60,
@@ -133,7 +142,7 @@ def test_demo_banner_follows_the_scenario_switch(browser):
         for label in ("TTFT", "ITL", "TPOT", "MBU", "MFU", "decode batch", "Requests/s"):
             assert label in cards
     finally:
-        assert demo.stop() == 0, "".join(demo.lines[-30:])
+        assert demo.stop() == 0, "".join(demo.lines[-80:])
     assert any("[overload]" in line for line in demo.lines)
 
 
@@ -296,5 +305,5 @@ def test_scenario_dropdown_shows_the_live_scenario_after_a_reload(browser):
         browser.wait_for(lambda: not _shown(browser, "scenario-note"), 40,
                          "the note to go once the window holds rag's requests only")
     finally:
-        assert demo.stop() == 0, "".join(demo.lines[-30:])
+        assert demo.stop() == 0, "".join(demo.lines[-80:])
     assert any("[rag]" in line for line in demo.lines)  # the demo ran rag to the end

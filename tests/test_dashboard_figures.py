@@ -202,6 +202,48 @@ def test_series_figures_draw_one_line_per_model_and_metric(many):
     assert "pick one" in shares["layout"]["title"]["text"]
 
 
+def _profile(path, part, device: str, bandwidth_gbps: float, tflops: float):
+    """A hardware profile as ``phasewatch calibrate`` writes one."""
+    path.write_text(json.dumps({
+        "format": "phasewatch-hardware-profile/1", "part": part, "device": device,
+        "devices": 1, "measured": {"bandwidth_gbps": bandwidth_gbps, "flops_tflops": {
+            "bf16": tflops, "fp16": tflops, "fp32": tflops}}}))
+    return str(path)
+
+
+def test_roofline_names_a_calibrated_ceiling_measured_and_a_datasheet_one_datasheet(tmp_path):
+    """Issue 37: on a CPU calibrate said "no datasheet figure", and the chart labelled its
+    line "datasheet ceiling (AMD EPYC ...)". A part the catalog lacks has only its measured
+    ceiling; a calibrated catalog part has both; a catalog part its datasheet's and the
+    achievable one."""
+    cpu = "AMD EPYC 7B13 (2 cores)"
+    models = {"Llama-3.1-8B": ModelOptions(model="Llama-3.1-8B", hardware_profile=_profile(
+                  tmp_path / "cpu.json", None, cpu, 19.4, 0.073)),
+              "Qwen2.5-7B": ModelOptions(model="Qwen2.5-7B", hardware_profile=_profile(
+                  tmp_path / "h100.json", "H100-SXM", "NVIDIA H100 80GB HBM3", 3000.0, 800.0)),
+              "Mistral-7B": ModelOptions(model="Mistral-7B", hardware="H100-SXM")}
+    config = ServeConfig(**TEST_PORTS, roofline_interval=600, models=tuple(models.values()))
+    with Exporter(config) as ex:
+        with PhasewatchClient(f"127.0.0.1:{ex.grpc_port}", engine="vllm") as client:
+            for model in models:
+                for r in scenario("chat").build(seed=1, model=model).run(
+                        10.0, epoch=time.time() - 10.0):
+                    client.record_request(r)
+            assert client.flush(10)
+        _settle(ex)
+        snap = _snapshot(ex)
+    lines = {t["name"]: t for t in figures.roofline_figure(snap.points, snap.ceilings)["data"]
+             if t["name"].endswith(")") and " ceiling (" in t["name"]}
+    assert sorted(lines) == sorted([
+        f"measured ceiling (calibrate, {cpu} x1)",  # its peaks are its measurement: one line
+        "datasheet ceiling (H100-SXM x1)", "measured ceiling (calibrate, H100-SXM x1)",
+        "achievable ceiling (H100-SXM x1)"])
+    assert lines[f"measured ceiling (calibrate, {cpu} x1)"]["y"][1] == pytest.approx(0.073e12)
+    assert lines["datasheet ceiling (H100-SXM x1)"]["y"][1] == pytest.approx(989e12)
+    assert lines["measured ceiling (calibrate, H100-SXM x1)"]["y"][1] == pytest.approx(800e12)
+    assert figures.ceiling_name("datasheet", "") == "datasheet ceiling"  # Prometheus: no part
+
+
 def test_roofline_tolerates_a_ceiling_without_a_figure():
     from phasewatch.dashboard.frames import CEILING_COLUMNS, POINT_COLUMNS, frame
 

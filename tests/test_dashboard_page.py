@@ -109,7 +109,7 @@ def test_the_grid_has_no_hole_and_no_title_runs_under_the_mode_bar(browser):
         assert columns == {900: 1, 1280: 2, 1920: 3, 2560: 3}, columns
         assert browser.console_errors() == []
     finally:
-        assert demo.stop() == 0, "".join(demo.lines[-30:])
+        assert demo.stop() == 0, "".join(demo.lines[-80:])
 
 
 # ---- KV transfer: only where one was seen ------------------------------------------

@@ -71,8 +71,9 @@ def test_no_nvml_means_no_roofline_and_a_log_line(caplog):
     # On this GPU-less machine the real nvidia-ml-py cannot find libnvidia-ml.
     with caplog.at_level(logging.WARNING, logger="phasewatch"):
         assert resolve(ModelOptions(model="Llama-3.1-8B")) is None
-    assert "no roofline for Llama-3.1-8B: hardware not given and not detected" in caplog.text
-    assert "--hardware NAME" in caplog.text
+    assert ("no roofline for Llama-3.1-8B: the hardware is missing, not given (--hardware, "
+            "--hardware-profile) and not detected") in caplog.text
+    assert "--hardware NAME" in caplog.text and "`phasewatch calibrate" in caplog.text
 
 
 def _profile(tmp_path, **changes):
@@ -92,6 +93,11 @@ def test_profiles_of_known_and_unknown_parts(tmp_path):
                                 measured={"bandwidth_gbps": 12.0,
                                           "flops_tflops": {"fp32": 0.1}}), gpus=1)
     assert cpu.name == "AMD EPYC 7B13 (2 cores)" and cpu.bandwidth == 12e9
+    assert hw.datasheet and not cpu.datasheet  # a CPU's peaks are its measured figures
+    assert not hw.cpu and not cpu.cpu  # a profile that does not say where it measured
+    measured_here = load_profile(_profile(tmp_path, part=None, device="AMD EPYC",
+                                          method={"device": "cpu"}), gpus=1)
+    assert measured_here.cpu  # calibrate's own profile of a CPU: no CUDA-graph levers
     d = resolve(ModelOptions(model="Llama-3.1-8B", hardware_profile=str(_profile(tmp_path)),
                              gpus=1))
     assert d.hardware_source == "profile" and d.hardware.measured_bandwidth == 2900e9

@@ -116,3 +116,34 @@ def test_means_and_the_vllm_bench_layout(loaded):
     for row in ("Total input tokens", "Total generated tokens", "Request throughput (req/s)",
                 "Output token throughput (tok/s)", "P90 ITL (ms)"):
         assert row in lines
+
+
+def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback(tmp_path):
+    """Issue 37: the demo's terminal showed a BrokenPipeError traceback when the
+    dashboard gave up on a slow JSON answer. Clients that send a request and hang up
+    before reading its answer (reset, as a timed-out client's close often is, or closed
+    plainly), on every kind of page: no traceback on the exporter's stderr, and it
+    serves on."""
+    import socket
+    import struct
+    import time
+
+    from tests.serve import ServeProcess
+
+    serve = ServeProcess(tmp_path).start()
+    try:
+        for path in ("/metrics", "/api/v1/summary", "/api/v1/requests?limit=5000",
+                     "/api/v1/roofline", "/api/v1/history", "/api/v1/bench"):
+            for reset in (True, True, False):
+                s = socket.create_connection(("127.0.0.1", serve.http_port), timeout=5)
+                if reset:  # close sends RST: the server's read or write fails
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                s.close()
+        time.sleep(1.0)  # the server's threads answer (and meet the hang-ups) meanwhile
+        with get(serve.http_port, "/healthz") as r:
+            assert r.status == 200
+    finally:
+        serve.stop()
+    log = serve.log_path.read_text()
+    assert "Traceback" not in log and "Exception occurred" not in log, log

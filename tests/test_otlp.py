@@ -419,3 +419,24 @@ def test_grpc_refuses_messages_past_its_hard_limit(exporter):
         with pytest.raises(grpc.RpcError) as e:
             call(b"\x00" * (GRPC_HARD_LIMIT + 1), timeout=30)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "PUT", "DELETE"])
+def test_other_methods_on_the_traces_path_are_405_naming_post(exporter, method):
+    """Issue 37: `GET /v1/traces` (a user checking the receiver in a browser or with
+    curl) answered Python's 501 HTML page; it is 405 with ``Allow: POST`` and a short
+    plain body, and the receiver still takes a POST afterwards."""
+    url = f"http://127.0.0.1:{exporter.otlp_http_port}/v1/traces"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10)
+    r = e.value
+    assert r.code == 405 and r.headers["Allow"] == "POST"
+    assert r.headers["Content-Type"].startswith("text/plain")
+    assert r.read() == (b"" if method == "HEAD" else b"POST OTLP traces to /v1/traces\n")
+    with pytest.raises(urllib.error.HTTPError) as e:  # off the path: 404, no Allow
+        urllib.request.urlopen(urllib.request.Request(url + "x", method=method), timeout=10)
+    assert e.value.code == 404 and e.value.headers["Allow"] is None
+    ok = urllib.request.Request(url, data=b"{}", method="POST",
+                                headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(ok, timeout=10) as r:
+        assert r.status == 200

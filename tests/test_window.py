@@ -79,3 +79,33 @@ def test_one_future_finish_does_not_empty_the_window():
     recs[-1] = RequestRecord(**{**bogus.__dict__, "finish": T0 + 10 * 365 * 86400.0})
     agg = fed(recs, wall, per_batch=300, advance=0.0)
     assert summary(agg)["request_rate"] == pytest.approx(5.0, rel=0.05)
+
+
+def test_bench_requests_and_every_quantile_count_one_population():
+    """Issue 37: the demo's /api/v1/bench said 40 requests beside a TTFT count of 42.
+    The request count came from the window's one-second slices (whole seconds after
+    the window's start second), the quantiles from the ring (every finish after the
+    window's start instant): the fraction of a second between them was counted in one
+    and not the other. Live traffic whose window starts mid-second, through the real
+    HTTP API: the same requests behind both."""
+    import json
+    import urllib.request
+
+    from phasewatch.app import Exporter
+    from phasewatch.config import ServeConfig
+
+    wall = [T0 + 60.5]  # the newest finish at T0 + 60.3: the window starts at T0 + 30.3
+    config = ServeConfig(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,
+                         http_host="127.0.0.1")
+    with Exporter(config, clock=lambda: wall[0]) as ex:
+        ex.aggregator.ingest(RequestBatch.from_records(records(5, 60)), "phasewatch")
+        with urllib.request.urlopen(f"http://127.0.0.1:{ex.http_port}/api/v1/bench",
+                                    timeout=10) as r:
+            (bench,) = json.load(r)["models"]
+        (summary,) = ex.aggregator.window.summary(ex.aggregator.labels.pairs())["models"]
+    f = bench["figures"]
+    assert 145 <= f["requests"] <= 155  # 5 req/s over 30 s
+    assert f["ttft"]["count"] == f["tpot"]["count"] == f["e2e"]["count"] == f["requests"]
+    assert f"Successful requests:                     {f['requests']}" in bench["text"]
+    assert summary["requests_in_window"] == summary["sampled_requests"] == f["requests"]
+    assert summary["ttft_seconds"]["count"] == f["requests"]

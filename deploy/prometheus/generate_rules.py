@@ -369,16 +369,17 @@ def engine_state(p: Params) -> list[dict]:
          "for": p.ceiling_for, "labels": {"severity": "ticket"},
          "annotations": {
              "summary": (f"The roofline's {{{{ $labels.ceiling }}}} ceiling for {who} is "
-                         "wrong"),
+                         "exceeded: an input is wrong"),
              "description": (
                  "{{ $labels.phase }} achieved {{ $value | humanize }}x the configured "
                  f"{{{{ $labels.ceiling }}}} ceiling for {p.ceiling_for}, which no "
-                 "hardware does: the ceiling (the catalog's datasheet for --hardware x "
-                 "--gpus, or a --hardware-profile) is not this deployment's, and no "
-                 "{{ $labels.phase }} utilization is published meanwhile. Run `phasewatch "
-                 "calibrate` on this hardware in the deployment's compute dtype and pass "
-                 "the profile with --hardware-profile (and --compute-dtype where the "
-                 "default is not the engine's); check --hardware and --gpus.")}},
+                 "hardware does, so no {{ $labels.phase }} utilization is published "
+                 "meanwhile. Most often the model is wrong (the engine serves a smaller "
+                 "model than --model or --hf-config names: check it first), then the "
+                 "compute dtype (--compute-dtype) or the GPU count (--gpus), then the "
+                 "ceiling itself (--hardware, or a --hardware-profile measured by "
+                 "`phasewatch calibrate`). The exporter's warning and the verdict say "
+                 "which the evidence points to (docs/verdict.md, Honest ceilings).")}},
     ]
 
 

@@ -13,18 +13,17 @@ Two bounded structures, both indexed by label set (model, engine):
   are (a request whose trace was sampled counts 1/p, ``RequestBatch.weight``), so rates
   agree with ``/metrics``; the requests as received are counted beside them.
 
-Membership is by the requests' own clock: each request counts in the second it
-finished (its finish, else its last token; its ingest time when it has neither or
-when that is more than ``FUTURE_TOLERANCE_S`` past the exporter's clock), and
-a label set's window ends at its newest finish plus the wall time since that label
-set's last ingest. Live, that is now; a replay or a burst that delivers a minute of
-requests in a few seconds is rated over the minute its requests span (rates follow
-the requests' finish times, not their arrival at phasewatch); when traffic stops the
-window keeps moving and the rates fall to 0. A label set's rates divide by the
-window, or by how long its requests' clock has been covered (from the earliest
-arrival of its requests to the window's end) when that is shorter.
-Slices are kept per label set, so senders whose clocks disagree do not mix. Memory is
-fixed by ``capacity``, ``seconds`` and the label-set cap, never by load.
+Membership is by the requests' own clock: each request counts in the second it finished
+(its finish, else its last token; its ingest time when it has neither or when that is more
+than ``FUTURE_TOLERANCE_S`` past the exporter's clock), in rates and quantiles alike, and
+a label set's window ends at its newest finish plus the wall time since that label set's
+last ingest. Live, that is now; a replay or a burst that delivers a minute of requests in
+a few seconds is rated over the minute its requests span (rates follow the requests'
+finish times, not their arrival at phasewatch); when traffic stops the window keeps moving
+and the rates fall to 0. A label set's rates divide by the window, or by the time its
+requests' clock covers (from their earliest arrival to the window's end) when that is
+shorter. Slices are kept per label set, so senders whose clocks disagree do not mix.
+Memory is fixed by ``capacity``, ``seconds`` and the label-set cap.
 """
 
 from __future__ import annotations
@@ -306,8 +305,8 @@ class RollingWindow:
             ring_ls = self._ring["ls"]
             known = ~np.isnan(self._ring["t"]) & (ring_ls < n)
             lo = np.full(len(ring_ls), np.inf)
-            lo[known] = end[ring_ls[known]] - span
-            in_window = known & (self._ring["done_at"] > lo)
+            lo[known] = np.floor(end[ring_ls[known]] - span)  # whole seconds, as the slices
+            in_window = known & (np.floor(self._ring["done_at"]) > lo)
             ring = {k: v[in_window] for k, v in self._ring.items()}
         series = []
         for i, key in enumerate(label_sets):

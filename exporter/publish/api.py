@@ -29,6 +29,8 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
         "gpus": d.hardware.gpus, "tensor_parallel": d.tensor_parallel,
         "weight_dtype": d.model.weight_dtype, "kv_dtype": d.model.kv_dtype,
         "compute_dtype": d.compute_dtype,
+        # the peaks are the datasheet's, or, for a part the catalog lacks, calibrate's
+        "peak_source": "datasheet" if d.hardware.datasheet else "calibrated",
         "peak_bandwidth_bytes_per_second": d.peak_bandwidth,
         "peak_flops_per_second": d.peak_flops,
         "achievable_bandwidth_bytes_per_second": d.hardware.achievable_bandwidth,

@@ -19,7 +19,7 @@ import numpy as np
 
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
-from phasewatch.roofline import model_costs
+from phasewatch.roofline import ceiling, model_costs
 from phasewatch.roofline.cause import (
     BUSY,
     Cause,
@@ -139,7 +139,15 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
         batch = rates.mean_running * span / est.decode.busy_seconds
         inputs["decode_batch"] = "engine_num_requests_running"
-    return replace(est, inputs=inputs, decode_batch_size=batch, **changes)
+    # the other phase's FLOPs inside a phase's steps, by the engine's count too: a
+    # decode step's prefill chunks at the configured model's cost beside the engine's
+    # own decode FLOPs made a ~100M model's decode "6.8x the achievable FLOP/s"
+    other = {"decode": "prefill", "prefill": "decode"}
+    shared = {k: v * (changes[other[k]].flops / present[other[k]].flops)
+              if other[k] in changes and present[other[k]].flops else v
+              for k, v in est.shared_step_flops.items()}
+    return replace(est, inputs=inputs, decode_batch_size=batch, shared_step_flops=shared,
+                   **changes)
 
 
 class BottleneckMonitor:
@@ -205,12 +213,18 @@ class BottleneckMonitor:
             previous = self._verdicts.get(key)
             busy = busy_share(mine, est.range_start, est.range_end)
             verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
-                             b=busy: diagnose(phase, e, d, m, r, busy=b),
+                             b=busy, p=previous: diagnose(phase, e, d, m, r, busy=b,
+                                                          held=_held(p, phase)),
                              slo=self._objectives(key, mine, fresh[sel],
                                                  (est.range_start, est.range_end)))
             if verdict is not None:
                 self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy)
+                wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
+                if wrong is not None:  # before all else: every figure rests on the model
+                    verdict.evidence["model_mismatch"] = wrong
+                    if wrong not in verdict.text:  # a held cause keeps the text it had
+                        verdict.prepend(f"{wrong}.")
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:
@@ -272,19 +286,22 @@ class BottleneckMonitor:
 
     def _warn_ceilings(self, key: tuple, est: RooflineEstimate, dep: Deployment | None
                        ) -> None:
+        """An exceeded ceiling, or the engine's FLOP count far from the configured model's
+        cost: said once per label set in the log, and in the estimate's inputs, with
+        what the evidence points to (``ceiling.blame``: the model first)."""
         for phase in ("prefill", "decode"):
             p = getattr(est, phase)
             for what, ratio in (p.ceiling_exceeded.items() if p is not None else ()):
-                est.inputs[f"{what}_ceiling"] = (
-                    f"below_achieved: {phase} achieved {ratio:.2f}x the {what} ceiling; run "
-                    "`phasewatch calibrate` in the deployment's compute dtype")
+                found = ceiling.blame(est, dep, phase, what, ratio)
+                est.inputs[f"{what}_ceiling"] = f"below_achieved: {found.text}"
                 if (key, phase, what) not in self._warned:
                     self._warned.add((key, phase, what))
-                    log.warning("%s: %s achieved %.2fx the %s ceiling of %s (%s): that ceiling "
-                                "is wrong, no utilization is published; run `phasewatch "
-                                "calibrate` in %s on this hardware and pass "
-                                "--hardware-profile", key[0], phase, ratio, what,
-                                dep.hardware.name, dep.hardware_source, dep.compute_dtype)
+                    log.warning("%s: %s; no %s utilization is published", key[0],
+                                found.text, phase)
+        wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
+        if wrong is not None and (key, "model") not in self._warned:
+            self._warned.add((key, "model"))
+            log.warning("%s: %s", key[0], wrong)
 
     def _warn_flat(self, source: EngineMetricsSource, rates: EngineRates) -> None:
         for what in rates.flat:
@@ -298,6 +315,13 @@ class BottleneckMonitor:
     def results(self) -> list[Result]:
         with self._lock:
             return list(self._results)
+
+
+def _held(previous: Verdict | None, phase: str) -> str | None:
+    """The cause the verdict on ``phase`` holds now (its thresholds move in its favour)."""
+    if previous is None or previous.phase != phase or previous.cause is None:
+        return None
+    return previous.cause.name
 
 
 def _operating_point(est: RooflineEstimate, at: float) -> dict | None:

@@ -15,7 +15,10 @@ Where torch is importable the matmuls run with torch in bf16, fp16 and fp32, on 
 GPU when one is present (and the copy there too), else on the CPU; without torch,
 numpy measures fp32 only, and the profile then has no bf16 or fp16 ceiling (the
 exporter says so rather than borrow the fp32 one). The copy on a CPU is numpy's,
-single-threaded. The result is a hardware profile (JSON) that ``phasewatch serve
+single-threaded. Each dtype's matmuls stay within about ``matmul_seconds``
+(``measure.measure_matmul``: a smaller matrix or fewer runs for a slow one, said in the
+profile's ``method.matmul_runs``), and on a CPU a 16-bit dtype far below fp32 stops at its
+first size. The result is a hardware profile (JSON) that ``phasewatch serve
 --hardware-profile`` and ``phasewatch roofline --hardware-profile`` load.
 """
 
@@ -24,9 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,16 +35,25 @@ import numpy as np
 
 from phasewatch.roofline import catalog
 from phasewatch.roofline.deployments import PROFILE_FORMAT
+from phasewatch.roofline.measure import (
+    MATMUL_SECONDS,
+    MatmulRun,
+    Progress,
+    Silent,
+    best_of,
+    gflops,
+    measure_matmul,
+    measured_line,
+    stderr_progress,  # noqa: F401 (the command's progress: calibrate.stderr_progress)
+)
 
-Progress = Callable[[str, int, int, float], None]
-
-
-def _best(what: str, repeats: int, run: Callable[[], float], progress: Progress) -> float:
-    best = 0.0
-    for i in range(repeats):
-        best = max(best, run())
-        progress(what, i + 1, repeats, best)
-    return best
+# On a CPU, a 16-bit dtype whose probe runs below this share of fp32's rate at the same
+# size has no 16-bit units behind it (AVX2: bf16 and fp16 1.4 GFLOP/s at 256x256 against
+# fp32's 66): it is not measured larger, since its ceiling is fp32's anyway
+# (``cpu_half_floor``). On a machine busy with other work torch's fp32 threads wait on
+# each other and fp32 fell to 1-2 GFLOP/s at that size: the probe then decides nothing
+# and the time bound does (24 s instead of 7 here).
+FAR_BELOW_FP32 = 0.25
 
 
 def cpu_bandwidth(size_bytes: int, repeats: int, progress: Progress) -> float:
@@ -56,21 +66,28 @@ def cpu_bandwidth(size_bytes: int, repeats: int, progress: Progress) -> float:
         np.copyto(dst, src)
         return 2 * src.nbytes / (time.perf_counter() - t)
 
-    return _best("bandwidth", repeats, once, progress)
+    return best_of("bandwidth", repeats, once, progress)
 
 
-def cpu_matmul(n: int, repeats: int, progress: Progress) -> float:
+def _cpu_timer(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def cpu_matmul(n: int, repeats: int, progress: Progress,
+               seconds: float = MATMUL_SECONDS) -> MatmulRun:
+    """fp32 with numpy (its BLAS threads), where torch is not importable."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    a @ b  # warm up the BLAS threads
 
-    def once() -> float:
-        t = time.perf_counter()
-        a @ b
-        return 2 * n**3 / (time.perf_counter() - t)
+    def product(k: int):
+        a = rng.standard_normal((k, k), dtype=np.float32)
+        b = rng.standard_normal((k, k), dtype=np.float32)
+        return lambda: a @ b
 
-    return _best("matmul fp32", repeats, once, progress)
+    run = measure_matmul("matmul fp32", n, repeats, seconds, product, _cpu_timer, progress)
+    progress.say(measured_line("matmul fp32", run.runs, repeats, run.flops, run.seconds, run))
+    return run
 
 
 TORCH_DTYPES = ("bf16", "fp16", "fp32")
@@ -79,7 +96,6 @@ TORCH_DTYPES = ("bf16", "fp16", "fp32")
 def _cuda_timer(torch):
     def timed(fn) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        fn()
         torch.cuda.synchronize()
         start.record()
         fn()
@@ -89,28 +105,42 @@ def _cuda_timer(torch):
     return timed
 
 
-def _cpu_timer(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def _far_below(fp32: MatmulRun):
+    """On a CPU: a reason to stop a 16-bit dtype at its probe, from fp32's rate at the
+    same size ("" when it is not far below; see FAR_BELOW_FP32)."""
+    def probe_stop(n: int, rate: float) -> str:
+        ref = fp32.rates.get(n)
+        if not ref or rate >= FAR_BELOW_FP32 * ref:
+            return ""
+        return (f"probed at {n}x{n} only: {gflops(rate)} against fp32's {gflops(ref)} "
+                "there, so no faster 16-bit units; its ceiling is fp32's (half_precision)")
+    return probe_stop
 
 
-def torch_matmuls(n: int, repeats: int, progress: Progress, cuda: bool) -> dict[str, float]:
-    """{dtype: FLOP/s} of torch ``n x n`` matmuls in bf16, fp16 and fp32, on the first
-    CUDA device or on the CPU (torch's own threads, oneDNN/AMX where the CPU has it)."""
+def torch_matmuls(n: int, repeats: int, progress: Progress, cuda: bool,
+                  seconds: float = MATMUL_SECONDS) -> dict[str, MatmulRun]:
+    """{dtype: MatmulRun} of torch matmuls up to ``n x n`` in bf16, fp16 and fp32, on the
+    first CUDA device or on the CPU (torch's own threads, oneDNN/AMX where the CPU has it;
+    fp32 first there, and a 16-bit dtype far below it stops at its probe)."""
     import torch
 
     dev = torch.device("cuda:0" if cuda else "cpu")
     timed = _cuda_timer(torch) if cuda else _cpu_timer
-    flops = {}
-    for name in TORCH_DTYPES:
+    runs: dict[str, MatmulRun] = {}
+    for name in TORCH_DTYPES if cuda else ("fp32", "bf16", "fp16"):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-        a = torch.randn(n, n, dtype=dtype, device=dev)
-        b = torch.randn(n, n, dtype=dtype, device=dev)
-        a @ b  # warm up: kernels chosen, threads started
-        flops[name] = _best(f"matmul {name}", repeats,
-                            lambda a=a, b=b: 2 * n**3 / timed(lambda: a @ b), progress)
-    return flops
+
+        def product(k: int, dtype=dtype):
+            a = torch.randn(k, k, dtype=dtype, device=dev)
+            b = torch.randn(k, k, dtype=dtype, device=dev)
+            return lambda: a @ b
+
+        stop = None if cuda or name == "fp32" else _far_below(runs["fp32"])
+        runs[name] = measure_matmul(f"matmul {name}", n, repeats, seconds, product, timed,
+                                    progress, stop)
+        r = runs[name]
+        progress.say(measured_line(f"matmul {name}", r.runs, repeats, r.flops, r.seconds, r))
+    return {k: runs[k] for k in TORCH_DTYPES}
 
 
 def cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
@@ -128,8 +158,18 @@ def cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
     return raised
 
 
-def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
-    """(device name, device count, bandwidth, {dtype: flops}) with torch on the first
+def half_precision_note(slow: dict[str, float], runs: dict[str, MatmulRun]) -> str:
+    """The profile's word on 16-bit figures ``cpu_half_floor`` raised: what was measured."""
+    return ("torch's " + ", ".join(f"{k} {gflops(v)} ({runs[k].n}x{runs[k].n})"
+                                   for k, v in slow.items())
+            + f", below its fp32 ({gflops(runs['fp32'].flops)}): this CPU has no faster "
+            "16-bit units, so a 16-bit model is computed on the fp32 units (as vLLM's CPU "
+            "kernels do, converting), and the fp32 figure is its ceiling too")
+
+
+def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress,
+                seconds: float = MATMUL_SECONDS):
+    """(device name, device count, bandwidth, {dtype: MatmulRun}) with torch on the first
     CUDA device."""
     import torch
 
@@ -137,10 +177,13 @@ def gpu_measure(size_bytes: int, n: int, repeats: int, progress: Progress):
     src = torch.empty(size_bytes // 2, dtype=torch.bfloat16, device=dev)
     dst = torch.empty_like(src)
     timed = _cuda_timer(torch)
-    bw = _best("bandwidth", repeats, lambda: 2 * src.numel() * 2 / timed(
+    dst.copy_(src)  # warm up
+    t0 = time.perf_counter()
+    bw = best_of("bandwidth", repeats, lambda: 2 * src.numel() * 2 / timed(
         lambda: dst.copy_(src)), progress)
-    flops = torch_matmuls(n, repeats, progress, cuda=True)
-    return torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, flops
+    progress.say(measured_line("bandwidth", repeats, repeats, bw, time.perf_counter() - t0))
+    runs = torch_matmuls(n, repeats, progress, cuda=True, seconds=seconds)
+    return torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, runs
 
 
 def _cpu_name() -> str:
@@ -170,44 +213,52 @@ def _gpu_available() -> bool:
 
 
 def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
-              repeats: int = 5, progress: Progress | None = None) -> dict:
-    """Measure and return a hardware profile (see the module docstring)."""
-    if size_mib < 1 or matmul_n < 16 or repeats < 1:
-        raise ValueError("size_mib >= 1, matmul_n >= 16 and repeats >= 1 are required")
-    progress = progress or (lambda *a: None)
+              repeats: int = 5, progress: Progress | None = None,
+              matmul_seconds: float = MATMUL_SECONDS) -> dict:
+    """Measure and return a hardware profile (see the module docstring); each dtype's
+    matmuls within about ``matmul_seconds`` (``measure_matmul``)."""
+    if size_mib < 1 or matmul_n < 16 or repeats < 1 or not matmul_seconds > 0:
+        raise ValueError("size_mib >= 1, matmul_n >= 16, repeats >= 1 and matmul_seconds > 0 "
+                         "are required")
+    progress = progress or Silent()
     use_gpu = device == "cuda" or (device == "auto" and _gpu_available())
     if device == "cuda" and not _gpu_available():
         raise ValueError("--device cuda needs torch with a CUDA GPU; use --device cpu")
-    size = size_mib << 20
+    size, t0 = size_mib << 20, time.perf_counter()
+    torch = use_gpu or _torch_importable()
+    dtypes = ("bf16, fp16 and fp32" if use_gpu else "fp32, bf16 and fp16" if torch
+              else "fp32 (numpy: no torch here)")
+    progress.say(plan_line("the GPU" if use_gpu else "the CPU", size_mib, matmul_n, repeats,
+                           matmul_seconds, dtypes))
     if use_gpu:
-        name, count, bw, flops = gpu_measure(size, matmul_n, repeats, progress)
+        name, count, bw, runs = gpu_measure(size, matmul_n, repeats, progress, matmul_seconds)
         method = {"device": "cuda", "copy": "torch bf16 device-to-device copy_",
-                  "matmul": f"torch {matmul_n}x{matmul_n} bf16/fp16/fp32 matmul"}
+                  "matmul": f"torch bf16/fp16/fp32 matmul up to {matmul_n}x{matmul_n}"}
     else:
         name, count = f"{_cpu_name()} ({_cpu_count()} cores)", 1
         bw = cpu_bandwidth(size, repeats, progress)
+        progress.say(measured_line("bandwidth", repeats, repeats, bw, time.perf_counter() - t0))
         method = {"device": "cpu", "copy": "numpy copyto, one thread"}
-        if _torch_importable():
-            flops = torch_matmuls(matmul_n, repeats, progress, cuda=False)
-            method["matmul"] = (f"torch {matmul_n}x{matmul_n} bf16/fp16/fp32 matmul on the "
-                                "CPU (torch threads)")
-            slow = cpu_half_floor(flops)
-            if slow:
-                method["half_precision"] = (
-                    "torch's " + ", ".join(f"{k} {v / 1e9:.3g}" for k, v in slow.items())
-                    + " GFLOP/s, below its fp32: this CPU has no faster 16-bit units, so "
-                    "a 16-bit model is computed on the fp32 units (as vLLM's CPU kernels "
-                    "do, converting), and the fp32 figure is its ceiling too")
+        if torch:
+            runs = torch_matmuls(matmul_n, repeats, progress, False, matmul_seconds)
+            method["matmul"] = (f"torch bf16/fp16/fp32 matmul up to {matmul_n}x{matmul_n} on "
+                                "the CPU (torch threads)")
         else:
-            flops = {"fp32": cpu_matmul(matmul_n, repeats, progress)}
-            method["matmul"] = (f"numpy {matmul_n}x{matmul_n} fp32 matmul (BLAS threads); "
-                                "no torch here, so no bf16/fp16 ceiling: run calibrate "
-                                "where torch is importable (the engine's image)")
+            runs = {"fp32": cpu_matmul(matmul_n, repeats, progress, matmul_seconds)}
+            method["matmul"] = (f"numpy fp32 matmul up to {matmul_n}x{matmul_n} (BLAS "
+                                "threads); no torch here, so no bf16/fp16 ceiling: run "
+                                "calibrate where torch is importable (the engine's image)")
+    flops = {k: r.flops for k, r in runs.items()}
+    if not use_gpu and (slow := cpu_half_floor(flops)):
+        method["half_precision"] = half_precision_note(slow, runs)
+    method |= {"matmul_seconds": matmul_seconds,
+               "matmul_runs": {k: r.as_dict() for k, r in runs.items()}}
     try:
         part = catalog.hardware(name).name
     except ValueError:
         part = None
     memory = _device_memory_gb(use_gpu)
+    progress.say(f"calibrate: done in {time.perf_counter() - t0:.1f} s")
     return {"format": PROFILE_FORMAT, "part": part, "device": name, "devices": 1,
             **({"memory_gb": memory} if memory else {}),
             "visible_devices": count,
@@ -216,6 +267,14 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
             "method": method | {"buffer_mib": size_mib, "repeats": repeats, "best_of": True},
             "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "host": platform.node()}
+
+
+def plan_line(where: str, size_mib: int, n: int, repeats: int, seconds: float,
+              dtypes: str) -> str:
+    """What calibrate is about to measure, and the bound on it, before it starts."""
+    return (f"calibrate on {where}: memory bandwidth (a {size_mib} MiB copy, best of "
+            f"{repeats}), then {dtypes} matmuls up to {n}x{n}, best of {repeats}, each "
+            f"dtype within about {seconds:g} s (--matmul-seconds)")
 
 
 def _device_memory_gb(gpu: bool) -> float | None:
@@ -237,7 +296,8 @@ def _cpu_count() -> int:
 
 
 def report(profile: dict) -> str:
-    """The measurement beside the catalog's datasheet figures when the part is known."""
+    """The measurement beside the catalog's datasheet figures when the part is known, and
+    each dtype measured smaller or fewer times than asked, with why."""
     m = profile["measured"]
     lines = [f"device: {profile['device']}"]
     spec = catalog.hardware(profile["part"]) if profile["part"] else None
@@ -249,17 +309,10 @@ def report(profile: dict) -> str:
         sheet = (f"{peak / 1e12:,.0f} TFLOP/s datasheet ({tf * 1e12 / peak:.0%})" if peak
                  else "no datasheet figure")
         lines.append(f"matmul {dtype:<10} {tf:>12,.3f} TFLOP/s {sheet}")
+    runs = profile.get("method", {}).get("matmul_runs", {})
+    lines += [f"  {k}: {r['bounded']}" for k, r in runs.items() if r.get("bounded")]
     return "\n".join(lines)
 
 
 def write(profile: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile, indent=2) + "\n")
-
-
-def stderr_progress(what: str, done: int, total: int, best: float) -> None:
-    unit, scale = ("GB/s", 1e9) if what == "bandwidth" else ("TFLOP/s", 1e12)
-    bar = "#" * done + "." * (total - done)
-    sys.stderr.write(f"\r{what:<12} [{bar}] {done}/{total}  best {best / scale:,.3f} {unit}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()

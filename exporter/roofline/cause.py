@@ -47,25 +47,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewatch.roofline import model_costs
+from phasewatch.roofline.cause_limits import LIMITS, Limits
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.intervals import decode_slowdown, prefill_start, union_length
 
-# vLLM preempts when it cannot allocate a block; its usage gauge reads 1.0 then. Scraped
-# every couple of seconds, a cache that fills and frees between scrapes reads a little
-# under: 0.95 is "full".
-KV_FULL = 0.95
-KV_ROOM = 0.8  # under this the KV cache has room for more sequences
-# preemptions with the cache seen at least this full are kv_cache (a scrape every couple
-# of seconds misses the moment it was full); below it, preemption_recompute
-KV_PREEMPT_FULL = 0.8
-PINNED = 0.6  # share of scrapes (or moments) with running at its maximum
-WAITING = 0.5  # share of scrapes with a request waiting: requests queue
-BUSY = 0.5  # share of the window the engine had a request in prefill or decode
-INTERFERENCE_FLOPS = 0.5  # share of decode steps' FLOPs that are prefill chunks
-INTERFERENCE_SLOWDOWN = 1.25  # TPOT sharing every step with prefill / sharing none
-INTERFERENCE_LOST = 0.2  # share of decode time lost to it: shared x (1 - 1 / slowdown)
-INTERFERENCE_SHARED = 0.3  # share of decode time shared with prefill (FLOPs-only rule)
+# the thresholds, and how far each moves for the cause in place (cause_limits)
+KV_FULL, KV_ROOM, KV_PREEMPT_FULL = LIMITS.kv_full, LIMITS.kv_room, LIMITS.kv_preempt_full
+PINNED, WAITING, BUSY = LIMITS.pinned, LIMITS.waiting, LIMITS.busy
+INTERFERENCE_LOST = LIMITS.interference_lost
 # vLLM's default share of accelerator memory it takes (SGLang's --mem-fraction-static
 # is about the same): the records-only KV estimate assumes it for every engine
 GPU_MEMORY_UTILIZATION = 0.9
@@ -170,9 +160,16 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     f = np.where(np.isnan(first), last, first)[ok]
     started, ended = _UpTo(s, t), _UpTo(e, t)
     running = started.index - ended.index
+    at_max = running >= running.max()
     out = {"max_running": int(running.max()),
-           "running_at_max_share": float((running >= running.max()).mean())
-           if running.max() else 0.0}
+           "running_at_max_share": float(at_max.mean()) if running.max() else 0.0}
+    waiting = _waiting(cols, t)
+    if waiting is not None and running.max() and waiting.mean() >= WAITING_MOMENTS:
+        # a slot limit is running at the maximum *while requests wait*: over those moments
+        # only. Requests still waiting or running at the range's end are invisible alike
+        # (no record yet), so the share does not sag toward the end as the plain one does
+        out.update(running_at_max_share=float(at_max[waiting].mean()),
+                   running_read_over="waiting", waiting_moment_share=float(waiting.mean()))
     if level:  # the share of moments at or above a level read elsewhere (the engine's)
         out["running_at_level_share"] = float((running >= level).mean())
     hw = dep.hardware if dep is not None else None
@@ -192,21 +189,39 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     return out
 
 
-def _kv_cache(state: dict, window: float, source: str) -> Cause | None:
+FILLED = 0.9  # busy this much of the window: the engine's own work fills it
+WAITING_MOMENTS = 0.2  # share of moments with a request seen waiting, to read over them
+
+
+def _waiting(cols: dict, t: np.ndarray) -> np.ndarray | None:
+    """At each moment of ``t``, whether a request was waiting in the engine's queue (from
+    its scheduling less its queue time to its scheduling); None where no record has both."""
+    sched, queue = cols["scheduled_at"], cols.get("queue")
+    if queue is None:
+        return None
+    ok = ~np.isnan(sched) & ~np.isnan(queue) & (queue > 0)
+    if not ok.any():
+        return None
+    begun, ended = _UpTo(sched[ok] - queue[ok], t), _UpTo(sched[ok], t)
+    return (begun.index - ended.index) > 0
+
+
+def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
+              ) -> Cause | None:
     pre = state.get("preemptions") or 0.0
     top = state.get("max_kv_usage")
-    waiting = (state.get("waiting_share") or 0.0) >= WAITING
+    waiting = (state.get("waiting_share") or 0.0) >= lim.waiting
     evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
                                       "mean_waiting", "kv_capacity_tokens") if k in state}
     at = f" at {_pct(top)} usage" if top is not None else ""
-    if pre > 0 and (top is None or top >= KV_PREEMPT_FULL):
+    if pre > 0 and (top is None or top >= lim.kv_preempt_full):
         return Cause("kv_cache", f"KV cache full: {pre:.0f} preemptions in {window:.0f} s{at}",
                      source, evidence)
     if pre > 0:
         return Cause("preemption_recompute", f"{pre:.0f} preemptions in {window:.0f} s with "
                      f"the KV cache at most {_pct(top)} full: preempted requests are "
                      "recomputed", source, evidence)
-    if top is not None and top >= KV_FULL and (waiting or source == "records"):
+    if top is not None and top >= lim.kv_full and (waiting or source == "records"):
         wait = (f", {state['mean_waiting']:.1f} requests waiting on average"
                 if state.get("mean_waiting") else "")
         if source == "records":  # an estimate: over 100 % says its memory figure is short
@@ -241,11 +256,11 @@ def _running_from_records(state: dict, cols: dict, lo: float, hi: float) -> dict
             "running_read_from": "records"}
 
 
-def _concurrency_limit(state: dict, source: str) -> Cause | None:
-    waiting = source == "records" or (state.get("waiting_share") or 0.0) >= WAITING
+def _concurrency_limit(state: dict, source: str, lim: Limits = LIMITS) -> Cause | None:
+    waiting = source == "records" or (state.get("waiting_share") or 0.0) >= lim.waiting
     top, pinned = state.get("max_running"), state.get("running_at_max_share") or 0.0
     kv = state.get("max_kv_usage")
-    if not (waiting and top and pinned >= PINNED and (kv is None or kv < KV_ROOM)):
+    if not (waiting and top and pinned >= lim.pinned and (kv is None or kv < lim.kv_room)):
         return None
     limit = state.get("configured_max_running")
     if kv is None and not (limit and top >= limit):
@@ -256,16 +271,20 @@ def _concurrency_limit(state: dict, source: str) -> Cause | None:
             else "")
     how = (", by the requests' own times" if state.get("running_read_from") == "records"
            else "")
-    text = (f"Slot limit: {top:.0f} requests running ({_pct(pinned)} of the time at that "
+    when = ("of the time requests waited" if state.get("running_read_over") == "waiting"
+            else "of the time")
+    text = (f"Slot limit: {top:.0f} requests running ({_pct(pinned)} {when} at that "
             f"maximum{f', the configured {limit:.0f}' if limit else ''}{how}){wait}, {room}")
     return Cause("concurrency_limit", text, source,
                  {k: state[k] for k in ("max_running", "running_at_max_share", "mean_waiting",
                                         "max_kv_usage", "configured_max_running",
                                         "waiting_by_reason", "running_read_from",
+                                        "running_read_over", "waiting_moment_share",
                                         "engine_running_at_max_share") if k in state})
 
 
-def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
+def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
+                  ) -> Cause | None:
     if est.prefill is None or est.decode is None:
         return None
     shared = est.shared_step_flops.get("decode", 0.0)
@@ -281,12 +300,12 @@ def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
         evidence.update(gaps)
         lost = shared_time * (1.0 - 1.0 / slowdown) if slowdown > 1 else 0.0
         evidence["decode_time_lost"] = lost
-        if slowdown < INTERFERENCE_SLOWDOWN or lost < INTERFERENCE_LOST:
+        if slowdown < lim.interference_slowdown or lost < lim.interference_lost:
             return None
         how = (f"a decode step shared with prefill takes {slowdown:.1f}x one that is not "
                f"(TPOT {gaps['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
                f"{gaps['tpot_without_prefill'] * 1e3:.1f} ms)")
-    elif (share >= INTERFERENCE_FLOPS and shared_time >= INTERFERENCE_SHARED
+    elif (share >= lim.interference_flops and shared_time >= lim.interference_shared
           and not est.client_view):  # there, "prefill" runs from arrival: the queue too
         how = f"{_pct(share)} of the FLOPs in decode's steps are other requests' prefill"
     else:
@@ -298,15 +317,17 @@ def _interference(est: RooflineEstimate, gaps: dict | None) -> Cause | None:
 
 def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: dict,
              engine: EngineRates | None, gaps: dict | None = None,
-             busy: float | None = None) -> Cause | None:
+             busy: float | None = None, held: str | None = None) -> Cause | None:
     """The cause for a verdict on ``phase`` (see the module docstring).
 
     ``engine`` is the engine's own state over the window (None when it is not scraped or
     the scrapes failed: the records stand in, and the cause says ``source: records``);
     ``gaps``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
     against TPOT without, and ``busy``, ``busy_share`` (each computed here when not
-    given).
+    given); ``held``, the cause the verdict on this phase holds now, whose thresholds
+    move in its favour (``cause_limits.HOLD``).
     """
+    lim = LIMITS.holding(held)
     lo, hi = est.range_start, est.range_end
     window = hi - lo
     if busy is None:
@@ -321,33 +342,38 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
     else:
         state, source = in_engine(cols, dep, lo, hi), "records"
     if phase in ("queue", "decode", "prefill", "ttft"):
-        cause = _kv_cache(state, window, source)
+        cause = _kv_cache(state, window, source, lim)
         if cause is not None:
             return _with_recompute(cause, est)
     # time to first token (the client's view) holds the queue: a slot limit where the
     # engine's own gauges say so (the records alone cannot tell waiting from a slow
     # prefill there)
     if phase == "queue" or (phase == "ttft" and source == "engine_metrics"):
-        cause = _concurrency_limit(state, source)
+        cause = _concurrency_limit(state, source, lim)
         if cause is None and source == "engine_metrics":
-            cause = _concurrency_limit(_running_from_records(state, cols, lo, hi), source)
+            cause = _concurrency_limit(_running_from_records(state, cols, lo, hi), source,
+                                       lim)
         if cause is not None:
             return cause
     if phase == "decode":
-        cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi))
+        cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi),
+                              lim)
         if cause is not None:
             return cause
     if phase == "ttft" and source == "records":
         return None  # the records cannot tell waiting from a busy engine there
-    if busy is not None and busy >= BUSY:
+    if busy is not None and busy >= lim.busy:
         # what was looked for and not found: prefill interference only slows decode
         seen = [*(["full KV cache"] if state.get("max_kv_usage") is not None else []),
                 "slot limit", *(["prefill interference"] if phase == "decode" else [])]
         ruled_out = (", ".join(seen[:-1]) + " or " + seen[-1]) if len(seen) > 1 else seen[0]
         unknown = " (KV-cache usage unknown)" if state.get("max_kv_usage") is None else ""
+        # "fills it" only where it does; at 64 % a third of the window is idle
+        pace = ("its own work fills it" if busy >= FILLED else
+                f"its own work, no limit, sets the pace, with {_pct(1 - busy)} of the window "
+                "idle")
         return Cause("compute_saturated", f"Engine busy {_pct(busy)} of the window, with "
-                     f"no {ruled_out} seen{unknown}: its own work fills it", source,
-                     {"busy_share": busy})
+                     f"no {ruled_out} seen{unknown}: {pace}", source, {"busy_share": busy})
     return None
 
 

@@ -92,7 +92,8 @@ def load_profile(path: str | Path, gpus: int) -> HardwareSpec:
                             flops={d: v / per_device for d, v in flops.items()},
                             measured_bandwidth=bw / per_device,
                             measured_flops={d: v / per_device for d, v in flops.items()},
-                            memory_bytes=memory)
+                            memory_bytes=memory, datasheet=False,
+                            cpu=(data.get("method") or {}).get("device") == "cpu")
     return spec.times(gpus)
 
 
@@ -142,14 +143,17 @@ def _hardware(o: ModelOptions, served: str) -> tuple[HardwareSpec | None, str]:
     try:
         name, count = detect_nvml()
     except RuntimeError as e:
-        log.warning("no roofline for %s: hardware not given and not detected (%s); set "
-                    "--hardware NAME or --hardware-profile FILE", served, e)
+        log.warning("no roofline for %s: the hardware is missing, not given (--hardware, "
+                    "--hardware-profile) and not detected (%s): on a GPU, name it with "
+                    "--hardware NAME; %s. Latency and phases are published without it",
+                    served, e, catalog.NOT_IN_CATALOG)
         return None, "none"
     try:
         spec = catalog.hardware(name, gpus or count)
     except ValueError as e:
-        log.warning("no roofline for %s: NVML found %r, which the catalog lacks (%s); set "
-                    "--hardware NAME or --hardware-profile FILE", served, name, e)
+        log.warning("no roofline for %s: NVML found %r, which the catalog lacks (%s); or "
+                    "name a catalog part with --hardware NAME. Latency and phases are "
+                    "published without it", served, name, e)
         return None, "none"
     log.info("hardware for %s detected through NVML: %s x%d", served, spec.name, spec.gpus)
     return spec, "nvml"

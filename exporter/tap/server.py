@@ -14,6 +14,7 @@ from aiohttp import web
 from phasewatch.tap.proxy import Tap
 from phasewatch.tap.recorder import client_recorder
 from phasewatch.tap.stats import metrics_app
+from phasewatch.transport.listen import listening
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,15 @@ class TapServer:
     """The tap on its own event loop thread: ``start()``, ``port``, ``stop()``; with
     ``metrics_port`` (0: a free one) its counts (and ``client``'s) on ``/metrics``
     there; with ``ssl_context``, both over HTTPS. ``stop()`` lets open streams finish
-    for ``grace`` seconds, then cuts them (counted ``tap_stopped``)."""
+    for ``grace`` seconds, then cuts them (counted ``tap_stopped``). ``listener``: what
+    a port that cannot be bound is called and the flag that moves it (``ListenError``;
+    the metrics port's flag is ``--metrics-port``)."""
 
     def __init__(self, tap: Tap, host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, metrics_port: int | None = None,
                  client=None, grace: float = 10.0, loop: str = "auto",
-                 reuse_port: bool = False):
-        self.tap, self.host, self.port = tap, host, port
+                 reuse_port: bool = False, listener: tuple[str, str] = ("the tap", "--port")):
+        self.tap, self.host, self.port, self._listener = tap, host, port, listener
         self.metrics_port, self._client = metrics_port, client
         self._ssl, self._grace = ssl_context, grace
         self._reuse_port = reuse_port  # one of several processes on the tap's port
@@ -115,7 +118,22 @@ class TapServer:
 
     def start(self) -> TapServer:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._up(), self._loop).result(30)
+
+        def up(app: web.Application, port: int, reuse_port: bool = False) -> int:
+            return asyncio.run_coroutine_threadsafe(self._site(app, port, reuse_port),
+                                                    self._loop).result(30)
+
+        what, flag = self._listener
+        try:
+            self.port = listening(what, flag, self.host, self.port,
+                                  lambda: up(self.tap.app(), self.port, self._reuse_port))
+            if self.metrics_port is not None:
+                self.metrics_port = listening(
+                    "the tap's counts", "--metrics-port", self.host, self.metrics_port,
+                    lambda: up(metrics_app(self.tap, self._client), self.metrics_port))
+        except BaseException:
+            self.stop()  # the loop's thread, and a site already up
+            raise
         return self
 
     async def _site(self, app: web.Application, port: int, reuse_port: bool = False) -> int:
@@ -127,12 +145,6 @@ class TapServer:
                            reuse_port=reuse_port or None, ssl_context=self._ssl)
         await site.start()
         return site._server.sockets[0].getsockname()[1]
-
-    async def _up(self) -> None:
-        self.port = await self._site(self.tap.app(), self.port, self._reuse_port)
-        if self.metrics_port is not None:
-            self.metrics_port = await self._site(metrics_app(self.tap, self._client),
-                                                 self.metrics_port)
 
     def stop(self) -> None:
         """Idempotent."""

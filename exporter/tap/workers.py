@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 
 from phasewatch.tap.server import announce, destination, listener_ssl, start
 from phasewatch.tap.stats import summary
+from phasewatch.transport.listen import listening
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
         tap, client, server, where = start(conf, port, metrics_port)
         announce(conf, server.scheme, server.port, server.metrics_port, where,
                  f"pid {os.getpid()}")
-        (stop or threading.Event()).wait()
+        stop = stop or threading.Event()
+        while not stop.wait(0.5):  # in slices: a signal another thread took still runs
+            pass                   # its handler here (phasewatch.commands.wait_stopped)
     except KeyboardInterrupt:
         pass
     finally:
@@ -183,21 +186,20 @@ def serve_workers(conf: dict, port: int, workers: int, metrics_port: int | None,
     """``serve_forever`` with ``workers`` processes (see the module docstring)."""
 
     ctx = multiprocessing.get_context("spawn")
-    try:
-        held = reserve_port(conf["host"], port)
-    except OSError as e:
-        raise ValueError(f"the tap cannot listen on {conf['host']}:{port} (--host, --port): "
-                         f"{e.strerror or e}") from None
+    held = listening("the tap", "--port", conf["host"], port,
+                     lambda: reserve_port(conf["host"], port))
     port = held.getsockname()[1]
     totals = Totals()
     running: list[_Worker] = []
     metrics = None
     try:
+        context = listener_ssl(conf)  # the workers' own, and the parent's /metrics
+        if metrics_port is not None:  # bound before any worker starts: a taken port, one line
+            metrics = listening("the tap's counts", "--metrics-port", conf["host"],
+                                metrics_port, lambda: _MetricsServer(
+                                    totals, conf["host"], metrics_port, context))
         for i in range(workers):
             running.append(_started(ctx, conf, port, i, totals))
-        context = listener_ssl(conf)  # the workers' own, and the parent's /metrics
-        if metrics_port is not None:
-            metrics = _MetricsServer(totals, conf["host"], metrics_port, context)
         pids = ", ".join(str(w.pid) for w in running)
         announce(conf, "https" if context is not None else "http", port,
                  metrics.port if metrics is not None else None,
@@ -310,7 +312,11 @@ class _MetricsServer:
             await site.start()
             return site._server.sockets[0].getsockname()[1]
 
-        self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(30)
+        try:
+            self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(30)
+        except BaseException:
+            self.stop()  # the loop's thread
+            raise
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)

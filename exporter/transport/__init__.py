@@ -8,7 +8,8 @@ answers, the identity (de)serializer), HTTP (``http_server``: /metrics, /healthz
 all: ``admission`` (the overload gate: calls and bytes in flight, resident memory),
 ``auth`` (bearer tokens, as a gRPC interceptor and an HTTP check), ``tls`` (TLS and
 mutual TLS from PEM files reloaded when they change, the gRPC ports behind a TLS
-front; ``ClientTls`` for the clients' side).
+front; ``ClientTls`` for the clients' side); ``listen``: a bind failure as the one line
+every command prints (``ListenError``, naming the flag).
 
 Out: started servers that hand each admitted call's bytes to its handler (the
 receivers in ``ingest``, the pages in ``publish``); every refusal counted in

@@ -8,6 +8,12 @@ JSON API (for the dashboard):
 * ``GET /api/v1/bench?window=SECONDS``: the window as ``vllm bench serve`` prints a run
   (``phasewatch.publish.benchtext``), its text and figures per (model, engine);
 * ``GET /api/v1/status``: ingest totals and the bound ports.
+
+In ``summary`` and ``bench`` alike, ``requests_in_window`` / ``requests`` counts the
+requests that finished in the window (weighted 1/p where traces were sampled), and a
+quantile's ``count`` those same requests whose figure is known, each once: equal
+without sampling, a TTFT-less engine (TGI without its prefill spans) or more requests
+than --window-capacity.
 """
 
 from __future__ import annotations
@@ -46,9 +52,10 @@ def query_number(qs: dict, name: str, default: float, lo: float, hi: float) -> f
 
 
 def send_body(handler, code: int, body: bytes, ctype: str, headers=(),
-              gzipped: bool = False) -> None:
+              gzipped: bool = False, head: bool = False) -> None:
     """One whole response from a ``BaseHTTPRequestHandler``: status, type, length, extra
-    headers, body (gzip-compressed at level 1 when ``gzipped``)."""
+    headers, body (gzip-compressed at level 1 when ``gzipped``; not sent for ``head``,
+    the answer to a HEAD request)."""
     if gzipped:
         body = gzip.compress(body, compresslevel=1)
     handler.send_response(code)
@@ -59,7 +66,8 @@ def send_body(handler, code: int, body: bytes, ctype: str, headers=(),
     for k, v in headers:
         handler.send_header(k, v)
     handler.end_headers()
-    handler.wfile.write(body)
+    if not head:
+        handler.wfile.write(body)
 
 
 def make_handler(metrics: Callable[[str], tuple[bytes, str]],
@@ -161,6 +169,11 @@ class _BoundedServer(ThreadingHTTPServer):
                 if request is None:  # refused and counted
                     return
             self.finish_request(request, client_address)
+        except ConnectionError as e:
+            # the client hung up before its answer was read or written (a dashboard that
+            # gave up on a slow answer, a probe's timeout): its business, not an error
+            # here; socketserver would print a traceback on stderr
+            log.debug("%s:%s hung up: %s", *client_address[:2], e)
         except Exception:
             self.handle_error(request, client_address)
         finally:

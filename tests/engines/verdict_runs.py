@@ -350,6 +350,8 @@ class WorkloadRun:
     # the same workload through a tap alone (TAP_VIEW): its roofline entry, /metrics,
     # client counts and log, and why each earlier run of it was set aside
     tap_view: dict = field(default_factory=dict)
+    # the same workload read by a phasewatch told the wrong model (WRONG_MODEL_RUN)
+    wrong_model: dict = field(default_factory=dict)
 
 
 def calibrate(tmp: Path) -> Path:
@@ -432,6 +434,10 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
                 run.tap_view = tap_view(tmp, base, run.name, profile, cap, run,
                                         serial=1_000_000 * (i + 1) + 500_000,
                                         slowdown=slowdown)
+            if run.name == WRONG_MODEL_RUN:
+                run.wrong_model = wrong_model_view(tmp, base, run.name, profile, cap,
+                                                   serial=1_000_000 * (i + 1) + 700_000,
+                                                   slowdown=slowdown)
     finally:
         stop_group(vllm)
         cap.stop()
@@ -499,6 +505,38 @@ def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: i
     return {"roofline": roofline[0] if len(roofline) == 1 else {"all": roofline},
             "metrics": metrics, "client": client, "log": serve.log_path.read_text(),
             "host_stalls": stalls[:3]}
+
+
+# Issue 37: a user who names the wrong model (--model meta-llama/Llama-3.1-8B-Instruct in
+# front of this ~100M model) was told the hardware ceiling was wrong and to recalibrate;
+# vLLM's own FLOP counter, ~80x below the 8B model's cost of the same tokens, said which
+# input was wrong. One workload of the default start runs once more, so configured.
+WRONG_MODEL_RUN = "decode_heavy"
+WRONG_MODEL = "Llama-3.1-8B"
+
+
+def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
+                     slowdown: float = 1.0) -> dict:
+    """Workload ``name`` once more, vLLM's spans and /metrics read by a phasewatch told
+    the engine serves ``WRONG_MODEL``: its roofline entry and log."""
+    from tests.serve import ServeProcess
+    from tests.test_real_vllm import phasewatch_dtype_flags
+
+    serve = ServeProcess(
+        tmp, *phasewatch_dtype_flags(), "--model", WRONG_MODEL, "--served-model-name",
+        MODEL_NAME, "--default-model", MODEL_NAME, "--hardware-profile", str(profile),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--roofline-interval", "1").start()
+    cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
+    try:
+        client = load(tmp, base, name, serial, slowdown)
+        time.sleep(3.0)
+        roofline = json.loads(get(f"http://127.0.0.1:{serve.http_port}/api/v1/roofline"))
+    finally:
+        cap.retarget(None)
+        serve.stop()
+    entry = next((m for m in roofline["models"] if m["model"] == MODEL_NAME), {})
+    return {"roofline": entry, "client": client, "log": serve.log_path.read_text()}
 
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,

@@ -7,7 +7,7 @@ an empty ``ExportTraceServiceResponse`` (or ``partial_success``); 400 with a
 (checked before reading, and again after gunzip so a small bomb cannot expand);
 415 for another content type; 503 with ``Retry-After`` when the admission gate
 refuses (in-flight or memory limit; checked before the body is read), so the OTel
-SDK's HTTP exporter retries.
+SDK's HTTP exporter retries. Any other method: 405 with ``Allow: POST``.
 """
 
 from __future__ import annotations
@@ -74,6 +74,18 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             if reason:
                 stats.inc("phasewatch_ingest_rejected_total", protocol=PROTOCOL, reason=reason)
             self._status(http, code, message, ctype, headers)
+
+        def _only_post(self):
+            """Any method but POST: 405 with ``Allow: POST`` on /v1/traces (404 off it),
+            a short plain body, and the connection closed (a body sent is never read)."""
+            on_path = self.path.split("?", 1)[0] == "/v1/traces"
+            self.close_connection = True
+            send_body(self, 405 if on_path else 404, b"POST OTLP traces to /v1/traces\n",
+                      "text/plain; charset=utf-8",
+                      ((("Allow", "POST"),) if on_path else ()) + (("Connection", "close"),),
+                      head=self.command == "HEAD")
+
+        do_GET = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _only_post
 
         def do_POST(self):
             if self.path.split("?", 1)[0] != "/v1/traces":

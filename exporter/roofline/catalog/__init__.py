@@ -85,6 +85,10 @@ class HardwareSpec:
     measured_bandwidth: float | None = None
     measured_flops: dict[str, float] = field(default_factory=dict)
     gpus: int = 1
+    # False where ``bandwidth`` and ``flops`` are no vendor's figures but measured ones
+    # (a calibrated part the catalog lacks, a CPU): the roofline's lines say "measured"
+    datasheet: bool = True
+    cpu: bool = False  # measured on a CPU (a calibrate profile): no CUDA graphs, no GPU
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak for ``dtype``; falls back to the 16-bit figure, then to 0 (unknown)."""
@@ -187,8 +191,14 @@ def model(name: str) -> ModelSpec:
     )
 
 
+# The way out for hardware the catalog lacks (a CPU has no datasheet figure here), said
+# wherever the hardware is missing or unknown.
+NOT_IN_CATALOG = ("for a CPU, or a part the catalog lacks, measure it with `phasewatch "
+                  "calibrate --output FILE` and pass --hardware-profile FILE")
+
+
 def hardware(name: str, gpus: int = 1) -> HardwareSpec:
-    canonical = _resolve("hardware", name, _hardware())
+    canonical = _resolve("hardware", name, _hardware(), NOT_IN_CATALOG)
     e = _hardware()[canonical]
     measured = e.get("measured", {})
     spec = HardwareSpec(
