@@ -138,3 +138,19 @@ def test_the_other_phases_flops_past_the_peak_are_a_wrong_input_not_a_bound():
     assert (v.phase, v.resource) == ("decode", "unknown")
     assert v.evidence["ceiling_points_to"] == "model_or_dtype"
     assert "runs at that ceiling" not in v.text and "calibrate" not in v.text
+
+
+def test_the_engine_counting_more_than_the_model_costs_is_named_only_far_past_transients():
+    """For the model it served, the real vLLM's count over a refresh's range read up to
+    4.25x the inferred FLOPs (work in flight the records do not have yet): not the model.
+    1/20 is; and nothing is judged before the range holds 20 requests."""
+    est = estimate(H100, 0.3 * H100.peak_flops * 10.0)
+    total = est.prefill.flops + est.decode.flops
+    for engine_over, named in ((4.25, False), (20.0, True)):
+        rates = EngineRates(seconds=30.0, samples=15,
+                            flops_per_gpu=total * engine_over / 30.0)
+        counted = with_engine_counters(est, H100, rates)
+        assert (ceiling.model_mismatch(counted, H100) is not None) == named, engine_over
+    few = replace(with_engine_counters(est, H100, EngineRates(
+        seconds=30.0, samples=15, flops_per_gpu=total / 80 / 30.0)), requests=12)
+    assert ceiling.model_mismatch(few, H100) is None

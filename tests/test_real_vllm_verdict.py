@@ -322,8 +322,8 @@ def test_a_wrong_model_is_named_not_the_ceiling(runs):
     assert "calibrate" not in v["text"], v["text"]
     assert "looks wrong" in view["log"] and "calibrate" not in view["log"].split(
         "looks wrong")[1].split("\n")[0]
-    # and never for the model served: under KV pressure vLLM's count over the range
-    # read 2.3x the inferred FLOPs (preempted prompts recomputed), under the bar
+    # and never for the model served: on some refreshes vLLM's count read up to 4.25x
+    # the inferred FLOPs (work in flight, preempted prompts redone), under the bar
     right = {name: r.roofline.get("verdict", {}).get("text", "") for name, r in runs.items()
              if "looks wrong" in r.log}
     assert not right, right

@@ -164,3 +164,14 @@ def test_a_cpu_is_offered_no_cuda_graphs():
     assert for_hardware(step, cpu)[0].startswith("a compiled model or a faster serving engine")
     assert for_hardware(LEVERS[("decode", "overhead")], cpu) == ("larger batches",
                                                                   "fewer tiny requests")
+
+
+def test_a_measured_part_is_not_said_to_have_datasheet_peaks():
+    """Issue 37: the real vLLM on this CPU read "MBU 13% and MFU 13% of the datasheet
+    peaks of AMD EPYC (2 cores)", a part calibrate measured and no datasheet lists."""
+    from dataclasses import replace as _replace
+
+    measured = _replace(DEP, hardware=_replace(DEP.hardware, datasheet=False))
+    assert "of the measured peaks of H100-SXM x1" in decide(
+        est((0.05, 0.05, 0.90)), measured).text
+    assert "of the datasheet peaks of H100-SXM x1" in decide(est((0.05, 0.05, 0.90)), DEP).text

@@ -10,8 +10,8 @@ Llama-3.1-8B, phasewatch computed 80x the real FLOPs and said "run phasewatch
 calibrate" to a user who just had. The evidence, in order:
 
 1. **The model**: the engine counts its own FLOPs (vLLM ``--enable-mfu-metrics``) and
-   the configured model's cost for the same tokens is ``MODEL_COST_RATIO`` or more away
-   from that count: the engine serves another model than ``--model`` names.
+   the configured model's cost for the same tokens is far from that count
+   (``MODEL_COST_RATIO``): the engine serves another model than ``--model`` names.
 2. **The dtype**: the rate fits under another dtype's ceiling of the same part (FP8
    where bf16 is configured; a profile measured in another dtype): the engine computes
    in that dtype.
@@ -29,12 +29,23 @@ from dataclasses import dataclass
 
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 
-# configured model's cost / the engine's own count, either way. The engine's count over
-# the range is its rate over the last window of wall time (``with_engine_counters``):
-# on the real vLLM under KV pressure it read 2.3x the inferred FLOPs of the right model
-# (preempted prompts recomputed, the load ending), so only a wider gap names the model:
-# 8B against the served ~100M read 93x; a 70B against an 8B would read ~9x
-MODEL_COST_RATIO = 4.0
+# How far the configured model's cost of the window's tokens and the engine's own count
+# of the same work may be apart before the model is named. The engine's count over a
+# range is its rate over the last window of wall time (``with_engine_counters``), which
+# holds work the records do not have yet (requests in flight, preempted prompts redone):
+# on the real vLLM, for the model it served, the engine counted up to 4.25x the inferred
+# FLOPs on some refreshes (prefill_heavy, kv_pressure) and 1.04x over the whole run. So
+# a configured model that costs 4x what the engine counts is named (an 8B before the
+# served ~100M model read 93x), one that costs less only at 1/16, and neither before the
+# range holds ``MODEL_MIN_REQUESTS`` requests.
+MODEL_COST_RATIO = 4.0  # configured / engine: the configured model is too large
+MODEL_COST_RATIO_BELOW = 1 / 16  # configured / engine: too small
+MODEL_MIN_REQUESTS = 20
+
+
+def _model_off(cost: float | None, est: RooflineEstimate) -> bool:
+    return cost is not None and est.requests >= MODEL_MIN_REQUESTS and not (
+        MODEL_COST_RATIO_BELOW < cost < MODEL_COST_RATIO)
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ def blame(est: RooflineEstimate, dep: Deployment, phase: str, what: str, ratio: 
     over = (f"{phase} achieved {ratio:.2f}x the {what} ceiling of {hw.name} x{hw.gpus} "
             f"({dep.compute_dtype})")
     cost = model_cost_ratio(est, "flops" if what == "flops" else "bytes")
-    if cost is not None and not 1 / MODEL_COST_RATIO < cost < MODEL_COST_RATIO:
+    if _model_off(cost, est):
         return CeilingBlame("model", (
             f"{over}, and the engine's own counters count {1 / cost:.3g}x the work "
             f"{dep.model.name} would need for the same tokens: the engine serves another "
@@ -107,7 +118,7 @@ def model_mismatch(est: RooflineEstimate, dep: Deployment) -> str | None:
     the same tokens are ``MODEL_COST_RATIO`` or more apart (the model configured is not
     the one served), whether or not a ceiling was exceeded; else None."""
     cost = model_cost_ratio(est, "flops")
-    if cost is None or 1 / MODEL_COST_RATIO < cost < MODEL_COST_RATIO:
+    if not _model_off(cost, est):
         return None
     return (f"The configured model looks wrong: the engine's own counters count "
             f"{1 / cost:.3g}x the FLOPs {dep.model.name} would need for the same tokens, so "

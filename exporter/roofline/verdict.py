@@ -378,7 +378,8 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
     whose = ("The prompts' prefill over arrival to first token: MBU" if v.phase == "ttft"
              else f"{phase_name(v.phase)}'s MBU")
     tail = (f"{whose} {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
-            f"datasheet peaks of {hw.name} x{hw.gpus}, at {e['arithmetic_intensity']:.0f} "
+            f"{'datasheet' if hw.datasheet else 'measured'} peaks of {hw.name} x{hw.gpus}, "
+            f"at {e['arithmetic_intensity']:.0f} "
             f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
     step = step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
     if v.resource == "overhead" and v.phase == "ttft":
