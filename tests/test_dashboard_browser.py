@@ -51,35 +51,39 @@ def browser():
     b.close()
 
 
-class Demo:
-    """``phasewatch demo`` as a user runs it, on free ports, with a short window so a
-    scenario switch shows within seconds."""
+# a demo whose scenario switch shows within seconds: 4x time, a 10 s window
+FAST = ("--dashboard-port", "0", "--time-scale", "4", "--window-seconds", "10",
+        "--roofline-interval", "1", "--refresh", "1", "--summary-every", "1000")
 
-    def __init__(self, first: str):
+
+class Demo:
+    """``phasewatch demo`` as a user runs it, on free ports, with ``args`` (``FAST`` by
+    default); ``url`` is the first URL the line named ``url_from`` prints ("dashboard",
+    or "metrics" for the exporter's, without its path)."""
+
+    def __init__(self, first: str, args: tuple[str, ...] = FAST, url_from: str = "dashboard"):
         self.proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", "-m", "phasewatch.cli", "demo",
-             "--scenario", first,
-             "--http-port", "0", "--grpc-port", "0", "--otlp-grpc-port", "0",
-             "--otlp-http-port", "0", "--dashboard-port", "0", "--time-scale", "4",
-             "--window-seconds", "10", "--roofline-interval", "1", "--refresh", "1",
-             "--summary-every", "1000"],
+             "--scenario", first, "--http-port", "0", "--grpc-port", "0",
+             "--otlp-grpc-port", "0", "--otlp-http-port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.url: str | None = None
         found = threading.Event()
+        pattern = re.compile(rf"{url_from}:\s+(http://[^\s/]+(?:/(?!metrics)\S*)?)")
 
         def read():
             for line in self.proc.stdout:
                 self.lines.append(line)
-                m = re.search(r"dashboard: (http://\S+)", line)
-                if m:
+                m = pattern.search(line)
+                if m and not found.is_set():
                     self.url = m.group(1)
                     found.set()
 
         threading.Thread(target=read, daemon=True).start()
         if not found.wait(60):
             self.stop()
-            raise AssertionError("the demo printed no dashboard URL:\n" + "".join(self.lines))
+            raise AssertionError(f"the demo printed no {url_from} URL:\n" + "".join(self.lines))
 
     def stop(self) -> int:
         """SIGTERM, as a user's Ctrl-C or Kubernetes; a demo that has not ended in 30 s

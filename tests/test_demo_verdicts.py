@@ -15,47 +15,19 @@ minute and a half, not three.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 
-from tests.conftest import terminate
+from tests.test_dashboard_browser import Demo
 
 SETTLE_S = 120.0  # the README promises the banner within about 40 s; CI machines are slow
 POLL_S = 60.0
 
 
-class DemoProcess:
-    def __init__(self, scenario: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phasewatch.cli", "demo", "--scenario", scenario,
-             "--no-dashboard", "--http-port", "0", "--grpc-port", "0", "--otlp-grpc-port",
-             "0", "--otlp-http-port", "0", "--summary-every", "10"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.base: str | None = None
-        found = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                m = re.search(r"metrics:\s+(http://\S+)/metrics", line)
-                if m:
-                    self.base = m.group(1)
-                    found.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not found.wait(60):
-            terminate(self.proc)
-            raise AssertionError("the demo printed no metrics URL:\n" + "".join(self.lines))
-
-    def verdict(self) -> dict | None:
-        with urllib.request.urlopen(f"{self.base}/api/v1/roofline", timeout=10) as r:
-            models = json.load(r)["models"]
-        return models[0].get("verdict") if models else None
+def _verdict(demo: Demo) -> dict | None:
+    with urllib.request.urlopen(f"{demo.url}/api/v1/roofline", timeout=10) as r:
+        models = json.load(r)["models"]
+    return models[0].get("verdict") if models else None
 
 
 def _cause(v: dict) -> str | None:
@@ -95,23 +67,24 @@ CHECKS = {"overload": (_slot_limit, _check_overload),
 
 
 def test_the_demos_verdicts_hold_for_a_minute_once_settled():
-    demos = {name: DemoProcess(name) for name in CHECKS}
+    demos = {name: Demo(name, ("--no-dashboard", "--summary-every", "10"), "metrics")
+             for name in CHECKS}
     try:
         settled: dict[str, float] = {}
         start = time.monotonic()
         while len(settled) < len(demos) and time.monotonic() - start < SETTLE_S:
             for name, demo in demos.items():
-                if name not in settled and CHECKS[name][0](demo.verdict()):
+                if name not in settled and CHECKS[name][0](_verdict(demo)):
                     settled[name] = time.monotonic() - start
             time.sleep(1.0)
         missing = set(demos) - set(settled)
-        assert not missing, {n: demos[n].verdict() for n in missing}
+        assert not missing, {n: _verdict(demos[n]) for n in missing}
         wrong: dict[str, list[str]] = {name: [] for name in demos}
         polls = 0
         end = time.monotonic() + POLL_S
         while time.monotonic() < end:
             for name, demo in demos.items():
-                v = demo.verdict()
+                v = _verdict(demo)
                 problem = CHECKS[name][1](v)
                 if problem:
                     wrong[name].append(problem)
@@ -123,4 +96,4 @@ def test_the_demos_verdicts_hold_for_a_minute_once_settled():
         assert not any("Levers: -" in line for d in demos.values() for line in d.lines)
     finally:
         for demo in demos.values():
-            terminate(demo.proc)
+            demo.stop()

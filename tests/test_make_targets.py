@@ -31,8 +31,12 @@ def checkout(tmp_path: Path) -> Path:
 
 def dry_run(where: Path, target: str) -> list[str]:
     """The commands ``make TARGET`` would run, one a line (none is run)."""
+    # as a user's shell runs it: under `make test` the parent's MAKELEVEL and MAKEFLAGS
+    # made this make print "Entering directory" lines around its own
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     out = subprocess.run(["make", "-n", target], cwd=where, capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+                         timeout=60, check=True, env=env).stdout
     return out.splitlines()
 
 
