@@ -12,15 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import terminate
-
-PATTERNS = {
-    "grpc_port": r"phasewatch gRPC receiver on [^:]+:(\d+)",
-    "http_port": r"metrics on https?://[^:]+:(\d+)/metrics",
-    "otlp_grpc_port": r"OTLP/gRPC receiver on [^:]+:(\d+)",
-    "otlp_http_port": r"OTLP/HTTP on https?://[^:]+:(\d+)/v1/traces",
-}
-FREE = ("--grpc-port", "0", "--http-port", "0", "--otlp-grpc-port", "0",
-        "--otlp-http-port", "0", "--http-host", "127.0.0.1")
+from tests.engines.serve_ports import FREE, PATTERNS
 
 
 class ServeProcess:

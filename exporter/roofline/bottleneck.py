@@ -209,7 +209,8 @@ class BottleneckMonitor:
                 est.inputs["engine_state"] = ("unavailable: no fresh scrape of "
                                               f"{source.url} ({source.last_error or 'waiting'})"
                                               "; the cause comes from the records")
-            self._warn_ceilings(key, est, dep)
+            wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
+            self._warn_ceilings(key, est, dep, wrong)
             previous = self._verdicts.get(key)
             busy = busy_share(mine, est.range_start, est.range_end)
             verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
@@ -220,7 +221,6 @@ class BottleneckMonitor:
             if verdict is not None:
                 self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy)
-                wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
                 if wrong is not None:  # before all else: every figure rests on the model
                     verdict.evidence["model_mismatch"] = wrong
                     if wrong not in verdict.text:  # a held cause keeps the text it had
@@ -284,8 +284,8 @@ class BottleneckMonitor:
         found = self._engines.get(dep.served_name) if dep is not None else None
         return found or self._engines.get(model) or self._engines.get(ANY_MODEL)
 
-    def _warn_ceilings(self, key: tuple, est: RooflineEstimate, dep: Deployment | None
-                       ) -> None:
+    def _warn_ceilings(self, key: tuple, est: RooflineEstimate, dep: Deployment | None,
+                       wrong: str | None) -> None:
         """An exceeded ceiling, or the engine's FLOP count far from the configured model's
         cost: said once per label set in the log, and in the estimate's inputs, with
         what the evidence points to (``ceiling.blame``: the model first)."""
@@ -298,7 +298,6 @@ class BottleneckMonitor:
                     self._warned.add((key, phase, what))
                     log.warning("%s: %s; no %s utilization is published", key[0],
                                 found.text, phase)
-        wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
         if wrong is not None and (key, "model") not in self._warned:
             self._warned.add((key, "model"))
             log.warning("%s: %s", key[0], wrong)

@@ -71,6 +71,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.engines.capture_transformers import stop as stop_group  # noqa: E402
+from tests.engines.serve_ports import FREE, PATTERNS, TAP_PATTERN  # noqa: E402
 
 TINY_MODEL = ROOT / "tests" / "engines" / "tiny_model.py"
 
@@ -86,17 +87,9 @@ MODEL_DIRS = {"8b": "llama-3.1-8b-shape-random", "mini": "llama-mini-random",
 # tests/engines/capture_transformers.py's bounded paged cache, for a CPU
 CPU_CB_FLAGS = "--cb-block-size 32 --cb-num-blocks 128 --cb-max-batch-tokens 512"
 PROMPT = "tell me about the sea and the sky"
-# phasewatch serve's free ports and the log lines that say which it bound, as
-# tests/serve.py has them (not imported: it needs pytest, which the model's Python may lack)
-PW_PATTERNS = {
-    "grpc_port": r"phasewatch gRPC receiver on [^:]+:(\d+)",
-    "http_port": r"metrics on https?://[^:]+:(\d+)/metrics",
-    "otlp_grpc_port": r"OTLP/gRPC receiver on [^:]+:(\d+)",
-    "otlp_http_port": r"OTLP/HTTP on https?://[^:]+:(\d+)/v1/traces",
-    "tap_port": r"stream tap on http://[^:]+:(\d+)",
-}
-PW_FREE = ("--grpc-port", "0", "--http-port", "0", "--otlp-grpc-port", "0",
-           "--otlp-http-port", "0", "--http-host", "127.0.0.1")
+# phasewatch serve's free ports and the log lines that say which it bound, with the tap's
+PW_PATTERNS = {**PATTERNS, "tap_port": TAP_PATTERN}
+PW_FREE = FREE
 VERSIONS = ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "fastapi",
             "starlette", "uvicorn", "pydantic", "pydantic-core", "openai", "typing-extensions",
             "anyio", "phasewatch", "protobuf", "grpcio", "opentelemetry-sdk", "aiohttp",
