@@ -190,9 +190,15 @@ READ_TIMEOUT = 2.0
 ATTEMPTS = 3
 # The faults of the harness, not phasewatch's, after which a workload is run once more:
 # a stall of the whole host this long (every process on it waited: no comparison over
-# the range holds), or a gap this long in the test's own samples of vLLM's /metrics.
+# the range holds); a gap this long in the test's own samples of vLLM's /metrics around
+# either end of the estimate's range (where its counters' increase is interpolated); or
+# a gap of SAMPLER_STALL anywhere (this process, the OTLP relay's, or vLLM's server
+# stopped). The tracker's CI saw gaps of 7.5 s inside kv_pressure's range in three runs
+# in a row, vLLM's API server slow to answer under the load, the FLOP ratio 0.945: a
+# gap inside the range is no fault of the comparison.
 HOST_STALL = 2.0
 SAMPLE_GAP = 5.0
+SAMPLER_STALL = 15.0
 
 
 def get(url: str, timeout: float = 10.0) -> bytes:
@@ -263,14 +269,26 @@ class Sampler:
 
     def coverage(self, lo: float, hi: float) -> dict:
         """How well the samples cover [lo, hi]: a sample at or before lo and at or after
-        hi, the widest gap between samples over it, and the reads that failed."""
+        hi; the gaps ``increase`` interpolates over, the one around lo and the one around
+        hi (``edge_gap_s``, the wider: a counter's increase over the range is read at its
+        two ends only, so a gap inside it costs that figure nothing); the widest gap over
+        the range; and the reads that failed."""
         times = [t for t, _ in self.samples]
         inside = [t for t in times if lo <= t <= hi]
         before = [t for t in times if t <= lo]
         after = [t for t in times if t >= hi]
         edges = ([before[-1]] if before else []) + inside + ([after[0]] if after else [])
         gaps = [b - a for a, b in itertools.pairwise(edges)]
+
+        def around(t: float) -> float | None:
+            i = bisect.bisect_left(times, t)
+            if i < len(times) and times[i] == t:
+                return 0.0
+            return times[i] - times[i - 1] if 0 < i < len(times) else None
+
+        ends = [around(lo), around(hi)]
         return {"samples": len(inside), "bracketed": bool(before and after),
+                "edge_gap_s": (round(max(ends), 3) if None not in ends else None),
                 "max_gap_s": round(max(gaps), 3) if gaps else None,
                 "errors": len(self.errors),
                 "first_errors": self.errors[:3]}
@@ -713,13 +731,13 @@ def harness_fault(run: WorkloadRun) -> str:
         at, late = stalls["longest"][0]
         return f"the host stalled {late:.1f} s at {at:.1f} (every process on it waited)"
     cover = run.figures.get("sampler")
-    if cover and (not cover["bracketed"] or (cover["max_gap_s"] or 0.0) > SAMPLE_GAP):
-        return (f"the test's samples of vLLM's /metrics did not cover the range "
-                f"(bracketed: {cover['bracketed']}, widest gap {cover['max_gap_s']} s, "
+    if cover and (not cover["bracketed"] or (cover["edge_gap_s"] or 0.0) > SAMPLE_GAP):
+        return (f"the test's samples of vLLM's /metrics did not cover the range's ends "
+                f"(bracketed: {cover['bracketed']}, gap at an end {cover['edge_gap_s']} s, "
                 f"failed reads {cover['first_errors']})")
     # outside the range too: this process (the OTLP relay's) or vLLM's server stalled
     widest = run.figures.get("sampler_widest_gap_s", 0.0)
-    if widest > SAMPLE_GAP:
+    if widest > SAMPLER_STALL:
         return (f"the test's samples of vLLM's /metrics stopped for {widest} s (the test's "
                 f"process, the OTLP relay's, or vLLM's server stalled)")
     return ""
