@@ -158,11 +158,15 @@ def _run_once(tmp: Path, records: str) -> TapRun:
 
 def test_every_request_through_the_tap_is_counted_once_and_joined(run):
     assert run.sequences > REQUESTS  # n = 2 requests among them: one per sequence
-    assert run.pw.total("phasewatch_requests_total") == run.sequences
-    assert run.pw.total("phasewatch_requests_total", source="joined") == run.sequences
     outcomes = {s.labels["outcome"]: s.value for s in run.pw.samples
                 if s.name == "phasewatch_trace_join_requests_total"}
-    assert outcomes == {"joined": run.sequences}
+    alone = [{k: r.get(k) for k in ("request_id", "source", "arrival", "ttft", "e2e",
+                                    "output_tokens", "finish_reason")}
+             for r in run.api if r["source"] != "joined"]
+    why = (outcomes, alone, run.timings)
+    assert run.pw.total("phasewatch_requests_total") == run.sequences, why
+    assert run.pw.total("phasewatch_requests_total", source="joined") == run.sequences, why
+    assert outcomes == {"joined": run.sequences}, why
     assert run.vllm["vllm:request_success_total"] == run.sequences
     assert Counter(r["source"] for r in run.api) == {"joined": run.sequences}
     assert {r["engine"] for r in run.api} == {"vllm"}
