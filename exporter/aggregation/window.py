@@ -14,15 +14,16 @@ Two bounded structures, both indexed by label set (model, engine):
   agree with ``/metrics``; the requests as received are counted beside them.
 
 Membership is by the requests' own clock: each request counts in the second it finished
-(its finish, else its last token; its ingest time when it has neither or when that is more
-than ``FUTURE_TOLERANCE_S`` past the exporter's clock), in rates and quantiles alike, and
-a label set's window ends at its newest finish plus the wall time since that label set's
-last ingest. Live, that is now; a replay or a burst that delivers a minute of requests in
-a few seconds is rated over the minute its requests span (rates follow the requests'
-finish times, not their arrival at phasewatch); when traffic stops the window keeps moving
-and the rates fall to 0. A label set's rates divide by the window, or by the time its
-requests' clock covers (from their earliest arrival to the window's end) when that is
-shorter. Slices are kept per label set, so senders whose clocks disagree do not mix.
+(its finish, else its last token; its ingest time when it has neither or when that is
+more than ``window_rows.FUTURE_TOLERANCE_S`` past the exporter's clock), in rates and
+quantiles alike, and a label set's window ends at its newest finish plus the wall time
+since that label set's last ingest. Live, that is now; a replay or a burst that delivers
+a minute of requests in a few seconds is rated over the minute its requests span (rates
+follow the requests' finish times, not their arrival at phasewatch); when traffic stops
+the window keeps moving and the rates fall to 0. A label set's rates divide by the
+window, or by the time its requests' clock covers (from their earliest arrival to the
+window's end) when that is shorter. Slices are kept per label set, so senders whose
+clocks disagree do not mix.
 Memory is fixed by ``capacity``, ``seconds`` and the label-set cap.
 """
 
@@ -34,7 +35,7 @@ import time
 
 import numpy as np
 
-from phasewatch.aggregation.slo import N_OBJ, WINDOW_COLUMNS, window_columns
+from phasewatch.aggregation.slo import N_OBJ, WINDOW_COLUMNS
 from phasewatch.aggregation.summary import (
     Quantiles,
     SeriesSummary,
@@ -43,28 +44,21 @@ from phasewatch.aggregation.summary import (
     by_prompt_class,
     whole,
 )
+from phasewatch.aggregation.window_rows import (
+    RING_FLOAT,
+    RING_INT,
+    RING_SLO,
+    SLICE_COLUMNS,
+    BatchRows,
+    batch_rows,
+)
 from phasewatch.requests.buckets import WINDOW_INDEX
 from phasewatch.requests.gaps import GapCounts
-from phasewatch.requests.record import FINISH_REASONS, NS
+from phasewatch.requests.record import FINISH_REASONS
 
-# done_at: the second the request counts in (module docstring); weight: the requests it
-# stands for (``RequestBatch.weight``), for the roofline's work
-_RING_FLOAT = ("t", "arrival", "preprocess", "queue", "prefill", "kv_transfer", "ttft", "decode",
-               "tpot", "e2e", "scheduled_at", "first_token_at", "last_token_at", "end_at",
-               "done_at", "weight")
-# steps: decode steps a request took (token-gap count when emission times were sent,
-# else output_tokens - 1; -1 unknown); timed: 1 when steps came from emission times.
-_RING_INT = ("ls", "prompt", "cached", "uncached", "output", "finish_reason", "steps", "timed")
-# with objectives, per request and objective (``requests.objectives.judge``): the outcome
-# (MET, MISSED, UNKNOWN; -1 not set) and the phase that broke a miss (-1: not missed)
-_RING_SLO = ("slo_outcome", "slo_phase")
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
-# per slice: requests, prompt, output tokens (weighted), per-token ITL tokens, seconds, and
-# the requests as received (each once)
-_COLUMNS = 6
-FUTURE_TOLERANCE_S = 5.0  # a finish this far past the exporter's clock counts at ingest
 STEP_CAPACITY = 65536
 DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
 
@@ -80,9 +74,9 @@ class RollingWindow:
         self._clock = clock
         self._started = clock()
         self._lock = threading.Lock()
-        self._ring = {c: np.full(capacity, np.nan) for c in _RING_FLOAT}
-        self._ring.update({c: np.zeros(capacity, dtype=np.int64) for c in _RING_INT})
-        self._ring.update({c: np.full((capacity, N_OBJ), -1, np.int8) for c in _RING_SLO})
+        self._ring = {c: np.full(capacity, np.nan) for c in RING_FLOAT}
+        self._ring.update({c: np.zeros(capacity, dtype=np.int64) for c in RING_INT})
+        self._ring.update({c: np.full((capacity, N_OBJ), -1, np.int8) for c in RING_SLO})
         self._ids = np.empty(capacity, dtype=object)
         self._head = 0  # next write position
         self._size = 0
@@ -95,7 +89,7 @@ class RollingWindow:
         self._first = np.zeros(0)
         self._last_ingest = np.zeros(0)
         # requests, prompt tokens, output tokens, and ITL per token: tokens, seconds
-        self._slice_counts = np.zeros((self._slots, 0, _COLUMNS))
+        self._slice_counts = np.zeros((self._slots, 0, SLICE_COLUMNS))
         self._slice_itl = np.zeros((self._slots, 0, WINDOW_INDEX.size), dtype=np.int32)
         self._slice_itl_sum = np.zeros((self._slots, 0))  # exact seconds, for the mean
         self._steps = {c: np.full(STEP_CAPACITY, np.nan) for c in _STEP_COLUMNS}
@@ -113,92 +107,48 @@ class RollingWindow:
         ``WINDOW_INDEX`` (``phasewatch.requests.gaps``), ``judged`` its rows against their
         objectives (``requests.objectives.Judged``) when objectives are set."""
         now = self._clock()
-        kept = ph.kept
-
-        def at(col: np.ndarray) -> np.ndarray:
-            c = col[kept]
-            return np.where(c != 0, c / NS, np.nan)
-
-        out = batch.output_tokens[kept]
-        steps = batch.gap_counts[kept]
-        end = at(batch.finish)
-        rows = {
-            "t": np.full(int(kept.sum()), now),
-            "arrival": np.where(batch.arrival[kept] != 0, batch.arrival[kept] / NS, np.nan),
-            "preprocess": ph.preprocess[kept], "queue": ph.queue[kept],
-            "prefill": ph.prefill[kept], "kv_transfer": ph.kv_transfer[kept],
-            "ttft": ph.ttft[kept],
-            "decode": ph.decode[kept], "tpot": ph.tpot[kept], "e2e": ph.e2e[kept],
-            "scheduled_at": at(batch.scheduled), "first_token_at": at(batch.first_token),
-            "last_token_at": at(batch.last_token),
-            "end_at": np.where(np.isnan(end), at(batch.last_token), end),
-            "ls": ls[kept], "prompt": batch.prompt_tokens[kept],
-            "cached": batch.cached_prompt_tokens[kept],
-            "uncached": ph.uncached_prompt_tokens[kept], "output": out,
-            "finish_reason": reasons[kept],
-            "steps": np.where(steps > 0, steps, np.where(out > 1, out - 1, -1)),
-            "timed": (steps > 0).astype(np.int64), "weight": batch.weight[kept],
-        }
-        for c, j in zip(_RING_SLO, ("outcome", "phase"), strict=True):
-            rows[c] = (np.full((len(out), N_OBJ), -1, np.int8) if judged is None
-                       else getattr(judged, j)[kept])
-        slo = None if judged is None else window_columns(judged)
-        done = rows["end_at"]
-        # unknown, or later than the exporter's clock allows (a sender clock ahead, a
-        # simulated or bogus time): counted at ingest, so it cannot move its label set's
-        # window into the future and empty it
-        done = np.where(np.isnan(done) | (done > now + FUTURE_TOLERANCE_S), now, done)
-        rows["done_at"] = done
-        # when the label set's covered time began: its earliest arrival (a benchmark's
-        # run, as aiperf times it, from the first request), else its earliest finish
-        arrival = rows["arrival"]
-        began = np.where(np.isnan(arrival), done, np.minimum(arrival, done))
-        ids = np.asarray(batch.strings, dtype=object)[batch.request_id[kept]]
-        k_ls = ls[kept]
-        once = ~batch.prompt_shared[kept]  # a shared prompt counts with its first sequence
-        prompt, output = batch.prompt_tokens[kept], out
-        per_token = (ph.itl_counts if ph.token_itl_counts is None
-                     else ph.token_itl_counts)[kept]
-        w = rows["weight"]
-        values = np.stack([w, np.where((prompt >= 0) & once, prompt, 0) * w,
-                           np.where(output >= 0, output, 0) * w,
-                           per_token, np.where(per_token > 0, ph.gap_sums[kept], 0.0),
-                           np.ones(len(k_ls))], axis=1)
-        second = np.floor(done).astype(np.int64)
+        b = batch_rows(batch, ph, ls, reasons, judged, now)
         with self._lock:
-            self._write_ring(rows, ids)
+            self._write_ring(b.rows, b.ids)
             self._grow(n_ls)
-            for i in np.unique(k_ls).tolist():
-                mine = k_ls == i
-                self._newest[i] = max(self._newest[i], float(done[mine].max()))
-                first = float(began[mine].min())
+            for i in np.unique(b.ls).tolist():
+                mine = b.ls == i
+                self._newest[i] = max(self._newest[i], float(b.rows["done_at"][mine].max()))
+                first = float(b.began[mine].min())
                 self._first[i] = first if self._first[i] == 0 else min(self._first[i], first)
                 self._last_ingest[i] = now
-            # each request in the slot of the second it finished, per label set
-            key = second * n_ls + k_ls
-            uniq, inverse = np.unique(key, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            sums = np.stack([np.bincount(inverse, weights=values[:, j], minlength=len(uniq))
-                             for j in range(_COLUMNS)], axis=1)
-            flags = None if slo is None else np.stack([
-                np.bincount(inverse, weights=col * w, minlength=len(uniq))
-                for col in slo[kept].T], axis=1)
-            for j, (k, row) in enumerate(zip(uniq.tolist(), sums, strict=True)):
-                sec, i = divmod(k, n_ls)
-                slot = self._slot_for(sec, i)
-                if slot is not None:
-                    self._slice_counts[slot, i] += row
-                    if flags is not None:
-                        self._slice_slo[slot, i] += flags[j]
-            # a batch's gaps go to each label set's newest second in it
-            for j, i in enumerate(gaps.series.tolist()):
-                mine = k_ls == i
-                if not mine.any():
-                    continue
-                slot = self._slot_for(int(second[mine].max()), i)
-                if slot is not None:
-                    self._slice_itl[slot, i] += gaps.window[j].astype(np.int32)
-                    self._slice_itl_sum[slot, i] += gaps.sums[j]
+            self._add_to_slices(b, n_ls)
+            self._add_gaps(b, gaps)
+
+    def _add_to_slices(self, b: BatchRows, n_ls: int) -> None:
+        """Each request in the slot of the second it finished, per label set."""
+        key = b.second * n_ls + b.ls
+        uniq, inverse = np.unique(key, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        sums = np.stack([np.bincount(inverse, weights=b.values[:, j], minlength=len(uniq))
+                         for j in range(SLICE_COLUMNS)], axis=1)
+        w = b.rows["weight"]
+        flags = None if b.slo is None else np.stack([
+            np.bincount(inverse, weights=col * w, minlength=len(uniq))
+            for col in b.slo.T], axis=1)
+        for j, (k, row) in enumerate(zip(uniq.tolist(), sums, strict=True)):
+            sec, i = divmod(k, n_ls)
+            slot = self._slot_for(sec, i)
+            if slot is not None:
+                self._slice_counts[slot, i] += row
+                if flags is not None:
+                    self._slice_slo[slot, i] += flags[j]
+
+    def _add_gaps(self, b: BatchRows, gaps: GapCounts) -> None:
+        """A batch's gaps go to each label set's newest second in it."""
+        for j, i in enumerate(gaps.series.tolist()):
+            mine = b.ls == i
+            if not mine.any():
+                continue
+            slot = self._slot_for(int(b.second[mine].max()), i)
+            if slot is not None:
+                self._slice_itl[slot, i] += gaps.window[j].astype(np.int32)
+                self._slice_itl_sum[slot, i] += gaps.sums[j]
 
     def _grow(self, n_ls: int) -> None:
         extra = n_ls - self._slice_counts.shape[1]
@@ -289,7 +239,7 @@ class RollingWindow:
                     & (self._slot_second >= 0))
             # summed slot by slot: no temporary the size of all slots (a few MB at the
             # label cap, which the allocator would keep)
-            counts = np.zeros((n, _COLUMNS))
+            counts = np.zeros((n, SLICE_COLUMNS))
             itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
             itl_sum = np.zeros(n)
             with_slo = self.objectives is not None
