@@ -229,72 +229,10 @@ def split_phases(batch: RequestBatch) -> Phases:
     gap_sums, bad_gap_rows = row_sums(batch.token_gaps, batch.gap_counts)
     known = _known_token_counts(batch)
     kept, rejected, skew = _rejections(batch, gap_sums, bad_gap_rows, known)
-
-    arrival, queued, scheduled = batch.arrival, batch.queued, batch.scheduled
-    first, last, finish = batch.first_token, batch.last_token, batch.finish
-    out_tok = batch.output_tokens
-    # cross-chain intervals: floored at 0 (a disagreement within the tolerance, in skew)
-    preprocess = np.maximum(_interval(queued, arrival), 0.0)
-    queue = np.where(queued != 0, _interval(scheduled, queued),
-                     np.maximum(_interval(scheduled, arrival), 0.0))
-    kv_transfer = np.where(batch.kv_transfer >= 0, batch.kv_transfer, np.nan)
-    prefill = _interval(first, scheduled) - np.nan_to_num(kv_transfer)
-    ttft = _interval(first, arrival)
-    decode = _interval(last, first)
-    e2e = _interval(finish, arrival)
-
-    multi = out_tok > 1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        steps = np.where(multi, out_tok - 1, 0).astype(float)
-        tpot = np.where(multi, decode / steps, np.nan)
-        decode_tps = np.where(multi & (decode > 0), steps / decode, np.nan)
-        cached = batch.cached_prompt_tokens
-        uncached = np.where((batch.prompt_tokens >= 0) & (cached >= 0),
-                            batch.prompt_tokens - cached, -1)
-        # a further sequence of a parallel-sampling request reads the prompt its first
-        # sequence already put in the KV cache
-        uncached = np.where(batch.prompt_shared & (batch.prompt_tokens >= 0), 0, uncached)
-        prefill_spt = np.where(uncached > 0, prefill / uncached, np.nan)
-
-    values = dict(preprocess=preprocess, queue=queue, prefill=prefill,
-                  kv_transfer=kv_transfer, ttft=ttft,
-                  decode=decode, tpot=tpot, e2e=e2e, decode_tps=decode_tps,
-                  prefill_spt=prefill_spt)
+    values, uncached = _intervals(batch)
     for v in values.values():
         v[~kept] = np.nan
-
-    unavailable: Counter = Counter()
-    no = {c: getattr(batch, c) == 0 for c in CLOCK_ORDER}
-    unknown_out = out_tok < 0
-    single = out_tok == 1
-    no_decode = no["first_token"] | no["last_token"]
-    _count_missing(unavailable, "preprocess", kept & np.isnan(preprocess),
-                   [("no_arrival", no["arrival"]), ("no_queued", no["queued"])])
-    _count_missing(unavailable, "queue", kept & np.isnan(queue),
-                   [("no_scheduled", no["scheduled"]), ("no_arrival", no["arrival"])])
-    _count_missing(unavailable, "prefill", kept & np.isnan(prefill),
-                   [("no_scheduled", no["scheduled"]), ("no_first_token", no["first_token"])])
-    _count_missing(unavailable, "ttft", kept & np.isnan(ttft),
-                   [("no_arrival", no["arrival"]), ("no_first_token", no["first_token"])])
-    _count_missing(unavailable, "decode", kept & np.isnan(decode),
-                   [("no_first_token", no["first_token"]), ("no_last_token", no["last_token"])])
-    _count_missing(unavailable, "e2e", kept & np.isnan(e2e),
-                   [("no_arrival", no["arrival"]), ("no_finish", no["finish"])])
-    for name, v in (("tpot", tpot), ("decode_tps", decode_tps)):
-        _count_missing(unavailable, name, kept & np.isnan(v), [
-            ("output_tokens_unknown", unknown_out), ("single_output_token", single),
-            ("no_output_tokens", out_tok == 0), ("no_decode_interval", no_decode),
-            ("zero_decode_time", decode == 0)])
-    _count_missing(unavailable, "prefill_spt", kept & np.isnan(prefill_spt), [
-        ("no_prefill_interval", np.isnan(prefill)),
-        ("prompt_tokens_unknown", batch.prompt_tokens < 0),
-        ("prompt_shared", batch.prompt_shared),
-        ("cached_tokens_unknown", batch.cached_prompt_tokens < 0),
-        ("fully_cached_prompt", uncached == 0)])
-    _count_missing(unavailable, "itl", kept & (batch.gap_counts == 0), [
-        ("single_output_token", single), ("no_output_tokens", out_tok == 0),
-        ("no_token_times", np.ones(len(batch), dtype=bool))])
-
+    unavailable = _unavailable(batch, kept, values, uncached)
     if kept.all():
         itl, itl_counts = batch.token_gaps, batch.gap_counts
     else:
@@ -308,3 +246,71 @@ def split_phases(batch: RequestBatch) -> Phases:
         unavailable=unavailable, token_itl=token_itl, token_itl_counts=token_itl_counts,
         token_itl_left_out=token_itl_left_out, gap_sums=gap_sums, **values,
     )
+
+
+def _intervals(batch: RequestBatch) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every request's phase intervals and per-token figures (``Phases``' float fields,
+    NaN where unknown), and its uncached prompt tokens (-1 unknown)."""
+    arrival, queued, scheduled = batch.arrival, batch.queued, batch.scheduled
+    first, last, finish = batch.first_token, batch.last_token, batch.finish
+    out_tok = batch.output_tokens
+    # cross-chain intervals: floored at 0 (a disagreement within the tolerance, in skew)
+    preprocess = np.maximum(_interval(queued, arrival), 0.0)
+    queue = np.where(queued != 0, _interval(scheduled, queued),
+                     np.maximum(_interval(scheduled, arrival), 0.0))
+    kv_transfer = np.where(batch.kv_transfer >= 0, batch.kv_transfer, np.nan)
+    prefill = _interval(first, scheduled) - np.nan_to_num(kv_transfer)
+    decode = _interval(last, first)
+
+    multi = out_tok > 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = np.where(multi, out_tok - 1, 0).astype(float)
+        cached = batch.cached_prompt_tokens
+        uncached = np.where((batch.prompt_tokens >= 0) & (cached >= 0),
+                            batch.prompt_tokens - cached, -1)
+        # a further sequence of a parallel-sampling request reads the prompt its first
+        # sequence already put in the KV cache
+        uncached = np.where(batch.prompt_shared & (batch.prompt_tokens >= 0), 0, uncached)
+        values = dict(preprocess=preprocess, queue=queue, prefill=prefill,
+                      kv_transfer=kv_transfer, ttft=_interval(first, arrival),
+                      decode=decode, tpot=np.where(multi, decode / steps, np.nan),
+                      e2e=_interval(finish, arrival),
+                      decode_tps=np.where(multi & (decode > 0), steps / decode, np.nan),
+                      prefill_spt=np.where(uncached > 0, prefill / uncached, np.nan))
+    return values, uncached
+
+
+def _unavailable(batch: RequestBatch, kept: np.ndarray, values: dict[str, np.ndarray],
+                 uncached: np.ndarray) -> Counter:
+    """Why each kept request lacks each figure it lacks: (figure, reason) -> count."""
+    unavailable: Counter = Counter()
+    out_tok = batch.output_tokens
+    no = {c: getattr(batch, c) == 0 for c in CLOCK_ORDER}
+    unknown_out = out_tok < 0
+    single = out_tok == 1
+    no_decode = no["first_token"] | no["last_token"]
+    for name, reasons in (
+            ("preprocess", [("no_arrival", no["arrival"]), ("no_queued", no["queued"])]),
+            ("queue", [("no_scheduled", no["scheduled"]), ("no_arrival", no["arrival"])]),
+            ("prefill", [("no_scheduled", no["scheduled"]),
+                         ("no_first_token", no["first_token"])]),
+            ("ttft", [("no_arrival", no["arrival"]), ("no_first_token", no["first_token"])]),
+            ("decode", [("no_first_token", no["first_token"]),
+                        ("no_last_token", no["last_token"])]),
+            ("e2e", [("no_arrival", no["arrival"]), ("no_finish", no["finish"])])):
+        _count_missing(unavailable, name, kept & np.isnan(values[name]), reasons)
+    for name in ("tpot", "decode_tps"):
+        _count_missing(unavailable, name, kept & np.isnan(values[name]), [
+            ("output_tokens_unknown", unknown_out), ("single_output_token", single),
+            ("no_output_tokens", out_tok == 0), ("no_decode_interval", no_decode),
+            ("zero_decode_time", values["decode"] == 0)])
+    _count_missing(unavailable, "prefill_spt", kept & np.isnan(values["prefill_spt"]), [
+        ("no_prefill_interval", np.isnan(values["prefill"])),
+        ("prompt_tokens_unknown", batch.prompt_tokens < 0),
+        ("prompt_shared", batch.prompt_shared),
+        ("cached_tokens_unknown", batch.cached_prompt_tokens < 0),
+        ("fully_cached_prompt", uncached == 0)])
+    _count_missing(unavailable, "itl", kept & (batch.gap_counts == 0), [
+        ("single_output_token", single), ("no_output_tokens", out_tok == 0),
+        ("no_token_times", np.ones(len(batch), dtype=bool))])
+    return unavailable
