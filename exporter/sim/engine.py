@@ -167,36 +167,8 @@ class SimEngine:
                 t = min(x for x in (next_arrival, waiting[0].queued if waiting else None)
                         if x is not None)
                 continue
-            decoding = [s for s in running if s.prefilled >= s.prompt]
-            budget = cfg.max_batched_tokens - len(decoding)
-            chunks: list[tuple[_Seq, int]] = []
-            for s in running:
-                if s.prefilled < s.prompt and budget > 0:
-                    n = min(s.prompt - s.prefilled, budget)
-                    chunks.append((s, n))
-                    budget -= n
-            while (waiting and waiting[0].queued <= t and budget > 0
-                   and len(running) < cfg.max_num_seqs):
-                s = waiting.popleft()
-                s.scheduled = t
-                running.append(s)
-                n = min(s.prompt - s.prefilled, budget)
-                chunks.append((s, n))
-                budget -= n
-            ctx = np.array([s.prompt + len(s.emissions) for s in decoding], dtype=float)
-            ch = np.array([n for _, n in chunks], dtype=float)
-            st = np.array([s.prefilled for s, _ in chunks], dtype=float)
-            cost = self.step_cost(ctx, ch, st)
-            end = t + cost["duration"]
-            self.truth.add(start=t, decode_seqs=len(decoding), decode_context=float(ctx.sum()),
-                           prefill_tokens=float(ch.sum()), prefill_seqs=len(chunks),
-                           running=len(running), waiting=len(waiting), **cost)
-            for s in decoding:
-                s.emissions.append(end)
-            for s, n in chunks:
-                s.prefilled += n
-                if s.prefilled >= s.prompt:
-                    s.emissions.append(end)  # the step that completes prefill samples token 1
+            decoding, chunks = self._schedule(t, running, waiting)
+            end = self._step(t, decoding, chunks, len(running), len(waiting))
             if time_scale:
                 lag = wall0 + end / time_scale - time.monotonic()
                 if lag > 0:
@@ -215,6 +187,49 @@ class SimEngine:
             running = still
             t = end
         return self.finished
+
+    def _schedule(self, t: float, running: list[_Seq], waiting: deque[_Seq]
+                  ) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
+        """One step's work at ``t``: the running sequences that decode, and the prefill
+        chunks (running ones first, then admitted waiting ones, moved to ``running``)
+        within the token budget and the sequence limit."""
+        cfg = self.config
+        decoding = [s for s in running if s.prefilled >= s.prompt]
+        budget = cfg.max_batched_tokens - len(decoding)
+        chunks: list[tuple[_Seq, int]] = []
+        for s in running:
+            if s.prefilled < s.prompt and budget > 0:
+                n = min(s.prompt - s.prefilled, budget)
+                chunks.append((s, n))
+                budget -= n
+        while (waiting and waiting[0].queued <= t and budget > 0
+               and len(running) < cfg.max_num_seqs):
+            s = waiting.popleft()
+            s.scheduled = t
+            running.append(s)
+            n = min(s.prompt - s.prefilled, budget)
+            chunks.append((s, n))
+            budget -= n
+        return decoding, chunks
+
+    def _step(self, t: float, decoding: list[_Seq], chunks: list[tuple[_Seq, int]],
+              running: int, waiting: int) -> float:
+        """Run one step from ``t``: its cost, its truth, the tokens it emits; its end."""
+        ctx = np.array([s.prompt + len(s.emissions) for s in decoding], dtype=float)
+        ch = np.array([n for _, n in chunks], dtype=float)
+        st = np.array([s.prefilled for s, _ in chunks], dtype=float)
+        cost = self.step_cost(ctx, ch, st)
+        end = t + cost["duration"]
+        self.truth.add(start=t, decode_seqs=len(decoding), decode_context=float(ctx.sum()),
+                       prefill_tokens=float(ch.sum()), prefill_seqs=len(chunks),
+                       running=running, waiting=waiting, **cost)
+        for s in decoding:
+            s.emissions.append(end)
+        for s, n in chunks:
+            s.prefilled += n
+            if s.prefilled >= s.prompt:
+                s.emissions.append(end)  # the step that completes prefill samples token 1
+        return end
 
     def _record(self, s: _Seq, epoch: float) -> RequestRecord:
         times = [epoch + x for x in s.emissions]
