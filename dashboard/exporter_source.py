@@ -97,6 +97,37 @@ class ExporterSource:
 def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: list[dict],
                       url: str = "") -> Snapshot:
     """The frames of one exporter's answers (pure; unit-tested on recorded answers)."""
+    kpis, classes = _kpi_rows(summary, roofline)
+    verdicts, points, ceilings = _roofline_rows(roofline)
+    # an older exporter's history lacks the newer columns (the objectives'): empty there
+    series = [pd.DataFrame({"at": s["at"], **{m: s.get(m, [None] * len(s["at"]))
+                                              for m in SERIES_METRICS}})
+              .melt(id_vars="at", var_name="metric", value_name="value")
+              .assign(**_key(s)).dropna(subset=["value"])
+              for s in history.get("series", [])]
+    snap = Snapshot("exporter", url, window_seconds=summary.get("window_seconds", 30.0),
+                    kpis=frame(KPI_COLUMNS, kpis), verdicts=frame(VERDICT_COLUMNS, verdicts),
+                    points=frame(POINT_COLUMNS, points),
+                    ceilings=frame(CEILING_COLUMNS, ceilings),
+                    series=(pd.concat(series, ignore_index=True)[list(SERIES_COLUMNS)]
+                            if series else frame(SERIES_COLUMNS)),
+                    waterfall=frame(WATERFALL_COLUMNS, _waterfall(requests)),
+                    prompt_points=frame(PROMPT_POINT_COLUMNS, [
+                        {**_key(q), "prompt_tokens": q["prompt_tokens"], "ttft": q["ttft"]}
+                        for q in requests
+                        if q.get("prompt_tokens") is not None and q.get("ttft") is not None]),
+                    prompt_classes=frame(PROMPT_CLASS_COLUMNS, classes),
+                    fetched_at=time.time())
+    keys = [*snap.kpis[list(KEYS)].to_dict("records"),
+            *snap.verdicts[list(KEYS)].to_dict("records")]
+    snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
+        drop=True)
+    return snap
+
+
+def _kpi_rows(summary: dict, roofline: dict) -> tuple[list[dict], list[dict]]:
+    """Per label set, the KPI row (latencies, rates, shares, MBU/MFU) and the TTFT rows
+    per prompt class."""
     roof = {tuple(_key(r).values()): r for r in roofline.get("models", [])}
     kpis, classes = [], []
     for m in summary.get("models", []):
@@ -125,6 +156,12 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                             "ttft_p95": c["ttft_seconds"]["p95"],
                             "prefill_per_token_p50": c["prefill_seconds_per_token"]["p50"],
                             "count": c["ttft_seconds"]["count"]})
+    return kpis, classes
+
+
+def _roofline_rows(roofline: dict) -> tuple[list[dict], list[dict], list[dict]]:
+    """Per label set, the verdict row, the roofline chart's points (its trail) and the
+    ceilings it is drawn against."""
     verdicts, points, ceilings = [], [], []
     for r in roofline.get("models", []):
         k = _key(r)
@@ -153,30 +190,7 @@ def snapshot_from_api(summary: dict, roofline: dict, history: dict, requests: li
                                          else "achievable"),
                              "bandwidth": d["achievable_bandwidth_bytes_per_second"],
                              "flops": d["achievable_flops_per_second"]})
-    # an older exporter's history lacks the newer columns (the objectives'): empty there
-    series = [pd.DataFrame({"at": s["at"], **{m: s.get(m, [None] * len(s["at"]))
-                                              for m in SERIES_METRICS}})
-              .melt(id_vars="at", var_name="metric", value_name="value")
-              .assign(**_key(s)).dropna(subset=["value"])
-              for s in history.get("series", [])]
-    snap = Snapshot("exporter", url, window_seconds=summary.get("window_seconds", 30.0),
-                    kpis=frame(KPI_COLUMNS, kpis), verdicts=frame(VERDICT_COLUMNS, verdicts),
-                    points=frame(POINT_COLUMNS, points),
-                    ceilings=frame(CEILING_COLUMNS, ceilings),
-                    series=(pd.concat(series, ignore_index=True)[list(SERIES_COLUMNS)]
-                            if series else frame(SERIES_COLUMNS)),
-                    waterfall=frame(WATERFALL_COLUMNS, _waterfall(requests)),
-                    prompt_points=frame(PROMPT_POINT_COLUMNS, [
-                        {**_key(q), "prompt_tokens": q["prompt_tokens"], "ttft": q["ttft"]}
-                        for q in requests
-                        if q.get("prompt_tokens") is not None and q.get("ttft") is not None]),
-                    prompt_classes=frame(PROMPT_CLASS_COLUMNS, classes),
-                    fetched_at=time.time())
-    keys = [*snap.kpis[list(KEYS)].to_dict("records"),
-            *snap.verdicts[list(KEYS)].to_dict("records")]
-    snap.labels = frame(KEYS, keys).drop_duplicates().sort_values(list(KEYS)).reset_index(
-        drop=True)
-    return snap
+    return verdicts, points, ceilings
 
 
 def slo_columns(slo: dict | None) -> dict:
