@@ -39,15 +39,11 @@ import __future__
 import argparse
 import ast
 import datetime
-import importlib.metadata
 import json
 import os
 import pickle
 import random
 import re
-import subprocess
-import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -597,28 +593,6 @@ def truth_of(lines) -> dict:
     return reqs
 
 
-def spans_of(pb_files: list[Path]) -> list[dict]:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    out = []
-    for p in pb_files:
-        req = ExportTraceServiceRequest.FromString(p.read_bytes())
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                for sp in ss.spans:
-                    attrs = {kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
-                             for kv in sp.attributes}
-                    out.append({"name": sp.name, "kind": sp.kind, "scope": ss.scope.name,
-                                "trace_id": sp.trace_id.hex(), "span_id": sp.span_id.hex(),
-                                "parent_span_id": sp.parent_span_id.hex(),
-                                "start": sp.start_time_unix_nano,
-                                "end": sp.end_time_unix_nano, "attributes": attrs,
-                                "links": len(sp.links), "events": len(sp.events)})
-    return out
-
-
 def span_key(name: str) -> str:
     """A span's name without the host / thread id / rank parts of a thread span's."""
     if " Req " in name:
@@ -663,28 +637,6 @@ def _child(args) -> None:
         json.dump({"truth": truth_of(result["lines"])}, f)
 
 
-def fixture_json(obj) -> str:
-    def flat(v) -> bool:
-        return not isinstance(v, dict | list) or (
-            isinstance(v, list) and all(not isinstance(x, dict | list) for x in v))
-
-    def enc(v, ind: str) -> str:
-        if isinstance(v, dict):
-            if not v:
-                return "{}"
-            if all(flat(x) for x in v.values()):  # a leaf record: one line
-                return json.dumps(v, sort_keys=True, separators=(",", ":"))
-            inner = ind + " "
-            items = [f"{inner}{json.dumps(k)}: {enc(v[k], inner)}" for k in sorted(v)]
-            return "{\n" + ",\n".join(items) + "\n" + ind + "}"
-        if isinstance(v, list) and not all(flat(x) for x in v):
-            inner = ind + " "
-            return "[\n" + ",\n".join(inner + enc(x, inner) for x in v) + "\n" + ind + "]"
-        return json.dumps(v, separators=(",", ":"))
-
-    return enc(obj, "") + "\n"
-
-
 SETS = [("unified", 3), ("unified", 1), ("disagg", 3), ("disagg", 1)]
 
 
@@ -703,43 +655,18 @@ def main() -> None:
         _child(args)
         return
 
-    from fixture_sink import GrpcSink, HttpSink
+    from capture import capture, fixture_json, require_version  # the script's folder
 
-    if importlib.metadata.version("sglang") != SGLANG_VERSION:
-        raise SystemExit(f"sglang {importlib.metadata.version('sglang')} installed, "
-                         f"want {SGLANG_VERSION}: make engine-fixtures builds the virtualenv")
+    version = require_version("sglang", SGLANG_VERSION)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    truth = {"engine": "sglang", "version": importlib.metadata.version("sglang"),
+    truth = {"engine": "sglang", "version": version,
              "seed": SEED, "wall0": WALL0, "perf0": PERF0,
              "calibration_offset_us": CALIBRATION_US, "sets": {}}
     for mode, level in SETS:
         name = f"{mode}-level{level}"
-        results = {}
-        for proto, sink_cls, sub in (("grpc", GrpcSink, "grpc"),
-                                     ("http/protobuf", HttpSink, "http")):
-            sink = sink_cls().start()
-            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-                subprocess.run([sys.executable, __file__, "--child", "--protocol", proto,
-                                "--endpoint", sink.endpoint, "--mode", mode, "--level",
-                                str(level), "--result", tmp.name], check=True,
-                               env=dict(os.environ, PYTHONHASHSEED="0"))
-                results[sub] = json.loads(Path(tmp.name).read_text())
-            sink.stop()
-            d = out / name / sub
-            if d.exists():
-                for p in d.iterdir():
-                    p.unlink()
-            d.mkdir(parents=True, exist_ok=True)
-            captured = sink.take()
-            for i, c in enumerate(captured):
-                (d / f"{i:03d}.pb").write_bytes(c.body)
-                if sub == "http":
-                    (d / f"{i:03d}.http.json").write_text(json.dumps(
-                        {"method": "POST", "path": c.path, "headers": c.headers}, indent=1)
-                        + "\n")
-            results[sub]["exports"] = len(captured)
-            results[sub]["spans"] = spans_of(sorted(d.glob("*.pb")))
+        results = capture(__file__, out / name, ["--mode", mode, "--level", str(level)],
+                          links_and_events=True)
         g, h = results["grpc"], results["http"]
         if g["truth"] != h["truth"]:
             raise SystemExit(f"{name}: the two protocol runs fed different truths")
@@ -771,7 +698,7 @@ def main() -> None:
             "span_names": sorted({span_key(sp["name"]) for sp in g["spans"]}),
             "spans_total": len(g["spans"]),
             "exports": {"grpc": g["exports"], "http": h["exports"]}}
-    (out / "truth.json").write_text(fixture_json(truth))
+    (out / "truth.json").write_text(fixture_json(truth, records_inline=True))
     write_readme(out, truth)
     print(json.dumps({k: (v["spans_total"], v["exports"]) for k, v in truth["sets"].items()}))
 
@@ -827,7 +754,7 @@ def write_readme(out: Path, truth: dict) -> None:
          "the abort path calls set_finished_time() without span_attrs", A.set_finished_time,
          "attrs = dict(span_attrs) if span_attrs else {}")))
     lines = []
-    for name, s in truth["sets"].items():
+    for name, s in sorted(truth["sets"].items()):  # as truth.json lists them
         lines.append(f"- `{name}`: {len(s['requests'])} requests, {s['spans_total']} spans, "
                      f"{s['exports']['grpc']} export request(s) per protocol")
     text = f"""# SGLang {truth['version']}: its own request traces
@@ -863,7 +790,7 @@ Roles run on threads of one process (one exporter); real SGLang runs the tokeniz
 each scheduler as processes, each with its own exporter and the same resource.
 `time` as these modules see it is the simulated timeline: perf_counter() = {PERF0} +
 t, time.time() = {WALL0} (2026-11-02T10:00:00Z) + t + a per-process calibration offset
-({truth['calibration_offset_us']} us).
+({dict(sorted(truth['calibration_offset_us'].items()))} us).
 
 ## SGLang's formulas
 

@@ -40,8 +40,6 @@ import inspect
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 from copy import copy
 from dataclasses import dataclass, field
@@ -556,30 +554,6 @@ def truth_of(result: dict) -> dict:
     return reqs
 
 
-def spans_of(pb_files: list[Path]) -> list[dict]:
-    """The llm_request spans in the captured requests, attributes decoded."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    out = []
-    for p in pb_files:
-        req = ExportTraceServiceRequest.FromString(p.read_bytes())
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                for sp in ss.spans:
-                    attrs = {}
-                    for kv in sp.attributes:
-                        kind = kv.value.WhichOneof("value")
-                        attrs[kv.key] = getattr(kv.value, kind)
-                    out.append({"name": sp.name, "kind": sp.kind, "scope": ss.scope.name,
-                                "trace_id": sp.trace_id.hex(), "span_id": sp.span_id.hex(),
-                                "parent_span_id": sp.parent_span_id.hex(),
-                                "start": sp.start_time_unix_nano, "end": sp.end_time_unix_nano,
-                                "attributes": attrs})
-    return out
-
-
 def _child(args) -> None:
     os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = args.protocol
     result = drive(args.scenario, args.endpoint)
@@ -587,29 +561,6 @@ def _child(args) -> None:
         json.dump({"truth": truth_of(result), "itl_pooled": result["itl_pooled"],
                    "ttft_obs": result["ttft_obs"], "prometheus": result["prometheus"],
                    "steps": result["steps"], "aborted": result["aborted"]}, f)
-
-
-def fixture_json(obj) -> str:
-    """JSON with one key per line but short lists (of numbers, or of lists of numbers)
-    on one line: readable, and small enough to commit."""
-
-    def flat(v) -> bool:
-        return not isinstance(v, dict | list) or (
-            isinstance(v, list) and all(not isinstance(x, dict | list) for x in v))
-
-    def enc(v, ind: str) -> str:
-        if isinstance(v, dict):
-            if not v:
-                return "{}"
-            inner = ind + " "
-            items = [f"{inner}{json.dumps(k)}: {enc(v[k], inner)}" for k in sorted(v)]
-            return "{\n" + ",\n".join(items) + "\n" + ind + "}"
-        if isinstance(v, list) and not all(flat(x) for x in v):
-            inner = ind + " "
-            return "[\n" + ",\n".join(inner + enc(x, inner) for x in v) + "\n" + ind + "]"
-        return json.dumps(v, separators=(",", ":"))
-
-    return enc(obj, "") + "\n"
 
 
 def line_of(obj, needle: str) -> str:
@@ -769,44 +720,18 @@ def main() -> None:
         _child(args)
         return
 
-    from fixture_sink import GrpcSink, HttpSink
+    from capture import capture, fixture_json, require_version  # the script's folder
 
-    if importlib.metadata.version("vllm") != VLLM_VERSION:
-        raise SystemExit(f"vllm {importlib.metadata.version('vllm')} installed, "
-                         f"want {VLLM_VERSION}: make engine-fixtures builds the virtualenv")
+    version = require_version("vllm", VLLM_VERSION)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    truth = {"engine": "vllm", "version": importlib.metadata.version("vllm"), "seed": SEED,
+    truth = {"engine": "vllm", "version": version, "seed": SEED,
              "wall0": WALL0, "mono0": MONO0, "scenarios": {}}
     summary = {}
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")
+    env.pop("OTEL_SERVICE_NAME", None)
     for scenario in ("main", "pause_abort"):
-        results = {}
-        for proto, sink_cls, sub in (("grpc", GrpcSink, "grpc"),
-                                     ("http/protobuf", HttpSink, "http")):
-            sink = sink_cls().start()
-            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-                env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING",
-                           PYTHONHASHSEED="0")
-                env.pop("OTEL_SERVICE_NAME", None)
-                subprocess.run([sys.executable, __file__, "--child", "--protocol", proto,
-                                "--endpoint", sink.endpoint, "--scenario", scenario,
-                                "--result", tmp.name], check=True, env=env)
-                results[sub] = json.loads(Path(tmp.name).read_text())
-            sink.stop()
-            d = out / scenario / sub
-            if d.exists():
-                for p in d.iterdir():
-                    p.unlink()
-            d.mkdir(parents=True, exist_ok=True)
-            captured = sink.take()
-            for i, c in enumerate(captured):
-                (d / f"{i:03d}.pb").write_bytes(c.body)
-                if sub == "http":
-                    (d / f"{i:03d}.http.json").write_text(json.dumps(
-                        {"method": "POST", "path": c.path, "headers": c.headers}, indent=1)
-                        + "\n")
-            results[sub]["exports"] = len(captured)
-            results[sub]["spans"] = spans_of(sorted(d.glob("*.pb")))
+        results = capture(__file__, out / scenario, ["--scenario", scenario], env)
         g, h = results["grpc"], results["http"]
         if g["truth"] != h["truth"]:
             raise SystemExit(f"{scenario}: the two protocol runs fed different truths")
