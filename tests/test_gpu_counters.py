@@ -153,6 +153,9 @@ def test_reader_over_http_and_the_window_mean(serve):
     assert w.mean.tensor_active == pytest.approx(0.0025)
     assert w.mean.gpu_util == pytest.approx(0.98)
     assert w.mean.sm_active is None  # no sample carried it
+    summary = w.summary()
+    assert summary["gpus"] == [f"gpu 0 ({U0})"] and summary["samples"] == 2
+    assert summary["dram_active"] == pytest.approx(0.043) and "sm_active" not in summary
     assert src.window(101.0, 106.0, pod="vllm-llama-8b-0").mean.dram_active == pytest.approx(0.044)
     both = src.window(0, 200)
     assert len(both.gpus) == 2 and both.mean.dram_active == pytest.approx(0.0215)

@@ -74,7 +74,7 @@ class FakeError(Exception):
         self.value = value
 
 
-def fake_nvml(support=(True, True), fail=None, percents=None):
+def fake_nvml(support=(True, True), fail=None, percents=None, sample_fail=None):
     """A stand-in with pynvml's names and its GPM structures (real ctypes ones)."""
     pynvml = real_pynvml()
     percents = percents or {10: 4.2, 5: 0.3, 2: 5.0, 1: 96.0, 3: 12.0}
@@ -104,7 +104,12 @@ def fake_nvml(support=(True, True), fail=None, percents=None):
     m.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=support[h])
     m.nvmlGpmSampleAlloc = lambda: pynvml.c_nvmlGpmSample_t()
     m.nvmlGpmSampleFree = lambda s: calls.append("free")
-    m.nvmlGpmSampleGet = lambda h, s: calls.append(f"sample{h}")
+    def sample_get(h, s):
+        calls.append(f"sample{h}")
+        if sample_fail is not None:
+            raise FakeError(sample_fail)
+
+    m.nvmlGpmSampleGet = sample_get
     m.nvmlGpmMetricsGet = metrics_get
     m.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
     m.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
@@ -160,3 +165,11 @@ def test_gpm_not_supported_before_hopper():
     assert src.poll() is None and src.reason == "gpm_not_supported"
     assert src.poll() is None and src.results == {"gpm_not_supported": 2}
     assert "sample0" not in calls
+
+
+def test_no_permission_to_sample_frees_the_samples_and_says_so():
+    pynvml = real_pynvml()
+    nvml, calls = fake_nvml(support=(True, True), sample_fail=pynvml.NVML_ERROR_NO_PERMISSION)
+    src = NvmlGpmSource(nvml=nvml, sleep=lambda s: None)
+    assert src.poll() is None and src.reason == "no_permission"
+    assert calls.count("free") == 4 and src.results == {"no_permission": 1}

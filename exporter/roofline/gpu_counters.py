@@ -54,7 +54,8 @@ class GpuIdentity:
         if self.uuid:
             out += f" ({self.uuid})"
         if self.mig_instance:
-            out += f" MIG {self.mig_profile or ''} instance {self.mig_instance}".replace("  ", " ")
+            out += " MIG " + " ".join(p for p in (self.mig_profile, "instance") if p)
+            out += f" {self.mig_instance}"
         return out
 
 
@@ -126,6 +127,13 @@ class GpuWindow:
     gpus: tuple[GpuIdentity, ...]
     mean: CounterMeans
     per_gpu: tuple[tuple[GpuIdentity, CounterMeans], ...] = ()
+
+    def summary(self) -> dict:
+        """For the JSON API and the verdict's evidence: the source, the span, the GPUs
+        by name and the mean counters given (None left out)."""
+        return {"source": self.source, "start": self.start, "end": self.end,
+                "samples": self.samples, "gpus": [g.name() for g in self.gpus],
+                **self.mean.present()}
 
 
 def select(gpus, uuid=None, pod=None, index=None) -> tuple[GpuCounters, ...]:

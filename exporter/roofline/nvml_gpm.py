@@ -151,19 +151,22 @@ class NvmlGpmSource:
             self._fail("gpm_not_supported", f"none of {count} GPU(s) supports GPM "
                        "(Hopper or newer)")
             return None
-        first = [(i, h, nvml.nvmlGpmSampleAlloc()) for i, h in devices]
-        second = [nvml.nvmlGpmSampleAlloc() for _ in devices]
+        allocated = []  # freed whatever fails, an allocation too
         try:
-            for _, h, s in first:
+            for _ in range(2 * len(devices)):
+                allocated.append(nvml.nvmlGpmSampleAlloc())
+            first, second = allocated[:len(devices)], allocated[len(devices):]
+            for (_, h), s in zip(devices, first, strict=True):
                 nvml.nvmlGpmSampleGet(h, s)
             self._sleep(self.interval)
-            for (_, h, _), s in zip(first, second, strict=True):
+            for (_, h), s in zip(devices, second, strict=True):
                 nvml.nvmlGpmSampleGet(h, s)
             gpus = tuple(self._counters(nvml, i, h, s1, s2)
-                         for (i, h, s1), s2 in zip(first, second, strict=True))
+                         for (i, h), s1, s2 in zip(devices, first, second, strict=True))
         finally:
-            for s in [s for _, _, s in first] + second:
-                nvml.nvmlGpmSampleFree(s)
+            for s in allocated:
+                with contextlib.suppress(Exception):
+                    nvml.nvmlGpmSampleFree(s)
         return GpuSample(at=self._clock(), source="nvml", gpus=gpus)
 
     def _counters(self, nvml, index: int, handle, s1, s2) -> GpuCounters:
