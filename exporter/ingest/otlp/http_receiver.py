@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from google.rpc import code_pb2, status_pb2
 
 from phasewatch.ingest.otlp.grpc_receiver import export_response
-from phasewatch.ingest.otlp.ingest import EXTRACT, OtlpIngest
+from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.ingest.otlp.jsonform import json_spans, to_json
 from phasewatch.ingest.otlp.spans import MalformedPayload, parse_request
 from phasewatch.transport.admission import RETRY_AFTER_SECONDS, Admission, Refused
@@ -153,7 +153,7 @@ def make_otlp_handler(ingest: OtlpIngest, admission: Admission,
             elif encoding not in ("", "identity"):
                 raise MalformedPayload(f"unsupported Content-Encoding {encoding!r}")
             if ctype == JSON:
-                return ingest.export_spans(json_spans(body, EXTRACT), PROTOCOL)
+                return ingest.export_spans(json_spans(body, ingest.extract), PROTOCOL)
             return ingest.export(parse_request(body), PROTOCOL)
 
     return Handler
