@@ -110,8 +110,9 @@ class WaitingRoom(Protocol):
 
 @runtime_checkable
 class PairsRoots(Protocol):
-    def waiting_room(self, hold: float) -> WaitingRoom:
-        """A new waiting room whose requests wait at most ``hold`` seconds."""
+    def waiting_room(self, hold: float = ...) -> WaitingRoom:
+        """A new waiting room whose requests wait at most ``hold`` seconds (a default of
+        the adapter's own when not given)."""
 
 
 @runtime_checkable

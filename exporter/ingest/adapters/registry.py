@@ -83,9 +83,12 @@ class AdapterRegistry:
                 return (a.ENGINE, *step)
         return None
 
-    def waiting_room(self, hold: float) -> WaitingRoom:
-        """The waiting room of the adapter that pairs roots (an empty one if none does)."""
-        return NoWaiting() if self._pairing is None else self._pairing.waiting_room(hold)
+    def waiting_room(self, hold: float | None = None) -> WaitingRoom:
+        """The waiting room of the adapter that pairs roots (an empty one if none does),
+        whose requests wait ``hold`` seconds at most (None: the adapter's default)."""
+        if self._pairing is None:
+            return NoWaiting()
+        return self._pairing.waiting_room() if hold is None else self._pairing.waiting_room(hold)
 
 
 class NoWaiting:

@@ -9,9 +9,9 @@ counted with its reason; the rest become one ``RequestBatch`` per adapter (conve
 column by column over the whole export where the adapter can). The request spans of an
 adapter that pairs roots wait in its waiting room (``pending``) for the spans of its
 other processes; they are counted by the export that completes them or by ``sweep``
-once ``join_wait`` seconds have passed. The outcome feeds OTLP's ``partial_success``:
-rejected spans and a message naming the reasons (a waiting root's later rejection is
-in the counters only).
+once ``join_wait`` seconds have passed (None: the adapter's own wait). The outcome
+feeds OTLP's ``partial_success``: rejected spans and a message naming the reasons (a
+waiting root's later rejection is in the counters only).
 
 The ingest names no engine: what it knows of one, the adapter declares
 (``adapters.contract``), and ``tests/test_structure.py`` keeps it so.
@@ -36,7 +36,6 @@ from phasewatch.requests.record import BatchBuilder, RequestBatch
 # Spans known by name to go to a vectorised adapter: walk reads just the keys it needs
 # (the default registry's; an ingest with its own registry has its own ``extract``).
 EXTRACT = ADAPTERS.extract
-JOIN_WAIT_S = 10.0  # a waiting room's hold: > the OTel SDK's 5 s batch delay
 DEDUPE_CAPACITY = 1 << 18  # (trace id, span id) pairs remembered: ~30 MB at most
 # OTLP times are uint64 ns; past this (year 2223) a span plus its latencies could leave
 # the int64 ns columns, so it is rejected (``timestamp_out_of_range``) instead.
@@ -65,7 +64,7 @@ class ExportOutcome:
 class OtlpIngest:
     def __init__(self, sink: RequestSink, context: AdapterContext | None = None,
                  dedupe_capacity: int = DEDUPE_CAPACITY, emitter=None,
-                 join_wait: float = JOIN_WAIT_S, adapters: AdapterRegistry = ADAPTERS):
+                 join_wait: float | None = None, adapters: AdapterRegistry = ADAPTERS):
         self._sink = sink
         self.stats = sink.stats
         self.adapters = adapters
