@@ -64,20 +64,17 @@ class SpanAdapter(Protocol):
         """A ``record.ROW_FIELDS`` tuple (times in integer ns); raises ``Rejected``."""
 
 
-@runtime_checkable
 class ConvertsMany(Protocol):
     def convert_many(self, spans: list, ctx) -> tuple:
         """(a ``RequestBatch`` of the accepted spans with ``origin.span_columns``, the
         reason of every span in order, ``""`` = accepted): ``convert``'s values."""
 
 
-@runtime_checkable
 class Remembers(Protocol):
     def remember(self, span, parts) -> bool:
         """Keep what a request needs of a child span in ``parts``; True if it was one."""
 
 
-@runtime_checkable
 class ReadsDecodeSteps(Protocol):
     def decode_step(self, span) -> tuple[int, int, int] | None:
         """(start ns, end ns, requests in the forward), or None for another span."""
@@ -108,14 +105,12 @@ class WaitingRoom(Protocol):
         with ``force``) or past capacity."""
 
 
-@runtime_checkable
 class PairsRoots(Protocol):
     def waiting_room(self, hold: float = ...) -> WaitingRoom:
         """A new waiting room whose requests wait at most ``hold`` seconds (a default of
         the adapter's own when not given)."""
 
 
-@runtime_checkable
 class HasOwnSide(Protocol):
     def join_key(self, span) -> str:
         """The trace join key of a row from ``span`` (``record.RequestRecord.trace_parent``)."""
