@@ -10,6 +10,7 @@ too (a lazy import hides a circle, it does not remove it). Run
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,3 +163,58 @@ def test_no_module_in_the_exporter_over_about_400_lines():
 def test_every_module_is_on_a_floor():
     for name in modules():
         floor(name)
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def test_the_otlp_ingest_names_no_engine():
+    """What the OTLP ingest knows of an engine, the engine's adapter declares
+    (``ingest.adapters.contract``): ``ingest/otlp/`` names none, so a new engine is one
+    adapter module and one line in the registry (``ingest.adapters.ADAPTERS``). No
+    identifier or string there holds a registered adapter's name or engine label, no
+    string is a span name an adapter claims, and no comment or docstring names an engine
+    (an adapter whose rows are the engine's side)."""
+    from phasewatch.ingest.adapters import ADAPTERS
+
+    names = {a.__name__.rpartition(".")[2] for a in ADAPTERS} | {a.ENGINE for a in ADAPTERS}
+    span_names = set(ADAPTERS.extract)
+    engines = {a.__name__.rpartition(".")[2] for a in ADAPTERS if a.CAPABILITIES.source is None}
+    found = []
+    for path in sorted((ROOT / "exporter" / "ingest" / "otlp").rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text, str(path))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef
+                                    | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr)
+                      and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                idents = [node.id]
+            elif isinstance(node, ast.Attribute):
+                idents = [node.attr]
+            elif isinstance(node, ast.alias):
+                idents = [node.name, node.asname or ""]
+            elif isinstance(node, ast.ImportFrom):
+                idents = [node.module or ""]
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+                idents = [node.name]
+            elif isinstance(node, ast.arg):
+                idents = [node.arg]
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings):
+                if node.value in span_names or _words(node.value) & names:
+                    found.append(f"{path.name}:{node.lineno}: string {node.value!r}")
+                continue
+            else:
+                continue
+            for ident in idents:
+                if set(re.split(r"[._]", ident.lower())) & names:
+                    found.append(f"{path.name}:{node.lineno}: {ident}")
+        for lineno, line in enumerate(text.splitlines(), 1):  # prose: comments, docstrings
+            if _words(line) & engines:
+                found.append(f"{path.name}:{lineno}: {line.strip()}")
+    assert not found, ("the OTLP ingest names an engine (declare it on the adapter, "
+                       "ingest.adapters.contract.Capabilities):\n" + "\n".join(found))

@@ -1,5 +1,11 @@
 """Span adapters: each turns one server's request spans into the one request record.
 
+``ADAPTERS`` is the registry: one line per span shape, most specific first. Each adapter
+is a module keeping ``contract.SpanAdapter`` (its engine label, ``matches``, ``convert``
+and its ``CAPABILITIES``); the OTLP ingest asks the registry and names no engine. To add
+an engine: write its module (``vllm.py`` is the smallest: the latency adapter under its
+span name) and add it here, before ``genai``, the catch-all.
+
 The stream tap's own records can come as spans too (``tap``: a tap in a fleet sends them
 through the OpenTelemetry Collector); their rows are the trace join's tap side.
 
@@ -12,37 +18,21 @@ GenAI-instrumented gateway at once. Spans no adapter claims are not requests
 from __future__ import annotations
 
 from phasewatch.ingest.adapters import genai, sglang, tap, tgi, vllm
-from phasewatch.ingest.adapters.common import AdapterContext, Rejected
+from phasewatch.ingest.adapters.context import AdapterContext
+from phasewatch.ingest.adapters.contract import Capabilities, Rejected, SpanAdapter
+from phasewatch.ingest.adapters.registry import AdapterRegistry
 
-ADAPTERS = (tap, vllm, sglang, tgi, genai)  # most specific first (a tap's span is GenAI too)
-# adapters whose request's timeline is in child spans (``traces.TraceParts``)
-WITH_CHILD_SPANS = tuple(a for a in ADAPTERS if hasattr(a, "remember"))
-CHILD_SPAN_NAMES = frozenset(n for a in WITH_CHILD_SPANS for n in a.CHILD_SPANS)
-# adapters that read engine steps (the requests in each forward) from their own spans
-WITH_STEPS = tuple(a for a in ADAPTERS if hasattr(a, "decode_step"))
+ADAPTERS = AdapterRegistry(
+    tap,  # the stream tap's records (a GenAI span too: before genai)
+    vllm,
+    sglang,
+    tgi,
+    genai,  # any span with GenAI usage attributes: last
+)
 
-__all__ = ["ADAPTERS", "AdapterContext", "Rejected", "classify", "decode_step", "remember"]
+classify = ADAPTERS.classify
+remember = ADAPTERS.remember
+decode_step = ADAPTERS.decode_step
 
-
-def remember(span, parts) -> bool:
-    """Keep what a request needs from one of its child spans; True if ``span`` was one."""
-    if span.name not in CHILD_SPAN_NAMES and "Scheduler" not in span.name:
-        return False  # (SGLang's scheduler thread spans carry its host and pid in the name)
-    return any(a.remember(span, parts) for a in WITH_CHILD_SPANS)
-
-
-def decode_step(span) -> tuple[str, int, int, int] | None:
-    """(engine, start ns, end ns, requests) when ``span`` is an engine's decode step."""
-    for a in WITH_STEPS:
-        step = a.decode_step(span)
-        if step is not None:
-            return (a.ENGINE, *step)
-    return None
-
-
-def classify(span):
-    """The adapter module for a request span, or None for a span that is not a request."""
-    for adapter in ADAPTERS:
-        if adapter.matches(span):
-            return adapter
-    return None
+__all__ = ["ADAPTERS", "AdapterContext", "AdapterRegistry", "Capabilities", "Rejected",
+           "SpanAdapter", "classify", "decode_step", "remember"]

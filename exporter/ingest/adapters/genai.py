@@ -9,9 +9,12 @@ decode, queue and prefill are left out (and counted as unavailable), not guessed
 
 from __future__ import annotations
 
-from phasewatch.ingest.adapters.common import after, count, first_reason, row, seconds, text
+from phasewatch.ingest.adapters.attributes import after, count, first_reason, seconds, text
+from phasewatch.ingest.adapters.contract import Capabilities
+from phasewatch.ingest.adapters.rows import row
 
 ENGINE = "otel"
+CAPABILITIES = Capabilities()  # one span per request, nothing more
 USAGE = ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
          "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens")
 

@@ -46,9 +46,10 @@ def span_columns(builder: BatchBuilder, spans: list, pods: bool,
     """``builder`` with the columns rows take from their spans (``spans[i]`` is row
     ``i``'s): trace_parent, tapped, with ``pods`` (the sink has a pod label) pod, and with
     ``sampling`` the weight (absent: 1, as when no span says it was sampled). An
-    ``adapter`` with a ``SOURCE`` of its own (the tap's spans) gives its rows that side
-    and its own ``join_key``, and they are not engine rows that came through a tap."""
-    source = getattr(adapter, "SOURCE", None)
+    ``adapter`` whose ``CAPABILITIES.source`` is its own (the tap's spans) gives its rows
+    that side and its own ``join_key``, and they are not engine rows that came through a
+    tap."""
+    source = None if adapter is None else adapter.CAPABILITIES.source
     keys = [(adapter.join_key if source is not None else parent_key)(s) for s in spans]
     builder.text(trace_parent=keys)  # the string table grows only when a span has a parent
     if source is not None:

@@ -51,16 +51,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from phasewatch.ingest.adapters.common import (
-    COUNT_KEYS,
-    NS,
-    Rejected,
-    count,
-    first_reason,
-    row,
-    seconds,
-    text,
-)
+from phasewatch.ingest.adapters.attributes import NS, count, first_reason, seconds, text
+from phasewatch.ingest.adapters.contract import Capabilities, Rejected
+from phasewatch.ingest.adapters.latency import COUNT_KEYS
+from phasewatch.ingest.adapters.rows import row
 
 ENGINE = "sglang"
 _NAME = re.compile(r"(^|\s)Req [0-9A-Za-z_-]{1,64}$")
@@ -74,6 +68,9 @@ CHILD_SPANS = {"prefill_waiting": "sgl_waiting", "prefill_forward": "sgl_forward
 SCHEDULER = "sgl_scheduler"  # a scheduler process's thread span
 HOLD_S = 10.0  # > the OTel SDK's 5 s batch delay (OTEL_BSP_SCHEDULE_DELAY)
 MAX_PENDING = 100_000
+# stage and scheduler spans remembered (``remember``); roots wait for them and for their
+# other role (``waiting_room``)
+CAPABILITIES = Capabilities(remembers=True, pairs_roots=True)
 
 
 def matches(span) -> bool:
@@ -187,6 +184,11 @@ def convert(span, ctx) -> tuple:
     root = Root(span, "", 0.0)
     root.claim(ctx.trace_parts)
     return row_of({role_of(span): root}, ctx)[0]
+
+
+def waiting_room(hold: float = HOLD_S) -> PendingRoots:
+    """Where roots wait for their stage spans and other role (``PendingRoots``)."""
+    return PendingRoots(hold=hold)
 
 
 @dataclass

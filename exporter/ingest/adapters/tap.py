@@ -27,18 +27,14 @@ the span itself for the first choice, its parent for a further one.
 
 from __future__ import annotations
 
-from phasewatch.ingest.adapters.common import (
-    Rejected,
-    count,
-    first_reason,
-    row,
-    seconds,
-    text,
-)
+from phasewatch.ingest.adapters.attributes import count, first_reason, seconds, text
+from phasewatch.ingest.adapters.contract import Capabilities, Rejected
+from phasewatch.ingest.adapters.rows import row
 from phasewatch.requests.record import NS, SOURCE_TAP
 
 ENGINE = "tap"
 SOURCE = SOURCE_TAP  # the rows' side in the trace join
+CAPABILITIES = Capabilities(source=SOURCE)  # its rows are the join's tap side (``join_key``)
 MARK = "phasewatch.source"
 OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
 MAX_EMISSIONS = 1 << 20  # one span's emission times: a million tokens is already absurd

@@ -32,9 +32,13 @@ from __future__ import annotations
 import math
 import re
 
-from phasewatch.ingest.adapters.common import Rejected, after, row
+from phasewatch.ingest.adapters.attributes import after
+from phasewatch.ingest.adapters.contract import Capabilities, Rejected
+from phasewatch.ingest.adapters.rows import row
 
 ENGINE = "tgi"
+# its timeline's child spans (``remember``) and the engine's decode forwards (``decode_step``)
+CAPABILITIES = Capabilities(remembers=True, decode_steps=True)
 REQUEST_SPANS = frozenset({"generate", "generate_stream", "chat_completions", "completions",
                            "vertex_compatibility"})
 FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token")

@@ -1,4 +1,5 @@
-"""vLLM ``llm_request`` spans (V1 0.33: ``vllm/v1/engine/output_processor.py``; older V0).
+"""vLLM's ``llm_request`` spans: the latency adapter (``latency.py``) under vLLM's span
+name and engine label (V1 0.33: ``vllm/v1/engine/output_processor.py``; older V0).
 
 One span per finished request, started at the request's arrival. Latencies are
 float seconds: ``time_to_first_token`` (first token - arrival),
@@ -11,10 +12,13 @@ V1 sends no model name: ``AdapterContext.model_for`` names it.
 
 from __future__ import annotations
 
-from phasewatch.ingest.adapters.common import latency_batch, latency_row
+from phasewatch.ingest.adapters.contract import Capabilities
+from phasewatch.ingest.adapters.latency import LATENCY_KEYS, latency_batch, latency_row
 
 ENGINE = "vllm"
 SPAN_NAME = "llm_request"
+# converted a whole export at a time, ``walk`` reading just the latency keys of its spans
+CAPABILITIES = Capabilities(converts_many=True, extract={SPAN_NAME: LATENCY_KEYS})
 
 
 def matches(span) -> bool:
