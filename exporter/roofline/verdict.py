@@ -119,7 +119,7 @@ def headline(phase: str, resource: str, cause: str | None = None) -> str:
                  "prefill_interference"):
         from phasewatch.roofline.cause import CAUSES
 
-        return f"{phase_name(phase)}: {CAUSES[cause]['title']}"
+        return f"{phase_name(phase)}: {CAUSES[cause].title}"
     if resource == "capacity":
         return "Queue: requests wait for capacity"
     if resource == "frontend":
