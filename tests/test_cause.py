@@ -278,7 +278,7 @@ def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
         agg = Aggregator(window=window)
         agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
         monitor = BottleneckMonitor(window, agg.labels, Deployments(
-            [Deployment("Llama-3.1-8B", engine.model, engine.hw)]), span=120.0)
+            [Deployment("Llama-3.1-8B", engine.model, engine.hw)]), window_seconds=120.0)
         [result] = monitor.update()
         return result.verdict
 
