@@ -223,10 +223,10 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str,
                "headline": headline(phase, resource, cause), "cause": cause or "",
                "confidence": confidence.get(k, math.nan), "agreeing": int(n),
                "reporting": total, "ceiling_exceeded": tuple(sorted(exceeded.get(k, ()))),
-               "levers": (CAUSES[cause]["levers"] if cause and CAUSES[cause]["levers"]
+               "levers": (CAUSES[cause].levers if cause and CAUSES[cause].levers
                           else LEVERS.get((phase, resource), ()))}
         sentence = engine_sentence(engine.get(k, {}), range_text, total,
-                                   CAUSES[cause]["title"] if cause else "")
+                                   CAUSES[cause].title if cause else "")
         lead_text = slo_lead((slo or {}).get(k), kpis.get(k, {}))
         rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing,
                                 lead_text))
@@ -242,11 +242,11 @@ def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
     backed = bool(sentence) and cause not in FROM_RECORDS  # the engine's state is evidence
     state = ""
     if cause == "imbalance":
-        cause_text = f"{CAUSES[cause]['title']}: {routing}"
+        cause_text = f"{CAUSES[cause].title}: {routing}"
         if sentence:
             state = f" Engine state: {sentence}."
     elif cause:
-        cause_text = CAUSES[cause]["title"] + (f": {sentence}" if backed else "")
+        cause_text = CAUSES[cause].title + (f": {sentence}" if backed else "")
         if sentence and not backed:  # beside the cause, not behind it
             state = f" Engine state: {sentence}."
     else:

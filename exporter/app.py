@@ -104,7 +104,7 @@ class Exporter:
                                     max_pending=config.trace_join_max_pending)
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
-                                         span=config.window_seconds, clock=clock)
+                                         window_seconds=config.window_seconds, clock=clock)
         single = names.single  # configured, whether or not its hardware resolved
         emitter = None
         if config.otlp_export_endpoint:

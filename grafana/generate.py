@@ -208,7 +208,7 @@ def cause_table() -> dict:
     """The verdict under its cause, one row per (model, engine, source, verdict): the
     engine's own state says why (exporter/roofline/cause.py), in the words of its title."""
     by = f"{BY}, phase, resource, cause"
-    titles = {name: {"text": f"{c['title']} ({name})", "index": i}
+    titles = {name: {"text": f"{c.title} ({name})", "index": i}
               for i, (name, c) in enumerate(CAUSES.items())}
     titles["none"] = {"text": "none: no cause found (an idle engine, or too little evidence)",
                       "index": len(titles)}

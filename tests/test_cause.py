@@ -72,7 +72,7 @@ def test_a_full_kv_cache_with_preemptions_is_kv_cache_whatever_the_roofline_says
     assert v.cause.text.startswith("KV cache full: 32 preemptions in 30 s at 100% usage")
     assert v.cause.evidence["recompute_flops_share"] == pytest.approx(0.4)  # 2 of 5e15
     assert "~40% of the FLOPs redo preempted requests' prompts" in v.cause.text
-    assert v.levers == CAUSES["kv_cache"]["levers"]
+    assert v.levers == CAUSES["kv_cache"].levers
     assert not any(lever == "FP8" or lever == "tensor parallelism" for lever in v.levers)
     assert v.headline == "Decode: KV cache full"
     assert v.cause.source == "engine_metrics"
@@ -278,7 +278,7 @@ def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
         agg = Aggregator(window=window)
         agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
         monitor = BottleneckMonitor(window, agg.labels, Deployments(
-            [Deployment("Llama-3.1-8B", engine.model, engine.hw)]), span=120.0)
+            [Deployment("Llama-3.1-8B", engine.model, engine.hw)]), window_seconds=120.0)
         [result] = monitor.update()
         return result.verdict
 

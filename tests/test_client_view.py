@@ -43,7 +43,7 @@ def _monitor(records, dep: Deployment):
     agg = Aggregator(window=window)
     for i in range(0, len(records), 1000):
         agg.ingest(RequestBatch.from_records(records[i:i + 1000], engine="tap"), "test")
-    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0,
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), window_seconds=30.0,
                                 clock=lambda: records[-1].finish + 1)
     [result] = monitor.update()
     return result

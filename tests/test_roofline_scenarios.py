@@ -41,7 +41,7 @@ def _estimate(records, dep: Deployment, strip: bool):
     agg = Aggregator(window=window)
     for i in range(0, len(records), 1000):
         agg.ingest(RequestBatch.from_records(records[i:i + 1000], engine="sim"), "test")
-    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0)
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), window_seconds=30.0)
     [result] = monitor.update()
     return result
 
@@ -103,7 +103,7 @@ def test_a_label_set_without_requests_in_the_window_has_no_verdict():
     window = RollingWindow(30.0, capacity=200_000, clock=lambda: now[0])
     agg = Aggregator(window=window)
     agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
-    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0,
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), window_seconds=30.0,
                                 clock=lambda: now[0])
     [result] = monitor.update()
     assert result.verdict is not None

@@ -241,7 +241,8 @@ def _estimate(records, dep: Deployment, weights: np.ndarray | None = None):
     if weights is not None:
         batch = dataclasses.replace(batch, weight=weights)
     agg.ingest(batch, "test")
-    [result] = BottleneckMonitor(window, agg.labels, Deployments([dep]), span=30.0).update()
+    [result] = BottleneckMonitor(window, agg.labels, Deployments([dep]),
+                                 window_seconds=30.0).update()
     return result.estimate
 
 

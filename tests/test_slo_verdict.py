@@ -157,7 +157,7 @@ def _scenario_verdict(name: str, seconds: float = 240.0, objectives: str | None 
         sc.objectives if objectives is None else parse_objectives(objectives)))
     agg.ingest(RequestBatch.from_records(records, engine="sim"), "test")
     monitor = BottleneckMonitor(window, agg.labels, Deployments(
-        [Deployment(sc.model, engine.model, engine.hw)]), span=120.0)
+        [Deployment(sc.model, engine.model, engine.hw)]), window_seconds=120.0)
     [result] = monitor.update()
     return result.verdict
 

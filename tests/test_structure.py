@@ -218,3 +218,37 @@ def test_the_otlp_ingest_names_no_engine():
                 found.append(f"{path.name}:{lineno}: {line.strip()}")
     assert not found, ("the OTLP ingest names an engine (declare it on the adapter, "
                        "ingest.adapters.contract.Capabilities):\n" + "\n".join(found))
+
+
+# The roofline's public functions take typed records, not dicts (issue 38). A ratchet:
+# these still do, and the list only shrinks (a new one fails, a fixed one must leave it).
+DICT_PARAMS_LEFT = {
+    "bottleneck": "with_cached_share(cols) with_recompute(cols)",
+    "calibrate": "cpu_half_floor(flops) half_precision_note(slow) half_precision_note(runs) "
+                 "report(profile) write(profile)",
+    "cause": "busy_share(cols) in_engine(cols) diagnose(cols) diagnose(gaps)",
+    "decode_step": "flat_step(evidence) overhead_levers(evidence) step_sentence(e)",
+    "estimate": "analysis_range(cols) estimate(cols) estimate(steps)",
+    "hf_config": "weight_dtype_of(cfg) model_from_config(cfg)",
+    "intervals": "reported_steps(steps) prefill_start(c) prefill_steps(c) "
+                 "decode_shared_with_prefill(cols) decode_slowdown(cols)",
+    "slo_verdict": "objective_name(fig) attainment(decode) interference_told(fig) "
+                   "interference_cause(slo) rank(slo) rank(shares) lead(slo)",
+    "verdict": "decide(slo)",
+}
+
+
+def test_no_dict_typed_parameters_in_the_roofline_public_functions():
+    found = set()
+    for p in sorted((FOLDERS["phasewatch"] / "roofline").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                    not node.name.startswith("_"):
+                for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                    text = ast.unparse(a.annotation) if a.annotation else ""
+                    kinds = {t.split("[")[0].strip().split(".")[-1] for t in text.split("|")}
+                    if kinds & {"dict", "Mapping", "MutableMapping"}:
+                        found.add(f"{p.stem}:{node.name}({a.arg})")
+    left = {f"{m}:{f}" for m, fs in DICT_PARAMS_LEFT.items() for f in fs.split()}
+    assert not found - left, f"new dict-typed parameters: {sorted(found - left)}"
+    assert not left - found, f"no longer dict-typed, drop from the list: {sorted(left - found)}"

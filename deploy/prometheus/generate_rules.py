@@ -330,7 +330,7 @@ def slo_burn(p: Params) -> list[dict]:
 
 def _levers(cause: str) -> str:
     """The verdict's levers for ``cause``, as one sentence's list."""
-    return "; ".join(CAUSES[cause]["levers"])
+    return "; ".join(CAUSES[cause].levers)
 
 
 def engine_state(p: Params) -> list[dict]:

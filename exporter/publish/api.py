@@ -125,7 +125,8 @@ class JsonApi:
             if model is not None and r.model != model:
                 continue
             out.append(roofline_json(r, self._agg.labels.names))
-        return {"window_seconds": self._monitor.span, "updated_at": self._monitor.updated_at,
+        m = self._monitor
+        return {"window_seconds": m.window_seconds, "updated_at": m.updated_at,
                 "models": out}
 
     def history(self, qs: dict) -> dict:

@@ -118,14 +118,14 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     present = {k: v for k, v in phases.items() if v is not None}
     if not present:
         return est
-    span = est.range_end - est.range_start
+    length = est.range_end - est.range_start
     inputs = dict(est.inputs)
     for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
         inputs[what] = FLAT_COUNTER_NOTE
     totals = {}  # what the replica moved over the range, by the engine's count
     for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
         if rate is not None:
-            totals[what] = rate * dep.tensor_parallel * span
+            totals[what] = rate * dep.tensor_parallel * length
             inputs[what] = "engine_counters"
     changes = {}
     for name, p in present.items() if totals else ():
@@ -137,7 +137,7 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
                                        p.requests, source="engine_counters")
     batch = est.decode_batch_size
     if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
-        batch = rates.mean_running * span / est.decode.busy_seconds
+        batch = rates.mean_running * length / est.decode.busy_seconds
         inputs["decode_batch"] = "engine_num_requests_running"
     # the other phase's FLOPs inside a phase's steps, by the engine's count too: a
     # decode step's prefill chunks at the configured model's cost beside the engine's
@@ -152,11 +152,12 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
 
 class BottleneckMonitor:
     def __init__(self, window: RollingWindow, labels: LabelSets, deployments: Deployments,
-                 engines: dict[str, EngineMetricsSource] | None = None, span: float = 30.0,
+                 engines: dict[str, EngineMetricsSource] | None = None,
+                 window_seconds: float = 30.0,
                  clock=time.time):
         self._window, self._labels, self.deployments = window, labels, deployments
         self._engines = engines or {}
-        self.span = span
+        self.window_seconds = window_seconds
         self._clock = clock
         self._lock = threading.Lock()
         self._results: list[Result] = []
@@ -171,12 +172,12 @@ class BottleneckMonitor:
         return list({id(s): s for s in self._engines.values()}.values())
 
     def update(self) -> list[Result]:
-        cols = self._window.columns(LOOKBACK_SPANS * self.span)
-        steps = self._window.steps(LOOKBACK_SPANS * self.span)
+        cols = self._window.columns(LOOKBACK_SPANS * self.window_seconds)
+        steps = self._window.steps(LOOKBACK_SPANS * self.window_seconds)
         pairs = self._labels.pairs()
         results = []
         ls = cols["ls"]
-        fresh = cols["t"] >= self._clock() - self.span  # ingested inside the window
+        fresh = cols["t"] >= self._clock() - self.window_seconds  # ingested inside the window
         for i in np.unique(ls).tolist():
             key = pairs[i]
             model, engine = key[:2]
@@ -188,12 +189,12 @@ class BottleneckMonitor:
             mine = cols if sel.all() else {k: v[sel] for k, v in cols.items()}
             dep = self.deployments.for_model(model)
             source = self._engine_for(model, dep)
-            rates = source.rates(self.span) if source else None
+            rates = source.rates(self.window_seconds) if source else None
             cached = rates.cached_prompt_share if rates is not None else None
             if cached is not None:
                 mine = with_cached_share(mine, cached)
             own = steps["ls"] == i
-            est = estimate(mine, dep, self.span, model, engine,
+            est = estimate(mine, dep, self.window_seconds, model, engine,
                            {k: v[own] for k, v in steps.items()} if own.any() else None)
             if est is None:
                 continue
@@ -231,7 +232,7 @@ class BottleneckMonitor:
                 trail.append(point)
             results.append(Result(model, engine, key, dep, est, verdict, list(trail),
                                   rates.state() if rates is not None else None,
-                                  source.latest(self.span) if source else None))
+                                  source.latest(self.window_seconds) if source else None))
         imbalance(results, self._labels.names)
         for r in results:
             if r.verdict is not None:
@@ -242,10 +243,10 @@ class BottleneckMonitor:
         return results
 
     def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray,
-                    span: tuple[float, float]) -> dict | None:
+                    bounds: tuple[float, float]) -> dict | None:
         """The label set's objectives over the window's requests
         (``slo_verdict.attainment``), with what the records tell of the decodes over the
-        estimate's ``span``; None without objectives."""
+        estimate's range (``bounds``); None without objectives."""
         objectives = self._window.objectives
         if objectives is None:
             return None
@@ -253,7 +254,7 @@ class BottleneckMonitor:
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(mine["steps"] > 0, (last - first) / mine["steps"], np.nan)
         decode = {"shared": decode_shared_with_prefill(mine)[fresh], "tpot": tpot[fresh],
-                  "fit": decode_slowdown(mine, *span)}
+                  "fit": decode_slowdown(mine, *bounds)}
         return attainment(objectives(key), mine["slo_outcome"][fresh],
                           mine["slo_phase"][fresh], decode)
 

@@ -60,37 +60,48 @@ INTERFERENCE_LOST = LIMITS.interference_lost
 # is about the same): the records-only KV estimate assumes it for every engine
 GPU_MEMORY_UTILIZATION = 0.9
 
-CAUSES: dict[str, dict] = {
-    "kv_cache": {
-        "title": "KV cache full", "resource": "capacity",
-        "levers": ("FP8 KV cache (vLLM --kv-cache-dtype fp8)",
-                   "a larger KV share of memory (vLLM --gpu-memory-utilization, SGLang "
-                   "--mem-fraction-static)",
-                   "a shorter --max-model-len", "fewer concurrent sequences (--max-num-seqs)",
-                   "prefix caching (--enable-prefix-caching) for shared prompt prefixes",
-                   "more replicas or GPUs (tensor parallelism adds KV memory)")},
-    "preemption_recompute": {
-        "title": "Preempted requests recomputed", "resource": None,
-        "levers": ("more KV-cache memory so fewer requests are preempted (FP8 KV cache, "
-                   "--gpu-memory-utilization)", "fewer concurrent sequences (--max-num-seqs)",
-                   "priority scheduling only where it pays (vLLM --scheduling-policy)")},
-    "concurrency_limit": {
-        "title": "Slot limit", "resource": "capacity",
-        "levers": ("a larger --max-num-seqs (SGLang --max-running-requests, TGI "
-                   "--max-batch-size, llama.cpp --parallel): the KV cache has room",
-                   "a larger --max-num-batched-tokens (TGI --max-batch-total-tokens)")},
-    "imbalance": {
-        "title": "Load imbalance", "resource": "capacity",
-        "levers": ("a load- or KV-cache-aware router (llm-d's inference scheduler, the "
-                   "SGLang router) instead of round robin",
-                   "session affinity only where prefix reuse pays for it")},
-    "prefill_interference": {
-        "title": "Prefill interference", "resource": None,
-        "levers": ("a smaller prefill chunk budget (vLLM --max-num-batched-tokens, SGLang "
-                   "--chunked-prefill-size)", "disaggregated prefill/decode",
-                   "scheduling priority for decodes")},
-    "compute_saturated": {"title": "Engine busy", "resource": None, "levers": ()},
-    "frontend": {"title": "API server", "resource": None, "levers": ()},
+
+@dataclass(frozen=True)
+class CauseRule:
+    """What a cause is, whoever finds it: its title (the banner's and the headline's
+    words), the resource it makes the verdict's (None: the roofline's stands) and the
+    levers that fit it (empty: the (phase, resource) ones)."""
+    title: str
+    resource: str | None
+    levers: tuple[str, ...]
+
+
+CAUSES: dict[str, CauseRule] = {
+    "kv_cache": CauseRule(
+        "KV cache full", "capacity",
+        ("FP8 KV cache (vLLM --kv-cache-dtype fp8)",
+         "a larger KV share of memory (vLLM --gpu-memory-utilization, SGLang "
+         "--mem-fraction-static)",
+         "a shorter --max-model-len", "fewer concurrent sequences (--max-num-seqs)",
+         "prefix caching (--enable-prefix-caching) for shared prompt prefixes",
+         "more replicas or GPUs (tensor parallelism adds KV memory)")),
+    "preemption_recompute": CauseRule(
+        "Preempted requests recomputed", None,
+        ("more KV-cache memory so fewer requests are preempted (FP8 KV cache, "
+         "--gpu-memory-utilization)", "fewer concurrent sequences (--max-num-seqs)",
+         "priority scheduling only where it pays (vLLM --scheduling-policy)")),
+    "concurrency_limit": CauseRule(
+        "Slot limit", "capacity",
+        ("a larger --max-num-seqs (SGLang --max-running-requests, TGI "
+         "--max-batch-size, llama.cpp --parallel): the KV cache has room",
+         "a larger --max-num-batched-tokens (TGI --max-batch-total-tokens)")),
+    "imbalance": CauseRule(
+        "Load imbalance", "capacity",
+        ("a load- or KV-cache-aware router (llm-d's inference scheduler, the "
+         "SGLang router) instead of round robin",
+         "session affinity only where prefix reuse pays for it")),
+    "prefill_interference": CauseRule(
+        "Prefill interference", None,
+        ("a smaller prefill chunk budget (vLLM --max-num-batched-tokens, SGLang "
+         "--chunked-prefill-size)", "disaggregated prefill/decode",
+         "scheduling priority for decodes")),
+    "compute_saturated": CauseRule("Engine busy", None, ()),
+    "frontend": CauseRule("API server", None, ()),
 }
 
 
@@ -103,11 +114,11 @@ class Cause:
 
     @property
     def resource(self) -> str | None:
-        return CAUSES[self.name]["resource"]
+        return CAUSES[self.name].resource
 
     @property
     def levers(self) -> tuple[str, ...]:
-        return CAUSES[self.name]["levers"]
+        return CAUSES[self.name].levers
 
 
 def _pct(x: float) -> str:

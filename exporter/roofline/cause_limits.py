@@ -1,5 +1,6 @@
-"""The thresholds the causes are found by, and how far each moves for the cause the
-verdict already holds (hysteresis on the cause, as the phase and the resource have it).
+"""The thresholds the verdict (``Thresholds``: its rules 2 and 3) and the causes
+(``Limits``) are found by, and how far each of the latter moves for the cause the verdict
+already holds (hysteresis on the cause, as the phase and the resource have it).
 
 A cause is decided again on every refresh from a window that slides. Near a threshold,
 a records-only figure (the share of the time running sat at the slot limit, read from
@@ -50,3 +51,24 @@ HOLD: dict[str, dict[str, float]] = {
 }
 
 LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The verdict's rules as numbers (``verdict``'s rules 2 and 3), used there only."""
+    bound: float = 0.6  # of the achievable ceiling: under it, the resource is overhead
+    # a phase's own rate past the peak is impossible (``PhaseEstimate.ceiling_exceeded``);
+    # with the other phase's FLOPs in its steps (spread evenly, an estimate) this far past
+    peak_tolerance: float = 0.05
+    hysteresis: float = 0.05  # a share or a bound moves this far for the current verdict
+    full_confidence_requests: int = 20  # the sample size that no longer costs confidence
+    margin_scale: float = 0.2  # a margin (share over the runner-up, use off the bound) this
+    # wide is full: the 0.6 bound +- 0.2 spans "clearly overhead" to "clearly bound"
+    tpot_inputs: float = 0.85  # confidence kept on TPOT alone, without emission times
+    floor: float = 0.5  # a zero margin halves the confidence, it does not zero it
+    unknown: float = 0.5  # confidence kept when the resource is unknown
+    high: float = 0.7  # confidence levels: "high" from here, "medium" from ``medium``
+    medium: float = 0.4
+
+
+RULES = Thresholds()

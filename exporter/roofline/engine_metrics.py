@@ -319,16 +319,16 @@ class EngineMetricsSource:
             self._samples.append(sample)
         return sample
 
-    def rates(self, seconds: float) -> EngineRates | None:
-        """Rates and state over the samples of the last ``seconds``; None without two
+    def rates(self, window_seconds: float) -> EngineRates | None:
+        """Rates and state over the samples of the last ``window_seconds``; None without two
         fresh samples (the engine unreachable, or just started)."""
         now = self._clock()
         with self._lock:
-            recent = [s for s in self._samples if s.at >= now - seconds]
+            recent = [s for s in self._samples if s.at >= now - window_seconds]
         return summarize(recent)
 
-    def latest(self, seconds: float) -> EngineSample | None:
-        """The newest sample if it is younger than ``seconds``."""
+    def latest(self, window_seconds: float) -> EngineSample | None:
+        """The newest sample if it is younger than ``window_seconds``."""
         with self._lock:
             last = self._samples[-1] if self._samples else None
-        return last if last is not None and last.at >= self._clock() - seconds else None
+        return last if last is not None and last.at >= self._clock() - window_seconds else None

@@ -8,7 +8,7 @@ phase time shares; and which inputs each figure came from.
 
 How each figure is inferred (cost formulas in ``model_costs``):
 
-* **Range.** The sender's own clock, not the exporter's: ``span`` seconds ending
+* **Range.** The sender's own clock, not the exporter's: ``window_seconds`` ending
   at ``hi``, a little before the newest request end. Requests still running are
   invisible until they finish, so the last moments before the newest end look
   emptier than they were; ``hi`` lags the newest end by the 90th percentile of
@@ -307,18 +307,18 @@ def _shares(c: dict, sel: np.ndarray) -> dict[str, float] | None:
     return {k: v for k, v in shares.items() if v is not None}
 
 
-def analysis_range(cols: dict[str, np.ndarray], span: float) -> tuple[float, float] | None:
+def analysis_range(cols: dict[str, np.ndarray], window_seconds: float
+                   ) -> tuple[float, float] | None:
     """[lo, hi] on the sender's clock (see the module docstring), or None without data."""
     end = cols["end_at"]
-    has_end = ~np.isnan(end)
-    if not has_end.any():
+    if not (has_end := ~np.isnan(end)).any():
         return None
     newest, oldest = float(end[has_end].max()), float(end[has_end].min())
     start = np.fmin(cols["scheduled_at"], cols["first_token_at"])[has_end]
     in_engine = (end[has_end] - start)[~np.isnan(start)]
     lag = float(np.quantile(in_engine, RANGE_END_QUANTILE)) if in_engine.size else 0.0
-    hi = max(newest - lag, oldest + 0.5 * min(span, newest - oldest))
-    return max(hi - span, oldest), hi
+    hi = max(newest - lag, oldest + 0.5 * min(window_seconds, newest - oldest))
+    return max(hi - window_seconds, oldest), hi
 
 
 def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
@@ -389,7 +389,7 @@ def _step_roofline(dep: Deployment | None, decode: PhaseEstimate | None,
     return max(memory, compute), decode.weight_bytes / steps / bandwidth
 
 
-def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
+def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, window_seconds: float,
              model: str = "", engine: str = "", steps: dict | None = None
              ) -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
@@ -405,14 +405,14 @@ def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, span: float,
     traffic), the lagged range can miss a phase entirely; the range then runs to
     the newest request end instead, and ``inputs["range"]`` says so.
     """
-    bounds = analysis_range(cols, span)
+    bounds = analysis_range(cols, window_seconds)
     if bounds is None or bounds[1] <= bounds[0]:
         return None
     est = _estimate_in(cols, dep, *bounds, model, engine, steps)
     newest = float(np.nanmax(cols["end_at"]))
     if dep is not None and (est.decode is None or est.prefill is None) and newest > bounds[1]:
-        wider = _estimate_in(cols, dep, max(newest - span, bounds[0]), newest, model, engine,
-                             steps)
+        lo = max(newest - window_seconds, bounds[0])
+        wider = _estimate_in(cols, dep, lo, newest, model, engine, steps)
         if (wider.decode is not None) + (wider.prefill is not None) > (
                 est.decode is not None) + (est.prefill is not None):
             wider.inputs["range"] = "to_newest_request"

@@ -1,7 +1,7 @@
 """The bottleneck verdict: which phase dominates request time and what limits it.
 
-The rules and the levers are data, here and nowhere else (docs/verdict.md, "The
-roofline and the verdict"):
+The rules and the levers are data, here and nowhere else (the numbers in
+``cause_limits.Thresholds``; docs/verdict.md, "The roofline and the verdict"):
 
 1. The **phase** is the one with the largest share of request time (preprocess,
    queue, prefill, decode). To move away from the current verdict's phase, another
@@ -42,18 +42,17 @@ from dataclasses import dataclass, field
 
 from phasewatch.roofline import ceiling
 from phasewatch.roofline.cause import Cause
+from phasewatch.roofline.cause_limits import RULES
 from phasewatch.roofline.decode_step import overhead_levers, step_evidence, step_sentence
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
 
-BOUND_FRACTION = 0.6  # of the achievable ceiling
-# a phase's own rate past the peak is impossible (``PhaseEstimate.ceiling_exceeded``);
-# with the other phase's FLOPs in its steps (spread evenly, an estimate) this far past
-PEAK_TOLERANCE = 0.05
-HYSTERESIS = 0.05
-MIN_REQUESTS_FOR_FULL_CONFIDENCE = 20
+BOUND_FRACTION = RULES.bound
+PEAK_TOLERANCE = RULES.peak_tolerance
+HYSTERESIS = RULES.hysteresis
+MIN_REQUESTS_FOR_FULL_CONFIDENCE = RULES.full_confidence_requests
 RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
              "unknown")
 
@@ -92,9 +91,6 @@ RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwi
                    "overhead": "overhead-bound",
                    "unknown": "of unknown limit"}
 
-
-
-
 # What "achievable" rests on, by ``achievable_source``.
 ACHIEVABLE_BASIS = {"calibrated": "measured here by phasewatch calibrate",
                     "published": "as measured on real parts",
@@ -123,7 +119,7 @@ def headline(phase: str, resource: str, cause: str | None = None) -> str:
                  "prefill_interference"):
         from phasewatch.roofline.cause import CAUSES
 
-        return f"{phase_name(phase)}: {CAUSES[cause]['title']}"
+        return f"{phase_name(phase)}: {CAUSES[cause].title}"
     if resource == "capacity":
         return "Queue: requests wait for capacity"
     if resource == "frontend":
@@ -269,20 +265,23 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
                     bound += HYSTERESIS
             if used < bound:
                 resource = "overhead"
-            util_margin = min(1.0, abs(used - BOUND_FRACTION) / 0.2)
-    share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / 0.2))
-    inputs = 1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else 0.85
+            util_margin = min(1.0, abs(used - BOUND_FRACTION) / RULES.margin_scale)
+    share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / RULES.margin_scale))
+    inputs = (1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else
+              RULES.tpot_inputs)
     sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
-    confidence = round(sample * inputs * (0.5 + 0.5 * share_margin) *
-                       (0.5 + 0.5 * util_margin), 3)
+    floor = RULES.floor
+    confidence = round(sample * inputs * (floor + (1 - floor) * share_margin) *
+                       (floor + (1 - floor) * util_margin), 3)
     cause = diagnose(phase) if diagnose is not None else None
     if cause is None or cause.name == "compute_saturated":  # objectives know better
         cause = slo_interference(slo, phase) or cause
     if cause is not None and cause.resource is not None:
         resource = cause.resource
     if resource == "unknown":
-        confidence = round(confidence * 0.5, 3)
-    level = "high" if confidence >= 0.7 else "medium" if confidence >= 0.4 else "low"
+        confidence = round(confidence * RULES.unknown, 3)
+    level = ("high" if confidence >= RULES.high else
+             "medium" if confidence >= RULES.medium else "low")
     levers = (cause.levers if cause is not None and cause.levers else
               _levers(phase, resource, evidence, dep))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
