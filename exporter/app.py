@@ -28,6 +28,7 @@ from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.publish.api import JsonApi
 from phasewatch.publish.exposition import HotProto
 from phasewatch.publish.families import Exposure
+from phasewatch.publish.guard import GuardedRegistry
 from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
 from phasewatch.publish.slo_metrics import SloCollector
@@ -124,7 +125,7 @@ class Exporter:
                                    config.memory_limit_bytes())
         # /metrics: the hot families rendered directly (HotText), then this registry's
         # collectors; full_registry holds them all, for formats HotText does not write
-        self.registry = CollectorRegistry()
+        self.registry = GuardedRegistry()  # each collector guarded (publish.guard)
         self.registry.register(SelfCollector(self.aggregator, gauges={
             catalog.LIFECYCLE_PENDING: self.joiner.pending_count,
             catalog.OTLP_JOIN_PENDING: lambda: len(self.otlp.pending),

@@ -216,6 +216,14 @@ MEMORY_LIMIT = _gauge("phasewatch_memory_limit_bytes",
                       "Resident memory limit, above 0.8 x which ingest is refused (0: none).")
 EXPORTER_GAUGES = (LIFECYCLE_PENDING, OTLP_JOIN_PENDING, TRACE_JOIN_PENDING, IN_FLIGHT,
                    IN_FLIGHT_BYTES, MEMORY_LIMIT)
+# one per collector on /metrics, as node_exporter's node_scrape_collector_*
+SCRAPE_COLLECTOR_SUCCESS = Family("phasewatch_scrape_collector_success", "gauge",
+                                  "1 if the collector's part of this scrape succeeded, 0 if it "
+                                  "failed (its families are left off the page).", ("collector",))
+SCRAPE_COLLECTOR_DURATION = Family("phasewatch_scrape_collector_duration_seconds", "gauge",
+                                   "Seconds the collector's part of this scrape took.",
+                                   ("collector",))
+SCRAPE = (SCRAPE_COLLECTOR_SUCCESS, SCRAPE_COLLECTOR_DURATION)
 BUILD_INFO = Family("phasewatch_build_info", "gauge",
                     "1, with the running phasewatch's version in its label.", ("version",))
 
@@ -325,6 +333,7 @@ SECTIONS: dict[str, tuple[Family, ...]] = {
     "The engine's own state and the ceilings": (*ENGINE_STATE, NO_ROOFLINE_REQUESTS),
     "The stream tap": tuple(TAP.values()),
     "Build": (BUILD_INFO,),
+    "The scrape": SCRAPE,
 }
 ALL: tuple[Family, ...] = tuple(f for fams in SECTIONS.values() for f in fams)
 BY_NAME: dict[str, Family] = {f.name: f for f in ALL}
