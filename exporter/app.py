@@ -28,6 +28,7 @@ from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.publish.api import JsonApi
 from phasewatch.publish.exposition import HotProto
 from phasewatch.publish.families import Exposure
+from phasewatch.publish.guard import GuardedRegistry
 from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
 from phasewatch.publish.slo_metrics import SloCollector
@@ -124,7 +125,7 @@ class Exporter:
                                    config.memory_limit_bytes())
         # /metrics: the hot families rendered directly (HotText), then this registry's
         # collectors; full_registry holds them all, for formats HotText does not write
-        self.registry = CollectorRegistry()
+        self.registry = GuardedRegistry()  # each collector guarded (publish.guard)
         self.registry.register(SelfCollector(self.aggregator, gauges={
             catalog.LIFECYCLE_PENDING: self.joiner.pending_count,
             catalog.OTLP_JOIN_PENDING: lambda: len(self.otlp.pending),
@@ -132,6 +133,7 @@ class Exporter:
             catalog.IN_FLIGHT: self.admission.in_flight,
             catalog.IN_FLIGHT_BYTES: self.admission.in_flight_bytes,
             catalog.MEMORY_LIMIT: lambda: self.admission.memory_limit,
+            catalog.ROOFLINE_LAST_SUCCESS: lambda: self.roofline_ok_at,
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.registry.register(SloCollector(self.aggregator))  # nothing without --slo
@@ -154,6 +156,7 @@ class Exporter:
         self._http: HttpServer | None = None
         self._otlp_http: HttpServer | None = None
         self._stop = threading.Event()
+        self.roofline_ok_at = 0.0  # the last roofline update that succeeded (Unix time)
         self._fronts: list[TlsFront] = []
         self._socket_dir = ""
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
@@ -335,6 +338,10 @@ class Exporter:
                 self.history.record(window.summary(labels.pairs(), names=labels.names))
             except Exception:  # keep estimating on the next tick; never kill the loop
                 log.exception("roofline update failed")
+                self.stats.inc(catalog.ROOFLINE_UPDATES.name, outcome="error")
+            else:
+                self.stats.inc(catalog.ROOFLINE_UPDATES.name, outcome="ok")
+                self.roofline_ok_at = self._clock()
             took = time.monotonic() - began
             if took >= notice:
                 log.warning("the roofline update took %.1f s (--roofline-interval %g s)",
@@ -365,6 +372,7 @@ class Exporter:
             if server is not None:
                 server.stop()
                 setattr(self, name, None)
+        self._join_threads(grace + 1)
         self.trace_join.flush()  # rows still waiting for their other side: counted alone
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
@@ -378,6 +386,16 @@ class Exporter:
         log.info("stopped; ingest totals: %s", ", ".join(
             f"{k} {int(totals.get(k, 0))}" for k in ("accepted", "rejected", "refused",
                                                        "dropped")))
+
+    def _join_threads(self, timeout: float) -> None:
+        """Join the background loops this exporter started (they saw ``_stop``), all
+        within ``timeout`` seconds; one still running past it is logged."""
+        deadline = time.monotonic() + timeout
+        for thread in (self._sweeper, self._roofline, *self._scrapers):
+            if thread.ident is not None:  # started
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    log.warning("%s did not stop within %g s", thread.name, timeout)
 
     def __enter__(self) -> Exporter:
         return self.start()

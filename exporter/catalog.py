@@ -187,10 +187,13 @@ MODEL_UNMATCHED = _self("phasewatch_model_unmatched_requests_total",
 SAMPLING_IGNORED = _self("phasewatch_trace_sampling_ignored_total",
                          "Request spans whose sampling threshold (ot=th) was ignored as "
                          "unusable, by reason.", "reason")._replace(needs=SAMPLING_NEEDS)
+ROOFLINE_UPDATES = _self("phasewatch_roofline_updates_total",
+                         "Roofline and verdict updates (--roofline-interval), by outcome "
+                         "(ok, error: the last good verdict stays).", "outcome")
 SELF_COUNTERS = (INGEST_BATCHES, INGEST_REQUESTS, INGEST_ACCEPTED, INGEST_REJECTED,
                  INGEST_REFUSED, INGEST_DROPPED, LIFECYCLE_EVENTS, LABEL_OVERFLOW, OTLP_SPANS,
                  OTLP_JOINED, TRACE_JOIN, ENGINE_SCRAPES, AUTH_REFUSED, TLS_RELOADS,
-                 PHASE_UNAVAILABLE, SAMPLING_IGNORED, MODEL_UNMATCHED)
+                 PHASE_UNAVAILABLE, SAMPLING_IGNORED, MODEL_UNMATCHED, ROOFLINE_UPDATES)
 
 
 # ---- the exporter's own gauges (read from its parts at scrape) --------------------------
@@ -214,8 +217,19 @@ IN_FLIGHT_BYTES = _gauge("phasewatch_ingest_in_flight_bytes",
                          "bounds it).")
 MEMORY_LIMIT = _gauge("phasewatch_memory_limit_bytes",
                       "Resident memory limit, above 0.8 x which ingest is refused (0: none).")
+ROOFLINE_LAST_SUCCESS = _gauge("phasewatch_roofline_last_success_timestamp_seconds",
+                               "Unix time of the last roofline and verdict update that "
+                               "succeeded (0: none yet).")
 EXPORTER_GAUGES = (LIFECYCLE_PENDING, OTLP_JOIN_PENDING, TRACE_JOIN_PENDING, IN_FLIGHT,
-                   IN_FLIGHT_BYTES, MEMORY_LIMIT)
+                   IN_FLIGHT_BYTES, MEMORY_LIMIT, ROOFLINE_LAST_SUCCESS)
+# one per collector on /metrics, as node_exporter's node_scrape_collector_*
+SCRAPE_COLLECTOR_SUCCESS = Family("phasewatch_scrape_collector_success", "gauge",
+                                  "1 if the collector's part of this scrape succeeded, 0 if it "
+                                  "failed (its families are left off the page).", ("collector",))
+SCRAPE_COLLECTOR_DURATION = Family("phasewatch_scrape_collector_duration_seconds", "gauge",
+                                   "Seconds the collector's part of this scrape took.",
+                                   ("collector",))
+SCRAPE = (SCRAPE_COLLECTOR_SUCCESS, SCRAPE_COLLECTOR_DURATION)
 BUILD_INFO = Family("phasewatch_build_info", "gauge",
                     "1, with the running phasewatch's version in its label.", ("version",))
 
@@ -325,6 +339,7 @@ SECTIONS: dict[str, tuple[Family, ...]] = {
     "The engine's own state and the ceilings": (*ENGINE_STATE, NO_ROOFLINE_REQUESTS),
     "The stream tap": tuple(TAP.values()),
     "Build": (BUILD_INFO,),
+    "The scrape": SCRAPE,
 }
 ALL: tuple[Family, ...] = tuple(f for fams in SECTIONS.values() for f in fams)
 BY_NAME: dict[str, Family] = {f.name: f for f in ALL}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from importlib import metadata
+from typing import TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 from prometheus_client.metrics_core import (
@@ -31,6 +32,8 @@ from phasewatch import catalog
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.publish import exposition
 from phasewatch.publish.families import CounterCells, Exposure, walk
+
+T = TypeVar("T")
 
 
 class HotCollector(Collector):
@@ -178,15 +181,23 @@ class MetricsPage:
 
     def __init__(self, hot: HotText, rest, full, proto=None):
         self._hot, self._rest, self._full, self._proto = hot, rest, full, proto
+        # the hot families run guarded as ``requests`` where ``rest`` is a GuardedRegistry
+        self._board = getattr(rest, "board", None)
+
+    def _guarded(self, fn: Callable[[], T], fallback: T) -> T:
+        return fn() if self._board is None else self._board.run("requests", fn, fallback)
 
     def render(self, accept: str) -> tuple[bytes, str]:
         if self._proto is not None and exposition.wants_protobuf(accept):
-            families = self._proto.families() + exposition.registry_families(self._rest)
+            families = (self._guarded(self._proto.families, [])
+                        + exposition.registry_families(self._rest))
             return exposition.delimited(families), exposition.CONTENT_TYPE
         encoder, ctype = choose_encoder(accept)
         if ctype == CONTENT_TYPE_PLAIN_0_0_4:
-            return self._hot.render(False) + generate_latest(self._rest), ctype
+            return (self._guarded(lambda: self._hot.render(False), b"")
+                    + generate_latest(self._rest)), ctype
         if ctype in (openmetrics.CONTENT_TYPE_LATEST,
                      f"{openmetrics.CONTENT_TYPE_LATEST}; escaping=underscores"):
-            return self._hot.render(True) + openmetrics.generate_latest(self._rest), ctype
+            return (self._guarded(lambda: self._hot.render(True), b"")
+                    + openmetrics.generate_latest(self._rest)), ctype
         return encoder(self._full), ctype
