@@ -111,10 +111,13 @@ class ServeConfig:
 
 # Every option is a ServeConfig field, except the model keys, which fill model_flags;
 # their defaults are ModelOptions' own.
-assert [f.name for f in fields(ServeConfig)][:-2] == [
-    o.name for o in SERVE_OPTIONS if o.name not in MODEL_KEYS]
-assert all(o.default == getattr(ModelOptions(), o.name) for o in SERVE_OPTIONS
-           if o.name in MODEL_KEYS)
+# Checked with raise, not assert, so that it holds under ``python -O`` too.
+if [f.name for f in fields(ServeConfig)][:-2] != [
+        o.name for o in SERVE_OPTIONS if o.name not in MODEL_KEYS]:
+    raise RuntimeError("ServeConfig's fields differ from options.SERVE_OPTIONS")
+if any(o.default != getattr(ModelOptions(), o.name) for o in SERVE_OPTIONS
+       if o.name in MODEL_KEYS):
+    raise RuntimeError("ModelOptions' defaults differ from options.SERVE_OPTIONS")
 _BY_NAME = {o.name: o for o in SERVE_OPTIONS}
 CLASSIC_BUCKETS = ("full", "coarse")
 
