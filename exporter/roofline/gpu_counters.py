@@ -162,7 +162,9 @@ def select(gpus, uuid=None, pod=None, index=None) -> tuple[GpuCounters, ...]:
     return tuple(out)
 
 
-def _means(rows: list[GpuCounters]) -> CounterMeans:
+def _means(rows: list) -> CounterMeans:
+    """The mean of each counter over ``rows`` (GpuCounters, or the CounterMeans of
+    several GPUs), the rows that lack it left out."""
     values = {}
     for name in RATIOS + GAUGES:
         got = [getattr(r, name) for r in rows if getattr(r, name) is not None]
@@ -175,24 +177,22 @@ def window_means(samples, start: float, end: float, uuid=None, pod=None,
                  index=None) -> GpuWindow | None:
     """The counters of ``samples`` (GpuSample, any order) taken in ``[start, end]``, for
     the GPUs ``select`` keeps; None when no sample fell inside or none matched."""
-    inside = [s for s in samples if start <= s.at <= end]
     by_gpu: dict[GpuIdentity, list[GpuCounters]] = {}
-    source = ""
-    for s in inside:
-        for row in select(s.gpus, uuid=uuid, pod=pod, index=index):
+    source, taken = "", 0  # taken: the samples that held one of the GPUs
+    for s in samples:
+        if not start <= s.at <= end:
+            continue
+        rows = select(s.gpus, uuid=uuid, pod=pod, index=index)
+        for row in rows:
             by_gpu.setdefault(row.identity, []).append(row)
-            source = source or s.source
+        if rows:
+            source, taken = source or s.source, taken + 1
     if not by_gpu:
         return None
     per_gpu = tuple((ident, _means(rows)) for ident, rows in by_gpu.items())
-    overall = {}
-    for name in RATIOS + GAUGES:
-        got = [getattr(m, name) for _, m in per_gpu if getattr(m, name) is not None]
-        if got:
-            overall[name] = sum(got) / len(got)
-    return GpuWindow(start=start, end=end, source=source,
-                     samples=sum(1 for s in inside if select(s.gpus, uuid, pod, index)),
-                     gpus=tuple(by_gpu), mean=CounterMeans(**overall), per_gpu=per_gpu)
+    return GpuWindow(start=start, end=end, source=source, samples=taken,
+                     gpus=tuple(by_gpu), mean=_means([m for _, m in per_gpu]),
+                     per_gpu=per_gpu)
 
 
 class CounterHistory:
