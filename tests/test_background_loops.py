@@ -49,3 +49,19 @@ def test_stop_joins_every_background_thread():
     ex.stop(grace=1)
     assert time.monotonic() - began < 5
     assert not any(t.is_alive() for t in threads)
+
+
+def test_a_long_update_off_the_cpu_is_logged_as_a_pause(caplog):
+    """SIGSTOP (a frozen VM, a starved host) that lands during an update: the log says
+    the process ran late by the time it had no CPU, as for a late tick; an update that
+    was itself slow says so, with its CPU time."""
+    from phasewatch.app import _log_long_update
+
+    with caplog.at_level("WARNING", logger="phasewatch"):
+        _log_long_update(3.5, 0.1, 2.0, 0.5)
+        _log_long_update(3.5, 3.0, 2.0, 0.5)
+        _log_long_update(1.5, 0.0, 2.0, 0.5)  # under the notice: nothing
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("phasewatch ran 3.4 s late (a 0.5 s roofline tick)")
+    assert lines[1].startswith("the roofline update took 3.5 s (3.0 s of CPU")
