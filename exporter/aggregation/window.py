@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,6 +62,17 @@ from phasewatch.requests.record import FINISH_REASONS
 _STEP_COLUMNS = ("t", "ls", "start", "end", "size")
 STEP_CAPACITY = 65536
 DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
+
+
+@dataclass
+class _SliceSums:
+    """The window's slices summed per label set: counts (SLICE_COLUMNS), the ITL
+    histogram and its sum, and the objectives' flags (None without objectives)."""
+
+    counts: np.ndarray
+    itl: np.ndarray
+    itl_sum: np.ndarray
+    slo: np.ndarray | None
 
 
 class RollingWindow:
@@ -229,62 +241,75 @@ class RollingWindow:
         ``seconds`` (at most the window) ending at its requests' clock's now (module
         docstring)."""
         now = self._clock()
-        span = min(seconds or self.seconds, self.seconds)
+        length = min(seconds or self.seconds, self.seconds)
         uptime = now - self._started
         with self._lock:
-            n = self._slice_counts.shape[1]
             # each label set's window end on its requests' clock
             end = self._newest + (now - self._last_ingest)
-            live = ((self._slot_second > np.floor(end - span)) & (self._slot_second <= end)
-                    & (self._slot_second >= 0))
-            # summed slot by slot: no temporary the size of all slots (a few MB at the
-            # label cap, which the allocator would keep)
-            counts = np.zeros((n, SLICE_COLUMNS))
-            itl = np.zeros((n, WINDOW_INDEX.size), dtype=np.int64)
-            itl_sum = np.zeros(n)
-            with_slo = self.objectives is not None
-            flags = np.zeros((n, WINDOW_COLUMNS))
-            for slot in np.flatnonzero(live.any(axis=1)).tolist():
-                m = live[slot]
-                counts[m] += self._slice_counts[slot, m]
-                if with_slo:
-                    flags[m] += self._slice_slo[slot, m]
-                itl[m] += self._slice_itl[slot, m]
-                itl_sum[m] += self._slice_itl_sum[slot, m]
-            covered = np.minimum(span, np.maximum(end - self._first, min(span, uptime)))
-            ring_ls = self._ring["ls"]
-            known = ~np.isnan(self._ring["t"]) & (ring_ls < n)
-            lo = np.full(len(ring_ls), np.inf)
-            lo[known] = np.floor(end[ring_ls[known]] - span)  # whole seconds, as the slices
-            in_window = known & (np.floor(self._ring["done_at"]) > lo)
-            ring = {k: v[in_window] for k, v in self._ring.items()}
-        series = []
-        for i, key in enumerate(label_sets):
-            model, engine = key[:2]
-            sel = ring["ls"] == i
-            if i >= n or (counts[i, 0] == 0 and not sel.any()):
-                continue
-            c = counts[i]
-            series.append(SeriesSummary(
-                model, engine, dict(zip(names[2:], key[2:], strict=False)),
-                covered_seconds=max(float(covered[i]), 1e-9), requests=whole(c[0]),
-                prompt_tokens=whole(c[1]), output_tokens=whole(c[2]),
-                received_requests=int(c[5]),
-                ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
-                e2e=Quantiles.of(ring["e2e"][sel]),
-                e2e_to_last_token=Quantiles.of(ring["last_token_at"][sel]
-                                               - ring["arrival"][sel]),
-                itl=Quantiles.binned(itl[i], itl_sum[i]),
-                itl_per_token_mean=float(c[4] / c[3]) if c[3] else None,
-                itl_per_token_count=int(c[3]),
-                phase_time_share=phase_time_shares(ring, sel),
-                ttft_by_prompt_class=by_prompt_class(ring, sel),
-                sampled_requests=int(sel.sum()),
-                slo=SloFigures.of(self.objectives(key), flags[i], covered[i], c[0])
-                if with_slo else None))
+            sums = self._slice_sums(end, length)
+            covered = np.minimum(length, np.maximum(end - self._first, min(length, uptime)))
+            ring = self._ring_within(end, length)
+        series = [self._series(i, key, names, sums, covered[i], ring)
+                  for i, key in enumerate(label_sets)]
+        series = [s for s in series if s is not None]
         shown = [s.covered_seconds for s in series]
-        return WindowSummary(span, max(shown) if shown else max(min(span, uptime), 1e-9),
+        return WindowSummary(length, max(shown) if shown else max(min(length, uptime), 1e-9),
                              now, self.capacity, series)
+
+    def _slice_sums(self, end: np.ndarray, length: float) -> _SliceSums:
+        """The per-second slices of the last ``length`` seconds before each label set's
+        ``end``, summed per label set (under the lock). Summed slot by slot: no temporary
+        the size of all slots (a few MB at the label cap, which the allocator would keep)."""
+        n = self._slice_counts.shape[1]
+        live = ((self._slot_second > np.floor(end - length)) & (self._slot_second <= end)
+                & (self._slot_second >= 0))
+        sums = _SliceSums(np.zeros((n, SLICE_COLUMNS)),
+                          np.zeros((n, WINDOW_INDEX.size), dtype=np.int64), np.zeros(n),
+                          np.zeros((n, WINDOW_COLUMNS)) if self.objectives is not None
+                          else None)
+        for slot in np.flatnonzero(live.any(axis=1)).tolist():
+            m = live[slot]
+            sums.counts[m] += self._slice_counts[slot, m]
+            if sums.slo is not None:
+                sums.slo[m] += self._slice_slo[slot, m]
+            sums.itl[m] += self._slice_itl[slot, m]
+            sums.itl_sum[m] += self._slice_itl_sum[slot, m]
+        return sums
+
+    def _ring_within(self, end: np.ndarray, length: float) -> dict[str, np.ndarray]:
+        """The sampled requests done within the last ``length`` seconds before their
+        label set's ``end`` (whole seconds, as the slices), under the lock."""
+        ring_ls = self._ring["ls"]
+        known = ~np.isnan(self._ring["t"]) & (ring_ls < self._slice_counts.shape[1])
+        lo = np.full(len(ring_ls), np.inf)
+        lo[known] = np.floor(end[ring_ls[known]] - length)
+        in_window = known & (np.floor(self._ring["done_at"]) > lo)
+        return {k: v[in_window] for k, v in self._ring.items()}
+
+    def _series(self, i: int, key: tuple, names: tuple[str, ...], sums: _SliceSums,
+                covered: float, ring: dict[str, np.ndarray]) -> SeriesSummary | None:
+        """Label set ``i``'s figures, or None where the window holds none of its requests."""
+        sel = ring["ls"] == i
+        if i >= len(sums.itl_sum) or (sums.counts[i, 0] == 0 and not sel.any()):
+            return None
+        model, engine = key[:2]
+        c = sums.counts[i]
+        return SeriesSummary(
+            model, engine, dict(zip(names[2:], key[2:], strict=False)),
+            covered_seconds=max(float(covered), 1e-9), requests=whole(c[0]),
+            prompt_tokens=whole(c[1]), output_tokens=whole(c[2]),
+            received_requests=int(c[5]),
+            ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
+            e2e=Quantiles.of(ring["e2e"][sel]),
+            e2e_to_last_token=Quantiles.of(ring["last_token_at"][sel] - ring["arrival"][sel]),
+            itl=Quantiles.binned(sums.itl[i], sums.itl_sum[i]),
+            itl_per_token_mean=float(c[4] / c[3]) if c[3] else None,
+            itl_per_token_count=int(c[3]),
+            phase_time_share=phase_time_shares(ring, sel),
+            ttft_by_prompt_class=by_prompt_class(ring, sel),
+            sampled_requests=int(sel.sum()),
+            slo=SloFigures.of(self.objectives(key), sums.slo[i], covered, c[0])
+            if sums.slo is not None else None)
 
     def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
         """Copies of the ring's columns for requests ingested in the last ``seconds``
