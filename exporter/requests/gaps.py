@@ -221,44 +221,57 @@ class GapBins:
         else:
             local = np.repeat(np.searchsorted(used, row_series), row_counts)
             sums = np.bincount(local, weights=gaps, minlength=s)
-        native = np.zeros((s, nn), np.int64)
-        part = None
+        left = (None if keep is None
+                else _sums(row_series, used, leave_out, row_sums, row_counts))
         if s * self.size <= _MAX_DENSE_CELLS:
-            keys = fine if local is None else local * self.size + fine
-            dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
-            found = _Straddlers(gaps, fine, local, self._straddle_any)
-            buckets = self._classic.from_dense(dense, found.of(self._classic))
-            if self._native is not None:
-                native = self._native.from_dense(dense, found.of(self._native))
-            window = np.zeros((s, self.window.size), dtype=np.int64)
-            window[:, self._window_runs[1]] = np.add.reduceat(dense, self._window_runs[0],
-                                                              axis=1)
-            if keep is not None:
-                kept = dense - np.bincount(keys[~keep], minlength=s * self.size).reshape(
-                    s, self.size)
-                part = GapCounts(
-                    used, self._classic.from_dense(kept, found.of(self._classic), keep),
-                    _sums(row_series, used, leave_out, row_sums, row_counts),
-                    np.zeros((s, self.window.size), np.int64),
-                    native if self._native is None
-                    else self._native.from_dense(kept, found.of(self._native), keep))
+            (buckets, window, native), part = self._dense(gaps, fine, local, keep, s)
         else:  # many series in one batch: look each gap's bucket and bin up directly
             if local is None:
                 local = np.zeros(gaps.size, dtype=np.int64)
-            buckets = self._classic.per_gap(gaps, fine, local, s)
-            if self._native is not None:
-                native = self._native.per_gap(gaps, fine, local, s)
-            w = self.window.size
-            window = np.bincount(local * w + self._window_of.take(fine),
-                                 minlength=s * w).reshape(s, w)
-            if keep is not None:
-                part = GapCounts(
-                    used, self._classic.per_gap(gaps[keep], fine[keep], local[keep], s),
-                    _sums(row_series, used, leave_out, row_sums, row_counts),
-                    np.zeros((s, w), np.int64),
-                    native if self._native is None
-                    else self._native.per_gap(gaps[keep], fine[keep], local[keep], s))
-        return GapCounts(used, buckets, sums, window, native), part
+            (buckets, window, native), part = self._per_gap(gaps, fine, local, keep, s)
+        return (GapCounts(used, buckets, sums, window, native),
+                None if part is None else GapCounts(used, part[0], left, part[1], part[2]))
+
+    def _dense(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray | None,
+               keep: np.ndarray | None, s: int) -> tuple[tuple, tuple | None]:
+        """``count``'s bins for few series: one dense (series x fine bucket) histogram,
+        folded into the classic, window and native bins; with ``keep``, the classic and
+        native bins of the kept gaps alone. Returns (buckets, window, native) and that
+        part's (buckets, empty window, native) or None."""
+        keys = fine if local is None else local * self.size + fine
+        dense = np.bincount(keys, minlength=s * self.size).reshape(s, self.size)
+        found = _Straddlers(gaps, fine, local, self._straddle_any)
+        buckets = self._classic.from_dense(dense, found.of(self._classic))
+        native = (np.zeros((s, 0), np.int64) if self._native is None
+                  else self._native.from_dense(dense, found.of(self._native)))
+        window = np.zeros((s, self.window.size), dtype=np.int64)
+        window[:, self._window_runs[1]] = np.add.reduceat(dense, self._window_runs[0], axis=1)
+        if keep is None:
+            return (buckets, window, native), None
+        kept = dense - np.bincount(keys[~keep], minlength=s * self.size).reshape(s, self.size)
+        return (buckets, window, native), (
+            self._classic.from_dense(kept, found.of(self._classic), keep),
+            np.zeros((s, self.window.size), np.int64),
+            native if self._native is None
+            else self._native.from_dense(kept, found.of(self._native), keep))
+
+    def _per_gap(self, gaps: np.ndarray, fine: np.ndarray, local: np.ndarray,
+                 keep: np.ndarray | None, s: int) -> tuple[tuple, tuple | None]:
+        """``count``'s bins for many series: each gap's bucket looked up and binned
+        directly (a dense histogram would be too large); as ``_dense`` returns them."""
+        buckets = self._classic.per_gap(gaps, fine, local, s)
+        native = (np.zeros((s, 0), np.int64) if self._native is None
+                  else self._native.per_gap(gaps, fine, local, s))
+        w = self.window.size
+        window = np.bincount(local * w + self._window_of.take(fine),
+                             minlength=s * w).reshape(s, w)
+        if keep is None:
+            return (buckets, window, native), None
+        return (buckets, window, native), (
+            self._classic.per_gap(gaps[keep], fine[keep], local[keep], s),
+            np.zeros((s, w), np.int64),
+            native if self._native is None
+            else self._native.per_gap(gaps[keep], fine[keep], local[keep], s))
 
 
 def _sums(row_series: np.ndarray, used: np.ndarray, leave_out: np.ndarray,
