@@ -94,8 +94,23 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
     xs = ok["intensity"].astype(float).tolist() + ridges
     lo = 10 ** math.floor(math.log10(max(min([*xs, 1.0]) / 3, 1e-3)))
     hi = 10 ** math.ceil(math.log10(max([*xs, 10.0]) * 10))
-    data = []
-    seen = set()
+    sets = _label_sets(ok)
+    points_data, spans = _phase_traces(ok, sets)
+    data = _ceiling_traces(ceilings, lo, hi) + points_data
+    ys = [y for t in data for y in t["y"] if y > 0 and math.isfinite(y)]
+    return figure(data, title,
+                  {"type": "log", "title": {"text": "arithmetic intensity (FLOPs/byte)"},
+                   "range": [math.log10(lo), math.log10(hi)], "dtick": 1},
+                  {"type": "log", "title": {"text": "achieved FLOP/s"}, "tickformat": "~s",
+                   "dtick": 1, "range": flops_range(ys)},
+                  annotations=([trail_note(max(spans))] if spans else
+                               [] if sets else [note(idle_text or NO_POINTS)]))
+
+
+def _ceiling_traces(ceilings: pd.DataFrame, lo: float, hi: float) -> list[dict]:
+    """One line per distinct ceiling, min(bandwidth x intensity, peak) from ``lo`` to
+    ``hi`` FLOPs/byte (a ceiling with no bandwidth or no peak is left out)."""
+    data, seen = [], set()
     for row in ceilings.itertuples(index=False):
         key = (row.hardware, row.ceiling, row.bandwidth, row.flops)
         if key in seen or not (row.bandwidth > 0 and row.flops > 0):
@@ -110,15 +125,20 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
                      "hovertemplate": (f"{name}<br>bandwidth {si(row.bandwidth)}B/s, peak "
                                        f"{si(row.flops)}FLOP/s<br>ridge {ridge:.0f} "
                                        "FLOPs/byte<extra></extra>")})
-    sets = _label_sets(ok)
-    spans: list[float] = []  # how far back each trail goes
+    return data
+
+
+def _phase_traces(ok: pd.DataFrame, sets: list) -> tuple[list[dict], list[float]]:
+    """Each label set's phases: the operating point now (large) and its recent trail;
+    with how far back each trail goes, in seconds."""
+    data: list[dict] = []
+    spans: list[float] = []
     for key, phase in [(s, p) for s in sets for p in ("prefill", "decode")]:
         mine = _of(ok, key)
         mine = mine[mine["phase"] == phase].sort_values("at")
         if mine.empty:
             continue
         suffix = _label(key, len(sets) > 1)
-        color = PHASE_COLORS[phase]
         trail = mine[~mine["latest"].astype(bool)]
         now = mine[mine["latest"].astype(bool)].tail(1)
         if now.empty:
@@ -129,18 +149,11 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
         data.append({"type": "scatter", "mode": "markers", "name": f"{phase}{suffix}",
                      "legendgroup": phase + suffix, "meta": phase,
                      "x": now["intensity"].tolist(), "y": now["flops"].tolist(),
-                     "marker": {"color": color, "size": 16, "line": {"color": "#222",
-                                                                     "width": 1.5}},
+                     "marker": {"color": PHASE_COLORS[phase], "size": 16,
+                                "line": {"color": "#222", "width": 1.5}},
                      "hovertemplate": f"<b>{phase} now{suffix}</b><br>%{{x:.3g}} FLOPs/byte,"
                                       " %{y:.3s}FLOP/s<extra></extra>"})
-    ys = [y for t in data for y in t["y"] if y > 0 and math.isfinite(y)]
-    return figure(data, title,
-                  {"type": "log", "title": {"text": "arithmetic intensity (FLOPs/byte)"},
-                   "range": [math.log10(lo), math.log10(hi)], "dtick": 1},
-                  {"type": "log", "title": {"text": "achieved FLOP/s"}, "tickformat": "~s",
-                   "dtick": 1, "range": flops_range(ys)},
-                  annotations=([trail_note(max(spans))] if spans else
-                               [] if sets else [note(idle_text or NO_POINTS)]))
+    return data, spans
 
 
 def flops_range(ys: list[float]) -> list[float] | None:
