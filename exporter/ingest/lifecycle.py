@@ -176,8 +176,9 @@ class LifecycleJoiner:
             return "late_duplicate"
         p = self._pending.get(e.request_id)
         if p is None:
-            if self._pending.make_room():
-                self._stats.inc("phasewatch_ingest_dropped_total", reason="lifecycle_capacity")
+            if evicted := len(self._pending.make_room()):
+                self._stats.inc("phasewatch_ingest_dropped_total", evicted,
+                                reason="lifecycle_capacity")
             p = self._pending.put(e.request_id, _Pending(engine=engine), now)
         outcomes = [self._take(p, "model", e.model or "")]
         for name in ("prompt_tokens", "cached_prompt_tokens"):
