@@ -305,19 +305,14 @@ class Exporter:
                                       reason="connections")
 
     def _sweep_loop(self) -> None:
+        """Every second, each join's waiting room lets go of what waited long enough."""
         while not self._stop.wait(1.0):
-            try:
-                self.joiner.sweep()
-            except Exception:  # a bug here must not kill the sweeper silently
-                log.exception("lifecycle sweep failed")
-            try:
-                self.otlp.sweep()
-            except Exception:
-                log.exception("OTLP join sweep failed")
-            try:
-                self.trace_join.sweep()
-            except Exception:
-                log.exception("trace join sweep failed")
+            for join, part in (("lifecycle", self.joiner), ("OTLP join", self.otlp),
+                               ("trace join", self.trace_join)):
+                try:
+                    part.sweep()
+                except Exception:  # a bug here must not kill the sweeper silently
+                    log.exception("%s sweep failed", join)
 
     def _scrape_loop(self, source: EngineMetricsSource) -> None:
         """Scrape ``source`` every --roofline-interval; a scrape that takes longer delays

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasewatch.aggregation.sink import IngestResult, RequestSink
+from phasewatch.aggregation.waiting_room import CAPACITY, Room
 from phasewatch.requests.record import (
     SOURCE_ENGINE,
     SOURCE_JOINED,
@@ -153,7 +154,6 @@ def joined(pairs: list[tuple[Held, Held]]) -> RequestBatch:
 
 @dataclass
 class _Waiting:
-    deadline: float
     tap: list[Held] = field(default_factory=list)
     engine: list[Held] = field(default_factory=list)
 
@@ -167,14 +167,13 @@ class TraceJoin:
                  max_pending: int = 20_000, remember: int = 100_000,
                  horizon: float | None = None, clock=time.monotonic):
         self._next = downstream
-        self.wait, self.max_pending = wait, max_pending
+        self._waiting: Room[_Waiting] = Room(wait, max_pending, clock)  # by key, oldest first
         self.horizon = max(60.0, 6 * wait) if horizon is None else horizon
         # counted requests are remembered (to drop a late other side) this long, at most
         # ``remember`` of them (~0.2 kB each): a side later than that is counted alone
         self._remember, self._forget = remember, max(60.0, 6 * wait)
         self._clock = clock
         self._lock = threading.Lock()
-        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # by deadline
         # counted keys -> (when, SOURCE_JOINED or the side counted alone, its outcome)
         self._done: OrderedDict[str, tuple[float, int, str]] = OrderedDict()
         # whether each side has ever sent a row with trace context (neither at start),
@@ -183,6 +182,20 @@ class TraceJoin:
         self._seen = {SOURCE_TAP: False, SOURCE_ENGINE: False}
         self._in_vain: dict[int, tuple[float, float] | None] = {SOURCE_TAP: None,
                                                                 SOURCE_ENGINE: None}
+
+    @property
+    def wait(self) -> float:
+        """Seconds a row waits for its other side (0: no join)."""
+        return self._waiting.hold
+
+    @property
+    def max_pending(self) -> int:
+        """Requests waiting at most: past it the oldest is counted alone (capacity)."""
+        return self._waiting.max_size
+
+    @max_pending.setter
+    def max_pending(self, value: int) -> None:
+        self._waiting.max_size = value
 
     @property
     def stats(self):
@@ -246,7 +259,7 @@ class TraceJoin:
                     continue
                 row = Held(part, in_part[i], protocol)
                 if w is None:
-                    w = self._waiting[key] = _Waiting(now + self.wait)
+                    w = self._waiting.put(key, _Waiting(), now)
                 (w.tap if side == SOURCE_TAP else w.engine).append(row)
                 held[i] = True
                 touched[key] = w
@@ -254,7 +267,7 @@ class TraceJoin:
                 # complete: every choice the tap saw (0..n-1), and as many engine sequences
                 if w.tap and len(w.tap) == len(w.engine) == 1 + max(
                         r.choice for r in w.tap):
-                    del self._waiting[key]
+                    self._waiting.take(key)
                     release += self._pair(key, w, outcomes, now)
             release += self._expire(now, outcomes)
         self._count(outcomes)
@@ -319,13 +332,8 @@ class TraceJoin:
     def _expire(self, now: float, outcomes: Counter) -> list:
         """Rows whose wait is over, and the oldest past ``max_pending`` (capacity)."""
         out = []
-        while self._waiting:
-            key, w = next(iter(self._waiting.items()))
-            full = len(self._waiting) > self.max_pending
-            if w.deadline > now and not full:
-                break
-            del self._waiting[key]
-            out += self._pair(key, w, outcomes, now, capacity=w.deadline > now)
+        for key, w, reason in self._waiting.sweep(now):
+            out += self._pair(key, w, outcomes, now, capacity=reason == CAPACITY)
         while self._done and (len(self._done) > self._remember
                               or next(iter(self._done.values()))[0] < now - self._forget):
             self._done.popitem(last=False)

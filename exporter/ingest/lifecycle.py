@@ -29,6 +29,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from phasewatch.aggregation.sink import RequestSink
+from phasewatch.aggregation.waiting_room import Room
 from phasewatch.requests.record import RequestBatch
 
 PROTOCOL = "lifecycle"  # completed requests are ingested under this protocol
@@ -72,7 +73,6 @@ _TIME_FIELD = {EventKind.ARRIVED: "arrival", EventKind.QUEUED: "queued",
 @dataclass
 class _Pending:
     engine: str
-    created: float
     model: str = ""
     arrival: int = 0
     queued: int = 0
@@ -134,10 +134,11 @@ class LifecycleJoiner:
         self._sink = sink
         self._stats = sink.stats
         self.ttl, self.grace = ttl, grace
-        self._max_pending, self._max_completed = max_pending, max_completed
+        self._max_completed = max_completed
         self._clock = clock
         self._lock = threading.Lock()
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        # each request waits ``ttl`` seconds for FINISHED, then ``grace`` for the rest
+        self._pending: Room[_Pending] = Room(ttl, max_pending, clock)
         self._completed: OrderedDict[str, None] = OrderedDict()
         # engines that have sent a QUEUED event: their requests wait for theirs
         self._sends_queued: set[str] = set()
@@ -175,10 +176,10 @@ class LifecycleJoiner:
             return "late_duplicate"
         p = self._pending.get(e.request_id)
         if p is None:
-            if len(self._pending) >= self._max_pending:
-                self._pending.popitem(last=False)
-                self._stats.inc("phasewatch_ingest_dropped_total", reason="lifecycle_capacity")
-            p = self._pending[e.request_id] = _Pending(engine=engine, created=now)
+            if evicted := len(self._pending.make_room()):
+                self._stats.inc("phasewatch_ingest_dropped_total", evicted,
+                                reason="lifecycle_capacity")
+            p = self._pending.put(e.request_id, _Pending(engine=engine), now)
         outcomes = [self._take(p, "model", e.model or "")]
         for name in ("prompt_tokens", "cached_prompt_tokens"):
             outcomes.append(self._take(p, name, getattr(e, name)))
@@ -198,6 +199,7 @@ class LifecycleJoiner:
                 outcomes.append(self._take(p, name, value))
             if p.finished_at is None:
                 p.finished_at = now
+                self._pending.hold_until(e.request_id, now + self.grace)
         for o in ("conflict", "joined", "duplicate"):
             if o in outcomes:
                 return o
@@ -245,7 +247,9 @@ class LifecycleJoiner:
         return "joined"
 
     def _pop(self, request_id: str) -> tuple:
-        p = self._pending.pop(request_id)
+        return self._completed_row(request_id, self._pending.take(request_id))
+
+    def _completed_row(self, request_id: str, p: _Pending) -> tuple:
         self._completed[request_id] = None
         if len(self._completed) > self._max_completed:
             self._completed.popitem(last=False)
@@ -257,13 +261,11 @@ class LifecycleJoiner:
         done: list[tuple] = []
         evicted = 0
         with self._lock:
-            for rid in list(self._pending):
-                p = self._pending[rid]
-                if p.finished_at is not None and now - p.finished_at >= self.grace:
-                    done.append(self._pop(rid))
+            for rid, p, _ in self._pending.sweep(now):  # none past capacity: add makes room
+                if p.finished_at is not None:
+                    done.append(self._completed_row(rid, p))
                     self._outcome("completed_incomplete")
-                elif p.finished_at is None and now - p.created >= self.ttl:
-                    del self._pending[rid]
+                else:
                     evicted += 1
         if evicted:
             self._stats.inc("phasewatch_ingest_dropped_total", evicted,

@@ -51,6 +51,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from phasewatch.aggregation.waiting_room import CAPACITY, Room
 from phasewatch.ingest.adapters.attributes import NS, count, first_reason, seconds, text
 from phasewatch.ingest.adapters.contract import Capabilities, Rejected
 from phasewatch.ingest.adapters.latency import COUNT_KEYS
@@ -181,7 +182,7 @@ def row_of(roles: dict, ctx) -> tuple[tuple, float]:
 def convert(span, ctx) -> tuple:
     """A root alone (its stage spans, if remembered, are taken from ``ctx.trace_parts``)."""
     check(span)
-    root = Root(span, "", 0.0)
+    root = Root(span, "")
     root.claim(ctx.trace_parts)
     return row_of({role_of(span): root}, ctx)[0]
 
@@ -195,7 +196,6 @@ def waiting_room(hold: float = HOLD_S) -> PendingRoots:
 class Root:
     span: object
     protocol: str
-    since: float
     parts: dict = field(default_factory=dict)
     complete: bool = False  # its scheduler's thread span (so all its stages) has come
 
@@ -235,9 +235,10 @@ class PendingRoots:
 
     def __init__(self, hold: float = HOLD_S, max_pending: int = MAX_PENDING,
                  clock=time.monotonic):
-        self.hold, self.max_pending, self._clock = hold, max_pending, clock
+        self._clock = clock
         self._lock = threading.Lock()
-        self._by_rid: OrderedDict[str, dict[str, Root]] = OrderedDict()
+        # a request's roots by role, by rid: each waits ``hold`` seconds from its first
+        self._by_rid: Room[dict[str, Root]] = Room(hold, max_pending, clock)
         self._by_trace: dict[bytes, set[str]] = {}
         # disaggregated requests counted with one role missing: the late role is refused
         # (``late_role``) rather than counted as a second request
@@ -246,6 +247,20 @@ class PendingRoots:
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_rid)
+
+    @property
+    def hold(self) -> float:
+        """Seconds a request waits for its parts at most."""
+        return self._by_rid.hold
+
+    @property
+    def max_pending(self) -> int:
+        """Requests waiting at most: past it the oldest is counted (capacity)."""
+        return self._by_rid.max_size
+
+    @max_pending.setter
+    def max_pending(self, value: int) -> None:
+        self._by_rid.max_size = value
 
     def park(self, spans: list, protocol: str) -> list[str]:
         """Check and hold root spans; the reason each was refused ("" = held)."""
@@ -263,35 +278,34 @@ class PendingRoots:
                     reasons.append("late_role")
                     continue
                 reasons.append("")
-                roles = self._by_rid.setdefault(rid, {})
+                roles = self._roles(rid, now)
                 if role in roles:  # the same request's root again, as a new span
                     rid = f"{rid}#{s.span_id.hex()}"
-                    roles = self._by_rid.setdefault(rid, {})
-                roles[role] = Root(s, protocol, now)
+                    roles = self._roles(rid, now)
+                roles[role] = Root(s, protocol)
                 self._by_trace.setdefault(s.trace_id, set()).add(rid)
         return reasons
+
+    def _roles(self, rid: str, now: float) -> dict[str, Root]:
+        roles = self._by_rid.get(rid)
+        return self._by_rid.put(rid, {}, now) if roles is None else roles
 
     def ready(self, ctx, traces=(), force: bool = False) -> list[Released]:
         """Requests complete now (checking those in ``traces``, the traces that gained
         parts or roots), those past ``hold`` seconds (all with ``force``), and the
-        oldest past capacity. Waiting requests are kept oldest first, so the expired
-        ones are found without looking at the rest."""
-        now = self._clock()
+        oldest past capacity."""
+        now = float("inf") if force else self._clock()
         out = []
         with self._lock:
             for t in traces:
                 for rid in list(self._by_trace.get(t, ())):
                     roles = self._by_rid.get(rid)
                     if roles is not None and self._complete(roles, ctx.trace_parts):
-                        out.append(self._release(rid, ctx, "complete"))
-            while self._by_rid:
-                rid, roles = next(iter(self._by_rid.items()))
-                if not force and min(r.since for r in roles.values()) + self.hold > now:
-                    break
-                done = self._complete(roles, ctx.trace_parts)
-                out.append(self._release(rid, ctx, "complete" if done else "waited"))
-            while len(self._by_rid) > self.max_pending:
-                out.append(self._release(next(iter(self._by_rid)), ctx, "capacity"))
+                        out.append(self._release(rid, self._by_rid.take(rid), ctx, "complete"))
+            for rid, roles, reason in self._by_rid.sweep(now):
+                outcome = "capacity" if reason == CAPACITY else (
+                    "complete" if self._complete(roles, ctx.trace_parts) else "waited")
+                out.append(self._release(rid, roles, ctx, outcome))
         return out
 
     @staticmethod
@@ -300,8 +314,7 @@ class PendingRoots:
             return False  # one role of a disaggregated request: wait for the other
         return all(r.look(trace_parts) for r in roles.values())
 
-    def _release(self, rid: str, ctx, outcome: str) -> Released:
-        roles = self._by_rid.pop(rid)
+    def _release(self, rid: str, roles: dict[str, Root], ctx, outcome: str) -> Released:
         for r in roles.values():
             rids = self._by_trace.get(r.span.trace_id)
             if rids is not None:
