@@ -42,6 +42,9 @@ class EnvParser(argparse.ArgumentParser):
             if env:
                 action.default = FromEnv(env) if env in os.environ else action.fallback
         namespace, rest = super().parse_known_args(args, namespace)
+        for name, value in vars(namespace).items():  # the marker served its error message
+            if isinstance(value, FromEnv):
+                setattr(namespace, name, str(value))  # a plain str pickles (tap workers)
         missing = [a.option_strings[0] for a in self._actions
                    if getattr(a, "needed", False) and not getattr(namespace, a.dest, None)]
         if missing:

@@ -46,16 +46,15 @@ def serve_config(*flags: str, environ: dict[str, str] | None = None):
     return replace(config, **TEST_PORTS, tap_port=0)
 
 
-def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+def _helps(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {flag: a.help for name in ("tap", "serve")
-            for a in sub.choices[name]._actions for flag in a.option_strings}
+    return {flag: a.help for a in sub.choices[command]._actions for flag in a.option_strings}
 
 
 def test_every_in_process_tap_option_is_a_serve_flag_with_the_taps_own_help():
-    helps = _helps(build_parser())
+    helps, serve = _helps(build_parser(), "tap"), _helps(build_parser(), "serve")
     for o in IN_PROCESS_TAP:
-        assert helps["--tap-" + o.flag[2:]] == helps[o.flag], o.name
+        assert serve["--tap-" + o.flag[2:]] == helps[o.flag], o.name
         assert f"env PHASEWATCH_TAP_{o.name.upper()})" in helps[o.flag]
     for o in TAP_OPTIONS:  # every tap option is a tap flag
         assert o.flag in helps, o.name
@@ -96,9 +95,10 @@ def test_the_tap_reads_its_variables_when_it_parses(monkeypatch):
     conf = TapConfig.read(parser.parse_args(["tap"]))
     assert (conf.upstream, conf.timeout, conf.ask_usage, conf.max_body_mib, conf.token) == (
         "http://from-env:1", 12.5, True, 2.0, "secret")
+    assert pickle.loads(pickle.dumps(conf)) == conf  # a worker process gets it whole
     assert parser.parse_args(["tap", "--timeout", "3"]).timeout == 3.0  # the flag wins
     monkeypatch.delenv("PHASEWATCH_TAP_UPSTREAM")
-    assert build_parser().parse_args(["tap"]).timeout == 12.5
+    assert build_parser().parse_args(["tap", "--upstream", "http://u:1"]).timeout == 12.5
 
 
 @pytest.mark.parametrize(("env", "value", "message"), [
