@@ -20,9 +20,10 @@ from phasewatch.flags import (
     DEPRECATED_CLIENT_TLS,
     EnvParser,
     add_client_flags,
+    add_options,
     add_tap_flags,
-    from_env,
 )
+from phasewatch.options import DASHBOARD_ENV, DASHBOARD_OPTIONS, DEMO_ENV, DEMO_OPTIONS
 from phasewatch.roofline.measure import MATMUL_SECONDS
 from phasewatch.sim.scenarios import SCENARIOS
 
@@ -107,19 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "A default port another program holds gives way to a free one (the "
                           "demo prints which); a port given by flag, variable or --config "
                           "does not.")
-    demo.add_argument("--duration", type=float, default=0,
-                      help="stop after this many seconds (default: run until Ctrl-C)")
-    demo.add_argument("--summary-every", type=float, default=5.0,
-                      help="seconds between summary lines (default 5)")
-    demo.add_argument("--dashboard-host", default="127.0.0.1",
-                      help="address of the Dash dashboard (default 127.0.0.1)")
-    demo.add_argument("--dashboard-port", type=int, default=None,
-                      help="port of the Dash dashboard (default 8050, or a free one when "
-                      "8050 is taken; 0 picks a free one)")
-    demo.add_argument("--refresh", type=float, default=2.0,
-                      help="seconds between dashboard refreshes (default 2)")
-    demo.add_argument("--no-dashboard", action="store_true",
-                      help="exporter and simulated load only")
+    add_options(demo, DEMO_OPTIONS, DEMO_ENV)  # options.DEMO_OPTIONS
     _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)  # the demo's default ports give way to free ones where taken
     demo.set_defaults(func=cmd_demo)
@@ -131,26 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = dash_cmd.add_mutually_exclusive_group(required=True)
     src.add_argument("--exporter", help="exporter base URL, e.g. http://127.0.0.1:9464")
     src.add_argument("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
-    dash_cmd.add_argument("--host", default="127.0.0.1",
-                          help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
-    dash_cmd.add_argument("--port", type=int, default=8050, help="port (default 8050)")
-    dash_cmd.add_argument("--refresh", type=float, default=2.0,
-                          help="seconds between refreshes (default 2)")
-    dash_cmd.add_argument("--range", default="1m",
-                          help="Prometheus rate window, e.g. 30s, 1m, 5m (default 1m)")
-    dash_cmd.add_argument("--pod-label", default="pod",
-                          help="Prometheus label naming the pod (default pod)")
-    dash_cmd.add_argument("--history-seconds", type=float, default=600.0,
-                          help="span of the time series (default 600)")
-    dash_cmd.add_argument("--timeout", type=float, default=5.0,
-                          help="seconds to wait for the source (default 5)")
+    add_options(dash_cmd, DASHBOARD_OPTIONS, DASHBOARD_ENV)  # options.DASHBOARD_OPTIONS
     add_client_flags(dash_cmd.add_argument_group("to the exporter (with --exporter)"),
-                    "of the exporter's JSON API")
-    from_env(dash_cmd.add_argument(
-        "--basic-auth", metavar="USER:PASSWORD", default="", help="require HTTP basic auth "
-        "for the page (default $PHASEWATCH_DASHBOARD_AUTH, which keeps it out of ps; empty: "
-        "none)"), "PHASEWATCH_DASHBOARD_AUTH")
-    dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
+                     "of the exporter's JSON API")
     dash_cmd.set_defaults(func=cmd_dashboard)
 
     roofline = sub.add_parser(

@@ -109,15 +109,21 @@ def add_option(group, o: Option, env: str, flag: str = "") -> argparse.Action:
     return from_env(action, env)
 
 
+def add_options(group, options: tuple[Option, ...], prefix: str) -> None:
+    """Each of ``options`` on ``group`` (a parser or an argument group), its variable
+    its own ``env`` or ``prefix`` + NAME."""
+    for o in options:
+        add_option(group, o, o.env or prefix + o.name.upper())
+
+
 def add_tap_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
     """``phasewatch tap``'s flags, in ``TAP_GROUPS``; each reads ``PHASEWATCH_TAP_NAME``.
     The groups by title, for the flags that are not the tap's own."""
     groups = {}
     for title, description, names in TAP_GROUPS:
         groups[title] = group = parser.add_argument_group(title, description or None)
-        for name in names:
-            action = add_option(group, _TAP[name], TAP_ENV + name.upper())
-            action.needed = name == "upstream"  # by flag or variable
+        add_options(group, tuple(_TAP[name] for name in names), TAP_ENV)
+    next(a for a in parser._actions if a.dest == "upstream").needed = True  # flag or variable
     return groups
 
 

@@ -24,6 +24,8 @@ class Option:
     hi: float | None = None
     metavar: str = ""  # what --help shows for the value; default: the type's name
     choices: tuple[str, ...] = ()  # the only values allowed, when set
+    env: str = ""  # its variable, where not the command's prefix + NAME
+    shown_as: str = ""  # the default in words, where not the value itself
 
     @property
     def flag(self) -> str:
@@ -32,6 +34,8 @@ class Option:
     @property
     def shown(self) -> str:
         """The default as ``--help`` says it."""
+        if self.shown_as:
+            return self.shown_as
         if self.default is None:
             return "off"
         if isinstance(self.default, bool):
@@ -102,6 +106,38 @@ TAP_OPTIONS = (
            "line (in Kubernetes the container's CPU request)", 1, None, metavar="N"),
 )
 IN_PROCESS_TAP = TAP_OPTIONS[:11]  # serve --tap-NAME: upstream ... max_body_mib
+
+# `phasewatch dashboard`'s options beside its source (one of --exporter, --prometheus),
+# and `phasewatch demo`'s own (beside serve's and the simulator's); each read from
+# PHASEWATCH_DASHBOARD_NAME or PHASEWATCH_DEMO_NAME unless it names its own variable
+REFRESH = Option("refresh", float, 2.0, "seconds between dashboard refreshes",
+                 metavar="SECONDS")
+DASHBOARD_ENV, DEMO_ENV = "PHASEWATCH_DASHBOARD_", "PHASEWATCH_DEMO_"
+DASHBOARD_OPTIONS = (
+    Option("host", str, "127.0.0.1", "address to serve on (0.0.0.0 in a pod)",
+           metavar="HOST"),
+    Option("port", int, 8050, "port to serve on", 0, 65535, metavar="PORT"),
+    REFRESH,
+    Option("range", str, "1m", "Prometheus rate window, e.g. 30s, 1m, 5m", metavar="RANGE"),
+    Option("pod_label", str, "pod", "Prometheus label naming the pod", metavar="LABEL"),
+    Option("history_seconds", float, 600.0, "span of the time series", metavar="SECONDS"),
+    Option("timeout", float, 5.0, "seconds to wait for the source", metavar="SECONDS"),
+    Option("basic_auth", str, "", "require HTTP basic auth for the page (the variable keeps "
+           "it out of ps; none: no auth)", metavar="USER:PASSWORD",
+           env="PHASEWATCH_DASHBOARD_AUTH"),
+    Option("log_level", str, "info", "debug, info, warning, error", metavar="LEVEL"),
+)
+DEMO_OPTIONS = (
+    Option("duration", float, 0.0, "stop after this many seconds (0: run until Ctrl-C)",
+           metavar="S"),
+    Option("summary_every", float, 5.0, "seconds between summary lines", metavar="SECONDS"),
+    Option("dashboard_host", str, "127.0.0.1", "address of the Dash dashboard",
+           metavar="HOST"),
+    Option("dashboard_port", int, None, "port of the Dash dashboard (0 picks a free one)", 0,
+           65535, metavar="PORT", shown_as="8050, or a free one when 8050 is taken"),
+    REFRESH,
+    Option("no_dashboard", bool, False, "exporter and simulated load only"),
+)
 
 # ``tap --help`` in sections; every option in exactly one (checked below). "to the
 # exporter" also has --token and --exporter-tls-*, the clients' own flags.
@@ -302,5 +338,22 @@ def tap_options_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+def options_markdown(command: str, options: tuple[Option, ...], prefix: str) -> str:
+    """docs/commands.md's table of ``command``'s options from the table."""
+    rows = [f"| `phasewatch {command}` | variable | default | what |", "|---|---|---|---|"]
+    for o in options:
+        value = "" if o.type is bool else f" {o.metavar}"
+        rows.append(f"| `{o.flag}{value}` | `{o.env or prefix + o.name.upper()}` | "
+                    f"{o.shown} | {o.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def commands_markdown() -> str:
+    """Every table docs/commands.md shows of the option tables, in its order."""
+    return "\n".join((tap_options_markdown(),
+                      options_markdown("dashboard", DASHBOARD_OPTIONS, DASHBOARD_ENV),
+                      options_markdown("demo", DEMO_OPTIONS, DEMO_ENV)))
+
+
 if __name__ == "__main__":
-    print(tap_options_markdown(), end="")
+    print(commands_markdown(), end="")

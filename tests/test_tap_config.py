@@ -21,7 +21,13 @@ import pytest
 from phasewatch.app import Exporter
 from phasewatch.cli import build_parser
 from phasewatch.config import ConfigError, add_serve_flags, load_serve_config
-from phasewatch.options import IN_PROCESS_TAP, TAP_OPTIONS, tap_options_markdown
+from phasewatch.options import (
+    DASHBOARD_OPTIONS,
+    DEMO_OPTIONS,
+    IN_PROCESS_TAP,
+    TAP_OPTIONS,
+    commands_markdown,
+)
 from phasewatch.tap import TapConfig
 from phasewatch.transport.tls import ClientTls
 from tests.certs import make_certs
@@ -189,13 +195,29 @@ def test_serve_tap_upstream_ca_and_its_own_https_and_loop(tmp_path):
         upstream.stop()
 
 
-def test_commands_md_lists_every_tap_option_as_the_table_says():
-    """docs/commands.md's table of tap options is ``options.tap_options_markdown()``:
-    rewrite it with ``python -m phasewatch.options`` when an option changes."""
+def test_commands_md_lists_every_option_of_the_tables_as_they_say():
+    """docs/commands.md's tables of the tap's, the dashboard's and the demo's options are
+    ``options``' own: rewrite them with ``python -m phasewatch.options`` when an option
+    changes."""
     doc = (ROOT / "docs" / "commands.md").read_text()
-    assert tap_options_markdown() in doc
-    for o in TAP_OPTIONS:
+    for table in commands_markdown().split("\n\n"):
+        assert table.strip() in doc, table.splitlines()[0]
+    for o in (*TAP_OPTIONS, *DASHBOARD_OPTIONS, *DEMO_OPTIONS):
         assert f"`{o.flag}" in doc, o.name
+
+
+def test_dashboard_and_demo_flags_come_from_their_tables(monkeypatch):
+    monkeypatch.setenv("PHASEWATCH_DASHBOARD_AUTH", "u:p")  # its own variable, as before
+    monkeypatch.setenv("PHASEWATCH_DASHBOARD_PORT", "8099")
+    monkeypatch.setenv("PHASEWATCH_DEMO_DASHBOARD_PORT", "0")
+    parser = build_parser()
+    dash = parser.parse_args(["dashboard", "--exporter", "http://a:1"])
+    assert (dash.basic_auth, dash.port, dash.refresh, dash.range) == ("u:p", 8099, 2.0, "1m")
+    demo = parser.parse_args(["demo", "--no-dashboard"])
+    assert (demo.dashboard_port, demo.no_dashboard, demo.duration) == (0, True, 0.0)
+    helps = _helps(parser, "dashboard")
+    for o in DASHBOARD_OPTIONS:
+        assert (o.env or f"PHASEWATCH_DASHBOARD_{o.name.upper()}") in helps[o.flag]
 
 
 def _requests(ex) -> list[dict]:
