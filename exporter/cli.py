@@ -73,10 +73,7 @@ def deprecation_line(command: str, used: list[str]) -> str:
             "exporter; --tls-cert-file/--tls-key-file are a listener's own)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = EnvParser(prog="phasewatch", description=DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="run the exporter",
                            usage="phasewatch serve [-h] [--config FILE] [--FLAG VALUE ...]",
                            description="Run the exporter: the phasewatch gRPC receiver and "
@@ -86,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_simulate(sub) -> None:
     simulate = sub.add_parser("simulate", help="drive an exporter with simulated traffic",
                               description="Simulate a continuous-batching engine and send "
                               "every finished request to an exporter over gRPC.")
@@ -99,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
+
+def _add_demo(sub) -> None:
     demo = sub.add_parser("demo", help="exporter + simulated load + dashboard",
                           usage="phasewatch demo [-h] [--scenario NAME] [--duration S] "
                           "[--no-dashboard] [--FLAG VALUE ...]",
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)  # the demo's default ports give way to free ones where taken
     demo.set_defaults(func=cmd_demo)
+
+
+def _add_dashboard(sub) -> None:
     dash_cmd = sub.add_parser(
         "dashboard", help="the live Dash dashboard, reading an exporter or Prometheus",
         description="Serve the Dash dashboard: the verdict, KPIs, roofline, time series, "
@@ -125,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "of the exporter's JSON API")
     dash_cmd.set_defaults(func=cmd_dashboard)
 
+
+def _add_roofline(sub) -> None:
     roofline = sub.add_parser(
         "roofline", help="offline calculator: model x hardware -> ceilings",
         description="Weights and KV bytes, decode and prefill ceilings, the ridge point and "
@@ -156,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--json", action="store_true", help="print the rows as JSON")
     roofline.set_defaults(func=cmd_roofline)
 
+
+def _add_tap(sub) -> None:
     tap = sub.add_parser(
         "tap", help="streaming proxy in front of an OpenAI-compatible server",
         description="Proxy /v1/chat/completions and /v1/completions (and pass every other "
@@ -166,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_flags(groups["to the exporter"], "the exporter's receivers require")
     tap.set_defaults(func=cmd_tap)
 
+
+def _add_calibrate(sub) -> None:
     cal = sub.add_parser(
         "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
         description="Measure achievable memory bandwidth (a large streaming copy) and matmul "
@@ -187,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
                      "slow for it is measured on a smaller matrix or fewer times (the "
                      f"profile's matmul_runs says which, and why; default {MATMUL_SECONDS:g})")
     cal.set_defaults(func=cmd_calibrate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = EnvParser(prog="phasewatch", description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_serve, _add_simulate, _add_demo, _add_dashboard, _add_roofline,
+                _add_tap, _add_calibrate):
+        add(sub)
     return parser
 
 
