@@ -154,10 +154,11 @@ class Exporter:
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.registry.register(SloCollector(self.aggregator))  # nothing without --slo
         self.tap = self._tap_server = self._tap_records = None
+        self._tap_conf = tapmod.TapConfig.read(config, "tap_",  # serve's --tap-* options
+                                               model=config.default_model or single)
         if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
             self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
-            self.tap = tapmod.Tap(config.tap_upstream, self._tap_records,
-                                  default_model=config.default_model or single)
+            self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
             self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))
         ProcessCollector(registry=self.registry)
         self.full_registry = CollectorRegistry()
@@ -258,12 +259,13 @@ class Exporter:
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
         if self.tap is not None:
+            t = self._tap_conf
             self._tap_server = tapmod.TapServer(  # a taken port names --tap-port
-                self.tap, c.tap_host, c.tap_port, grace=c.shutdown_grace,
-                listener=("the stream tap", "--tap-port")).start()
+                self.tap, t.host, t.port, ssl_context=tapmod.listener_ssl(t), loop=t.loop,
+                grace=c.shutdown_grace, listener=("the stream tap", "--tap-port")).start()
             self.tap_port = self._tap_server.port
-            log.info("stream tap on http://%s:%d -> %s", c.tap_host, self.tap_port,
-                     c.tap_upstream)
+            log.info("stream tap on %s://%s:%d -> %s", self._tap_server.scheme, t.host,
+                     self.tap_port, t.upstream)
         self._sweeper.start()
         self._roofline.start()
         for scraper in self._scrapers:

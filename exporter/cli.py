@@ -4,7 +4,6 @@ command (``phasewatch.commands``)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from phasewatch.commands import (
@@ -17,6 +16,14 @@ from phasewatch.commands import (
     cmd_tap,
 )
 from phasewatch.config import ConfigError, ListenError, add_serve_flags
+from phasewatch.flags import (
+    DEPRECATED_CLIENT_TLS,
+    EnvParser,
+    add_client_flags,
+    add_options,
+    add_tap_flags,
+)
+from phasewatch.options import DASHBOARD_ENV, DASHBOARD_OPTIONS, DEMO_ENV, DEMO_OPTIONS
 from phasewatch.roofline.measure import MATMUL_SECONDS
 from phasewatch.sim.scenarios import SCENARIOS
 
@@ -58,23 +65,6 @@ def _add_sim_flags(p: argparse.ArgumentParser, deployment: bool = True) -> None:
                    help="with an OTLP protocol: whose spans to imitate (default vllm)")
 
 
-# TLS to the exporter (the client's side) is spelt --exporter-tls-*; --tls-cert-file and
-# --tls-key-file are always a listener's own (serve's, the tap's). The old client
-# spellings stay as hidden aliases for manifests that use them (issue 26).
-DEPRECATED_CLIENT_TLS = {"--tls-ca": "--exporter-tls-ca", "--tls-cert": "--exporter-tls-cert",
-                         "--tls-key": "--exporter-tls-key"}
-
-
-class _DeprecatedAlias(argparse.Action):
-    """An old spelling: stores into the new flag's dest and notes itself, so ``main``
-    prints one deprecation line for all of them."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        used = getattr(namespace, "deprecated_flags", None) or []
-        namespace.deprecated_flags = [*used, option_string]
-
-
 def deprecation_line(command: str, used: list[str]) -> str:
     """The one line printed when old client TLS spellings were used."""
     old = ", ".join(dict.fromkeys(used))
@@ -83,54 +73,7 @@ def deprecation_line(command: str, used: list[str]) -> str:
             "exporter; --tls-cert-file/--tls-key-file are a listener's own)")
 
 
-class _FromEnv(str):
-    """A flag's default read from the environment variable ``env`` (else ``fallback``):
-    argparse converts a string default with the flag's type, and a bad value must name
-    the variable it came from, which the user set, not only the flag they did not use."""
-
-    env = ""
-
-    def __new__(cls, env: str, fallback: str) -> _FromEnv:
-        value = super().__new__(cls, os.environ.get(env, fallback))
-        value.env = env if env in os.environ else ""
-        return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        came = f" (from ${text.env})" if isinstance(text, _FromEnv) and text.env else ""
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number of at least 1, got {str(text)!r}{came}")
-    return n
-
-
-def _add_token_flag(p, what: str) -> None:
-    """``--token`` and TLS to the exporter (``--exporter-tls-ca/-cert/-key``) on ``p``, a
-    parser or an argument group."""
-    p.add_argument("--token", default=os.environ.get("PHASEWATCH_AUTH_TOKEN", ""),
-                   help=f"bearer token {what} (the exporter's --auth-token; default "
-                   "$PHASEWATCH_AUTH_TOKEN)")
-    for name, what_file, otherwise in (
-            ("ca", "CA that signed the exporter's certificate", ", else the system's"),
-            ("cert", "client certificate, when the exporter requires one", ""),
-            ("key", "key of --exporter-tls-cert", "")):
-        env = f"PHASEWATCH_CLIENT_TLS_{name.upper()}"
-        p.add_argument(f"--exporter-tls-{name}", default=os.environ.get(env, ""),
-                       metavar="PEM", help=f"TLS to the exporter: the {what_file} "
-                       f"(default ${env}{otherwise})")
-        p.add_argument(f"--tls-{name}", dest=f"exporter_tls_{name}", metavar="PEM",
-                       action=_DeprecatedAlias, default=argparse.SUPPRESS,
-                       help=argparse.SUPPRESS)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="phasewatch", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="run the exporter",
                            usage="phasewatch serve [-h] [--config FILE] [--FLAG VALUE ...]",
                            description="Run the exporter: the phasewatch gRPC receiver and "
@@ -140,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_simulate(sub) -> None:
     simulate = sub.add_parser("simulate", help="drive an exporter with simulated traffic",
                               description="Simulate a continuous-batching engine and send "
                               "every finished request to an exporter over gRPC.")
@@ -149,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     to_exporter.add_argument("--target", help="exporter address: host:port for phasewatch "
                              "(default 127.0.0.1:50051) and otlp-grpc (127.0.0.1:4317), a "
                              "URL for otlp-http (http://127.0.0.1:4318/v1/traces)")
-    _add_token_flag(to_exporter, "the exporter's receivers require")
+    add_client_flags(to_exporter, "the exporter's receivers require")
     _add_sim_flags(simulate)
     simulate.set_defaults(func=cmd_simulate)
 
+
+def _add_demo(sub) -> None:
     demo = sub.add_parser("demo", help="exporter + simulated load + dashboard",
                           usage="phasewatch demo [-h] [--scenario NAME] [--duration S] "
                           "[--no-dashboard] [--FLAG VALUE ...]",
@@ -162,22 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "A default port another program holds gives way to a free one (the "
                           "demo prints which); a port given by flag, variable or --config "
                           "does not.")
-    demo.add_argument("--duration", type=float, default=0,
-                      help="stop after this many seconds (default: run until Ctrl-C)")
-    demo.add_argument("--summary-every", type=float, default=5.0,
-                      help="seconds between summary lines (default 5)")
-    demo.add_argument("--dashboard-host", default="127.0.0.1",
-                      help="address of the Dash dashboard (default 127.0.0.1)")
-    demo.add_argument("--dashboard-port", type=int, default=None,
-                      help="port of the Dash dashboard (default 8050, or a free one when "
-                      "8050 is taken; 0 picks a free one)")
-    demo.add_argument("--refresh", type=float, default=2.0,
-                      help="seconds between dashboard refreshes (default 2)")
-    demo.add_argument("--no-dashboard", action="store_true",
-                      help="exporter and simulated load only")
+    add_options(demo, DEMO_OPTIONS, DEMO_ENV)  # options.DEMO_OPTIONS
     _add_sim_flags(demo, deployment=False)
     add_serve_flags(demo)  # the demo's default ports give way to free ones where taken
     demo.set_defaults(func=cmd_demo)
+
+
+def _add_dashboard(sub) -> None:
     dash_cmd = sub.add_parser(
         "dashboard", help="the live Dash dashboard, reading an exporter or Prometheus",
         description="Serve the Dash dashboard: the verdict, KPIs, roofline, time series, "
@@ -186,28 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     src = dash_cmd.add_mutually_exclusive_group(required=True)
     src.add_argument("--exporter", help="exporter base URL, e.g. http://127.0.0.1:9464")
     src.add_argument("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
-    dash_cmd.add_argument("--host", default="127.0.0.1",
-                          help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
-    dash_cmd.add_argument("--port", type=int, default=8050, help="port (default 8050)")
-    dash_cmd.add_argument("--refresh", type=float, default=2.0,
-                          help="seconds between refreshes (default 2)")
-    dash_cmd.add_argument("--range", default="1m",
-                          help="Prometheus rate window, e.g. 30s, 1m, 5m (default 1m)")
-    dash_cmd.add_argument("--pod-label", default="pod",
-                          help="Prometheus label naming the pod (default pod)")
-    dash_cmd.add_argument("--history-seconds", type=float, default=600.0,
-                          help="span of the time series (default 600)")
-    dash_cmd.add_argument("--timeout", type=float, default=5.0,
-                          help="seconds to wait for the source (default 5)")
-    _add_token_flag(dash_cmd.add_argument_group("to the exporter (with --exporter)"),
-                    "of the exporter's JSON API")
-    dash_cmd.add_argument("--basic-auth", metavar="USER:PASSWORD",
-                          default=os.environ.get("PHASEWATCH_DASHBOARD_AUTH", ""),
-                          help="require HTTP basic auth for the page (default "
-                          "$PHASEWATCH_DASHBOARD_AUTH, which keeps it out of ps; empty: none)")
-    dash_cmd.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    add_options(dash_cmd, DASHBOARD_OPTIONS, DASHBOARD_ENV)  # options.DASHBOARD_OPTIONS
+    add_client_flags(dash_cmd.add_argument_group("to the exporter (with --exporter)"),
+                     "of the exporter's JSON API")
     dash_cmd.set_defaults(func=cmd_dashboard)
 
+
+def _add_roofline(sub) -> None:
     roofline = sub.add_parser(
         "roofline", help="offline calculator: model x hardware -> ceilings",
         description="Weights and KV bytes, decode and prefill ceilings, the ridge point and "
@@ -239,81 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--json", action="store_true", help="print the rows as JSON")
     roofline.set_defaults(func=cmd_roofline)
 
+
+def _add_tap(sub) -> None:
     tap = sub.add_parser(
         "tap", help="streaming proxy in front of an OpenAI-compatible server",
         description="Proxy /v1/chat/completions and /v1/completions (and pass every other "
         "path through) to --upstream, byte for byte, streamed; time what the client sees "
         "(arrival, every streamed emission, the end), read the finish reason and usage, "
         "inject a W3C traceparent, and send each request to an exporter.")
-    upstream = tap.add_argument_group("upstream", "the server the tap is in front of")
-    upstream.add_argument("--upstream", required=True, metavar="URL",
-                          help="the server's base URL, e.g. http://127.0.0.1:8000")
-    upstream.add_argument("--upstream-ca",
-                          default=os.environ.get("PHASEWATCH_TAP_UPSTREAM_CA", ""),
-                          metavar="PEM", help="CA that signed an https:// upstream's "
-                          "certificate (default $PHASEWATCH_TAP_UPSTREAM_CA, else the "
-                          "system's)")
-    upstream.add_argument("--ask-usage", action="store_true",
-                          help="send streamed requests with stream_options.include_usage "
-                          "when the client did not ask for it (exact token counts), keeping "
-                          "the usage-only chunk from the client")
-    listener = tap.add_argument_group("listener", "the tap's own port, where clients "
-                                      "connect")
-    listener.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
-                          help="address to serve on (default 127.0.0.1; 0.0.0.0 in a pod)")
-    listener.add_argument("--port", type=int, default=8001, metavar="PORT",
-                          help="port (default 8001)")
-    for name, what in (("cert", "certificate (chain) the tap serves HTTPS with; reloaded "
-                        "when the file changes. Empty: plain HTTP"),
-                       ("key", "private key of --tls-cert-file")):
-        env = f"PHASEWATCH_TAP_TLS_{name.upper()}_FILE"  # not serve's: one pod, two containers
-        listener.add_argument(f"--tls-{name}-file", default=os.environ.get(env, ""),
-                              metavar="PEM", help=f"the tap's own listener: {what} "
-                              f"(default ${env})")
-    listener.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                          help="serve the tap's own counts (phasewatch_tap_*: requests by "
-                          "outcome, aborts, records dropped) as Prometheus text at /metrics "
-                          "on this port of --host (0 picks a free one; default: off; the "
-                          "tap's port passes every path, /metrics too, to the upstream)")
-    exporter = tap.add_argument_group("to the exporter", "where the tap's records go")
-    exporter.add_argument("--target", default="127.0.0.1:50051", metavar="HOST:PORT",
-                          help="exporter's phasewatch gRPC address (default 127.0.0.1:50051)")
-    exporter.add_argument("--otlp-endpoint",
-                          default=os.environ.get("PHASEWATCH_TAP_OTLP_ENDPOINT", ""),
-                          metavar="ENDPOINT",
-                          help="send the records as OTLP spans instead of to --target: "
-                          "HOST:PORT (OTLP/gRPC) or an http(s)://.../v1/traces URL "
-                          "(OTLP/HTTP). For a fleet: the OpenTelemetry Collector, whose "
-                          "load-balancing exporter routes each record to the replica that "
-                          "holds the engine's spans of its trace (default "
-                          "$PHASEWATCH_TAP_OTLP_ENDPOINT; service.name and the pod from "
-                          "OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES)")
-    _add_token_flag(exporter, "the exporter's receivers require")
-    exporter.add_argument("--engine", default="tap", metavar="NAME",
-                          help="engine label of the tap's records (default tap)")
-    exporter.add_argument("--model", default="", metavar="NAME",
-                          help="model label when a request names none")
-    listener.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                          help="event loop: uvloop where installed (auto, the default), or "
-                          "asyncio's own")
-    listener.add_argument("--workers", type=_positive_int,
-                          default=_FromEnv("PHASEWATCH_TAP_WORKERS", "1"), metavar="N",
-                          help="processes serving the port (SO_REUSEPORT), each a whole tap "
-                          "on a core of its own; their counts summed on --metrics-port and "
-                          "in the stop line (default $PHASEWATCH_TAP_WORKERS, else 1; in "
-                          "Kubernetes the container's CPU request)")
-    limits = tap.add_argument_group("limits")
-    limits.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
-                        help="seconds the upstream may stay silent, before answering (then "
-                        "504) or mid-answer (then the client's answer is cut off there); "
-                        "not a limit on a whole stream (default 3600)")
-    limits.add_argument("--max-body-mib", type=float, default=64.0, metavar="MIB",
-                        help="a chat or completions request body up to this is read and "
-                        "the request timed; a larger one is streamed to the upstream "
-                        "untimed (counted body_too_large_untimed). Other paths are always "
-                        "streamed (default 64)")
+    groups = add_tap_flags(tap)  # options.TAP_OPTIONS, as serve's --tap-* are
+    add_client_flags(groups["to the exporter"], "the exporter's receivers require")
     tap.set_defaults(func=cmd_tap)
 
+
+def _add_calibrate(sub) -> None:
     cal = sub.add_parser(
         "calibrate", help="measure this machine's bandwidth and FLOP/s, write a profile",
         description="Measure achievable memory bandwidth (a large streaming copy) and matmul "
@@ -335,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
                      "slow for it is measured on a smaller matrix or fewer times (the "
                      f"profile's matmul_runs says which, and why; default {MATMUL_SECONDS:g})")
     cal.set_defaults(func=cmd_calibrate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = EnvParser(prog="phasewatch", description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_serve, _add_simulate, _add_demo, _add_dashboard, _add_roofline,
+                _add_tap, _add_calibrate):
+        add(sub)
     return parser
 
 

@@ -385,11 +385,5 @@ def cmd_tap(args) -> int:
     _setup_logging("info")
     stop = threading.Event()
     _stop_on_signals(stop)  # SIGTERM too: open streams get their grace, counts are logged
-    return tap.serve_forever(args.upstream, args.target, args.host, args.port, args.engine,
-                             args.model, token=args.token, client_tls=_client_tls(args),
-                             tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
-                             upstream_ca=args.upstream_ca, timeout_s=args.timeout,
-                             max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                             metrics_port=args.metrics_port, ask_usage=args.ask_usage,
-                             otlp_endpoint=args.otlp_endpoint, loop=args.loop,
-                             workers=args.workers, stop=stop)
+    conf = tap.TapConfig.read(args, client_tls=_client_tls(args))  # options.TAP_OPTIONS
+    return tap.serve_forever(conf, stop)

@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from phasewatch.options import SERVE_GROUPS, SERVE_OPTIONS, Option
+from phasewatch.options import SERVE_GROUPS, SERVE_OPTIONS, Option, describe
 from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.transport.admission import container_memory_limit
@@ -63,10 +63,17 @@ class ServeConfig:
     trace_join_max_pending: int = 20_000
     trace_sample_ratio: float = 1.0
     source_label: bool = False
-    tap_upstream: str = ""
+    tap_upstream: str = ""  # the tap in this process: options.IN_PROCESS_TAP as tap_NAME
+    tap_upstream_ca: str = ""
+    tap_ask_usage: bool = False
     tap_host: str = "127.0.0.1"
     tap_port: int = 8001
+    tap_tls_cert_file: str = ""
+    tap_tls_key_file: str = ""
+    tap_loop: str = "auto"
     tap_engine: str = "tap"
+    tap_timeout: float = 3600.0
+    tap_max_body_mib: float = 64.0
     lifecycle_ttl: float = 600.0
     lifecycle_grace: float = 5.0
     lifecycle_max_pending: int = 100_000
@@ -139,6 +146,9 @@ def _coerce(option: Option, value: Any, source: str) -> Any:
             (option.lo is not None and v < option.lo) or (option.hi is not None and v > option.hi)):
         raise ConfigError(f"{source}: {option.name} must be between {option.lo:g} and "
                           f"{option.hi:g}, got {v!r}")
+    if option.choices and v not in option.choices:
+        raise ConfigError(f"{source}: {option.name} must be one of "
+                          f"{', '.join(option.choices)}, got {value!r}")
     if option.name == "log_level" and v.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{source}: log_level must be debug, info, warning or error, "
                           f"got {value!r}")
@@ -163,12 +173,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(title, description or None)
         for name in names:
             o = _BY_NAME[name]
-            flag = "--" + o.name.replace("_", "-")
-            default = "none" if o.default == "" else str(o.default).lower() \
-                if isinstance(o.default, bool) else o.default
-            group.add_argument(flag, dest=o.name, default=None, metavar=o.type.__name__.upper(),
-                               help=f"{o.help} (default {default}; "
-                                    f"env PHASEWATCH_{o.name.upper()})")
+            group.add_argument(o.flag, dest=o.name, default=None,
+                               metavar=o.metavar or o.type.__name__.upper(),
+                               help=describe(o, f"PHASEWATCH_{o.name.upper()}"))
 
 
 def load_serve_config(args: argparse.Namespace | None = None,

@@ -1,7 +1,10 @@
-"""Every ``phasewatch serve`` option, once: name, type, default, help and bounds
-(``SERVE_OPTIONS``), and the sections ``serve --help`` shows them in (``SERVE_GROUPS``).
-``config`` reads them from the file, the environment and the flags; the CLI builds its
-flags from them."""
+"""Every option, once: name, type, default, help and bounds. ``SERVE_OPTIONS`` are
+``phasewatch serve``'s, in the sections ``serve --help`` shows them in (``SERVE_GROUPS``);
+``TAP_OPTIONS`` the stream tap's, in ``TAP_GROUPS``: ``phasewatch tap --NAME``, and the
+ones a tap inside the exporter can use (``IN_PROCESS_TAP``) also ``serve --tap-NAME``,
+both read from ``PHASEWATCH_TAP_NAME`` (``describe``: one help line for both).
+``config`` reads serve's from the file, the environment and the flags, ``flags`` builds
+every command's flags from them, ``tap.config.TapConfig`` holds the tap's."""
 
 from __future__ import annotations
 
@@ -19,6 +22,140 @@ class Option:
     help: str
     lo: float | None = None
     hi: float | None = None
+    metavar: str = ""  # what --help shows for the value; default: the type's name
+    choices: tuple[str, ...] = ()  # the only values allowed, when set
+    env: str = ""  # its variable, where not the command's prefix + NAME
+    shown_as: str = ""  # the default in words, where not the value itself
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def shown(self) -> str:
+        """The default as ``--help`` says it."""
+        if self.shown_as:
+            return self.shown_as
+        if self.default is None:
+            return "off"
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        return "none" if self.default == "" else f"{self.default:g}" \
+            if isinstance(self.default, float) else str(self.default)
+
+
+def describe(o: Option, env: str) -> str:
+    """``o``'s help line, with its default and its variable: the same wherever it is a
+    flag (``phasewatch tap --port`` and ``serve --tap-port`` read alike)."""
+    choices = f"; one of {', '.join(o.choices)}" if o.choices else ""
+    return f"{o.help} (default {o.shown}{choices}; env {env})".replace("%", "%%")
+
+
+TAP_ENV = "PHASEWATCH_TAP_"  # a tap option NAME's variable: PHASEWATCH_TAP_NAME, either command
+
+# The stream tap's options. The first ones a tap inside `phasewatch serve` can use too
+# (``IN_PROCESS_TAP``: serve --tap-NAME); the rest are `phasewatch tap`'s alone: inside
+# serve the records go to its trace join (no --target, --otlp-endpoint or token), its
+# counts are on serve's /metrics (no --metrics-port), the model is serve's
+# --default-model, and it runs in serve's one process (no --workers).
+TAP_OPTIONS = (
+    Option("upstream", str, "", "base URL of the OpenAI-compatible server the tap is in "
+           "front of, e.g. http://127.0.0.1:8000 (`phasewatch tap` needs it; `serve` runs "
+           "no tap without it)", metavar="URL"),
+    Option("upstream_ca", str, "", "CA that signed an https:// upstream's certificate "
+           "(none: the system's CAs)", metavar="PEM"),
+    Option("ask_usage", bool, False, "send streamed requests with "
+           "stream_options.include_usage when the client did not ask for it (exact token "
+           "counts), keeping the usage-only chunk from the client"),
+    Option("host", str, "127.0.0.1", "address the tap listens on, where clients connect "
+           "(0.0.0.0 in a pod, for a Service to reach it)", metavar="ADDRESS"),
+    Option("port", int, 8001, "port the tap listens on (0: a free one)", 0, 65535,
+           metavar="PORT"),
+    Option("tls_cert_file", str, "", "the tap's own listener: certificate (chain) it serves "
+           "HTTPS with; reloaded when the file changes; none: plain HTTP (its own variable, "
+           "not serve's PHASEWATCH_TLS_CERT_FILE: one pod's environment cannot turn HTTPS "
+           "on for the clients)", metavar="PEM"),
+    Option("tls_key_file", str, "", "the tap's own listener: private key of its "
+           "certificate", metavar="PEM"),
+    Option("loop", str, "auto", "event loop: uvloop where installed (auto), or asyncio's "
+           "own", metavar="LOOP", choices=("auto", "asyncio", "uvloop")),
+    Option("engine", str, "tap", "engine label of the tap's records: name the server "
+           "(vllm, sglang, tgi) so tap-only and joined requests share it", metavar="NAME"),
+    Option("timeout", float, 3600.0, "seconds the upstream may stay silent, before "
+           "answering (then 504) or mid-answer (then the client's answer is cut off there); "
+           "not a limit on a whole stream", 0.001, 1e9, metavar="SECONDS"),
+    Option("max_body_mib", float, 64.0, "a chat or completions request body up to this is "
+           "read and the request timed; a larger one is streamed to the upstream untimed "
+           "(counted body_too_large_untimed). Other paths are always streamed", 0, 1 << 20,
+           metavar="MIB"),
+    Option("metrics_port", int, None, "serve the tap's own counts (phasewatch_tap_*: "
+           "requests by outcome, aborts, records dropped) as Prometheus text at /metrics on "
+           "this port of --host (0 picks a free one; the tap's port passes every path, "
+           "/metrics too, to the upstream)", 0, 65535, metavar="PORT"),
+    Option("target", str, "127.0.0.1:50051", "exporter's phasewatch gRPC address",
+           metavar="HOST:PORT"),
+    Option("otlp_endpoint", str, "", "send the records as OTLP spans instead of to "
+           "--target: HOST:PORT (OTLP/gRPC) or an http(s)://.../v1/traces URL (OTLP/HTTP). "
+           "For a fleet: the OpenTelemetry Collector, whose load-balancing exporter routes "
+           "each record to the replica that holds the engine's spans of its trace "
+           "(service.name and the pod from OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES)",
+           metavar="ENDPOINT"),
+    Option("model", str, "", "model label when a request names none", metavar="NAME"),
+    Option("workers", int, 1, "processes serving the port (SO_REUSEPORT), each a whole tap "
+           "on a core of its own; their counts summed on --metrics-port and in the stop "
+           "line (in Kubernetes the container's CPU request)", 1, None, metavar="N"),
+)
+IN_PROCESS_TAP = TAP_OPTIONS[:11]  # serve --tap-NAME: upstream ... max_body_mib
+
+# `phasewatch dashboard`'s options beside its source (one of --exporter, --prometheus),
+# and `phasewatch demo`'s own (beside serve's and the simulator's); each read from
+# PHASEWATCH_DASHBOARD_NAME or PHASEWATCH_DEMO_NAME unless it names its own variable
+REFRESH = Option("refresh", float, 2.0, "seconds between dashboard refreshes",
+                 metavar="SECONDS")
+DASHBOARD_ENV, DEMO_ENV = "PHASEWATCH_DASHBOARD_", "PHASEWATCH_DEMO_"
+DASHBOARD_OPTIONS = (
+    Option("host", str, "127.0.0.1", "address to serve on (0.0.0.0 in a pod)",
+           metavar="HOST"),
+    Option("port", int, 8050, "port to serve on", 0, 65535, metavar="PORT"),
+    REFRESH,
+    Option("range", str, "1m", "Prometheus rate window, e.g. 30s, 1m, 5m", metavar="RANGE"),
+    Option("pod_label", str, "pod", "Prometheus label naming the pod", metavar="LABEL"),
+    Option("history_seconds", float, 600.0, "span of the time series", metavar="SECONDS"),
+    Option("timeout", float, 5.0, "seconds to wait for the source", metavar="SECONDS"),
+    Option("basic_auth", str, "", "require HTTP basic auth for the page (the variable keeps "
+           "it out of ps; none: no auth)", metavar="USER:PASSWORD",
+           env="PHASEWATCH_DASHBOARD_AUTH"),
+    Option("log_level", str, "info", "debug, info, warning, error", metavar="LEVEL"),
+)
+DEMO_OPTIONS = (
+    Option("duration", float, 0.0, "stop after this many seconds (0: run until Ctrl-C)",
+           metavar="S"),
+    Option("summary_every", float, 5.0, "seconds between summary lines", metavar="SECONDS"),
+    Option("dashboard_host", str, "127.0.0.1", "address of the Dash dashboard",
+           metavar="HOST"),
+    Option("dashboard_port", int, None, "port of the Dash dashboard (0 picks a free one)", 0,
+           65535, metavar="PORT", shown_as="8050, or a free one when 8050 is taken"),
+    REFRESH,
+    Option("no_dashboard", bool, False, "exporter and simulated load only"),
+)
+
+# ``tap --help`` in sections; every option in exactly one (checked below). "to the
+# exporter" also has --token and --exporter-tls-*, the clients' own flags.
+TAP_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("upstream", "the server the tap is in front of", ("upstream", "upstream_ca",
+                                                        "ask_usage")),
+    ("listener", "the tap's own port, where clients connect",
+     ("host", "port", "tls_cert_file", "tls_key_file", "metrics_port", "loop", "workers")),
+    ("to the exporter", "where the tap's records go", ("target", "otlp_endpoint", "engine",
+                                                      "model")),
+    ("limits", "", ("timeout", "max_body_mib")),
+)
+
+
+def _in_serve(o: Option) -> Option:
+    """A tap option as ``serve --tap-NAME``: its variable stays PHASEWATCH_TAP_NAME."""
+    return Option("tap_" + o.name, o.type, o.default, o.help, o.lo, o.hi, o.metavar,
+                  o.choices)
 
 
 SERVE_OPTIONS = (
@@ -91,14 +228,8 @@ SERVE_OPTIONS = (
            "counters count each request 1/R times, histograms once", MIN_PROBABILITY, 1),
     Option("source_label", bool, False, "label series with source: tap, engine or joined "
            "(who saw the request: the stream tap in front of the engine, the engine, both)"),
-    Option("tap_upstream", str, "", "run the stream tap in this process in front of this "
-           "OpenAI-compatible server (http://127.0.0.1:8000): its records go straight to the "
-           "trace join; empty: no tap (or run `phasewatch tap` apart)"),
-    Option("tap_host", str, "127.0.0.1", "address the in-process tap listens on (0.0.0.0 "
-           "for a Service to reach it)"),
-    Option("tap_port", int, 8001, "port of the in-process tap (0: a free one)", 0, 65535),
-    Option("tap_engine", str, "tap", "engine label of the in-process tap's records: name "
-           "the server (vllm, sglang, tgi) so tap-only and joined requests share it"),
+    # the stream tap in this process (its records straight to the trace join), or none
+    *(_in_serve(o) for o in IN_PROCESS_TAP),
     Option("lifecycle_ttl", float, 600.0,
            "seconds before an unfinished streamed request is evicted (counted)", 1, 86400),
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
@@ -165,8 +296,9 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("listeners", "where the exporter receives and serves (0 picks a free port)",
      ("grpc_host", "grpc_port", "otlp_grpc_host", "otlp_grpc_port", "otlp_http_host",
       "otlp_http_port", "http_host", "http_port")),
-    ("the stream tap in this process", "time what clients see, in front of the server",
-     ("tap_upstream", "tap_host", "tap_port", "tap_engine")),
+    ("the stream tap in this process", "time what clients see, in front of the server: "
+     "`phasewatch tap`'s options, its records straight to the trace join (--tap-upstream: "
+     "none without it)", tuple(o.name for o in SERVE_OPTIONS if o.name.startswith("tap_"))),
     ("model names and joins", "how spans are named and joined into requests",
      ("default_model", "otlp_model_map", "otlp_join_wait", "trace_join_wait",
       "trace_join_max_pending", "trace_sample_ratio", "lifecycle_ttl", "lifecycle_grace",
@@ -188,3 +320,40 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 if sorted(n for _, _, names in SERVE_GROUPS for n in names) != sorted(
         o.name for o in SERVE_OPTIONS):
     raise RuntimeError("every serve option belongs in exactly one of SERVE_GROUPS")
+if sorted(n for _, _, names in TAP_GROUPS for n in names) != sorted(
+        o.name for o in TAP_OPTIONS):
+    raise RuntimeError("every tap option belongs in exactly one of TAP_GROUPS")
+
+
+def tap_options_markdown() -> str:
+    """docs/commands.md's table of the tap's options (``python -m phasewatch.options``
+    prints it; a test holds the page to it)."""
+    rows = ["| `phasewatch tap` | `phasewatch serve` | variable | default | what |",
+            "|---|---|---|---|---|"]
+    for o in TAP_OPTIONS:
+        value = "" if o.type is bool else f" {o.metavar}"
+        serve = f"`--tap-{o.flag[2:]}{value or ' BOOL'}`" if o in IN_PROCESS_TAP else "-"
+        rows.append(f"| `{o.flag}{value}` | {serve} | `{TAP_ENV}{o.name.upper()}` | "
+                    f"{o.shown} | {o.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def options_markdown(command: str, options: tuple[Option, ...], prefix: str) -> str:
+    """docs/commands.md's table of ``command``'s options from the table."""
+    rows = [f"| `phasewatch {command}` | variable | default | what |", "|---|---|---|---|"]
+    for o in options:
+        value = "" if o.type is bool else f" {o.metavar}"
+        rows.append(f"| `{o.flag}{value}` | `{o.env or prefix + o.name.upper()}` | "
+                    f"{o.shown} | {o.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def commands_markdown() -> str:
+    """Every table docs/commands.md shows of the option tables, in its order."""
+    return "\n".join((tap_options_markdown(),
+                      options_markdown("dashboard", DASHBOARD_OPTIONS, DASHBOARD_ENV),
+                      options_markdown("demo", DEMO_OPTIONS, DEMO_ENV)))
+
+
+if __name__ == "__main__":
+    print(commands_markdown(), end="")

@@ -34,6 +34,7 @@ FLOORS = {
     "phasewatch.tap": 6,
     "phasewatch.config": 6,
     "phasewatch.options": 6,  # every serve option, once (config reads them, cli shows them)
+    "phasewatch.flags": 6,  # flags from the option tables, variables read at parse time
     "phasewatch.dashboard": 7,
     "phasewatch.app": 8,  # the process: wires the stages
     "phasewatch.cli": 9,

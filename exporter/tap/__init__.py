@@ -26,7 +26,9 @@ In: a client's HTTP requests and the upstream server's answers. ``proxy`` (``Tap
 the aiohttp handler: pass through, time, count), ``sse`` (the server-sent events read
 as they arrive, and the usage-only chunk kept from the client), ``observed`` (what was
 seen of one request, per choice), ``tracecontext`` (the W3C headers sent upstream),
-``server`` (the listener: TLS from reloaded PEM files, the event loop thread),
+``config`` (``TapConfig``: every setting of one tap, ``phasewatch tap``'s flags or
+``serve --tap-*``), ``server`` (the listener: TLS from reloaded PEM files, the event
+loop thread),
 ``workers`` (``serve_forever`` for ``phasewatch tap``: one process, or ``--workers N``
 on one port).
 
@@ -40,10 +42,11 @@ by reason, as ``phasewatch_tap_*`` counters on an optional port of its own and o
 line logged when the tap stops.
 """
 
+from phasewatch.tap.config import TapConfig
 from phasewatch.tap.observed import Choice, Observed
 from phasewatch.tap.proxy import TIMED_PATHS, Tap
 from phasewatch.tap.recorder import BatchRecorder, client_recorder
-from phasewatch.tap.server import TapServer, server_ssl
+from phasewatch.tap.server import TapServer, listener_ssl, server_ssl, tap_of
 from phasewatch.tap.sse import EventReader, UsageFilter
 from phasewatch.tap.stats import TapCollector, metrics_app, summary, tallies
 from phasewatch.tap.tracecontext import trace_headers
@@ -57,13 +60,16 @@ __all__ = [
     "Observed",
     "Tap",
     "TapCollector",
+    "TapConfig",
     "TapServer",
     "UsageFilter",
     "client_recorder",
+    "listener_ssl",
     "metrics_app",
     "serve_forever",
     "server_ssl",
     "summary",
     "tallies",
+    "tap_of",
     "trace_headers",
 ]

@@ -1,6 +1,7 @@
 """The tap's listener: TLS from reloaded PEM files, the aiohttp sites on an event loop
-thread of their own (``TapServer``), and ``start``: a running tap of ``phasewatch tap``'s
-settings (``workers.serve_forever`` runs one, or several processes of them)."""
+thread of their own (``TapServer``), ``tap_of``: the ``Tap`` of a ``TapConfig`` (``phasewatch
+tap``'s or ``serve --tap-*``'s), and ``start``: a running tap of ``phasewatch tap``'s settings
+(``workers.serve_forever`` runs one, or several processes of them)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 
 from aiohttp import web
 
+from phasewatch.tap.config import TapConfig
 from phasewatch.tap.proxy import Tap
 from phasewatch.tap.recorder import client_recorder
 from phasewatch.tap.stats import metrics_app
@@ -158,62 +160,61 @@ class TapServer:
         self._thread.join(10)
 
 
-def recorder(target: str, engine: str, *, otlp_endpoint: str = "", token: str = "",
-             client_tls=None):
+def recorder(conf: TapConfig):
     """(what counts the records sent: ``stats``, ``close()``; the ``Tap``'s record
-    callback; where the records go, in words): to ``target`` (an exporter's phasewatch
-    gRPC port) or, with ``otlp_endpoint``, as OTLP spans there (an OpenTelemetry
-    Collector in front of a fleet: ``otlp_out``)."""
+    callback): to ``conf.target`` (an exporter's phasewatch gRPC port) or, with
+    ``conf.otlp_endpoint``, as OTLP spans there (an OpenTelemetry Collector in front of
+    a fleet: ``otlp_out``)."""
     from phasewatch.client import PhasewatchClient
-    from phasewatch.transport.tls import ClientTls
 
-    tls = client_tls or ClientTls()
-    if otlp_endpoint:
+    tls = conf.client_tls
+    if conf.otlp_endpoint:
         from phasewatch.tap.otlp_out import OtlpRecorder, span_exporter
 
-        client = OtlpRecorder(span_exporter(otlp_endpoint, token=token, tls=tls), engine)
-        return client, client, destination(target, otlp_endpoint)
-    client = PhasewatchClient(target, engine=engine, source="tap", token=token,
-                              tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
-    return client, client_recorder(client), destination(target, otlp_endpoint)
+        client = OtlpRecorder(span_exporter(conf.otlp_endpoint, token=conf.token, tls=tls),
+                              conf.engine)
+        return client, client
+    client = PhasewatchClient(conf.target, engine=conf.engine, source="tap",
+                              token=conf.token, tls_ca=tls.ca, tls_cert=tls.cert,
+                              tls_key=tls.key)
+    return client, client_recorder(client)
 
 
-def destination(target: str, otlp_endpoint: str) -> str:
-    """Where the tap's records go, in words."""
-    return f"{otlp_endpoint} (OTLP spans)" if otlp_endpoint else target
+def tap_of(conf: TapConfig, record) -> Tap:
+    """The ``Tap`` of ``conf`` (its upstream, limits, CA, ask-usage), its records to
+    ``record``: ``phasewatch tap``'s and ``serve --tap-upstream``'s alike."""
+    return Tap(conf.upstream, record, default_model=conf.model,
+               max_body_bytes=conf.max_body_bytes, timeout_s=conf.timeout,
+               upstream_ca=conf.upstream_ca, ask_usage=conf.ask_usage)
 
 
-def listener_ssl(conf: dict) -> ssl.SSLContext | None:
+def listener_ssl(conf: TapConfig) -> ssl.SSLContext | None:
     """The tap's own HTTPS context from ``conf``'s PEM files; None for plain HTTP."""
-    cert, key = conf["tls_cert_file"], conf["tls_key_file"]
+    cert, key = conf.tls_cert_file, conf.tls_key_file
     return server_ssl(cert, key) if cert or key else None
 
 
-def announce(conf: dict, scheme: str, port: int, metrics_port: int | None, where: str,
+def announce(conf: TapConfig, scheme: str, port: int, metrics_port: int | None,
              processes: str) -> None:
     """The lines ``phasewatch tap`` prints once it listens (``processes``: its pids)."""
-    print(f"phasewatch tap on {scheme}://{conf['host']}:{port} -> {conf['upstream']}; "
-          f"records to {where} ({processes})", flush=True)
+    print(f"phasewatch tap on {scheme}://{conf.host}:{port} -> {conf.upstream}; "
+          f"records to {conf.destination} ({processes})", flush=True)
     if metrics_port is not None:
-        print(f"phasewatch tap counts on {scheme}://{conf['host']}:{metrics_port}/metrics",
+        print(f"phasewatch tap counts on {scheme}://{conf.host}:{metrics_port}/metrics",
               flush=True)
 
 
-def start(conf: dict, port: int, metrics_port: int | None = None,
-          reuse_port: bool = False) -> tuple[Tap, object, TapServer, str]:
-    """A running tap of ``serve_forever``'s settings (``conf``) on ``port``: (the
-    ``Tap``, what counts its records, its ``TapServer``, where the records go)."""
-    client, record, where = recorder(conf["target"], conf["engine"],
-                                     otlp_endpoint=conf["otlp_endpoint"],
-                                     token=conf["token"], client_tls=conf["client_tls"])
+def start(conf: TapConfig, port: int, metrics_port: int | None = None,
+          reuse_port: bool = False) -> tuple[Tap, object, TapServer]:
+    """A running tap of ``conf`` on ``port``: (the ``Tap``, what counts its records, its
+    ``TapServer``)."""
+    client, record = recorder(conf)
     try:
-        tap = Tap(conf["upstream"], record, default_model=conf["default_model"],
-                  max_body_bytes=conf["max_body_bytes"], timeout_s=conf["timeout_s"],
-                  upstream_ca=conf["upstream_ca"], ask_usage=conf["ask_usage"])
-        server = TapServer(tap, conf["host"], port, ssl_context=listener_ssl(conf),
-                           metrics_port=metrics_port, client=client, loop=conf["loop"],
+        tap = tap_of(conf, record)
+        server = TapServer(tap, conf.host, port, ssl_context=listener_ssl(conf),
+                           metrics_port=metrics_port, client=client, loop=conf.loop,
                            reuse_port=reuse_port).start()
     except BaseException:
         client.close()
         raise
-    return tap, client, server, where
+    return tap, client, server

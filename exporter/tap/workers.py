@@ -30,7 +30,8 @@ import time
 from collections import Counter
 from multiprocessing.connection import Connection, wait
 
-from phasewatch.tap.server import announce, destination, listener_ssl, start
+from phasewatch.tap.config import TapConfig
+from phasewatch.tap.server import announce, listener_ssl, start
 from phasewatch.tap.stats import summary
 from phasewatch.transport.listen import listening
 
@@ -40,31 +41,16 @@ REPORT_S = 1.0  # how often a worker sends its counts to the parent
 START_S = 60.0  # how long a worker may take to listen
 
 
-def serve_forever(upstream: str, target: str, host: str, port: int, engine: str,
-                  default_model: str, *, token: str = "", client_tls=None,
-                  tls_cert_file: str = "", tls_key_file: str = "", upstream_ca: str = "",
-                  timeout_s: float = 3600.0, max_body_bytes: int = 64 << 20,
-                  metrics_port: int | None = None, ask_usage: bool = False,
-                  otlp_endpoint: str = "", loop: str = "auto", workers: int = 1,
-                  stop: threading.Event | None = None) -> int:
-    """Run the tap until ``stop`` is set (or Ctrl-C), then log what it counted.
-    Records go where ``recorder`` sends them. ``token`` / ``client_tls`` (an
-    ``phasewatch.transport.tls.ClientTls``): to either; ``tls_cert_file`` /
-    ``tls_key_file``: the tap's own HTTPS listener. ``workers`` > 1: that many
-    processes on the one port (``serve_workers``)."""
-    conf = dict(upstream=upstream, target=target, host=host, engine=engine,
-                default_model=default_model, token=token, client_tls=client_tls,
-                tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
-                upstream_ca=upstream_ca, timeout_s=timeout_s,
-                max_body_bytes=max_body_bytes, ask_usage=ask_usage,
-                otlp_endpoint=otlp_endpoint, loop=loop)
-    if workers > 1:
-        return serve_workers(conf, port, workers, metrics_port, stop or threading.Event())
+def serve_forever(conf: TapConfig, stop: threading.Event | None = None) -> int:
+    """Run the tap of ``conf`` until ``stop`` is set (or Ctrl-C), then log what it
+    counted. Records go where ``server.recorder`` sends them; ``conf.workers`` > 1: that
+    many processes on the one port (``serve_workers``)."""
+    if conf.workers > 1:
+        return serve_workers(conf, stop or threading.Event())
     tap = server = client = None
     try:
-        tap, client, server, where = start(conf, port, metrics_port)
-        announce(conf, server.scheme, server.port, server.metrics_port, where,
-                 f"pid {os.getpid()}")
+        tap, client, server = start(conf, conf.port, conf.metrics_port)
+        announce(conf, server.scheme, server.port, server.metrics_port, f"pid {os.getpid()}")
         stop = stop or threading.Event()
         while not stop.wait(0.5):  # in slices: a signal another thread took still runs
             pass                   # its handler here (phasewatch.commands.wait_stopped)
@@ -137,7 +123,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def worker_main(conf: dict, port: int, conn: Connection) -> None:
+def worker_main(conf: TapConfig, port: int, conn: Connection) -> None:
     """One worker: a tap on ``port`` (SO_REUSEPORT) until the parent says stop or is
     gone; its counts to the parent every ``REPORT_S`` and once more at the end."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -149,7 +135,7 @@ def worker_main(conf: dict, port: int, conn: Connection) -> None:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     try:
-        tap, client, server, _ = start(conf, port, reuse_port=True)
+        tap, client, server = start(conf, port, reuse_port=True)
     except Exception as e:  # the parent reports it, then stops
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -171,7 +157,7 @@ def worker_main(conf: dict, port: int, conn: Connection) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, conf: dict, port: int, index: int):
+    def __init__(self, ctx, conf: TapConfig, port: int, index: int):
         self.index = index
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(conf, port, child),
@@ -181,13 +167,12 @@ class _Worker:
         self.pid = 0
 
 
-def serve_workers(conf: dict, port: int, workers: int, metrics_port: int | None,
-                  stop: threading.Event) -> int:
-    """``serve_forever`` with ``workers`` processes (see the module docstring)."""
-
+def serve_workers(conf: TapConfig, stop: threading.Event) -> int:
+    """``serve_forever`` with ``conf.workers`` processes (see the module docstring)."""
     ctx = multiprocessing.get_context("spawn")
-    held = listening("the tap", "--port", conf["host"], port,
-                     lambda: reserve_port(conf["host"], port))
+    workers, metrics_port = conf.workers, conf.metrics_port
+    held = listening("the tap", "--port", conf.host, conf.port,
+                     lambda: reserve_port(conf.host, conf.port))
     port = held.getsockname()[1]
     totals = Totals()
     running: list[_Worker] = []
@@ -195,15 +180,14 @@ def serve_workers(conf: dict, port: int, workers: int, metrics_port: int | None,
     try:
         context = listener_ssl(conf)  # the workers' own, and the parent's /metrics
         if metrics_port is not None:  # bound before any worker starts: a taken port, one line
-            metrics = listening("the tap's counts", "--metrics-port", conf["host"],
+            metrics = listening("the tap's counts", "--metrics-port", conf.host,
                                 metrics_port, lambda: _MetricsServer(
-                                    totals, conf["host"], metrics_port, context))
+                                    totals, conf.host, metrics_port, context))
         for i in range(workers):
             running.append(_started(ctx, conf, port, i, totals))
         pids = ", ".join(str(w.pid) for w in running)
         announce(conf, "https" if context is not None else "http", port,
                  metrics.port if metrics is not None else None,
-                 destination(conf["target"], conf["otlp_endpoint"]),
                  f"pid {os.getpid()}, {workers} workers: {pids}")
         _watch(ctx, conf, port, running, totals, stop)
     except KeyboardInterrupt:
@@ -220,7 +204,7 @@ def serve_workers(conf: dict, port: int, workers: int, metrics_port: int | None,
     return 0
 
 
-def _started(ctx, conf: dict, port: int, index: int, totals: Totals) -> _Worker:
+def _started(ctx, conf: TapConfig, port: int, index: int, totals: Totals) -> _Worker:
     """A worker started and listening, or ValueError with why it could not."""
     w = _Worker(ctx, conf, port, index)
     if not w.conn.poll(START_S):
@@ -240,7 +224,7 @@ def _started(ctx, conf: dict, port: int, index: int, totals: Totals) -> _Worker:
     return w
 
 
-def _watch(ctx, conf: dict, port: int, running: list[_Worker], totals: Totals,
+def _watch(ctx, conf: TapConfig, port: int, running: list[_Worker], totals: Totals,
            stop: threading.Event) -> None:
     """Read the workers' reports until ``stop``; start again a worker that died."""
     while not stop.is_set():
