@@ -18,6 +18,7 @@ from phasewatch.roofline.cause import (
 )
 from phasewatch.roofline.engine_metrics import EngineRates, parse_page, summarize
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.intervals import decode_slowdown
 from phasewatch.roofline.verdict import decide
 
@@ -46,7 +47,7 @@ def estimate(shares: dict, lo: float = 0.0, hi: float = 30.0, shared: float = 0.
     pre = phase_estimate(DEP, 5.0, 4e15, 1e12, 40)
     dec = phase_estimate(DEP, 30.0, 1e15, 6e13, 40)
     return RooflineEstimate("m", "vllm", lo, hi, 1.0, 40, pre, dec, 8.0, 0.02, shares,
-                            inputs or {"decode_steps": "tpot"},
+                            inputs or {"decode_steps": InputSource("tpot")},
                             shared_step_flops={"decode": shared} if shared else {},
                             inferred=inferred or {})
 

@@ -22,6 +22,7 @@ from phasewatch.roofline.bottleneck import Result
 from phasewatch.roofline.cause import diagnose
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -46,7 +47,7 @@ def _entry(shares: dict, engine: EngineRates | None, prefill_flops: float = 4e15
     est = RooflineEstimate(LLAMA, "vllm", 0.0, 30.0, 1.0, 40,
                            phase_estimate(DEP, 5.0, prefill_flops, 1e12, 40),
                            phase_estimate(DEP, 30.0, 1e15, 6e13, 40), 8.0, 0.02, shares,
-                           inputs or {"decode_steps": "tpot"},
+                           inputs or {"decode_steps": InputSource("tpot")},
                            shared_step_flops={"decode": 3e15}, inferred=inferred or {})
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, _records(), engine))
     return roofline_json(Result(LLAMA, "vllm", (LLAMA, "vllm"), DEP, est, v,
@@ -80,7 +81,8 @@ KV_FULL = EngineRates(seconds=30.0, samples=15, preemptions=32.0, max_kv_usage=1
 
 
 def test_a_full_kv_cache_heads_the_banner_with_its_preemptions_and_levers():
-    entry = _entry(DECODE, KV_FULL, inputs={"decode_steps": "tpot", "flops": "engine_counters"},
+    entry = _entry(DECODE, KV_FULL, inputs={"decode_steps": InputSource("tpot"),
+                                             "flops": InputSource("engine_counters")},
                    inferred={"prefill": {"flops": 2e15}, "decode": {"flops": 1e15}})
     heading, (cause, rest, chips, levers) = _banner_text(entry)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"

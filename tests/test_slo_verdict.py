@@ -24,6 +24,7 @@ from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import BottleneckMonitor, _tell_idle
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.slo_verdict import MATERIAL_MISS, MIN_REQUESTS, attainment
 from phasewatch.roofline.verdict import LEVERS, decide
 from phasewatch.sim.scenarios import SCENARIOS
@@ -39,7 +40,7 @@ def estimate(shares: dict, requests: int = 100) -> RooflineEstimate:
     pre = phase_estimate(DEP, 5.0, 4e15, 1e12, requests)
     dec = phase_estimate(DEP, 30.0, 1e15, 6e13, requests)
     return RooflineEstimate("m", "vllm", 0.0, 30.0, 1.0, requests, pre, dec, 8.0, 0.02,
-                            shares, {"decode_steps": "token_gaps"})
+                            shares, {"decode_steps": InputSource("token_gaps")})
 
 
 def rows(n: int, misses: dict[str, dict[str, int]], objectives: Objectives = CHAT):

@@ -18,6 +18,7 @@ import pytest
 
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment
+from phasewatch.roofline.inputs import InputSource
 from tests.conftest import scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
@@ -130,7 +131,7 @@ def test_decode_steps_give_the_roofline_a_real_batch(scenario):
     dep = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"),
                      catalog.hardware("H100-SXM"))
     est = estimate(agg.window.columns(), dep, 30.0, "m", "tgi", steps)
-    assert est.inputs["decode_batch"] == "engine_decode_steps"
+    assert est.inputs["decode_batch"] == InputSource("engine_decode_steps")
     # TGI sends no prompt tokens, so no decode bytes, but the batch is the engine's own
     # over the estimator's range: each step weighted by its share inside it
     lo, hi = est.range_start, est.range_end

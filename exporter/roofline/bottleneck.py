@@ -36,6 +36,7 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
 from phasewatch.roofline.slo_verdict import attainment
 from phasewatch.roofline.verdict import Verdict, decide
@@ -45,9 +46,6 @@ ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
 IMBALANCE_QUEUE = (0.3, 0.05)  # a pod's queue share over the first, another's under the
 # second: the same model's requests queue on one replica while another has room
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
-FLAT_COUNTER_NOTE = ("inferred: the engine's estimated_*_per_gpu_total counter did not move "
-                     "while requests finished (vLLM exposes it at 0 unless started with "
-                     "--enable-mfu-metrics)")
 
 
 def with_cached_share(cols: dict, share: float) -> dict:
@@ -100,7 +98,7 @@ def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, c
                             d.requests, source=d.source, weight_bytes=d.weight_bytes)
     inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes,
                                            "weight_bytes": decode.weight_bytes}}
-    inputs = {**est.inputs, "recompute": "engine_preemptions x mean_prompt"}
+    inputs = {**est.inputs, "recompute": InputSource("engine_preemptions x mean_prompt")}
     return replace(est, decode=decode, inferred=inferred, recompute_flops=flops,
                    inputs=inputs)
 
@@ -121,12 +119,12 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     length = est.range_end - est.range_start
     inputs = dict(est.inputs)
     for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
-        inputs[what] = FLAT_COUNTER_NOTE
+        inputs[what] = FLAT_COUNTER
     totals = {}  # what the replica moved over the range, by the engine's count
     for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
         if rate is not None:
             totals[what] = rate * dep.tensor_parallel * length
-            inputs[what] = "engine_counters"
+            inputs[what] = ENGINE_COUNTERS
     changes = {}
     for name, p in present.items() if totals else ():
         value = {"flops": p.flops, "bytes": p.bytes}
@@ -138,7 +136,7 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     batch = est.decode_batch_size
     if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
         batch = rates.mean_running * length / est.decode.busy_seconds
-        inputs["decode_batch"] = "engine_num_requests_running"
+        inputs["decode_batch"] = InputSource("engine_num_requests_running")
     # the other phase's FLOPs inside a phase's steps, by the engine's count too: a
     # decode step's prefill chunks at the configured model's cost beside the engine's
     # own decode FLOPs made a ~100M model's decode "6.8x the achievable FLOP/s"
@@ -202,14 +200,14 @@ class BottleneckMonitor:
                 est = with_recompute(est, dep, rates, mine)
                 est = with_engine_counters(est, dep, rates)
                 if cached is not None:
-                    est.inputs["cached_tokens"] = (  # label: the part before ":"
-                        f"engine_prefix_cache: {cached:.1%} of prompt tokens "
-                        f"({rates.cached_share_source})")
+                    est.inputs["cached_tokens"] = InputSource(
+                        "engine_prefix_cache",
+                        f"{cached:.1%} of prompt tokens ({rates.cached_share_source})")
                 self._warn_flat(source, rates)
             if source is not None and rates is None:
-                est.inputs["engine_state"] = ("unavailable: no fresh scrape of "
-                                              f"{source.url} ({source.last_error or 'waiting'})"
-                                              "; the cause comes from the records")
+                est.inputs["engine_state"] = unavailable(
+                    f"no fresh scrape of {source.url} ({source.last_error or 'waiting'})"
+                    "; the cause comes from the records")
             wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
             self._warn_ceilings(key, est, dep, wrong)
             previous = self._verdicts.get(key)
@@ -294,7 +292,7 @@ class BottleneckMonitor:
             p = getattr(est, phase)
             for what, ratio in (p.ceiling_exceeded.items() if p is not None else ()):
                 found = ceiling.blame(est, dep, phase, what, ratio)
-                est.inputs[f"{what}_ceiling"] = f"below_achieved: {found.text}"
+                est.inputs[f"{what}_ceiling"] = InputSource("below_achieved", found.text)
                 if (key, phase, what) not in self._warned:
                     self._warned.add((key, phase, what))
                     log.warning("%s: %s; no %s utilization is published", key[0],

@@ -77,6 +77,14 @@ import numpy as np
 from phasewatch.aggregation.window import phase_time_shares
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
+from phasewatch.roofline.inputs import (
+    CLIENT_CACHED,
+    CLIENT_PREFILL,
+    CLIENT_VIEW,
+    Inputs,
+    InputSource,
+    unavailable,
+)
 from phasewatch.roofline.intervals import (
     SAME_STEP_SECONDS,
     busy_time,
@@ -89,14 +97,6 @@ from phasewatch.roofline.intervals import (
 )
 
 LOOKBACK_SPANS = 3  # how far back (in ranges) the estimator reads requests
-# inputs["phases"] where the window holds the client's view alone (a tap's records)
-CLIENT_VIEW = ("client_view: time to first token (preprocess, queue and prefill undivided) "
-               "and decode, from a stream tap's records; no engine spans")
-CLIENT_PREFILL = ("arrival_to_first_token: the client's view has no scheduling time, so the "
-                  "prefill interval holds the queue and the front end too; its MFU is a "
-                  "lower bound")
-CLIENT_CACHED = ("unknown: the server did not say how many prompt tokens its prefix cache "
-                 "served; every prompt token counted as computed")
 RANGE_END_QUANTILE = 0.9
 
 
@@ -159,7 +159,7 @@ class RooflineEstimate:
     decode_batch_size: float | None
     decode_step_seconds: float | None
     phase_time_share: dict[str, float] | None
-    inputs: dict[str, str] = field(default_factory=dict)
+    inputs: Inputs = field(default_factory=dict)
     # FLOPs of the other phase performed inside this phase's busy time (mixed steps)
     shared_step_flops: dict[str, float] = field(default_factory=dict)
     # per phase, the FLOPs and bytes inferred from the records, kept when the engine's
@@ -179,7 +179,7 @@ class RooflineEstimate:
         return bool(self.phase_time_share) and "ttft" in self.phase_time_share
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "inputs": {k: str(v) for k, v in self.inputs.items()}}
 
 
 def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n: int,
@@ -205,19 +205,19 @@ def _weights(c: dict, rows: np.ndarray) -> np.ndarray:
     return np.ones(int(rows.sum())) if w is None else np.nan_to_num(w[rows], nan=1.0)
 
 
-def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
+def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: Inputs,
             steps: dict | None = None):
     m = dep.model
     reported = reported_steps(steps, lo, hi)
     if reported is not None:  # the engine's own steps: the requests in each forward
-        inputs["decode_batch"] = "engine_decode_steps"
+        inputs["decode_batch"] = InputSource("engine_decode_steps")
     # without a decode estimate the engine's batch and step are still reported
     none = (None, *reported) if reported is not None else (None, None, None)
     first, last = c["first_token_at"], c["last_token_at"]
     timed = ~np.isnan(first) & ~np.isnan(last) & (last > lo) & (first < hi)
     ok = timed & (c["steps"] > 0) & (c["prompt"] >= 0) & (c["output"] > 1)
     if not ok.any():
-        inputs["decode"] = "unavailable: " + (
+        inputs["decode"] = unavailable(
             "no first and last token times" if not timed.any() else
             "prompt tokens unknown (each step reads the KV cache of the whole context)"
             if not (timed & (c["prompt"] >= 0)).any() else
@@ -229,16 +229,16 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
     f = inside_fraction(first, last, lo, hi) * w  # the part inside, of the requests it is
     duration = (last - first) * f
     if busy <= 0 or duration.sum() <= 0:
-        inputs["decode"] = "unavailable: decode intervals have no length in the range"
+        inputs["decode"] = unavailable("decode intervals have no length in the range")
         return none
     timed = c["timed"][ok]
-    inputs["decode_steps"] = ("token_gaps" if timed.all() else
-                              "tpot" if not timed.any() else "token_gaps+tpot")
+    inputs["decode_steps"] = InputSource("token_gaps" if timed.all() else
+                                         "tpot" if not timed.any() else "token_gaps+tpot")
     if reported is not None:
         batch, step = reported
         n_steps = busy / step
     else:
-        inputs["decode_batch"] = "overlapping_decode_intervals"
+        inputs["decode_batch"] = InputSource("overlapping_decode_intervals")
         batch = duration.sum() / busy
         # sampled: 1/c of a sample's count is biased (a sample of 1 in 10 decoding
         # reads c = 10 where 3 were); the busy time estimated from it is not
@@ -257,7 +257,7 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
                           weight_bytes=weights), batch, step
 
 
-def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
+def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: Inputs):
     m = dep.model
     (sched, client), first = prefill_start(c), c["first_token_at"]
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
@@ -270,7 +270,7 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
             uncached_col = np.where(unknown, c["prompt"], uncached_col)
     ok = timed & (uncached_col >= 0)
     if not ok.any():
-        inputs["prefill"] = "unavailable: " + (
+        inputs["prefill"] = unavailable(
             ("no arrival and first-token times" if client else
              "no scheduled and first-token times") if not timed.any() else
             "prompt tokens unknown" if (c["prompt"][timed] < 0).all() else
@@ -280,7 +280,7 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     sched, first, w = sched[ok], first[ok], _weights(c, ok)
     busy, union = busy_time(sched, first, w, lo, hi)
     if busy <= 0:
-        inputs["prefill"] = "unavailable: prefill intervals have no length in the range"
+        inputs["prefill"] = unavailable("prefill intervals have no length in the range")
         return None
     f = inside_fraction(sched, first, lo, hi) * w  # the part inside, of the requests it is
     uncached = uncached_col[ok].astype(float)
@@ -294,7 +294,7 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     n_steps = max(completions + chunks, 1.0)
     weights = n_steps * float(model_costs.weight_bytes_read(m, (uncached * f).sum() / n_steps))
     kv = model_costs.kv_bytes_per_token(m) * float(((uncached + cached) * f).sum())
-    inputs["prefill_steps"] = "distinct_first_token_times+chunks"
+    inputs["prefill_steps"] = InputSource("distinct_first_token_times+chunks")
     return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()), weight_bytes=weights)
 
 
@@ -337,11 +337,11 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
 def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model: str,
                  engine: str, steps: dict | None = None) -> RooflineEstimate:
     end = cols["end_at"]
-    inputs: dict[str, str] = {}
+    inputs: Inputs = {}
     decode = batch = step = prefill = None
     shared: dict[str, float] = {}
     if dep is None:
-        inputs["roofline"] = "no deployment configured for this model"
+        inputs["roofline"] = InputSource("no deployment configured for this model")
     else:
         decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
         prefill = _prefill(dep, cols, lo, hi, inputs)
@@ -415,6 +415,6 @@ def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, window_seconds
         wider = _estimate_in(cols, dep, lo, newest, model, engine, steps)
         if (wider.decode is not None) + (wider.prefill is not None) > (
                 est.decode is not None) + (est.prefill is not None):
-            wider.inputs["range"] = "to_newest_request"
+            wider.inputs["range"] = InputSource("to_newest_request")
             return wider
     return est

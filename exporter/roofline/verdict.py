@@ -252,7 +252,7 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         resource, used, detail = _utilization(est, dep, roof)
         evidence.update(detail)
         if resource == "unknown" and roof in est.inputs:
-            evidence["unavailable"] = est.inputs[roof].removeprefix("unavailable: ")
+            evidence["unavailable"] = est.inputs[roof].detail
         if phase == "decode":
             evidence.update(step_evidence(est))
         util_margin = 0.0
@@ -267,8 +267,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
                 resource = "overhead"
             util_margin = min(1.0, abs(used - BOUND_FRACTION) / RULES.margin_scale)
     share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / RULES.margin_scale))
-    inputs = (1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else
-              RULES.tpot_inputs)
+    steps = est.inputs.get("decode_steps")
+    inputs = 1.0 if steps is None or steps.label == "token_gaps" else RULES.tpot_inputs
     sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
     floor = RULES.floor
     confidence = round(sample * inputs * (floor + (1 - floor) * share_margin) *
