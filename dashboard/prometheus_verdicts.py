@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 
 from phasewatch.dashboard.frames import KEYS, class_text
 from phasewatch.dashboard.theme import PHASES
+from phasewatch.roofline import cause_text as words
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
 from phasewatch.roofline.slo_verdict import lead, rank
@@ -18,6 +19,11 @@ from phasewatch.roofline.verdict import LEVERS, headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
 FROM_RECORDS = ("prefill_interference", "frontend", "imbalance")
+# The engine's gauges each engine-backed cause's sentence says (``cause_sentence``); the
+# rest of the engine's state follows it as "Engine state: ..."
+SAID = {"kv_cache": ("kv_usage", "preemptions"),
+        "preemption_recompute": ("kv_usage", "preemptions"),
+        "concurrency_limit": ("kv_usage", "running")}
 CEILING_WORDS = {"flops": "FLOP/s", "bandwidth": "memory bandwidth"}
 
 
@@ -28,6 +34,23 @@ def _known(x) -> bool:
 def _pct(x: float) -> str:
     """As the exporter's cause sentences write a share: "100%"."""
     return f"{min(x, 1.0):.0%}"
+
+
+def cause_sentence(cause: str, state: dict, range_text: str) -> str | None:
+    """The exporter's sentence for an engine-backed ``cause`` (``roofline.cause_text``,
+    the code its verdict writes it with) from the engine's gauges Prometheus holds:
+    ``kv_usage`` (the fullest pod's), ``running``, ``preemptions`` in the range; None
+    where they do not back it."""
+    usage = min(state["kv_usage"], 1.0) if _known(state.get("kv_usage")) else None
+    pre = state["preemptions"] if _known(state.get("preemptions")) else 0.0
+    pre = pre if round(pre) > 0 else 0.0
+    if cause == "kv_cache" and (pre > 0 or usage is not None):
+        return words.kv_cache(pre, range_text, usage)
+    if cause == "preemption_recompute" and pre > 0:
+        return words.preemption_recompute(pre, range_text, usage)
+    if cause == "concurrency_limit" and _known(state.get("running")):
+        return words.slot_limit(state["running"], usage)
+    return None
 
 
 def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = "") -> str:
@@ -109,8 +132,7 @@ def imbalance_sentence(shares: dict[str, float]) -> str | None:
     busy, calm = max(shares, key=shares.get), min(shares, key=shares.get)
     if shares[busy] <= IMBALANCE_QUEUE[0] or shares[calm] >= IMBALANCE_QUEUE[1]:
         return None
-    return (f"queue {shares[busy]:.0%} of request time on {busy} while {calm} queues "
-            f"{shares[calm]:.0%}")
+    return words.imbalance(busy, shares[busy], calm, shares[calm])
 
 
 def slo_figures(r: dict, key) -> dict[tuple, dict]:
@@ -225,32 +247,41 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str,
                "reporting": total, "ceiling_exceeded": tuple(sorted(exceeded.get(k, ()))),
                "levers": (CAUSES[cause].levers if cause and CAUSES[cause].levers
                           else LEVERS.get((phase, resource), ()))}
-        sentence = engine_sentence(engine.get(k, {}), range_text, total,
-                                   CAUSES[cause].title if cause else "")
         lead_text = slo_lead((slo or {}).get(k), kpis.get(k, {}))
-        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing,
-                                lead_text))
+        cause_words = _cause_words(cause, engine.get(k, {}), range_text, total, routing)
+        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), *cause_words, lead_text))
     return rows
 
 
-def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
-                routing: str | None = None, lead_text: str = "") -> dict:
-    """The row's cause sentence (the cause's title and the engine's state, where it is
-    on Prometheus; for an imbalance, ``routing``: the pods' queue shares), its whole
-    text, and the figures the banner's chips show."""
+def _cause_words(cause: str | None, engine: dict, range_text: str, pods: int,
+                 routing: str | None) -> tuple[str, str, bool, bool]:
+    """(the cause's sentence, the engine's state beside it, whether the engine's state
+    backs the cause, whether there is any). The cause's sentence is the exporter's
+    (``cause_sentence``; an imbalance's, ``routing``); without its figures its title."""
+    title = CAUSES[cause].title if cause else ""
+    everything = engine_sentence(engine, range_text, pods, title)
+    backed_by = cause_sentence(cause, engine, range_text) if cause else None
+    if backed_by is not None:
+        said = SAID[cause]
+        rest = engine_sentence({k: v for k, v in engine.items() if k not in said},
+                               range_text, pods, title)
+        return backed_by, f" Engine state: {rest}." if rest else "", True, True
+    state = f" Engine state: {everything}." if everything else ""
+    if cause == "imbalance" and routing:
+        return routing, state, False, bool(everything)
+    if cause == "frontend":
+        return words.FRONTEND, state, False, bool(everything)
+    if cause:  # beside the cause, not behind it
+        return title, state, False, bool(everything)
+    return (f"Engine state: {everything}" if everything else "", "", False,
+            bool(everything))
+
+
+def _with_words(row: dict, cause_n: int, figures: dict, cause_text: str, state: str,
+                backed: bool, scraped: bool, lead_text: str = "") -> dict:
+    """The row with its cause sentence (``_cause_words``), its whole text, and the
+    figures the banner's chips show."""
     cause, phase = row["cause"], row["phase"]
-    backed = bool(sentence) and cause not in FROM_RECORDS  # the engine's state is evidence
-    state = ""
-    if cause == "imbalance":
-        cause_text = f"{CAUSES[cause].title}: {routing}"
-        if sentence:
-            state = f" Engine state: {sentence}."
-    elif cause:
-        cause_text = CAUSES[cause].title + (f": {sentence}" if backed else "")
-        if sentence and not backed:  # beside the cause, not behind it
-            state = f" Engine state: {sentence}."
-    else:
-        cause_text = f"Engine state: {sentence}" if sentence else ""
     source = "engine_metrics" if backed else "records" if cause else ""
     share = figures.get(f"{phase}_share", math.nan)
     text = f"{phase_name(phase)} takes {share:.0%} of request time." if _known(share) else ""
@@ -265,7 +296,7 @@ def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
     text += "".join(f" {ceiling_sentence(*e)}" for e in row["ceiling_exceeded"]) + state
     text = text.strip() or row["headline"] + "."
     return {**row, "cause_text": cause_text, "cause_source": source,
-            "engine_scraped": bool(sentence),
+            "engine_scraped": scraped,
             "text": " ".join(filter(None, (lead_text, f"{cause_text}." if cause_text else "",
                                            text))),
             **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},

@@ -173,9 +173,10 @@ def test_a_slot_limit_from_prometheus_names_the_limit_and_its_lever():
     (banner,) = panels.banners(snap)
     heading, (cause, rest, _chips, levers) = _lines(banner)
     assert heading == f"Queue: Slot limit — {LLAMA}/vllm"
-    assert cause == ("Slot limit: KV cache 1% full, 16 waiting, 8 running. "
+    # the exporter's own sentence (roofline.cause_text), the other gauges beside it
+    assert cause == ("Slot limit: 8 requests running, the KV cache at most 1% full. "
                      "(from the engine's /metrics)")
-    assert rest == "Queue takes 60% of request time."
+    assert rest == "Queue takes 60% of request time. Engine state: 16 waiting."
     assert "a larger --max-num-seqs" in levers and "more replicas" not in levers
     assert banner.to_plotly_json()["props"]["data-cause"] == "concurrency_limit"
 
@@ -223,10 +224,11 @@ def test_a_full_kv_cache_from_prometheus_gives_the_engine_gauges_in_words():
         q.ENGINE_PREEMPTIONS: [(LABELS, 32.2)],
     }
     (banner,) = panels.banners(_prometheus_snapshot(answers))
-    heading, (cause, *_, levers) = _lines(banner)
+    heading, (cause, rest, *_, levers) = _lines(banner)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"
-    assert cause == ("KV cache full: 100% usage, 6 waiting, 14 running, 32 preemptions in "
-                     "60 s. (from the engine's /metrics)")
+    assert cause == ("KV cache full: 32 preemptions in 60 s at 100% usage. "
+                     "(from the engine's /metrics)")
+    assert rest.endswith("Engine state: 6 waiting, 14 running."), rest
     assert "--kv-cache-dtype fp8" in levers
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
-from phasewatch.roofline import ceiling, model_costs
+from phasewatch.roofline import cause_text, ceiling, model_costs
 from phasewatch.roofline.cause import (
     BUSY,
     Cause,
@@ -381,9 +381,8 @@ def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
             text = v.text
             if old is not None:  # the cause it replaces, before or after the verdict's text
                 text = text.replace(f"{old.text}. ", "").replace(f" {old.text}.", "")
-            v.cause = Cause("imbalance", f"Load imbalance: queue {share[pod]:.0%} of request "
-                            f"time on {pod} while {calm} queues {share[calm]:.0%}", "records",
-                            {"queue_share_by_pod": share})
+            v.cause = Cause("imbalance", cause_text.imbalance(pod, share[pod], calm, share[calm]),
+                            "records", {"queue_share_by_pod": share})
             v.resource, v.levers = "capacity", v.cause.levers
             v.text = text
             v.prepend(f"{v.cause.text}.")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasewatch.roofline import cause_text as words
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.cause_limits import LIMITS, Limits
 from phasewatch.roofline.engine_metrics import EngineRates
@@ -121,8 +122,7 @@ class Cause:
         return CAUSES[self.name].levers
 
 
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
+_pct = words.pct
 
 
 def busy_share(cols: dict, lo: float, hi: float) -> float | None:
@@ -224,25 +224,18 @@ def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
     waiting = (state.get("waiting_share") or 0.0) >= lim.waiting
     evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
                                       "mean_waiting", "kv_capacity_tokens") if k in state}
-    at = f" at {_pct(top)} usage" if top is not None else ""
     if pre > 0 and (top is None or top >= lim.kv_preempt_full):
-        return Cause("kv_cache", f"KV cache full: {pre:.0f} preemptions in {window:.0f} s{at}",
-                     source, evidence)
+        return Cause("kv_cache", words.kv_cache(pre, words.seconds(window), top), source,
+                     evidence)
     if pre > 0:
-        return Cause("preemption_recompute", f"{pre:.0f} preemptions in {window:.0f} s with "
-                     f"the KV cache at most {_pct(top)} full: preempted requests are "
-                     "recomputed", source, evidence)
+        return Cause("preemption_recompute",
+                     words.preemption_recompute(pre, words.seconds(window), top), source,
+                     evidence)
     if top is not None and top >= lim.kv_full and (waiting or source == "records"):
-        wait = (f", {state['mean_waiting']:.1f} requests waiting on average"
-                if state.get("mean_waiting") else "")
-        if source == "records":  # an estimate: over 100 % says its memory figure is short
-            what = ("the KV footprint of the requests in flight reaches the memory left "
-                    "after the weights" if top >= 1 else
-                    f"the KV footprint of the requests in flight reaches {_pct(top)} of the "
-                    "memory left after the weights")
-        else:
-            what = f"usage up to {_pct(top)}"
-        return Cause("kv_cache", f"KV cache full: {what}{wait}", source, evidence)
+        return Cause("kv_cache", words.kv_cache(0.0, words.seconds(window), top,
+                                                state.get("mean_waiting"),
+                                                records=source == "records"),
+                     source, evidence)
     return None
 
 
@@ -276,16 +269,9 @@ def _concurrency_limit(state: dict, source: str, lim: Limits = LIMITS) -> Cause 
     limit = state.get("configured_max_running")
     if kv is None and not (limit and top >= limit):
         return None  # pinned, but by slots or by KV memory? neither is known
-    room = (f"the KV cache at most {_pct(kv)} full" if kv is not None else
-            "KV usage unknown")
-    wait = (f", {state['mean_waiting']:.1f} waiting on average" if state.get("mean_waiting")
-            else "")
-    how = (", by the requests' own times" if state.get("running_read_from") == "records"
-           else "")
-    when = ("of the time requests waited" if state.get("running_read_over") == "waiting"
-            else "of the time")
-    text = (f"Slot limit: {top:.0f} requests running ({_pct(pinned)} {when} at that "
-            f"maximum{f', the configured {limit:.0f}' if limit else ''}{how}){wait}, {room}")
+    text = words.slot_limit(top, kv, pinned, state.get("running_read_over") == "waiting",
+                            limit, state.get("running_read_from") == "records",
+                            state.get("mean_waiting"))
     return Cause("concurrency_limit", text, source,
                  {k: state[k] for k in ("max_running", "running_at_max_share", "mean_waiting",
                                         "max_kv_usage", "configured_max_running",
@@ -344,8 +330,7 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
     if busy is None:
         busy = busy_share(cols, lo, hi)
     if phase == "preprocess":
-        return Cause("frontend", "API server: the time goes before the engine's queue",
-                     "records", {})
+        return Cause("frontend", words.FRONTEND, "records", {})
     if phase == "kv_transfer":
         return None
     if engine is not None and engine.samples >= 2:
