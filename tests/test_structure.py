@@ -228,9 +228,9 @@ DICT_PARAMS_LEFT = {
                  "report(profile) write(profile)",
     "cause": "busy_share(cols) in_engine(cols) diagnose(cols) diagnose(gaps)",
     "decode_step": "flat_step(evidence) overhead_levers(evidence) step_sentence(e)",
-    "estimate": "analysis_range(cols) estimate(cols) estimate(steps)",
+    "estimate": "analysis_range(cols) estimate(cols)",
     "hf_config": "weight_dtype_of(cfg) model_from_config(cfg)",
-    "intervals": "reported_steps(steps) prefill_start(c) prefill_steps(c) "
+    "intervals": "prefill_start(c) prefill_steps(c) "
                  "decode_shared_with_prefill(cols) decode_slowdown(cols)",
     "slo_verdict": "objective_name(fig) attainment(decode) interference_told(fig) "
                    "interference_cause(slo) rank(slo) rank(shares) lead(slo)",

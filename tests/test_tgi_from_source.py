@@ -122,10 +122,10 @@ def test_decode_steps_give_the_roofline_a_real_batch(scenario):
         ingest.export(ExportTraceServiceRequest.FromString(path.read_bytes()), "otlp_grpc")
     steps = agg.window.steps()
     want = [st for st in truth["steps"] if st["kind"] == "decode"]
-    assert want and len(steps["size"]) == len(want)
-    order = np.argsort(steps["start"])
-    assert steps["size"][order].tolist() == [len(st["forward_requests"]) for st in want]
-    for got_start, got_end, st in zip(steps["start"][order], steps["end"][order], want,
+    assert want and len(steps.size) == len(want)
+    order = np.argsort(steps.start)
+    assert steps.size[order].tolist() == [len(st["forward_requests"]) for st in want]
+    for got_start, got_end, st in zip(steps.start[order], steps.end[order], want,
                                       strict=True):
         assert st["start_ns"] / NS <= got_start < got_end <= st["forward_end_ns"] / NS + US
     dep = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"),

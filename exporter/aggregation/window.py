@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 
@@ -58,9 +59,26 @@ from phasewatch.requests.record import FINISH_REASONS
 
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
-_STEP_COLUMNS = ("t", "ls", "start", "end", "size")
 STEP_CAPACITY = 65536
 DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
+
+
+@dataclass(frozen=True)
+class ReportedSteps:
+    """Decode steps an engine reported (TGI), one row each: when it was ingested (``t``),
+    its label set (``ls``), start and end (Unix seconds) and the requests in it."""
+
+    t: np.ndarray
+    ls: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+
+    def where(self, rows: np.ndarray) -> ReportedSteps:
+        return ReportedSteps(*(column[rows] for column in astuple(self)))
+
+
+_STEP_COLUMNS = tuple(f.name for f in fields(ReportedSteps))
 
 
 class RollingWindow:
@@ -194,7 +212,7 @@ class RollingWindow:
                 self._steps[k][pos] = np.asarray(v, dtype=float)[-n:]
             self._step_head = (self._step_head + n) % STEP_CAPACITY
 
-    def steps(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+    def steps(self, seconds: float | None = None) -> ReportedSteps:
         """The reported decode steps ingested in the last ``seconds`` (default: the
         window), as ``columns`` does for requests; ``ls`` as integers."""
         now = self._clock()
@@ -203,7 +221,7 @@ class RollingWindow:
             sel = ~np.isnan(self._steps["t"]) & (self._steps["t"] >= now - span)
             out = {k: v[sel] for k, v in self._steps.items()}
         out["ls"] = out["ls"].astype(np.int64)
-        return out
+        return ReportedSteps(**out)
 
     def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
         n = len(ids)

@@ -191,9 +191,9 @@ class BottleneckMonitor:
             cached = rates.cached_prompt_share if rates is not None else None
             if cached is not None:
                 mine = with_cached_share(mine, cached)
-            own = steps["ls"] == i
+            own = steps.ls == i
             est = estimate(mine, dep, self.window_seconds, model, engine,
-                           {k: v[own] for k, v in steps.items()} if own.any() else None)
+                           steps.where(own) if own.any() else None)
             if est is None:
                 continue
             if dep is not None and rates is not None:

@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from phasewatch.aggregation.window import phase_time_shares
+from phasewatch.aggregation.window import ReportedSteps, phase_time_shares
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
 from phasewatch.roofline.inputs import (
@@ -206,7 +206,7 @@ def _weights(c: dict, rows: np.ndarray) -> np.ndarray:
 
 
 def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: Inputs,
-            steps: dict | None = None):
+            steps: ReportedSteps | None = None):
     m = dep.model
     reported = reported_steps(steps, lo, hi)
     if reported is not None:  # the engine's own steps: the requests in each forward
@@ -335,7 +335,7 @@ def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
 
 
 def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model: str,
-                 engine: str, steps: dict | None = None) -> RooflineEstimate:
+                 engine: str, steps: ReportedSteps | None = None) -> RooflineEstimate:
     end = cols["end_at"]
     inputs: Inputs = {}
     decode = batch = step = prefill = None
@@ -390,7 +390,7 @@ def _step_roofline(dep: Deployment | None, decode: PhaseEstimate | None,
 
 
 def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, window_seconds: float,
-             model: str = "", engine: str = "", steps: dict | None = None
+             model: str = "", engine: str = "", steps: ReportedSteps | None = None
              ) -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
 

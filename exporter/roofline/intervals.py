@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from phasewatch.aggregation.window import ReportedSteps
+
 # Requests whose first tokens are this close together completed prefill in the same
 # engine step (real engines stamp a whole step's outputs with one time).
 SAME_STEP_SECONDS = 1e-4
@@ -66,12 +68,12 @@ def inside_fraction(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) 
     return np.clip(f, 0.0, 1.0)
 
 
-def reported_steps(steps: dict | None, lo: float, hi: float):
+def reported_steps(steps: ReportedSteps | None, lo: float, hi: float):
     """(mean requests per step, mean step seconds) of the engine's own decode steps in
     [lo, hi] (TGI's), each weighted by its fraction inside; None without any."""
-    if steps is None or not len(steps["start"]):
+    if steps is None or not len(steps.start):
         return None
-    s, e, size = steps["start"], steps["end"], steps["size"]
+    s, e, size = steps.start, steps.end, steps.size
     inside = (e > lo) & (s < hi) & (size > 0) & (e > s)
     if not inside.any():
         return None
