@@ -227,7 +227,6 @@ DICT_PARAMS_LEFT = {
     "calibrate": "cpu_half_floor(flops) half_precision_note(slow) half_precision_note(runs) "
                  "report(profile) write(profile)",
     "cause": "busy_share(cols) in_engine(cols) diagnose(cols) diagnose(gaps)",
-    "decode_step": "flat_step(evidence) overhead_levers(evidence) step_sentence(e)",
     "estimate": "analysis_range(cols) estimate(cols)",
     "hf_config": "weight_dtype_of(cfg) model_from_config(cfg)",
     "intervals": "prefill_start(c) prefill_steps(c) "

@@ -153,11 +153,11 @@ def test_a_cpu_is_offered_no_cuda_graphs():
     the requests, and the GPU-only ones are said as what they stand for."""
     from dataclasses import replace as _replace
 
-    from phasewatch.roofline.decode_step import overhead_levers
+    from phasewatch.roofline.decode_step import DecodeStep, overhead_levers
     from phasewatch.roofline.verdict import LEVERS, for_hardware
 
     cpu = _replace(DEP, hardware=_replace(DEP.hardware, cpu=True))
-    step = overhead_levers({"step_over_roofline": 20.0})
+    step = overhead_levers(DecodeStep(seconds=0.2, roofline_seconds=0.01))  # 20x
     for levers in (*LEVERS.values(), step):
         said = for_hardware(levers, cpu)
         assert not any("CUDA" in lv or "GPUs" in lv for lv in said), said

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from phasewatch.roofline import ceiling
 from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.cause_limits import RULES
-from phasewatch.roofline.decode_step import overhead_levers, step_evidence, step_sentence
+from phasewatch.roofline.decode_step import DecodeStep, overhead_levers, step_sentence
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
@@ -141,6 +141,7 @@ class Verdict:
     cause: Cause | None = None
     lead: str = ""  # the objectives' sentence the text starts with ("" without objectives)
     view: str = "engine"  # "client": from a stream tap's records alone (no engine spans)
+    step: DecodeStep | None = None  # a decode's step against the roofline's (evidence too)
 
     @property
     def headline(self) -> str:
@@ -233,6 +234,7 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     ranked = slo["missed_by_phase"] if by_misses else shares
     runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
     evidence: dict = {"phase_time_share": shares, "requests": est.requests}
+    step = None
     if slo is not None:
         evidence["slo"] = slo
     if est.decode_batch_size is not None:
@@ -254,7 +256,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         if resource == "unknown" and roof in est.inputs:
             evidence["unavailable"] = est.inputs[roof].detail
         if phase == "decode":
-            evidence.update(step_evidence(est))
+            step = DecodeStep.of(est)
+            evidence.update(step.evidence())
         util_margin = 0.0
         if used is not None:
             bound = BOUND_FRACTION
@@ -283,11 +286,11 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     level = ("high" if confidence >= RULES.high else
              "medium" if confidence >= RULES.medium else "low")
     levers = (cause.levers if cause is not None and cause.levers else
-              _levers(phase, resource, evidence, dep))
+              _levers(phase, resource, step, dep))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
                       confidence_level=level, evidence=evidence, levers=levers, cause=cause,
                       lead=slo_lead(slo, by_misses),
-                      view="client" if est.client_view else "engine")
+                      view="client" if est.client_view else "engine", step=step)
     if verdict.view == "client":
         evidence["view"] = "client"
     verdict.text = describe(verdict, dep)
@@ -305,12 +308,12 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
 # said after a verdict made from the client's view alone
 CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
                "first token holds the queue and the prefill undivided.)")
-def _levers(phase: str, resource: str, evidence: dict, dep: Deployment | None = None
-            ) -> tuple[str, ...]:
+def _levers(phase: str, resource: str, step: DecodeStep | None,
+            dep: Deployment | None = None) -> tuple[str, ...]:
     """The (phase, resource) levers, or an overhead-bound decode's as its step tells
     (``decode_step.overhead_levers``), in the words of the hardware (``for_hardware``)."""
     if (phase, resource) == ("decode", "overhead"):
-        told = overhead_levers(evidence)
+        told = overhead_levers(step)
         if told is not None:
             return for_hardware(told, dep)
     return for_hardware(LEVERS.get((phase, resource), ()), dep)
@@ -380,7 +383,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
             f"{'datasheet' if hw.datasheet else 'measured'} peaks of {hw.name} x{hw.gpus}, "
             f"at {e['arithmetic_intensity']:.0f} "
             f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
-    step = step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
+    step = step_sentence(v.step, v.resource == "overhead") if v.phase == "decode" else ""
     if v.resource == "overhead" and v.phase == "ttft":
         used = e["of_achievable_flops"] + e["of_achievable_bandwidth"]
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
