@@ -4,11 +4,13 @@ is tests/test_real_vllm_verdict.py; the pages here are vLLM's own, captured ther
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import catalog, model_costs
 from phasewatch.roofline.cause import (
     CAUSES,
@@ -37,9 +39,10 @@ def records(n: int = 40, span: float = 30.0, running: int = 8, prompt: int = 500
                                     for k in range(running)]))[:n] + rng.uniform(0, 1e-3, n)
     first = sched + 0.1
     last = sched + per
-    return {"scheduled_at": sched, "first_token_at": first, "last_token_at": last,
-            "end_at": last, "prompt": np.full(n, prompt), "uncached": np.full(n, prompt),
-            "output": np.full(n, output), "steps": np.full(n, output - 1)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": first, "last_token_at": last,
+        "end_at": last, "prompt": np.full(n, prompt), "uncached": np.full(n, prompt),
+        "output": np.full(n, output), "steps": np.full(n, output - 1)})
 
 
 def estimate(shares: dict, lo: float = 0.0, hi: float = 30.0, shared: float = 0.0,
@@ -147,7 +150,7 @@ def test_waiting_neither_pinned_nor_full_is_a_busy_engine():
 
 def test_an_idle_engine_gets_no_cause():
     sparse = records(n=4, running=1)
-    sparse["last_token_at"] = sparse["first_token_at"] + 0.5
+    sparse = replace(sparse, last_token_at=sparse.first_token_at + 0.5)
     est = estimate(DECODE)
     assert busy_share(sparse, 0.0, 30.0) < 0.2
     assert diagnose("decode", est, DEP, sparse, state(max_kv_usage=0.01)) is None
@@ -171,11 +174,11 @@ def test_prefill_interference_from_decodes_slowed_while_others_prefill():
             t += base * (2.0 if 10.0 <= t < 20.0 else 1.0)
         dur[i] = t - first[i]
     del share
-    cols = {"scheduled_at": np.r_[first - 0.01, pre["scheduled_at"]],
-            "first_token_at": np.r_[first, pre["first_token_at"]],
-            "last_token_at": np.r_[first + dur, np.nan],
-            "prompt": np.r_[np.full(n, 10), 4000], "output": np.r_[steps + 1, 1],
-            "steps": np.r_[steps, -1]}
+    cols = WindowColumns.of({"scheduled_at": np.r_[first - 0.01, pre["scheduled_at"]],
+                             "first_token_at": np.r_[first, pre["first_token_at"]],
+                             "last_token_at": np.r_[first + dur, np.nan],
+                             "prompt": np.r_[np.full(n, 10), 4000],
+                             "output": np.r_[steps + 1, 1], "steps": np.r_[steps, -1]})
     fit = decode_slowdown(cols, 0.0, 40.0)
     assert fit["slowdown"] == pytest.approx(2.0, rel=0.15)
     assert fit["tpot_without_prefill"] == pytest.approx(base, rel=0.15)
@@ -319,10 +322,11 @@ def _slots(groups: list[tuple[float, float, int, float]], length: float = 3.0) -
             for k in range(slots) for t in np.arange(start, end - 1e-9, length)]
     sched = np.array([r[0] for r in rows])
     n = len(sched)
-    return {"scheduled_at": sched, "first_token_at": sched + 0.1,
-            "last_token_at": sched + length - 2e-3, "end_at": sched + length - 2e-3,
-            "queue": np.array([r[1] for r in rows]), "prompt": np.full(n, 100),
-            "uncached": np.full(n, 100), "output": np.full(n, 50), "steps": np.full(n, 49)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": sched + 0.1,
+        "last_token_at": sched + length - 2e-3, "end_at": sched + length - 2e-3,
+        "queue": np.array([r[1] for r in rows]), "prompt": np.full(n, 100),
+        "uncached": np.full(n, 100), "output": np.full(n, 50), "steps": np.full(n, 49)})
 
 
 def test_records_read_the_slot_limit_over_the_moments_requests_wait():
@@ -337,7 +341,7 @@ def test_records_read_the_slot_limit_over_the_moments_requests_wait():
     assert seen["running_read_over"] == "waiting"
     assert seen["running_at_max_share"] == pytest.approx(1.0, abs=0.03)
     assert seen["waiting_moment_share"] == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
-    plain = in_engine({k: v for k, v in cols.items() if k != "queue"}, DEP, 0.0, 33.0)
+    plain = in_engine(replace(cols, queue=np.full(len(cols), np.nan)), DEP, 0.0, 33.0)
     assert plain["running_at_max_share"] == pytest.approx(15 / 33, abs=0.03)
     cause = diagnose("queue", estimate(QUEUE, hi=33.0), DEP, cols, None)
     assert cause.name == "concurrency_limit" and cause.source == "records"

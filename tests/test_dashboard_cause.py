@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.dashboard import panels
 from phasewatch.dashboard import queries as q
 from phasewatch.dashboard.exporter_source import snapshot_from_api
@@ -31,13 +32,14 @@ DECODE = {"preprocess": 0.01, "queue": 0.04, "prefill": 0.05, "decode": 0.9}
 PREFILL = {"preprocess": 0.01, "queue": 0.04, "prefill": 0.8, "decode": 0.15}
 
 
-def _records(n: int = 40, span: float = 30.0) -> dict:
+def _records(n: int = 40, span: float = 30.0) -> WindowColumns:
     """Eight requests always in the engine, back to back: the columns the cause reads."""
     sched = np.linspace(0.0, span - 8.0, n)
     first, last = sched + 0.1, sched + 8.0
-    return {"scheduled_at": sched, "first_token_at": first, "last_token_at": last,
-            "end_at": last, "prompt": np.full(n, 500), "uncached": np.full(n, 500),
-            "output": np.full(n, 200), "steps": np.full(n, 199)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": first, "last_token_at": last,
+        "end_at": last, "prompt": np.full(n, 500), "uncached": np.full(n, 500),
+        "output": np.full(n, 200), "steps": np.full(n, 199)})
 
 
 def _entry(shares: dict, engine: EngineRates | None, prefill_flops: float = 4e15,

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import with_cached_share, with_engine_counters
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
@@ -209,9 +210,10 @@ def test_prefix_cache_share_fills_unknown_cached_tokens_for_the_estimator():
     r = _rates([_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200)])
     assert r.cached_prompt_share == pytest.approx(0.25)  # 1000 of 4000 new prompt tokens
     assert r.cached_share_source == "prompt_tokens_cached"
-    cols = {"prompt": np.array([400, 1000, -1]), "uncached": np.array([-1, 100, -1])}
+    cols = WindowColumns.of({"prompt": np.array([400, 1000, -1]),
+                             "uncached": np.array([-1, 100, -1])})
     out = with_cached_share(cols, r.cached_prompt_share)
-    assert out["uncached"].tolist() == [300, 100, -1]  # known counts and unknown prompts kept
+    assert out.uncached.tolist() == [300, 100, -1]  # known counts and unknown prompts kept
     no_cached_counter = [p.replace("vllm:prompt_tokens_cached_total", "x_other")
                          for p in (_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200))]
     r = _rates(no_cached_counter)

@@ -140,12 +140,12 @@ def test_long_prefill_steps_beside_few_decodes_count_once():
     window = RollingWindow(600.0, capacity=10_000)
     Aggregator(window=window).ingest(RequestBatch.from_records(records, engine="e"), "test")
     c = window.columns()
-    lo, hi = 1000.0, float(np.nanmax(c["last_token_at"]))
+    lo, hi = 1000.0, float(np.nanmax(c.last_token_at))
     est = _estimate_in(c, DEP, lo, hi, "m", "e")
     d = est.decode
     counted = d.weight_bytes / float(model_costs.weight_bytes_read(M, est.decode_batch_size))
     assert counted == pytest.approx(steps, rel=0.02)
-    tpot = float(np.sum(c["last_token_at"] - c["first_token_at"]) / np.sum(c["steps"]))
+    tpot = float(np.sum(c.last_token_at - c.first_token_at) / np.sum(c.steps))
     assert d.busy_seconds / tpot > 1.1 * steps  # what the mean TPOT alone counted
     assert est.decode_step_seconds == pytest.approx(d.busy_seconds / counted)
 

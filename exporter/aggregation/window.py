@@ -36,6 +36,7 @@ from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.aggregation.slo import N_OBJ, WINDOW_COLUMNS
 from phasewatch.aggregation.summary import (
     Quantiles,
@@ -304,7 +305,7 @@ class RollingWindow:
         return WindowSummary(span, max(shown) if shown else max(min(span, uptime), 1e-9),
                              now, self.capacity, series)
 
-    def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+    def columns(self, seconds: float | None = None) -> WindowColumns:
         """Copies of the ring's columns for requests ingested in the last ``seconds``
         (default: the window; may reach further back, as far as the ring holds), all
         label sets; for the roofline estimator."""
@@ -312,7 +313,7 @@ class RollingWindow:
         span = seconds or self.seconds
         with self._lock:
             sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
-            return {k: v[sel] for k, v in self._ring.items()}
+            return WindowColumns(**{k: v[sel] for k, v in self._ring.items()})
 
     def recent(self, label_sets: list[tuple], limit: int = 200,
                model: str | None = None, names: tuple[str, ...] = DEFAULT_NAMES) -> list[dict]:

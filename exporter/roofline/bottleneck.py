@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.roofline import cause_text, ceiling, model_costs
@@ -48,15 +49,15 @@ IMBALANCE_QUEUE = (0.3, 0.05)  # a pod's queue share over the first, another's u
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
 
 
-def with_cached_share(cols: dict, share: float) -> dict:
+def with_cached_share(cols: WindowColumns, share: float) -> WindowColumns:
     """``cols`` with the uncached prompt tokens of requests whose cached tokens are unknown
     estimated from the engine's prefix-cache share of prompt tokens (vLLM's spans carry
     no cached count; its counters do, in aggregate)."""
-    unknown = (cols["uncached"] < 0) & (cols["prompt"] >= 0)
+    unknown = (cols.uncached < 0) & (cols.prompt >= 0)
     if not unknown.any():
         return cols
-    uncached = np.where(unknown, np.round(cols["prompt"] * (1.0 - share)), cols["uncached"])
-    return {**cols, "uncached": uncached.astype(cols["uncached"].dtype)}
+    uncached = np.where(unknown, np.round(cols.prompt * (1.0 - share)), cols.uncached)
+    return replace(cols, uncached=uncached.astype(cols.uncached.dtype))
 
 
 @dataclass
@@ -72,8 +73,8 @@ class Result:
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
 
 
-def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, cols: dict
-                   ) -> RooflineEstimate:
+def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
+                   cols: WindowColumns                   ) -> RooflineEstimate:
     """Add the work the engine redid for preempted requests, which no record shows.
 
     A preempted request loses its KV cache and is prefilled again when it is scheduled
@@ -86,7 +87,7 @@ def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, c
     """
     if not rates.preemptions or est.decode is None or rates.seconds <= 0:
         return est
-    prompts = cols["uncached"][cols["uncached"] >= 0]
+    prompts = cols.uncached[cols.uncached >= 0]
     if not prompts.size:
         return est
     count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
@@ -174,8 +175,8 @@ class BottleneckMonitor:
         steps = self._window.steps(LOOKBACK_SPANS * self.window_seconds)
         pairs = self._labels.pairs()
         results = []
-        ls = cols["ls"]
-        fresh = cols["t"] >= self._clock() - self.window_seconds  # ingested inside the window
+        ls = cols.ls
+        fresh = cols.t >= self._clock() - self.window_seconds  # ingested inside the window
         for i in np.unique(ls).tolist():
             key = pairs[i]
             model, engine = key[:2]
@@ -184,7 +185,7 @@ class BottleneckMonitor:
                 self._verdicts.pop(key, None)  # only older ones read for the lookback
                 continue
             # one label set (a sidecar beside its engine): its columns are the window's
-            mine = cols if sel.all() else {k: v[sel] for k, v in cols.items()}
+            mine = cols if sel.all() else cols.where(sel)
             dep = self.deployments.for_model(model)
             source = self._engine_for(model, dep)
             rates = source.rates(self.window_seconds) if source else None
@@ -240,7 +241,7 @@ class BottleneckMonitor:
             self.updated_at = self._clock()
         return results
 
-    def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray,
+    def _objectives(self, key: tuple, mine: WindowColumns, fresh: np.ndarray,
                     bounds: tuple[float, float]) -> dict | None:
         """The label set's objectives over the window's requests
         (``slo_verdict.attainment``), with what the records tell of the decodes over the
@@ -248,13 +249,13 @@ class BottleneckMonitor:
         objectives = self._window.objectives
         if objectives is None:
             return None
-        first, last = mine["first_token_at"], mine["last_token_at"]
+        first, last = mine.first_token_at, mine.last_token_at
         with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = np.where(mine["steps"] > 0, (last - first) / mine["steps"], np.nan)
+            tpot = np.where(mine.steps > 0, (last - first) / mine.steps, np.nan)
         decode = {"shared": decode_shared_with_prefill(mine)[fresh], "tpot": tpot[fresh],
                   "fit": decode_slowdown(mine, *bounds)}
-        return attainment(objectives(key), mine["slo_outcome"][fresh],
-                          mine["slo_phase"][fresh], decode)
+        return attainment(objectives(key), mine.slo_outcome[fresh],
+                          mine.slo_phase[fresh], decode)
 
     def _hold_cause(self, key: tuple, verdict: Verdict, previous: Verdict | None) -> None:
         """Hysteresis for the cause, as the phase has it: on the same phase, a new cause

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import cause_text as words
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.cause_limits import LIMITS, Limits
@@ -125,13 +126,13 @@ class Cause:
 _pct = words.pct
 
 
-def busy_share(cols: dict, lo: float, hi: float) -> float | None:
+def busy_share(cols: WindowColumns, lo: float, hi: float) -> float | None:
     """Share of [lo, hi] in which the engine had a request in prefill or decode (in the
     client's view, with no scheduling time: from its arrival)."""
     if hi <= lo:
         return None
-    start = np.fmin(prefill_start(cols)[0], cols["first_token_at"])
-    end = np.fmax(cols["last_token_at"], cols["first_token_at"])
+    start = np.fmin(prefill_start(cols)[0], cols.first_token_at)
+    end = np.fmax(cols.last_token_at, cols.first_token_at)
     ok = ~np.isnan(start) & ~np.isnan(end)
     if not ok.any():
         return None
@@ -150,8 +151,8 @@ class _UpTo:
         return np.r_[0.0, np.cumsum(values[self.order])][self.index]
 
 
-def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: int = 200,
-              level: float | None = None) -> dict:
+def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
+              points: int = 200, level: float | None = None) -> dict:
     """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
     (scheduled, not yet finished) and, with a deployment whose memory is known, the KV
     footprint of their contexts against the memory left after the weights (a request
@@ -161,7 +162,7 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     Sums over sorted start and end times (O(n log n), no request x moment matrix): at
     t, a sum over the requests in the engine is the sum over those started by t less
     the sum over those finished by t."""
-    sched, first, last = cols["scheduled_at"], cols["first_token_at"], cols["last_token_at"]
+    sched, first, last = cols.scheduled_at, cols.first_token_at, cols.last_token_at
     start = np.fmin(sched, first)
     ok = ~np.isnan(start) & ~np.isnan(last) & (last > lo) & (start < hi)
     if not ok.any() or hi <= lo:
@@ -186,8 +187,8 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     hw = dep.hardware if dep is not None else None
     if hw is None or not hw.memory_bytes:
         return out
-    prompt = np.maximum(cols["prompt"][ok], 0).astype(float)
-    rate = np.where(e > f, np.maximum(cols["output"][ok], 0) / np.maximum(e - f, 1e-12), 0.0)
+    prompt = np.maximum(cols.prompt[ok], 0).astype(float)
+    rate = np.where(e > f, np.maximum(cols.output[ok], 0) / np.maximum(e - f, 1e-12), 0.0)
     held = started.sum(prompt) - ended.sum(prompt)
     # decoded so far by those decoding at t: sum of rate x (t - first) over first <= t < last
     decoding = _UpTo(f, t)
@@ -204,12 +205,10 @@ FILLED = 0.9  # busy this much of the window: the engine's own work fills it
 WAITING_MOMENTS = 0.2  # share of moments with a request seen waiting, to read over them
 
 
-def _waiting(cols: dict, t: np.ndarray) -> np.ndarray | None:
+def _waiting(cols: WindowColumns, t: np.ndarray) -> np.ndarray | None:
     """At each moment of ``t``, whether a request was waiting in the engine's queue (from
     its scheduling less its queue time to its scheduling); None where no record has both."""
-    sched, queue = cols["scheduled_at"], cols.get("queue")
-    if queue is None:
-        return None
+    sched, queue = cols.scheduled_at, cols.queue
     ok = ~np.isnan(sched) & ~np.isnan(queue) & (queue > 0)
     if not ok.any():
         return None
@@ -239,7 +238,8 @@ def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
     return None
 
 
-def _running_from_records(state: dict, cols: dict, lo: float, hi: float) -> dict:
+def _running_from_records(state: dict, cols: WindowColumns, lo: float, hi: float
+                          ) -> dict:
     """The engine's state with the share of the time running sat at the engine's own
     maximum read from the records (requests from their schedule to their last token).
 
@@ -312,8 +312,8 @@ def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
                  "records", evidence)
 
 
-def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: dict,
-             engine: EngineRates | None, gaps: dict | None = None,
+def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
+             cols: WindowColumns,             engine: EngineRates | None, gaps: dict | None = None,
              busy: float | None = None, held: str | None = None) -> Cause | None:
     """The cause for a verdict on ``phase`` (see the module docstring).
 
