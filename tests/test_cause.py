@@ -180,12 +180,12 @@ def test_prefill_interference_from_decodes_slowed_while_others_prefill():
                              "prompt": np.r_[np.full(n, 10), 4000],
                              "output": np.r_[steps + 1, 1], "steps": np.r_[steps, -1]})
     fit = decode_slowdown(cols, 0.0, 40.0)
-    assert fit["slowdown"] == pytest.approx(2.0, rel=0.15)
-    assert fit["tpot_without_prefill"] == pytest.approx(base, rel=0.15)
+    assert fit.slowdown == pytest.approx(2.0, rel=0.15)
+    assert fit.tpot_without_prefill == pytest.approx(base, rel=0.15)
     est = estimate(DECODE, lo=0.0, hi=40.0, shared=2e15)
     est.prefill.busy_seconds = 10.0
     cause = diagnose("decode", est, DEP, cols, state(max_kv_usage=0.05, preemptions=0.0),
-                     gaps=fit)
+                     fit=fit)
     assert cause.name == "prefill_interference"
     assert "2.0x" in cause.text or "1.9x" in cause.text or "2.1x" in cause.text
     assert any("--max-num-batched-tokens" in lever for lever in cause.levers)
@@ -390,9 +390,10 @@ def test_a_partly_busy_engine_is_not_said_to_be_filled():
     est = estimate(DECODE)
     quiet = state(max_running=30.0, running_at_max_share=0.1, max_kv_usage=0.2,
                   preemptions=0.0)
-    part = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.64)
+    assert decode_slowdown(records(), est.range_start, est.range_end) is None  # no fit
+    part = diagnose("decode", est, DEP, records(), quiet, busy=0.64)
     assert part.name == "compute_saturated"
     assert part.text.endswith("its own work, no limit, sets the pace, with 36% of the "
                               "window idle"), part.text
-    full = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.97)
+    full = diagnose("decode", est, DEP, records(), quiet, busy=0.97)
     assert full.text.endswith("its own work fills it")

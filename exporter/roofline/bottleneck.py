@@ -39,7 +39,7 @@ from phasewatch.roofline.estimate import (
 )
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
-from phasewatch.roofline.slo_verdict import attainment
+from phasewatch.roofline.slo_verdict import DecodeSharing, attainment
 from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -252,8 +252,8 @@ class BottleneckMonitor:
         first, last = mine.first_token_at, mine.last_token_at
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(mine.steps > 0, (last - first) / mine.steps, np.nan)
-        decode = {"shared": decode_shared_with_prefill(mine)[fresh], "tpot": tpot[fresh],
-                  "fit": decode_slowdown(mine, *bounds)}
+        decode = DecodeSharing(tpot[fresh], decode_shared_with_prefill(mine)[fresh],
+                               decode_slowdown(mine, *bounds))
         return attainment(objectives(key), mine.slo_outcome[fresh],
                           mine.slo_phase[fresh], decode)
 

@@ -42,7 +42,7 @@ verdict tells how idle it was. The thresholds are data here and nowhere else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -52,7 +52,12 @@ from phasewatch.roofline import model_costs
 from phasewatch.roofline.cause_limits import LIMITS, Limits
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
-from phasewatch.roofline.intervals import decode_slowdown, prefill_start, union_length
+from phasewatch.roofline.intervals import (
+    SlowdownFit,
+    decode_slowdown,
+    prefill_start,
+    union_length,
+)
 
 # the thresholds, and how far each moves for the cause in place (cause_limits)
 KV_FULL, KV_ROOM, KV_PREEMPT_FULL = LIMITS.kv_full, LIMITS.kv_room, LIMITS.kv_preempt_full
@@ -280,7 +285,7 @@ def _concurrency_limit(state: dict, source: str, lim: Limits = LIMITS) -> Cause 
                                         "engine_running_at_max_share") if k in state})
 
 
-def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
+def _interference(est: RooflineEstimate, fit: SlowdownFit | None, lim: Limits = LIMITS
                   ) -> Cause | None:
     if est.prefill is None or est.decode is None:
         return None
@@ -289,19 +294,18 @@ def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
     overlap = shared / est.prefill.flops * est.prefill.busy_seconds if est.prefill.flops else 0
     evidence = {"prefill_flops_share_of_decode_steps": share,
                 "decode_time_shared_with_prefill": overlap / est.decode.busy_seconds}
-    slowdown = (gaps or {}).get("slowdown")
-    if gaps and "decode_time_shared" in gaps:  # measured per request, not from the estimate
-        evidence["decode_time_shared_with_prefill"] = gaps["decode_time_shared"]
+    if fit is not None:  # measured per request, not from the estimate
+        evidence["decode_time_shared_with_prefill"] = fit.decode_time_shared
     shared_time = evidence["decode_time_shared_with_prefill"]
-    if slowdown is not None:
-        evidence.update(gaps)
-        lost = shared_time * (1.0 - 1.0 / slowdown) if slowdown > 1 else 0.0
+    if fit is not None:
+        evidence.update(asdict(fit))
+        lost = shared_time * (1.0 - 1.0 / fit.slowdown) if fit.slowdown > 1 else 0.0
         evidence["decode_time_lost"] = lost
-        if slowdown < lim.interference_slowdown or lost < lim.interference_lost:
+        if fit.slowdown < lim.interference_slowdown or lost < lim.interference_lost:
             return None
-        how = (f"a decode step shared with prefill takes {slowdown:.1f}x one that is not "
-               f"(TPOT {gaps['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
-               f"{gaps['tpot_without_prefill'] * 1e3:.1f} ms)")
+        how = (f"a decode step shared with prefill takes {fit.slowdown:.1f}x one that is not "
+               f"(TPOT {fit.tpot_sharing_every_step * 1e3:.1f} ms vs "
+               f"{fit.tpot_without_prefill * 1e3:.1f} ms)")
     elif (share >= lim.interference_flops and shared_time >= lim.interference_shared
           and not est.client_view):  # there, "prefill" runs from arrival: the queue too
         how = f"{_pct(share)} of the FLOPs in decode's steps are other requests' prefill"
@@ -313,13 +317,13 @@ def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
 
 
 def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
-             cols: WindowColumns,             engine: EngineRates | None, gaps: dict | None = None,
+             cols: WindowColumns, engine: EngineRates | None, fit: SlowdownFit | None = None,
              busy: float | None = None, held: str | None = None) -> Cause | None:
     """The cause for a verdict on ``phase`` (see the module docstring).
 
     ``engine`` is the engine's own state over the window (None when it is not scraped or
     the scrapes failed: the records stand in, and the cause says ``source: records``);
-    ``gaps``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
+    ``fit``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
     against TPOT without, and ``busy``, ``busy_share`` (each computed here when not
     given); ``held``, the cause the verdict on this phase holds now, whose thresholds
     move in its favour (``cause_limits.HOLD``).
@@ -352,7 +356,7 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
         if cause is not None:
             return cause
     if phase == "decode":
-        cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi),
+        cause = _interference(est, fit if fit is not None else decode_slowdown(cols, lo, hi),
                               lim)
         if cause is not None:
             return cause

@@ -12,6 +12,8 @@ the batch (``step_by_batch``); and decodes against others' prefills
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from phasewatch.aggregation.columns import WindowColumns
@@ -262,7 +264,20 @@ def decode_shared_with_prefill(cols: WindowColumns) -> np.ndarray:
     return out
 
 
-def decode_slowdown(cols: WindowColumns, lo: float, hi: float) -> dict | None:
+@dataclass(frozen=True)
+class SlowdownFit:
+    """``decode_slowdown``'s line: TPOT of a decode that shares no step with a prefill
+    and of one that shares every step, over the decodes fitted, and the share of their
+    decode time that ran beside prefills. The cause's evidence as ``asdict`` gives it."""
+
+    tpot_without_prefill: float
+    tpot_sharing_every_step: float
+    slowdown: float  # the second over the first
+    decodes_fitted: int
+    decode_time_shared: float
+
+
+def decode_slowdown(cols: WindowColumns, lo: float, hi: float) -> SlowdownFit | None:
     """How much slower decoding runs while other requests prefill, from the records: per
     request, the share of its decode interval that overlaps someone's prefill and its
     TPOT; a least-squares line TPOT = a + b x share gives the TPOT of a decode that
@@ -283,6 +298,5 @@ def decode_slowdown(cols: WindowColumns, lo: float, hi: float) -> dict | None:
     slope, base = np.polyfit(share, tpot, 1)
     if base <= 0:
         return None
-    return {"tpot_without_prefill": float(base), "tpot_sharing_every_step": float(base + slope),
-            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum()),
-            "decode_time_shared": float((share * (b - a)).sum() / (b - a).sum())}
+    return SlowdownFit(float(base), float(base + slope), float((base + slope) / base),
+                       int(dec.sum()), float((share * (b - a)).sum() / (b - a).sum()))

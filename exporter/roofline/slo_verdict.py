@@ -21,10 +21,13 @@ text starts with.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from phasewatch.requests.objectives import MET, MISS_PHASES, MISSED, OBJECTIVES, UNKNOWN, Objectives
 from phasewatch.roofline.cause import Cause
+from phasewatch.roofline.intervals import SlowdownFit
 
 MIN_REQUESTS = 20  # judged requests in the window before objectives rank the phase
 MATERIAL_MISS = 0.05  # an objective missed by this share of requests ranks by misses
@@ -44,15 +47,27 @@ def objective_name(name: str, fig: dict) -> str:
                                                       else "")
 
 
+@dataclass(frozen=True)
+class DecodeSharing:
+    """What the records tell of the window's decodes: per request its TPOT and the share
+    of its decode spent beside other requests' prefills
+    (``intervals.decode_shared_with_prefill``), and the window's fit of one on the other
+    (``intervals.decode_slowdown``)."""
+
+    tpot: np.ndarray
+    shared: np.ndarray
+    fit: SlowdownFit | None
+
+    def where(self, rows: np.ndarray) -> DecodeSharing:
+        return DecodeSharing(self.tpot[rows], self.shared[rows], self.fit)
+
+
 def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray,
-               decode: dict | None = None) -> dict | None:
+               decode: DecodeSharing | None = None) -> dict | None:
     """The window's figures per objective set: ``outcome`` and ``phase`` are the window's
     ``slo_outcome`` / ``slo_phase`` rows ([requests, objectives]). ``decode``, where the
-    records tell it: per request its TPOT (``tpot``) and the share of its decode spent
-    beside other requests' prefills (``shared``, ``intervals.decode_shared_with_prefill``),
-    and the window's fit of one on the other (``fit``, ``intervals.decode_slowdown``); the
-    TPOT objective's figures then say how many misses prefill interference made. None
-    without objectives or judged requests."""
+    records tell it (``DecodeSharing``): the TPOT objective's figures then say how many
+    misses prefill interference made. None without objectives or judged requests."""
     judged = (outcome >= 0).any(axis=1) if outcome.size else np.zeros(0, bool)
     n = int(judged.sum())
     if not objectives or not n:
@@ -76,8 +91,7 @@ def attainment(objectives: Objectives, outcome: np.ndarray, phase: np.ndarray,
             "missed_by_phase": {p: int(c) for p, c in zip(MISS_PHASES, by_phase.tolist(),
                                                           strict=True) if c}}
         if name == "tpot" and decode is not None:
-            w = _without_prefill(o, {k: v[judged] if isinstance(v, np.ndarray) else v
-                                     for k, v in decode.items()}, getattr(objectives, name))
+            w = _without_prefill(o, decode.where(judged), getattr(objectives, name))
             if w is not None:
                 per[name]["without_prefill"] = w
     return {"requests": n, "objectives": per, "ranked_by": "time_share",
@@ -93,23 +107,24 @@ BESIDE_RATIO = 2.0
 BESIDE_MARGIN = 0.2
 
 
-def _without_prefill(outcome: np.ndarray, decode: dict, seconds: float | None) -> dict | None:
+def _without_prefill(outcome: np.ndarray, decode: DecodeSharing, seconds: float | None
+                     ) -> dict | None:
     """What the TPOT misses would have been without the prefill chunks beside their decode
     steps: each request's TPOT less the fitted cost of sharing (``intervals.decode_slowdown``:
     TPOT = a + b x share), against the objective."""
-    fit = decode.get("fit")
-    if fit is None or seconds is None or fit["slowdown"] <= 1:
+    fit = decode.fit
+    if fit is None or seconds is None or fit.slowdown <= 1:
         return None
-    shared, tpot = decode["shared"], decode["tpot"]
+    shared, tpot = decode.shared, decode.tpot
     missed = (outcome == MISSED) & ~np.isnan(shared) & ~np.isnan(tpot)
-    slope = fit["tpot_sharing_every_step"] - fit["tpot_without_prefill"]
+    slope = fit.tpot_sharing_every_step - fit.tpot_without_prefill
     alone = tpot[missed] - slope * shared[missed]
     met = (outcome == MET) & ~np.isnan(shared)
     return {"misses_weighed": int(missed.sum()),
             "would_meet_without_prefill": float((alone <= seconds).mean()) if alone.size
-            else None, "slowdown": fit["slowdown"],
-            "tpot_without_prefill": fit["tpot_without_prefill"],
-            "tpot_sharing_every_step": fit["tpot_sharing_every_step"],
+            else None, "slowdown": fit.slowdown,
+            "tpot_without_prefill": fit.tpot_without_prefill,
+            "tpot_sharing_every_step": fit.tpot_sharing_every_step,
             "decode_shared_missed": float(shared[missed].mean()) if missed.any() else None,
             "decode_shared_met": float(shared[met].mean()) if met.any() else None}
 
