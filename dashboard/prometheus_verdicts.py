@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 from phasewatch.dashboard.frames import KEYS, class_text
 from phasewatch.dashboard.theme import PHASES
 from phasewatch.roofline import cause_text as words
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
-from phasewatch.roofline.slo_verdict import lead, rank
+from phasewatch.roofline.slo_verdict import Attainment, ObjectiveAttainment, lead, rank
 from phasewatch.roofline.verdict import LEVERS, headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
@@ -135,7 +136,7 @@ def imbalance_sentence(shares: dict[str, float]) -> str | None:
     return words.imbalance(busy, shares[busy], calm, shares[calm])
 
 
-def slo_figures(r: dict, key) -> dict[tuple, dict]:
+def slo_figures(r: dict, key) -> dict[tuple, Attainment]:
     """Per label set with objectives, the figures ``slo_verdict.attainment`` gives an
     exporter's window, from the exporters' counters over the range (``SLO_*`` queries):
     requests met/missed/unknown per objective, its thresholds (plain and per prompt
@@ -168,45 +169,41 @@ def slo_figures(r: dict, key) -> dict[tuple, dict]:
             if not total or not (_known(limit) or classes):
                 continue
             met, miss = counts.get("met", 0), counts.get("missed", 0)
-            objectives[name] = {"objective_seconds": limit if _known(limit) else None,
-                                **({"by_prompt_class": classes} if classes else {}),
-                                "met": met, "missed": miss,
-                                "unknown": counts.get("unknown", 0), "attainment": met / total,
-                                "missed_share": miss / total,
-                                "missed_by_phase": dict(missed[k][name])}
+            objectives[name] = ObjectiveAttainment(
+                limit if _known(limit) else None, met, miss, counts.get("unknown", 0),
+                met / total, miss / total, dict(missed[k][name]), classes)
         if objectives:
-            out[k] = {"requests": max(o["met"] + o["missed"] + o["unknown"]
-                                      for o in objectives.values()),
-                      "objectives": objectives, "ranked_by": "time_share",
-                      "goodput": goodput.get(k, math.nan)}
+            out[k] = Attainment(max(o.met + o.missed + o.unknown
+                                    for o in objectives.values()),
+                                objectives, goodput=goodput.get(k, math.nan))
     return out
 
 
-def slo_kpis(slo: dict, request_rate: float | None) -> dict:
+def slo_kpis(slo: Attainment, request_rate: float | None) -> dict:
     """One label set's ``slo_figures`` as KPI columns (``frames.SLO_FIGURES``)."""
-    good = slo["goodput"]
+    good = slo.goodput
     out = {"goodput": good,
            "good_ratio": good / request_rate if request_rate and _known(good) else math.nan}
-    for name, o in slo["objectives"].items():
-        out |= {f"{name}_objective": o["objective_seconds"], f"{name}_attainment":
-                o["attainment"], f"{name}_met": o["met"], f"{name}_missed": o["missed"],
-                f"{name}_classes": class_text(o.get("by_prompt_class"))}
+    for name, o in slo.objectives.items():
+        out |= {f"{name}_objective": o.objective_seconds, f"{name}_attainment":
+                o.attainment, f"{name}_met": o.met, f"{name}_missed": o.missed,
+                f"{name}_classes": class_text(o.by_prompt_class)}
     return out
 
 
-def slo_lead(slo: dict | None, figures: dict) -> str:
+def slo_lead(slo: Attainment | None, figures: dict) -> str:
     """The sentence an exporter's verdict starts with when objectives are set
     (``slo_verdict.lead``), over the range: which objective was missed and the phase that
     broke most of its misses, or that every objective was met."""
     if not slo:
         return ""
-    slo = {**slo, "objectives": {k: dict(v) for k, v in slo["objectives"].items()}}
+    slo = replace(slo)  # rank fills in its ranking: on a copy
     shares = {p: figures[f"{p}_share"] for p in PHASES if _known(figures.get(f"{p}_share"))}
     return lead(slo, rank(slo, shares))
 
 
 def verdict_rows(r: dict, kpis: dict, key, range_text: str,
-                 slo: dict[tuple, dict] | None = None) -> list[dict]:
+                 slo: dict[tuple, Attainment] | None = None) -> list[dict]:
     """Rows of VERDICT_COLUMNS: per label set, the (phase, resource) most pods report,
     the cause most of those name, and the engine's state behind it."""
     votes: dict[tuple, Counter] = defaultdict(Counter)

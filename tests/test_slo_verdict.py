@@ -258,15 +258,25 @@ def test_tpot_misses_beside_prefills_are_told_where_the_line_undercounts_them():
     share of decode beside prefills gave back only a third of the misses, yet the misses
     spent 57 % of their decode beside prefill chunks against 1 % for the requests that
     met the objective (a long chunk stalls a step whatever the share): told so."""
-    from phasewatch.roofline.slo_verdict import interference_told
+    from dataclasses import replace
 
-    w = {"misses_weighed": 18, "would_meet_without_prefill": 1 / 3, "slowdown": 2.85,
-         "tpot_without_prefill": 0.0268, "tpot_sharing_every_step": 0.0765,
-         "decode_shared_missed": 0.571, "decode_shared_met": 0.0097}
-    assert interference_told({"without_prefill": w}) == (
+    from phasewatch.roofline.slo_verdict import (
+        ObjectiveAttainment,
+        WithoutPrefill,
+        interference_told,
+    )
+
+    def tpot(w: WithoutPrefill) -> ObjectiveAttainment:
+        return ObjectiveAttainment(0.05, 82, 18, 0, 0.82, 0.18, {"decode": 18},
+                                   without_prefill=w)
+
+    w = WithoutPrefill(misses_weighed=18, would_meet_without_prefill=1 / 3, slowdown=2.85,
+                       tpot_without_prefill=0.0268, tpot_sharing_every_step=0.0765,
+                       decode_shared_missed=0.571, decode_shared_met=0.0097)
+    assert interference_told(tpot(w)) == (
         "they decoded beside other requests' prefill chunks 57% of the time, against 1% for "
         "the requests that met it")
-    alike = {**w, "decode_shared_missed": 0.25, "decode_shared_met": 0.15}
-    assert interference_told({"without_prefill": alike}) == ""  # not 2x, not 20 points
-    few = {**w, "misses_weighed": 4}
-    assert interference_told({"without_prefill": few}) == ""
+    alike = replace(w, decode_shared_missed=0.25, decode_shared_met=0.15)
+    assert interference_told(tpot(alike)) == ""  # not 2x, not 20 points
+    few = replace(w, misses_weighed=4)
+    assert interference_told(tpot(few)) == ""

@@ -226,9 +226,6 @@ DICT_PARAMS_LEFT = {
     "calibrate": "cpu_half_floor(flops) half_precision_note(slow) half_precision_note(runs) "
                  "report(profile) write(profile)",
     "hf_config": "weight_dtype_of(cfg) model_from_config(cfg)",
-    "slo_verdict": "objective_name(fig) interference_told(fig) "
-                   "interference_cause(slo) rank(slo) rank(shares) lead(slo)",
-    "verdict": "decide(slo)",
 }
 
 

@@ -39,7 +39,7 @@ from phasewatch.roofline.estimate import (
 )
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
-from phasewatch.roofline.slo_verdict import DecodeSharing, attainment
+from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
 from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -242,7 +242,7 @@ class BottleneckMonitor:
         return results
 
     def _objectives(self, key: tuple, mine: WindowColumns, fresh: np.ndarray,
-                    bounds: tuple[float, float]) -> dict | None:
+                    bounds: tuple[float, float]) -> Attainment | None:
         """The label set's objectives over the window's requests
         (``slo_verdict.attainment``), with what the records tell of the decodes over the
         estimate's range (``bounds``); None without objectives."""

@@ -45,6 +45,7 @@ from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.cause_limits import RULES
 from phasewatch.roofline.decode_step import DecodeStep, overhead_levers, step_sentence
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.slo_verdict import Attainment
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
@@ -213,7 +214,7 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
 
 
 def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None,
-           diagnose=None, slo: dict | None = None) -> Verdict | None:
+           diagnose=None, slo: Attainment | None = None) -> Verdict | None:
     """The verdict for one estimate, with hysteresis against ``previous``; ``diagnose``,
     called with the phase decided, gives its cause (``cause.diagnose`` bound to the
     window's columns and the engine's state) or None; ``slo``, the window's objectives
@@ -231,12 +232,12 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     if by_misses is None and previous is not None and previous.phase in shares and \
             phase != previous.phase and shares[phase] < shares[previous.phase] + HYSTERESIS:
         phase = previous.phase
-    ranked = slo["missed_by_phase"] if by_misses else shares
+    ranked = slo.missed_by_phase if by_misses else shares
     runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
     evidence: dict = {"phase_time_share": shares, "requests": est.requests}
     step = None
     if slo is not None:
-        evidence["slo"] = slo
+        evidence["slo"] = slo.as_dict()
     if est.decode_batch_size is not None:
         evidence["decode_batch_size"] = est.decode_batch_size
     if phase == "queue":
