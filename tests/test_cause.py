@@ -199,10 +199,10 @@ def test_without_engine_state_the_records_show_a_full_kv_cache():
     cols = records(running=8, prompt=5800, output=200)
     seen = in_engine(cols, small, 0.0, 30.0)
     room = small.hardware.memory_bytes * 0.9 - model_costs.weight_bytes(DEP.model)
-    assert seen["max_running"] == 8
+    assert seen.max_running == 8
     # 8 contexts of 5,800 prompt tokens and on average half their 200 output tokens
-    assert seen["max_kv_usage"] == pytest.approx(8 * 5900 * 131072 / room, rel=0.1)
-    assert seen["max_kv_usage"] > 1.0
+    assert seen.max_kv_usage == pytest.approx(8 * 5900 * 131072 / room, rel=0.1)
+    assert seen.max_kv_usage > 1.0
     est = estimate(QUEUE)
     cause = diagnose("queue", est, small, cols, None)
     assert cause.name == "kv_cache" and cause.source == "records"
@@ -337,12 +337,12 @@ def test_records_read_the_slot_limit_over_the_moments_requests_wait():
     or running have no record yet)."""
     cols = _slots([(0.0, 15.0, 8, 2.0), (18.0, 33.0, 4, 0.0)])
     seen = in_engine(cols, DEP, 0.0, 33.0)
-    assert seen["max_running"] == 8
-    assert seen["running_read_over"] == "waiting"
-    assert seen["running_at_max_share"] == pytest.approx(1.0, abs=0.03)
-    assert seen["waiting_moment_share"] == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
+    assert seen.max_running == 8
+    assert seen.running_read_over == "waiting"
+    assert seen.running_at_max_share == pytest.approx(1.0, abs=0.03)
+    assert seen.waiting_moment_share == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
     plain = in_engine(replace(cols, queue=np.full(len(cols), np.nan)), DEP, 0.0, 33.0)
-    assert plain["running_at_max_share"] == pytest.approx(15 / 33, abs=0.03)
+    assert plain.running_at_max_share == pytest.approx(15 / 33, abs=0.03)
     cause = diagnose("queue", estimate(QUEUE, hi=33.0), DEP, cols, None)
     assert cause.name == "concurrency_limit" and cause.source == "records"
     assert "of the time requests waited at that maximum" in cause.text

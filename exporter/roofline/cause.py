@@ -42,7 +42,7 @@ verdict tells how idle it was. The thresholds are data here and nowhere else.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from phasewatch.roofline import cause_text as words
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.cause_limits import LIMITS, Limits
 from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.engine_state import EngineState
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.intervals import (
     SlowdownFit,
@@ -157,7 +158,7 @@ class _UpTo:
 
 
 def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
-              points: int = 200, level: float | None = None) -> dict:
+              points: int = 200, level: float | None = None) -> EngineState:
     """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
     (scheduled, not yet finished) and, with a deployment whose memory is known, the KV
     footprint of their contexts against the memory left after the weights (a request
@@ -171,7 +172,7 @@ def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
     start = np.fmin(sched, first)
     ok = ~np.isnan(start) & ~np.isnan(last) & (last > lo) & (start < hi)
     if not ok.any() or hi <= lo:
-        return {}
+        return EngineState()
     t = np.linspace(lo, hi, points)
     s, e = start[ok], last[ok]
     f = np.where(np.isnan(first), last, first)[ok]
@@ -191,7 +192,7 @@ def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
         out["running_at_level_share"] = float((running >= level).mean())
     hw = dep.hardware if dep is not None else None
     if hw is None or not hw.memory_bytes:
-        return out
+        return EngineState(**out)
     prompt = np.maximum(cols.prompt[ok], 0).astype(float)
     rate = np.where(e > f, np.maximum(cols.output[ok], 0) / np.maximum(e - f, 1e-12), 0.0)
     held = started.sum(prompt) - ended.sum(prompt)
@@ -203,7 +204,7 @@ def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
     if room > 0:
         footprint = (held + decoded) * model_costs.kv_bytes_per_token(dep.model) / room
         out.update(max_kv_usage=float(footprint.max()), mean_kv_usage=float(footprint.mean()))
-    return out
+    return EngineState(**out)
 
 
 FILLED = 0.9  # busy this much of the window: the engine's own work fills it
@@ -221,13 +222,13 @@ def _waiting(cols: WindowColumns, t: np.ndarray) -> np.ndarray | None:
     return (begun.index - ended.index) > 0
 
 
-def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
+def _kv_cache(state: EngineState, window: float, source: str, lim: Limits = LIMITS
               ) -> Cause | None:
-    pre = state.get("preemptions") or 0.0
-    top = state.get("max_kv_usage")
-    waiting = (state.get("waiting_share") or 0.0) >= lim.waiting
-    evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
-                                      "mean_waiting", "kv_capacity_tokens") if k in state}
+    pre = state.preemptions or 0.0
+    top = state.max_kv_usage
+    waiting = (state.waiting_share or 0.0) >= lim.waiting
+    evidence = state.evidence("preemptions", "max_kv_usage", "mean_kv_usage", "mean_waiting",
+                              "kv_capacity_tokens")
     if pre > 0 and (top is None or top >= lim.kv_preempt_full):
         return Cause("kv_cache", words.kv_cache(pre, words.seconds(window), top), source,
                      evidence)
@@ -237,14 +238,14 @@ def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
                      evidence)
     if top is not None and top >= lim.kv_full and (waiting or source == "records"):
         return Cause("kv_cache", words.kv_cache(0.0, words.seconds(window), top,
-                                                state.get("mean_waiting"),
+                                                state.mean_waiting,
                                                 records=source == "records"),
                      source, evidence)
     return None
 
 
-def _running_from_records(state: dict, cols: WindowColumns, lo: float, hi: float
-                          ) -> dict:
+def _running_from_records(state: EngineState, cols: WindowColumns, lo: float, hi: float
+                          ) -> EngineState:
     """The engine's state with the share of the time running sat at the engine's own
     maximum read from the records (requests from their schedule to their last token).
 
@@ -256,33 +257,34 @@ def _running_from_records(state: dict, cols: WindowColumns, lo: float, hi: float
     second read 1 running and 15 waiting in 60 % of the scrapes of some runs, while the
     engine ran 8 whenever anything waited. The gauge's maximum is still the slot count;
     the records say how much of the time it was held."""
-    top = state.get("max_running")
-    seen = in_engine(cols, None, lo, hi, level=top) if top else {}
-    if "running_at_level_share" not in seen:
+    top = state.max_running
+    seen = in_engine(cols, None, lo, hi, level=top) if top else EngineState()
+    if seen.running_at_level_share is None:
         return state
-    return {**state, "running_at_max_share": seen["running_at_level_share"],
-            "engine_running_at_max_share": state.get("running_at_max_share"),
-            "running_read_from": "records"}
+    return replace(state, running_at_max_share=seen.running_at_level_share,
+                   engine_running_at_max_share=state.running_at_max_share,
+                   running_read_from="records")
 
 
-def _concurrency_limit(state: dict, source: str, lim: Limits = LIMITS) -> Cause | None:
-    waiting = source == "records" or (state.get("waiting_share") or 0.0) >= lim.waiting
-    top, pinned = state.get("max_running"), state.get("running_at_max_share") or 0.0
-    kv = state.get("max_kv_usage")
+def _concurrency_limit(state: EngineState, source: str, lim: Limits = LIMITS
+                       ) -> Cause | None:
+    waiting = source == "records" or (state.waiting_share or 0.0) >= lim.waiting
+    top, pinned = state.max_running, state.running_at_max_share or 0.0
+    kv = state.max_kv_usage
     if not (waiting and top and pinned >= lim.pinned and (kv is None or kv < lim.kv_room)):
         return None
-    limit = state.get("configured_max_running")
+    limit = state.configured_max_running
     if kv is None and not (limit and top >= limit):
         return None  # pinned, but by slots or by KV memory? neither is known
-    text = words.slot_limit(top, kv, pinned, state.get("running_read_over") == "waiting",
-                            limit, state.get("running_read_from") == "records",
-                            state.get("mean_waiting"))
-    return Cause("concurrency_limit", text, source,
-                 {k: state[k] for k in ("max_running", "running_at_max_share", "mean_waiting",
-                                        "max_kv_usage", "configured_max_running",
-                                        "waiting_by_reason", "running_read_from",
-                                        "running_read_over", "waiting_moment_share",
-                                        "engine_running_at_max_share") if k in state})
+    text = words.slot_limit(top, kv, pinned, state.running_read_over == "waiting", limit,
+                            state.running_read_from == "records", state.mean_waiting)
+    evidence = state.evidence(
+        "max_running", "running_at_max_share", "mean_waiting", "max_kv_usage",
+        "configured_max_running", "waiting_by_reason", "running_read_from",
+        "running_read_over", "waiting_moment_share", "engine_running_at_max_share")
+    if state.running_read_from == "records":  # the gauge's own share beside it, if unknown
+        evidence.setdefault("engine_running_at_max_share", None)
+    return Cause("concurrency_limit", text, source, evidence)
 
 
 def _interference(est: RooflineEstimate, fit: SlowdownFit | None, lim: Limits = LIMITS
@@ -338,7 +340,7 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
     if phase == "kv_transfer":
         return None
     if engine is not None and engine.samples >= 2:
-        state, source = engine.state(), "engine_metrics"
+        state, source = EngineState.of(engine), "engine_metrics"
     else:
         state, source = in_engine(cols, dep, lo, hi), "records"
     if phase in ("queue", "decode", "prefill", "ttft"):
@@ -364,10 +366,10 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
         return None  # the records cannot tell waiting from a busy engine there
     if busy is not None and busy >= lim.busy:
         # what was looked for and not found: prefill interference only slows decode
-        seen = [*(["full KV cache"] if state.get("max_kv_usage") is not None else []),
+        seen = [*(["full KV cache"] if state.max_kv_usage is not None else []),
                 "slot limit", *(["prefill interference"] if phase == "decode" else [])]
         ruled_out = (", ".join(seen[:-1]) + " or " + seen[-1]) if len(seen) > 1 else seen[0]
-        unknown = " (KV-cache usage unknown)" if state.get("max_kv_usage") is None else ""
+        unknown = " (KV-cache usage unknown)" if state.max_kv_usage is None else ""
         # "fills it" only where it does; at 64 % a third of the window is idle
         pace = ("its own work fills it" if busy >= FILLED else
                 f"its own work, no limit, sets the pace, with {_pct(1 - busy)} of the window "
