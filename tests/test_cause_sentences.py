@@ -94,14 +94,15 @@ def test_an_imbalance_reads_the_same_from_both_sources():
         busy.verdict.cause.text
 
 
-@pytest.mark.parametrize(("name", "phase", "shares", "engine"), [
-    ("compute_saturated", "decode", DECODE, {"max_kv_usage": 0.3, "preemptions": 0.0}),
-])
-def test_a_cause_whose_figures_prometheus_lacks_reads_as_its_title(name, phase, shares,
-                                                                   engine):
-    """The busy share and the interference fit are the records' (no family holds them):
-    the Prometheus source names the cause with the title the exporter's sentence opens."""
-    found, text = _exporter(phase, shares, **engine)
-    assert found == name, text
-    title = _prometheus(phase, "memory_bandwidth", name)
-    assert title == CAUSES[name].title and text.startswith(title), text
+@pytest.mark.parametrize(("name", "shared"), [("compute_saturated", 0.0),
+                                             ("prefill_interference", 1e16)])
+def test_a_cause_whose_figures_prometheus_lacks_reads_as_its_title(name, shared):
+    """The busy share and the prefill FLOPs in decode's steps are the records' (no family
+    holds them): the Prometheus source names the cause with the title the exporter's
+    sentence opens."""
+    est = estimate(DECODE, hi=WINDOW, shared=shared)
+    rates = EngineRates(seconds=WINDOW, samples=15, max_kv_usage=0.3, preemptions=0.0)
+    cause = diagnose("decode", est, DEP, records(span=WINDOW), rates)
+    assert cause.name == name, cause.text
+    title = _prometheus("decode", "memory_bandwidth", name)
+    assert title == CAUSES[name].title and cause.text.startswith(title), cause.text
