@@ -58,16 +58,11 @@ def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = ""
     """The engine's state in words with numbers, from what is there of ``kv_usage``
     (the fullest pod's), ``running``, ``waiting`` and ``preemptions`` (in the range):
     "KV cache 100% full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
-    ``after``: the title it follows; after "KV cache full" the cache is not named again
-    ("100% usage, 6 waiting, ...")."""
+    ``after``: the cause's title it follows, if any (the text then reads on)."""
     parts = []
     if _known(state.get("kv_usage")):
-        usage = _pct(state["kv_usage"])
-        if "KV cache" in after:
-            parts.append(f"{usage} usage" + (" on the fullest pod" if pods > 1 else ""))
-        else:
-            whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
-            parts.append(f"{whose} {usage} full")
+        whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
+        parts.append(f"{whose} {_pct(state['kv_usage'])} full")
     parts += [f"{state[k]:.0f} {k}" for k in ("waiting", "running") if _known(state.get(k))]
     if _known(state.get("preemptions")) and round(state["preemptions"]) > 0:
         parts.append(f"{state['preemptions']:.0f} preemptions in {range_text}")
