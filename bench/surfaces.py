@@ -157,7 +157,7 @@ def estimator_row(requests: int = 100_000, repeats: int = 10) -> Row:
         for _ in range(requests // 1000):
             ex.aggregator.ingest(_now_batch(rng, "Llama-3.1-8B", spread_s=25.0), "bench")
         window = ex.aggregator.window
-        in_window = len(window.columns()["t"])
+        in_window = len(window.columns().t)
         ex.monitor.update()  # warm up
         times, copies = [], []
         for _ in range(repeats):

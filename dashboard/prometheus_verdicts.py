@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 from phasewatch.dashboard.frames import KEYS, class_text
 from phasewatch.dashboard.theme import PHASES
+from phasewatch.roofline import cause_text as words
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
-from phasewatch.roofline.slo_verdict import lead, rank
+from phasewatch.roofline.slo_verdict import Attainment, ObjectiveAttainment, lead, rank
 from phasewatch.roofline.verdict import LEVERS, headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
 FROM_RECORDS = ("prefill_interference", "frontend", "imbalance")
+# The engine's gauges each engine-backed cause's sentence says (``cause_sentence``); the
+# rest of the engine's state follows it as "Engine state: ..."
+SAID = {"kv_cache": ("kv_usage", "preemptions"),
+        "preemption_recompute": ("kv_usage", "preemptions"),
+        "concurrency_limit": ("kv_usage", "running")}
 CEILING_WORDS = {"flops": "FLOP/s", "bandwidth": "memory bandwidth"}
 
 
@@ -30,20 +37,32 @@ def _pct(x: float) -> str:
     return f"{min(x, 1.0):.0%}"
 
 
+def cause_sentence(cause: str, state: dict, range_text: str) -> str | None:
+    """The exporter's sentence for an engine-backed ``cause`` (``roofline.cause_text``,
+    the code its verdict writes it with) from the engine's gauges Prometheus holds:
+    ``kv_usage`` (the fullest pod's), ``running``, ``preemptions`` in the range; None
+    where they do not back it."""
+    usage = min(state["kv_usage"], 1.0) if _known(state.get("kv_usage")) else None
+    pre = state["preemptions"] if _known(state.get("preemptions")) else 0.0
+    pre = pre if round(pre) > 0 else 0.0
+    if cause == "kv_cache" and (pre > 0 or usage is not None):
+        return words.kv_cache(pre, range_text, usage)
+    if cause == "preemption_recompute" and pre > 0:
+        return words.preemption_recompute(pre, range_text, usage)
+    if cause == "concurrency_limit" and _known(state.get("running")):
+        return words.slot_limit(state["running"], usage)
+    return None
+
+
 def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = "") -> str:
     """The engine's state in words with numbers, from what is there of ``kv_usage``
     (the fullest pod's), ``running``, ``waiting`` and ``preemptions`` (in the range):
     "KV cache 100% full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
-    ``after``: the title it follows; after "KV cache full" the cache is not named again
-    ("100% usage, 6 waiting, ...")."""
+    ``after``: the cause's title it follows, if any (the text then reads on)."""
     parts = []
     if _known(state.get("kv_usage")):
-        usage = _pct(state["kv_usage"])
-        if "KV cache" in after:
-            parts.append(f"{usage} usage" + (" on the fullest pod" if pods > 1 else ""))
-        else:
-            whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
-            parts.append(f"{whose} {usage} full")
+        whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
+        parts.append(f"{whose} {_pct(state['kv_usage'])} full")
     parts += [f"{state[k]:.0f} {k}" for k in ("waiting", "running") if _known(state.get(k))]
     if _known(state.get("preemptions")) and round(state["preemptions"]) > 0:
         parts.append(f"{state['preemptions']:.0f} preemptions in {range_text}")
@@ -109,11 +128,10 @@ def imbalance_sentence(shares: dict[str, float]) -> str | None:
     busy, calm = max(shares, key=shares.get), min(shares, key=shares.get)
     if shares[busy] <= IMBALANCE_QUEUE[0] or shares[calm] >= IMBALANCE_QUEUE[1]:
         return None
-    return (f"queue {shares[busy]:.0%} of request time on {busy} while {calm} queues "
-            f"{shares[calm]:.0%}")
+    return words.imbalance(busy, shares[busy], calm, shares[calm])
 
 
-def slo_figures(r: dict, key) -> dict[tuple, dict]:
+def slo_figures(r: dict, key) -> dict[tuple, Attainment]:
     """Per label set with objectives, the figures ``slo_verdict.attainment`` gives an
     exporter's window, from the exporters' counters over the range (``SLO_*`` queries):
     requests met/missed/unknown per objective, its thresholds (plain and per prompt
@@ -146,45 +164,41 @@ def slo_figures(r: dict, key) -> dict[tuple, dict]:
             if not total or not (_known(limit) or classes):
                 continue
             met, miss = counts.get("met", 0), counts.get("missed", 0)
-            objectives[name] = {"objective_seconds": limit if _known(limit) else None,
-                                **({"by_prompt_class": classes} if classes else {}),
-                                "met": met, "missed": miss,
-                                "unknown": counts.get("unknown", 0), "attainment": met / total,
-                                "missed_share": miss / total,
-                                "missed_by_phase": dict(missed[k][name])}
+            objectives[name] = ObjectiveAttainment(
+                limit if _known(limit) else None, met, miss, counts.get("unknown", 0),
+                met / total, miss / total, dict(missed[k][name]), classes)
         if objectives:
-            out[k] = {"requests": max(o["met"] + o["missed"] + o["unknown"]
-                                      for o in objectives.values()),
-                      "objectives": objectives, "ranked_by": "time_share",
-                      "goodput": goodput.get(k, math.nan)}
+            out[k] = Attainment(max(o.met + o.missed + o.unknown
+                                    for o in objectives.values()),
+                                objectives, goodput=goodput.get(k, math.nan))
     return out
 
 
-def slo_kpis(slo: dict, request_rate: float | None) -> dict:
+def slo_kpis(slo: Attainment, request_rate: float | None) -> dict:
     """One label set's ``slo_figures`` as KPI columns (``frames.SLO_FIGURES``)."""
-    good = slo["goodput"]
+    good = slo.goodput
     out = {"goodput": good,
            "good_ratio": good / request_rate if request_rate and _known(good) else math.nan}
-    for name, o in slo["objectives"].items():
-        out |= {f"{name}_objective": o["objective_seconds"], f"{name}_attainment":
-                o["attainment"], f"{name}_met": o["met"], f"{name}_missed": o["missed"],
-                f"{name}_classes": class_text(o.get("by_prompt_class"))}
+    for name, o in slo.objectives.items():
+        out |= {f"{name}_objective": o.objective_seconds, f"{name}_attainment":
+                o.attainment, f"{name}_met": o.met, f"{name}_missed": o.missed,
+                f"{name}_classes": class_text(o.by_prompt_class)}
     return out
 
 
-def slo_lead(slo: dict | None, figures: dict) -> str:
+def slo_lead(slo: Attainment | None, figures: dict) -> str:
     """The sentence an exporter's verdict starts with when objectives are set
     (``slo_verdict.lead``), over the range: which objective was missed and the phase that
     broke most of its misses, or that every objective was met."""
     if not slo:
         return ""
-    slo = {**slo, "objectives": {k: dict(v) for k, v in slo["objectives"].items()}}
+    slo = replace(slo)  # rank fills in its ranking: on a copy
     shares = {p: figures[f"{p}_share"] for p in PHASES if _known(figures.get(f"{p}_share"))}
     return lead(slo, rank(slo, shares))
 
 
 def verdict_rows(r: dict, kpis: dict, key, range_text: str,
-                 slo: dict[tuple, dict] | None = None) -> list[dict]:
+                 slo: dict[tuple, Attainment] | None = None) -> list[dict]:
     """Rows of VERDICT_COLUMNS: per label set, the (phase, resource) most pods report,
     the cause most of those name, and the engine's state behind it."""
     votes: dict[tuple, Counter] = defaultdict(Counter)
@@ -225,32 +239,41 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str,
                "reporting": total, "ceiling_exceeded": tuple(sorted(exceeded.get(k, ()))),
                "levers": (CAUSES[cause].levers if cause and CAUSES[cause].levers
                           else LEVERS.get((phase, resource), ()))}
-        sentence = engine_sentence(engine.get(k, {}), range_text, total,
-                                   CAUSES[cause].title if cause else "")
         lead_text = slo_lead((slo or {}).get(k), kpis.get(k, {}))
-        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), sentence, routing,
-                                lead_text))
+        cause_words = _cause_words(cause, engine.get(k, {}), range_text, total, routing)
+        rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), *cause_words, lead_text))
     return rows
 
 
-def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
-                routing: str | None = None, lead_text: str = "") -> dict:
-    """The row's cause sentence (the cause's title and the engine's state, where it is
-    on Prometheus; for an imbalance, ``routing``: the pods' queue shares), its whole
-    text, and the figures the banner's chips show."""
+def _cause_words(cause: str | None, engine: dict, range_text: str, pods: int,
+                 routing: str | None) -> tuple[str, str, bool, bool]:
+    """(the cause's sentence, the engine's state beside it, whether the engine's state
+    backs the cause, whether there is any). The cause's sentence is the exporter's
+    (``cause_sentence``; an imbalance's, ``routing``); without its figures its title."""
+    title = CAUSES[cause].title if cause else ""
+    everything = engine_sentence(engine, range_text, pods, title)
+    backed_by = cause_sentence(cause, engine, range_text) if cause else None
+    if backed_by is not None:
+        said = SAID[cause]
+        rest = engine_sentence({k: v for k, v in engine.items() if k not in said},
+                               range_text, pods, title)
+        return backed_by, f" Engine state: {rest}." if rest else "", True, True
+    state = f" Engine state: {everything}." if everything else ""
+    if cause == "imbalance" and routing:
+        return routing, state, False, bool(everything)
+    if cause == "frontend":
+        return words.FRONTEND, state, False, bool(everything)
+    if cause:  # beside the cause, not behind it
+        return title, state, False, bool(everything)
+    return (f"Engine state: {everything}" if everything else "", "", False,
+            bool(everything))
+
+
+def _with_words(row: dict, cause_n: int, figures: dict, cause_text: str, state: str,
+                backed: bool, scraped: bool, lead_text: str = "") -> dict:
+    """The row with its cause sentence (``_cause_words``), its whole text, and the
+    figures the banner's chips show."""
     cause, phase = row["cause"], row["phase"]
-    backed = bool(sentence) and cause not in FROM_RECORDS  # the engine's state is evidence
-    state = ""
-    if cause == "imbalance":
-        cause_text = f"{CAUSES[cause].title}: {routing}"
-        if sentence:
-            state = f" Engine state: {sentence}."
-    elif cause:
-        cause_text = CAUSES[cause].title + (f": {sentence}" if backed else "")
-        if sentence and not backed:  # beside the cause, not behind it
-            state = f" Engine state: {sentence}."
-    else:
-        cause_text = f"Engine state: {sentence}" if sentence else ""
     source = "engine_metrics" if backed else "records" if cause else ""
     share = figures.get(f"{phase}_share", math.nan)
     text = f"{phase_name(phase)} takes {share:.0%} of request time." if _known(share) else ""
@@ -265,7 +288,7 @@ def _with_words(row: dict, cause_n: int, figures: dict, sentence: str,
     text += "".join(f" {ceiling_sentence(*e)}" for e in row["ceiling_exceeded"]) + state
     text = text.strip() or row["headline"] + "."
     return {**row, "cause_text": cause_text, "cause_source": source,
-            "engine_scraped": bool(sentence),
+            "engine_scraped": scraped,
             "text": " ".join(filter(None, (lead_text, f"{cause_text}." if cause_text else "",
                                            text))),
             **{f"{p}_share": figures.get(f"{p}_share") for p in PHASES},

@@ -172,8 +172,8 @@ def test_sglang_root_waits_for_the_schedulers_spans_from_another_process():
     out = ing.export_spans([*kids[2:], thread], "otlp_grpc")
     assert out.accepted == 1 and len(ing.pending) == 0 and _requests(ing) == 1
     w = ing._sink.window
-    assert w.columns()["prefill"][-1] == pytest.approx(0.1)
-    assert w.columns()["queue"][-1] == pytest.approx(0.05)
+    assert w.columns().prefill[-1] == pytest.approx(0.1)
+    assert w.columns().queue[-1] == pytest.approx(0.05)
     assert ing.stats.get("phasewatch_otlp_joined_requests_total", outcome="complete") == 1
 
 
@@ -203,10 +203,10 @@ def test_sglang_disaggregated_roles_are_one_request_with_a_kv_transfer():
     out = ing.export_spans([*d_kids, d_thread, d_root], "otlp_grpc")
     assert out.accepted == 2 and _requests(ing) == 1  # two roots, one request
     w = ing._sink.window
-    assert w.columns()["prefill"][-1] == pytest.approx(0.1)
-    assert w.columns()["kv_transfer"][-1] == pytest.approx(0.02)
-    assert w.columns()["queue"][-1] == pytest.approx(0.05)
-    assert w.columns()["preprocess"][-1] == pytest.approx(0.25 - 0.05 - 0.1 - 0.02)
+    assert w.columns().prefill[-1] == pytest.approx(0.1)
+    assert w.columns().kv_transfer[-1] == pytest.approx(0.02)
+    assert w.columns().queue[-1] == pytest.approx(0.05)
+    assert w.columns().preprocess[-1] == pytest.approx(0.25 - 0.05 - 0.1 - 0.02)
     snap = ing._sink.snapshot()
     assert snap.counters["tokens"].sum(axis=0).tolist()[0] == 900  # the prompt, once
 

@@ -4,11 +4,13 @@ is tests/test_real_vllm_verdict.py; the pages here are vLLM's own, captured ther
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import catalog, model_costs
 from phasewatch.roofline.cause import (
     CAUSES,
@@ -18,6 +20,7 @@ from phasewatch.roofline.cause import (
 )
 from phasewatch.roofline.engine_metrics import EngineRates, parse_page, summarize
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.intervals import decode_slowdown
 from phasewatch.roofline.verdict import decide
 
@@ -36,9 +39,10 @@ def records(n: int = 40, span: float = 30.0, running: int = 8, prompt: int = 500
                                     for k in range(running)]))[:n] + rng.uniform(0, 1e-3, n)
     first = sched + 0.1
     last = sched + per
-    return {"scheduled_at": sched, "first_token_at": first, "last_token_at": last,
-            "end_at": last, "prompt": np.full(n, prompt), "uncached": np.full(n, prompt),
-            "output": np.full(n, output), "steps": np.full(n, output - 1)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": first, "last_token_at": last,
+        "end_at": last, "prompt": np.full(n, prompt), "uncached": np.full(n, prompt),
+        "output": np.full(n, output), "steps": np.full(n, output - 1)})
 
 
 def estimate(shares: dict, lo: float = 0.0, hi: float = 30.0, shared: float = 0.0,
@@ -46,7 +50,7 @@ def estimate(shares: dict, lo: float = 0.0, hi: float = 30.0, shared: float = 0.
     pre = phase_estimate(DEP, 5.0, 4e15, 1e12, 40)
     dec = phase_estimate(DEP, 30.0, 1e15, 6e13, 40)
     return RooflineEstimate("m", "vllm", lo, hi, 1.0, 40, pre, dec, 8.0, 0.02, shares,
-                            inputs or {"decode_steps": "tpot"},
+                            inputs or {"decode_steps": InputSource("tpot")},
                             shared_step_flops={"decode": shared} if shared else {},
                             inferred=inferred or {})
 
@@ -146,7 +150,7 @@ def test_waiting_neither_pinned_nor_full_is_a_busy_engine():
 
 def test_an_idle_engine_gets_no_cause():
     sparse = records(n=4, running=1)
-    sparse["last_token_at"] = sparse["first_token_at"] + 0.5
+    sparse = replace(sparse, last_token_at=sparse.first_token_at + 0.5)
     est = estimate(DECODE)
     assert busy_share(sparse, 0.0, 30.0) < 0.2
     assert diagnose("decode", est, DEP, sparse, state(max_kv_usage=0.01)) is None
@@ -170,18 +174,18 @@ def test_prefill_interference_from_decodes_slowed_while_others_prefill():
             t += base * (2.0 if 10.0 <= t < 20.0 else 1.0)
         dur[i] = t - first[i]
     del share
-    cols = {"scheduled_at": np.r_[first - 0.01, pre["scheduled_at"]],
-            "first_token_at": np.r_[first, pre["first_token_at"]],
-            "last_token_at": np.r_[first + dur, np.nan],
-            "prompt": np.r_[np.full(n, 10), 4000], "output": np.r_[steps + 1, 1],
-            "steps": np.r_[steps, -1]}
+    cols = WindowColumns.of({"scheduled_at": np.r_[first - 0.01, pre["scheduled_at"]],
+                             "first_token_at": np.r_[first, pre["first_token_at"]],
+                             "last_token_at": np.r_[first + dur, np.nan],
+                             "prompt": np.r_[np.full(n, 10), 4000],
+                             "output": np.r_[steps + 1, 1], "steps": np.r_[steps, -1]})
     fit = decode_slowdown(cols, 0.0, 40.0)
-    assert fit["slowdown"] == pytest.approx(2.0, rel=0.15)
-    assert fit["tpot_without_prefill"] == pytest.approx(base, rel=0.15)
+    assert fit.slowdown == pytest.approx(2.0, rel=0.15)
+    assert fit.tpot_without_prefill == pytest.approx(base, rel=0.15)
     est = estimate(DECODE, lo=0.0, hi=40.0, shared=2e15)
     est.prefill.busy_seconds = 10.0
     cause = diagnose("decode", est, DEP, cols, state(max_kv_usage=0.05, preemptions=0.0),
-                     gaps=fit)
+                     fit=fit)
     assert cause.name == "prefill_interference"
     assert "2.0x" in cause.text or "1.9x" in cause.text or "2.1x" in cause.text
     assert any("--max-num-batched-tokens" in lever for lever in cause.levers)
@@ -195,10 +199,10 @@ def test_without_engine_state_the_records_show_a_full_kv_cache():
     cols = records(running=8, prompt=5800, output=200)
     seen = in_engine(cols, small, 0.0, 30.0)
     room = small.hardware.memory_bytes * 0.9 - model_costs.weight_bytes(DEP.model)
-    assert seen["max_running"] == 8
+    assert seen.max_running == 8
     # 8 contexts of 5,800 prompt tokens and on average half their 200 output tokens
-    assert seen["max_kv_usage"] == pytest.approx(8 * 5900 * 131072 / room, rel=0.1)
-    assert seen["max_kv_usage"] > 1.0
+    assert seen.max_kv_usage == pytest.approx(8 * 5900 * 131072 / room, rel=0.1)
+    assert seen.max_kv_usage > 1.0
     est = estimate(QUEUE)
     cause = diagnose("queue", est, small, cols, None)
     assert cause.name == "kv_cache" and cause.source == "records"
@@ -318,10 +322,11 @@ def _slots(groups: list[tuple[float, float, int, float]], length: float = 3.0) -
             for k in range(slots) for t in np.arange(start, end - 1e-9, length)]
     sched = np.array([r[0] for r in rows])
     n = len(sched)
-    return {"scheduled_at": sched, "first_token_at": sched + 0.1,
-            "last_token_at": sched + length - 2e-3, "end_at": sched + length - 2e-3,
-            "queue": np.array([r[1] for r in rows]), "prompt": np.full(n, 100),
-            "uncached": np.full(n, 100), "output": np.full(n, 50), "steps": np.full(n, 49)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": sched + 0.1,
+        "last_token_at": sched + length - 2e-3, "end_at": sched + length - 2e-3,
+        "queue": np.array([r[1] for r in rows]), "prompt": np.full(n, 100),
+        "uncached": np.full(n, 100), "output": np.full(n, 50), "steps": np.full(n, 49)})
 
 
 def test_records_read_the_slot_limit_over_the_moments_requests_wait():
@@ -332,12 +337,12 @@ def test_records_read_the_slot_limit_over_the_moments_requests_wait():
     or running have no record yet)."""
     cols = _slots([(0.0, 15.0, 8, 2.0), (18.0, 33.0, 4, 0.0)])
     seen = in_engine(cols, DEP, 0.0, 33.0)
-    assert seen["max_running"] == 8
-    assert seen["running_read_over"] == "waiting"
-    assert seen["running_at_max_share"] == pytest.approx(1.0, abs=0.03)
-    assert seen["waiting_moment_share"] == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
-    plain = in_engine({k: v for k, v in cols.items() if k != "queue"}, DEP, 0.0, 33.0)
-    assert plain["running_at_max_share"] == pytest.approx(15 / 33, abs=0.03)
+    assert seen.max_running == 8
+    assert seen.running_read_over == "waiting"
+    assert seen.running_at_max_share == pytest.approx(1.0, abs=0.03)
+    assert seen.waiting_moment_share == pytest.approx(8 / 33, abs=0.03)  # 2 s of 3
+    plain = in_engine(replace(cols, queue=np.full(len(cols), np.nan)), DEP, 0.0, 33.0)
+    assert plain.running_at_max_share == pytest.approx(15 / 33, abs=0.03)
     cause = diagnose("queue", estimate(QUEUE, hi=33.0), DEP, cols, None)
     assert cause.name == "concurrency_limit" and cause.source == "records"
     assert "of the time requests waited at that maximum" in cause.text
@@ -385,9 +390,10 @@ def test_a_partly_busy_engine_is_not_said_to_be_filled():
     est = estimate(DECODE)
     quiet = state(max_running=30.0, running_at_max_share=0.1, max_kv_usage=0.2,
                   preemptions=0.0)
-    part = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.64)
+    assert decode_slowdown(records(), est.range_start, est.range_end) is None  # no fit
+    part = diagnose("decode", est, DEP, records(), quiet, busy=0.64)
     assert part.name == "compute_saturated"
     assert part.text.endswith("its own work, no limit, sets the pace, with 36% of the "
                               "window idle"), part.text
-    full = diagnose("decode", est, DEP, records(), quiet, gaps={}, busy=0.97)
+    full = diagnose("decode", est, DEP, records(), quiet, busy=0.97)
     assert full.text.endswith("its own work fills it")

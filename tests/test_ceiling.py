@@ -14,6 +14,7 @@ from phasewatch.roofline import catalog, ceiling
 from phasewatch.roofline.bottleneck import with_engine_counters
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -29,7 +30,7 @@ def estimate(dep: Deployment, prefill_flops: float, busy: float = 10.0,
     inferred = {"prefill": {"flops": pre.flops, "bytes": pre.bytes, "weight_bytes": 0.0},
                 "decode": {"flops": dec.flops, "bytes": dec.bytes, "weight_bytes": 0.0}}
     return RooflineEstimate("m", "vllm", 0.0, 30.0, 1.0, 40, pre, dec, 8.0, 0.02, PREFILL,
-                            {"decode_steps": "token_gaps"},
+                            {"decode_steps": InputSource("token_gaps")},
                             shared_step_flops={"prefill": shared} if shared else {},
                             inferred=inferred)
 

@@ -76,7 +76,7 @@ def test_the_clients_view_of_each_scenario(name):
     assert v.text.endswith(CLIENT_NOTE)
     if v.phase == "ttft":
         assert v.headline.startswith("Time to first token")
-        assert "arrival_to_first_token" in est.inputs["prefill_interval"]
+        assert "arrival_to_first_token" in str(est.inputs["prefill_interval"])
         if v.resource == "overhead":
             assert "not to prefill arithmetic" in v.text and "cannot tell" in v.text
     else:  # decode: the step against the roofline's step at the same batch

@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.dashboard import panels
 from phasewatch.dashboard import queries as q
 from phasewatch.dashboard.exporter_source import snapshot_from_api
@@ -22,6 +23,7 @@ from phasewatch.roofline.bottleneck import Result
 from phasewatch.roofline.cause import diagnose
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -30,13 +32,14 @@ DECODE = {"preprocess": 0.01, "queue": 0.04, "prefill": 0.05, "decode": 0.9}
 PREFILL = {"preprocess": 0.01, "queue": 0.04, "prefill": 0.8, "decode": 0.15}
 
 
-def _records(n: int = 40, span: float = 30.0) -> dict:
+def _records(n: int = 40, span: float = 30.0) -> WindowColumns:
     """Eight requests always in the engine, back to back: the columns the cause reads."""
     sched = np.linspace(0.0, span - 8.0, n)
     first, last = sched + 0.1, sched + 8.0
-    return {"scheduled_at": sched, "first_token_at": first, "last_token_at": last,
-            "end_at": last, "prompt": np.full(n, 500), "uncached": np.full(n, 500),
-            "output": np.full(n, 200), "steps": np.full(n, 199)}
+    return WindowColumns.of({
+        "scheduled_at": sched, "first_token_at": first, "last_token_at": last,
+        "end_at": last, "prompt": np.full(n, 500), "uncached": np.full(n, 500),
+        "output": np.full(n, 200), "steps": np.full(n, 199)})
 
 
 def _entry(shares: dict, engine: EngineRates | None, prefill_flops: float = 4e15,
@@ -46,7 +49,7 @@ def _entry(shares: dict, engine: EngineRates | None, prefill_flops: float = 4e15
     est = RooflineEstimate(LLAMA, "vllm", 0.0, 30.0, 1.0, 40,
                            phase_estimate(DEP, 5.0, prefill_flops, 1e12, 40),
                            phase_estimate(DEP, 30.0, 1e15, 6e13, 40), 8.0, 0.02, shares,
-                           inputs or {"decode_steps": "tpot"},
+                           inputs or {"decode_steps": InputSource("tpot")},
                            shared_step_flops={"decode": 3e15}, inferred=inferred or {})
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, _records(), engine))
     return roofline_json(Result(LLAMA, "vllm", (LLAMA, "vllm"), DEP, est, v,
@@ -80,7 +83,8 @@ KV_FULL = EngineRates(seconds=30.0, samples=15, preemptions=32.0, max_kv_usage=1
 
 
 def test_a_full_kv_cache_heads_the_banner_with_its_preemptions_and_levers():
-    entry = _entry(DECODE, KV_FULL, inputs={"decode_steps": "tpot", "flops": "engine_counters"},
+    entry = _entry(DECODE, KV_FULL, inputs={"decode_steps": InputSource("tpot"),
+                                             "flops": InputSource("engine_counters")},
                    inferred={"prefill": {"flops": 2e15}, "decode": {"flops": 1e15}})
     heading, (cause, rest, chips, levers) = _banner_text(entry)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"
@@ -171,9 +175,10 @@ def test_a_slot_limit_from_prometheus_names_the_limit_and_its_lever():
     (banner,) = panels.banners(snap)
     heading, (cause, rest, _chips, levers) = _lines(banner)
     assert heading == f"Queue: Slot limit — {LLAMA}/vllm"
-    assert cause == ("Slot limit: KV cache 1% full, 16 waiting, 8 running. "
+    # the exporter's own sentence (roofline.cause_text), the other gauges beside it
+    assert cause == ("Slot limit: 8 requests running, the KV cache at most 1% full. "
                      "(from the engine's /metrics)")
-    assert rest == "Queue takes 60% of request time."
+    assert rest == "Queue takes 60% of request time. Engine state: 16 waiting."
     assert "a larger --max-num-seqs" in levers and "more replicas" not in levers
     assert banner.to_plotly_json()["props"]["data-cause"] == "concurrency_limit"
 
@@ -221,10 +226,11 @@ def test_a_full_kv_cache_from_prometheus_gives_the_engine_gauges_in_words():
         q.ENGINE_PREEMPTIONS: [(LABELS, 32.2)],
     }
     (banner,) = panels.banners(_prometheus_snapshot(answers))
-    heading, (cause, *_, levers) = _lines(banner)
+    heading, (cause, rest, *_, levers) = _lines(banner)
     assert heading == f"Decode: KV cache full — {LLAMA}/vllm"
-    assert cause == ("KV cache full: 100% usage, 6 waiting, 14 running, 32 preemptions in "
-                     "60 s. (from the engine's /metrics)")
+    assert cause == ("KV cache full: 32 preemptions in 60 s at 100% usage. "
+                     "(from the engine's /metrics)")
+    assert rest.endswith("Engine state: 6 waiting, 14 running."), rest
     assert "--kv-cache-dtype fp8" in levers
 
 

@@ -7,6 +7,7 @@ tests/test_dashboard_browser.py."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import dash
 
@@ -100,22 +101,22 @@ def test_prometheus_counters_give_the_exporters_figures_and_sentence():
                                                                 0.05)],
          "slo_goodput": [(m, 2.3)]}
     (k, figures), = slo_figures(r, _key).items()
-    ttft = figures["objectives"]["ttft"]
-    assert (ttft["met"], ttft["missed"], ttft["missed_by_phase"]) == (70, 30, {"queue": 24,
-                                                                              "prefill": 6})
-    assert figures["requests"] == 100 and math.isclose(ttft["missed_share"], 0.3)
+    ttft = figures.objectives["ttft"]
+    assert (ttft.met, ttft.missed, ttft.missed_by_phase) == (70, 30, {"queue": 24,
+                                                                      "prefill": 6})
+    assert figures.requests == 100 and math.isclose(ttft.missed_share, 0.3)
     shares = {"queue_share": 0.5, "prefill_share": 0.1, "decode_share": 0.4}
     sentence = slo_lead(figures, shares)
     assert sentence == ("30% of requests missed TTFT 500 ms; 80% of those spent most of it "
                         "in the queue.")
-    mine = {**figures, "objectives": {k: dict(v) for k, v in figures["objectives"].items()}}
+    mine = replace(figures)
     assert sentence == lead(mine, rank(mine, {"queue": 0.5, "prefill": 0.1, "decode": 0.4}))
     kpis = slo_kpis(figures, 10.0)
     assert kpis["goodput"] == 2.3 and math.isclose(kpis["good_ratio"], 0.23)
     assert kpis["tpot_attainment"] == 1.0 and kpis["ttft_objective"] == 0.5
     # an objective whose threshold is not published is left out; none: no figures
     r["slo_objective"] = r["slo_objective"][:1]
-    assert set(slo_figures(r, _key)[k]["objectives"]) == {"ttft"}
+    assert set(slo_figures(r, _key)[k].objectives) == {"ttft"}
     r["slo_objective"] = []
     assert slo_figures(r, _key) == {}
 
@@ -147,8 +148,8 @@ def test_prometheus_reads_the_classes_thresholds():
          "slo_class_objective": [({**m, "objective": "ttft", "prompt_class": "4k-16k"}, 3.0)],
          "slo_goodput": [(m, 3.0)]}
     (figures,) = slo_figures(r, _key).values()
-    ttft = figures["objectives"]["ttft"]
-    assert ttft["objective_seconds"] is None and ttft["by_prompt_class"] == {"4k-16k": 3.0}
+    ttft = figures.objectives["ttft"]
+    assert ttft.objective_seconds is None and ttft.by_prompt_class == {"4k-16k": 3.0}
     assert slo_kpis(figures, 10.0)["ttft_classes"] == "3000 ms for 4k-16k"
     assert slo_lead(figures, {"queue_share": 0.6, "decode_share": 0.4}) == (
         "10% of requests missed TTFT 3000 ms for 4k-16k prompts; 100% of those spent most "

@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import with_cached_share, with_engine_counters
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.selfstats import SelfStats
 
 FIX = Path(__file__).parent / "fixtures" / "engine"
@@ -143,7 +145,7 @@ def test_engine_counters_replace_the_inference_split_by_phase():
     dec = phase_estimate(dep, 30.0, 1e15, 9e13, 10)
     est = RooflineEstimate("m", "e", 0.0, 30.0, 1.0, 10, pre, dec, 10.0, 0.008,
                            {"queue": 0.0, "prefill": 0.1, "decode": 0.9},
-                           {"decode_steps": "token_gaps"})
+                           {"decode_steps": InputSource("token_gaps")})
     rates = EngineRates(seconds=30.0, flops_per_gpu=1e14, bytes_per_gpu=2e12, mean_running=12)
     out = with_engine_counters(est, dep, rates)
     total_flops = 1e14 * 2 * 30.0  # per GPU x tensor-parallel GPUs x range
@@ -154,8 +156,8 @@ def test_engine_counters_replace_the_inference_split_by_phase():
     assert out.decode.flops_utilization == pytest.approx(
         out.decode.flops / 30.0 / dep.peak_flops)
     assert out.decode_batch_size == pytest.approx(12.0)
-    assert out.inputs["flops"] == out.inputs["bytes"] == "engine_counters"
-    assert out.inputs["decode_batch"] == "engine_num_requests_running"
+    assert out.inputs["flops"] == out.inputs["bytes"] == InputSource("engine_counters")
+    assert out.inputs["decode_batch"] == InputSource("engine_num_requests_running")
 
 
 def _vllm_page(flops: float, prompt: float, cached: float) -> str:
@@ -200,17 +202,18 @@ def test_counters_stuck_at_zero_while_requests_finish_are_absent_not_zero_work()
     out = with_engine_counters(est, dep, r)
     assert out.decode.flops == dec.flops and out.decode.source == dec.source  # inferred
     assert out.decode.bandwidth_utilization > 0  # not the MBU 0 of a counter at 0
-    assert "--enable-mfu-metrics" in out.inputs["flops"]
-    assert out.inputs["flops"].split(":")[0] == "inferred"  # the bounded label value
+    assert "--enable-mfu-metrics" in str(out.inputs["flops"])
+    assert out.inputs["flops"].label == "inferred"  # the bounded label value
 
 
 def test_prefix_cache_share_fills_unknown_cached_tokens_for_the_estimator():
     r = _rates([_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200)])
     assert r.cached_prompt_share == pytest.approx(0.25)  # 1000 of 4000 new prompt tokens
     assert r.cached_share_source == "prompt_tokens_cached"
-    cols = {"prompt": np.array([400, 1000, -1]), "uncached": np.array([-1, 100, -1])}
+    cols = WindowColumns.of({"prompt": np.array([400, 1000, -1]),
+                             "uncached": np.array([-1, 100, -1])})
     out = with_cached_share(cols, r.cached_prompt_share)
-    assert out["uncached"].tolist() == [300, 100, -1]  # known counts and unknown prompts kept
+    assert out.uncached.tolist() == [300, 100, -1]  # known counts and unknown prompts kept
     no_cached_counter = [p.replace("vllm:prompt_tokens_cached_total", "x_other")
                          for p in (_vllm_page(0, 1000, 200), _vllm_page(0, 5000, 1200))]
     r = _rates(no_cached_counter)

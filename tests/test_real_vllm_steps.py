@@ -59,7 +59,7 @@ def test_decode_steps_are_vllms_steps(name):
         # what busy time over the mean TPOT gave: the long step that prefills the
         # replacements of a finished batch, beside the one request left of it, counted as
         # many (1.13x here)
-        first, last, n = c["first_token_at"], c["last_token_at"], c["steps"].astype(float)
+        first, last, n = c.first_token_at, c.last_token_at, c.steps.astype(float)
         ok = ~np.isnan(first) & ~np.isnan(last) & (last > lo) & (first < hi) & (n > 0)
         f = inside_fraction(first[ok], last[ok], lo, hi)
         tpot = float(((last - first)[ok] * f).sum() / (n[ok] * f).sum())

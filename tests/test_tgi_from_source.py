@@ -18,6 +18,7 @@ import pytest
 
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment
+from phasewatch.roofline.inputs import InputSource
 from tests.conftest import scrape
 
 FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
@@ -121,16 +122,16 @@ def test_decode_steps_give_the_roofline_a_real_batch(scenario):
         ingest.export(ExportTraceServiceRequest.FromString(path.read_bytes()), "otlp_grpc")
     steps = agg.window.steps()
     want = [st for st in truth["steps"] if st["kind"] == "decode"]
-    assert want and len(steps["size"]) == len(want)
-    order = np.argsort(steps["start"])
-    assert steps["size"][order].tolist() == [len(st["forward_requests"]) for st in want]
-    for got_start, got_end, st in zip(steps["start"][order], steps["end"][order], want,
+    assert want and len(steps.size) == len(want)
+    order = np.argsort(steps.start)
+    assert steps.size[order].tolist() == [len(st["forward_requests"]) for st in want]
+    for got_start, got_end, st in zip(steps.start[order], steps.end[order], want,
                                       strict=True):
         assert st["start_ns"] / NS <= got_start < got_end <= st["forward_end_ns"] / NS + US
     dep = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"),
                      catalog.hardware("H100-SXM"))
     est = estimate(agg.window.columns(), dep, 30.0, "m", "tgi", steps)
-    assert est.inputs["decode_batch"] == "engine_decode_steps"
+    assert est.inputs["decode_batch"] == InputSource("engine_decode_steps")
     # TGI sends no prompt tokens, so no decode bytes, but the batch is the engine's own
     # over the estimator's range: each step weighted by its share inside it
     lo, hi = est.range_start, est.range_end

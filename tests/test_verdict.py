@@ -6,6 +6,7 @@ import pytest
 
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
+from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
 
 DEP = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))
@@ -20,7 +21,7 @@ def est(shares, decode_of_achievable_bw=0.8, prefill_of_achievable_flops=0.9, re
                              * busy, 1e12, requests)
     return RooflineEstimate("m", "e", 0.0, 30.0, 1.0, requests, prefill, decode, 8.0, 0.008,
                             dict(zip(("queue", "prefill", "decode"), shares, strict=True)),
-                            {"decode_steps": "token_gaps"})
+                            {"decode_steps": InputSource("token_gaps")})
 
 
 @pytest.mark.parametrize("shares,expected", [
@@ -101,7 +102,7 @@ def test_few_requests_and_tpot_only_lower_confidence():
     full = decide(est((0.0, 0.1, 0.9)), DEP)
     few = decide(est((0.0, 0.1, 0.9), requests=5), DEP)
     e = est((0.0, 0.1, 0.9))
-    e.inputs["decode_steps"] = "tpot"
+    e.inputs["decode_steps"] = InputSource("tpot")
     tpot = decide(e, DEP)
     assert few.confidence < tpot.confidence < full.confidence
     assert few.confidence_level == "low"
@@ -152,11 +153,11 @@ def test_a_cpu_is_offered_no_cuda_graphs():
     the requests, and the GPU-only ones are said as what they stand for."""
     from dataclasses import replace as _replace
 
-    from phasewatch.roofline.decode_step import overhead_levers
+    from phasewatch.roofline.decode_step import DecodeStep, overhead_levers
     from phasewatch.roofline.verdict import LEVERS, for_hardware
 
     cpu = _replace(DEP, hardware=_replace(DEP.hardware, cpu=True))
-    step = overhead_levers({"step_over_roofline": 20.0})
+    step = overhead_levers(DecodeStep(seconds=0.2, roofline_seconds=0.01))  # 20x
     for levers in (*LEVERS.values(), step):
         said = for_hardware(levers, cpu)
         assert not any("CUDA" in lv or "GPUs" in lv for lv in said), said

@@ -32,10 +32,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.aggregation.slo import N_OBJ, WINDOW_COLUMNS
 from phasewatch.aggregation.summary import (
     Quantiles,
@@ -59,9 +60,26 @@ from phasewatch.requests.record import FINISH_REASONS
 
 # engine decode steps (TGI's per-step spans): ingest time, label set, the forward's
 # start and end (Unix s) and the requests in it
-_STEP_COLUMNS = ("t", "ls", "start", "end", "size")
 STEP_CAPACITY = 65536
 DEFAULT_NAMES = ("model", "engine", "pod")  # label-set names: LabelSets.names
+
+
+@dataclass(frozen=True)
+class ReportedSteps:
+    """Decode steps an engine reported (TGI), one row each: when it was ingested (``t``),
+    its label set (``ls``), start and end (Unix seconds) and the requests in it."""
+
+    t: np.ndarray
+    ls: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+
+    def where(self, rows: np.ndarray) -> ReportedSteps:
+        return ReportedSteps(*(column[rows] for column in astuple(self)))
+
+
+_STEP_COLUMNS = tuple(f.name for f in fields(ReportedSteps))
 
 
 @dataclass
@@ -206,7 +224,7 @@ class RollingWindow:
                 self._steps[k][pos] = np.asarray(v, dtype=float)[-n:]
             self._step_head = (self._step_head + n) % STEP_CAPACITY
 
-    def steps(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+    def steps(self, seconds: float | None = None) -> ReportedSteps:
         """The reported decode steps ingested in the last ``seconds`` (default: the
         window), as ``columns`` does for requests; ``ls`` as integers."""
         now = self._clock()
@@ -215,7 +233,7 @@ class RollingWindow:
             sel = ~np.isnan(self._steps["t"]) & (self._steps["t"] >= now - span)
             out = {k: v[sel] for k, v in self._steps.items()}
         out["ls"] = out["ls"].astype(np.int64)
-        return out
+        return ReportedSteps(**out)
 
     def _write_ring(self, rows: dict, ids: np.ndarray) -> None:
         n = len(ids)
@@ -311,7 +329,7 @@ class RollingWindow:
             slo=SloFigures.of(self.objectives(key), sums.slo[i], covered, c[0])
             if sums.slo is not None else None)
 
-    def columns(self, seconds: float | None = None) -> dict[str, np.ndarray]:
+    def columns(self, seconds: float | None = None) -> WindowColumns:
         """Copies of the ring's columns for requests ingested in the last ``seconds``
         (default: the window; may reach further back, as far as the ring holds), all
         label sets; for the roofline estimator."""
@@ -319,7 +337,7 @@ class RollingWindow:
         span = seconds or self.seconds
         with self._lock:
             sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
-            return {k: v[sel] for k, v in self._ring.items()}
+            return WindowColumns(**{k: v[sel] for k, v in self._ring.items()})
 
     def recent(self, label_sets: list[tuple], limit: int = 200,
                model: str | None = None, names: tuple[str, ...] = DEFAULT_NAMES) -> list[dict]:

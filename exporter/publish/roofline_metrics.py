@@ -62,7 +62,7 @@ class RooflineCollector(Collector):
                 info.add_metric([*r.labels, r.verdict.phase, r.verdict.resource, cause], 1.0)
                 confidence.add_metric([*r.labels], r.verdict.confidence)
             for key, source in r.estimate.inputs.items():
-                inputs.add_metric([*r.labels, key, source.split(":")[0]], 1.0)
+                inputs.add_metric([*r.labels, key, source.label], 1.0)
         yield from (share, batch, info, confidence, inputs)
         yield from self._engine_state(results, labels)
         yield self._no_roofline(labels)

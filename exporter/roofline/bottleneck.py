@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
-from phasewatch.roofline import ceiling, model_costs
+from phasewatch.roofline import cause_text, ceiling, model_costs
 from phasewatch.roofline.cause import (
     BUSY,
     Cause,
@@ -36,8 +37,9 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
-from phasewatch.roofline.slo_verdict import attainment
+from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
 from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
@@ -45,20 +47,17 @@ ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
 IMBALANCE_QUEUE = (0.3, 0.05)  # a pod's queue share over the first, another's under the
 # second: the same model's requests queue on one replica while another has room
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
-FLAT_COUNTER_NOTE = ("inferred: the engine's estimated_*_per_gpu_total counter did not move "
-                     "while requests finished (vLLM exposes it at 0 unless started with "
-                     "--enable-mfu-metrics)")
 
 
-def with_cached_share(cols: dict, share: float) -> dict:
+def with_cached_share(cols: WindowColumns, share: float) -> WindowColumns:
     """``cols`` with the uncached prompt tokens of requests whose cached tokens are unknown
     estimated from the engine's prefix-cache share of prompt tokens (vLLM's spans carry
     no cached count; its counters do, in aggregate)."""
-    unknown = (cols["uncached"] < 0) & (cols["prompt"] >= 0)
+    unknown = (cols.uncached < 0) & (cols.prompt >= 0)
     if not unknown.any():
         return cols
-    uncached = np.where(unknown, np.round(cols["prompt"] * (1.0 - share)), cols["uncached"])
-    return {**cols, "uncached": uncached.astype(cols["uncached"].dtype)}
+    uncached = np.where(unknown, np.round(cols.prompt * (1.0 - share)), cols.uncached)
+    return replace(cols, uncached=uncached.astype(cols.uncached.dtype))
 
 
 @dataclass
@@ -74,8 +73,8 @@ class Result:
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
 
 
-def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, cols: dict
-                   ) -> RooflineEstimate:
+def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
+                   cols: WindowColumns                   ) -> RooflineEstimate:
     """Add the work the engine redid for preempted requests, which no record shows.
 
     A preempted request loses its KV cache and is prefilled again when it is scheduled
@@ -88,7 +87,7 @@ def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, c
     """
     if not rates.preemptions or est.decode is None or rates.seconds <= 0:
         return est
-    prompts = cols["uncached"][cols["uncached"] >= 0]
+    prompts = cols.uncached[cols.uncached >= 0]
     if not prompts.size:
         return est
     count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
@@ -100,7 +99,7 @@ def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates, c
                             d.requests, source=d.source, weight_bytes=d.weight_bytes)
     inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes,
                                            "weight_bytes": decode.weight_bytes}}
-    inputs = {**est.inputs, "recompute": "engine_preemptions x mean_prompt"}
+    inputs = {**est.inputs, "recompute": InputSource("engine_preemptions x mean_prompt")}
     return replace(est, decode=decode, inferred=inferred, recompute_flops=flops,
                    inputs=inputs)
 
@@ -121,12 +120,12 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     length = est.range_end - est.range_start
     inputs = dict(est.inputs)
     for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
-        inputs[what] = FLAT_COUNTER_NOTE
+        inputs[what] = FLAT_COUNTER
     totals = {}  # what the replica moved over the range, by the engine's count
     for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
         if rate is not None:
             totals[what] = rate * dep.tensor_parallel * length
-            inputs[what] = "engine_counters"
+            inputs[what] = ENGINE_COUNTERS
     changes = {}
     for name, p in present.items() if totals else ():
         value = {"flops": p.flops, "bytes": p.bytes}
@@ -138,7 +137,7 @@ def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRa
     batch = est.decode_batch_size
     if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
         batch = rates.mean_running * length / est.decode.busy_seconds
-        inputs["decode_batch"] = "engine_num_requests_running"
+        inputs["decode_batch"] = InputSource("engine_num_requests_running")
     # the other phase's FLOPs inside a phase's steps, by the engine's count too: a
     # decode step's prefill chunks at the configured model's cost beside the engine's
     # own decode FLOPs made a ~100M model's decode "6.8x the achievable FLOP/s"
@@ -176,8 +175,8 @@ class BottleneckMonitor:
         steps = self._window.steps(LOOKBACK_SPANS * self.window_seconds)
         pairs = self._labels.pairs()
         results = []
-        ls = cols["ls"]
-        fresh = cols["t"] >= self._clock() - self.window_seconds  # ingested inside the window
+        ls = cols.ls
+        fresh = cols.t >= self._clock() - self.window_seconds  # ingested inside the window
         for i in np.unique(ls).tolist():
             key = pairs[i]
             model, engine = key[:2]
@@ -186,30 +185,30 @@ class BottleneckMonitor:
                 self._verdicts.pop(key, None)  # only older ones read for the lookback
                 continue
             # one label set (a sidecar beside its engine): its columns are the window's
-            mine = cols if sel.all() else {k: v[sel] for k, v in cols.items()}
+            mine = cols if sel.all() else cols.where(sel)
             dep = self.deployments.for_model(model)
             source = self._engine_for(model, dep)
             rates = source.rates(self.window_seconds) if source else None
             cached = rates.cached_prompt_share if rates is not None else None
             if cached is not None:
                 mine = with_cached_share(mine, cached)
-            own = steps["ls"] == i
+            own = steps.ls == i
             est = estimate(mine, dep, self.window_seconds, model, engine,
-                           {k: v[own] for k, v in steps.items()} if own.any() else None)
+                           steps.where(own) if own.any() else None)
             if est is None:
                 continue
             if dep is not None and rates is not None:
                 est = with_recompute(est, dep, rates, mine)
                 est = with_engine_counters(est, dep, rates)
                 if cached is not None:
-                    est.inputs["cached_tokens"] = (  # label: the part before ":"
-                        f"engine_prefix_cache: {cached:.1%} of prompt tokens "
-                        f"({rates.cached_share_source})")
+                    est.inputs["cached_tokens"] = InputSource(
+                        "engine_prefix_cache",
+                        f"{cached:.1%} of prompt tokens ({rates.cached_share_source})")
                 self._warn_flat(source, rates)
             if source is not None and rates is None:
-                est.inputs["engine_state"] = ("unavailable: no fresh scrape of "
-                                              f"{source.url} ({source.last_error or 'waiting'})"
-                                              "; the cause comes from the records")
+                est.inputs["engine_state"] = unavailable(
+                    f"no fresh scrape of {source.url} ({source.last_error or 'waiting'})"
+                    "; the cause comes from the records")
             wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
             self._warn_ceilings(key, est, dep, wrong)
             previous = self._verdicts.get(key)
@@ -242,21 +241,21 @@ class BottleneckMonitor:
             self.updated_at = self._clock()
         return results
 
-    def _objectives(self, key: tuple, mine: dict, fresh: np.ndarray,
-                    bounds: tuple[float, float]) -> dict | None:
+    def _objectives(self, key: tuple, mine: WindowColumns, fresh: np.ndarray,
+                    bounds: tuple[float, float]) -> Attainment | None:
         """The label set's objectives over the window's requests
         (``slo_verdict.attainment``), with what the records tell of the decodes over the
         estimate's range (``bounds``); None without objectives."""
         objectives = self._window.objectives
         if objectives is None:
             return None
-        first, last = mine["first_token_at"], mine["last_token_at"]
+        first, last = mine.first_token_at, mine.last_token_at
         with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = np.where(mine["steps"] > 0, (last - first) / mine["steps"], np.nan)
-        decode = {"shared": decode_shared_with_prefill(mine)[fresh], "tpot": tpot[fresh],
-                  "fit": decode_slowdown(mine, *bounds)}
-        return attainment(objectives(key), mine["slo_outcome"][fresh],
-                          mine["slo_phase"][fresh], decode)
+            tpot = np.where(mine.steps > 0, (last - first) / mine.steps, np.nan)
+        decode = DecodeSharing(tpot[fresh], decode_shared_with_prefill(mine)[fresh],
+                               decode_slowdown(mine, *bounds))
+        return attainment(objectives(key), mine.slo_outcome[fresh],
+                          mine.slo_phase[fresh], decode)
 
     def _hold_cause(self, key: tuple, verdict: Verdict, previous: Verdict | None) -> None:
         """Hysteresis for the cause, as the phase has it: on the same phase, a new cause
@@ -294,7 +293,7 @@ class BottleneckMonitor:
             p = getattr(est, phase)
             for what, ratio in (p.ceiling_exceeded.items() if p is not None else ()):
                 found = ceiling.blame(est, dep, phase, what, ratio)
-                est.inputs[f"{what}_ceiling"] = f"below_achieved: {found.text}"
+                est.inputs[f"{what}_ceiling"] = InputSource("below_achieved", found.text)
                 if (key, phase, what) not in self._warned:
                     self._warned.add((key, phase, what))
                     log.warning("%s: %s; no %s utilization is published", key[0],
@@ -383,9 +382,8 @@ def imbalance(results: list[Result], names: tuple[str, ...]) -> None:
             text = v.text
             if old is not None:  # the cause it replaces, before or after the verdict's text
                 text = text.replace(f"{old.text}. ", "").replace(f" {old.text}.", "")
-            v.cause = Cause("imbalance", f"Load imbalance: queue {share[pod]:.0%} of request "
-                            f"time on {pod} while {calm} queues {share[calm]:.0%}", "records",
-                            {"queue_share_by_pod": share})
+            v.cause = Cause("imbalance", cause_text.imbalance(pod, share[pod], calm, share[calm]),
+                            "records", {"queue_share_by_pod": share})
             v.resource, v.levers = "capacity", v.cause.levers
             v.text = text
             v.prepend(f"{v.cause.text}.")

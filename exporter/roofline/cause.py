@@ -42,15 +42,23 @@ verdict tells how idle it was. The thresholds are data here and nowhere else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.roofline import cause_text as words
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.cause_limits import LIMITS, Limits
 from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.engine_state import EngineState
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
-from phasewatch.roofline.intervals import decode_slowdown, prefill_start, union_length
+from phasewatch.roofline.intervals import (
+    SlowdownFit,
+    decode_slowdown,
+    prefill_start,
+    union_length,
+)
 
 # the thresholds, and how far each moves for the cause in place (cause_limits)
 KV_FULL, KV_ROOM, KV_PREEMPT_FULL = LIMITS.kv_full, LIMITS.kv_room, LIMITS.kv_preempt_full
@@ -121,17 +129,16 @@ class Cause:
         return CAUSES[self.name].levers
 
 
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
+_pct = words.pct
 
 
-def busy_share(cols: dict, lo: float, hi: float) -> float | None:
+def busy_share(cols: WindowColumns, lo: float, hi: float) -> float | None:
     """Share of [lo, hi] in which the engine had a request in prefill or decode (in the
     client's view, with no scheduling time: from its arrival)."""
     if hi <= lo:
         return None
-    start = np.fmin(prefill_start(cols)[0], cols["first_token_at"])
-    end = np.fmax(cols["last_token_at"], cols["first_token_at"])
+    start = np.fmin(prefill_start(cols)[0], cols.first_token_at)
+    end = np.fmax(cols.last_token_at, cols.first_token_at)
     ok = ~np.isnan(start) & ~np.isnan(end)
     if not ok.any():
         return None
@@ -150,8 +157,8 @@ class _UpTo:
         return np.r_[0.0, np.cumsum(values[self.order])][self.index]
 
 
-def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: int = 200,
-              level: float | None = None) -> dict:
+def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
+              points: int = 200, level: float | None = None) -> EngineState:
     """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
     (scheduled, not yet finished) and, with a deployment whose memory is known, the KV
     footprint of their contexts against the memory left after the weights (a request
@@ -161,11 +168,11 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     Sums over sorted start and end times (O(n log n), no request x moment matrix): at
     t, a sum over the requests in the engine is the sum over those started by t less
     the sum over those finished by t."""
-    sched, first, last = cols["scheduled_at"], cols["first_token_at"], cols["last_token_at"]
+    sched, first, last = cols.scheduled_at, cols.first_token_at, cols.last_token_at
     start = np.fmin(sched, first)
     ok = ~np.isnan(start) & ~np.isnan(last) & (last > lo) & (start < hi)
     if not ok.any() or hi <= lo:
-        return {}
+        return EngineState()
     t = np.linspace(lo, hi, points)
     s, e = start[ok], last[ok]
     f = np.where(np.isnan(first), last, first)[ok]
@@ -185,9 +192,9 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
         out["running_at_level_share"] = float((running >= level).mean())
     hw = dep.hardware if dep is not None else None
     if hw is None or not hw.memory_bytes:
-        return out
-    prompt = np.maximum(cols["prompt"][ok], 0).astype(float)
-    rate = np.where(e > f, np.maximum(cols["output"][ok], 0) / np.maximum(e - f, 1e-12), 0.0)
+        return EngineState(**out)
+    prompt = np.maximum(cols.prompt[ok], 0).astype(float)
+    rate = np.where(e > f, np.maximum(cols.output[ok], 0) / np.maximum(e - f, 1e-12), 0.0)
     held = started.sum(prompt) - ended.sum(prompt)
     # decoded so far by those decoding at t: sum of rate x (t - first) over first <= t < last
     decoding = _UpTo(f, t)
@@ -197,19 +204,17 @@ def in_engine(cols: dict, dep: Deployment | None, lo: float, hi: float, points: 
     if room > 0:
         footprint = (held + decoded) * model_costs.kv_bytes_per_token(dep.model) / room
         out.update(max_kv_usage=float(footprint.max()), mean_kv_usage=float(footprint.mean()))
-    return out
+    return EngineState(**out)
 
 
 FILLED = 0.9  # busy this much of the window: the engine's own work fills it
 WAITING_MOMENTS = 0.2  # share of moments with a request seen waiting, to read over them
 
 
-def _waiting(cols: dict, t: np.ndarray) -> np.ndarray | None:
+def _waiting(cols: WindowColumns, t: np.ndarray) -> np.ndarray | None:
     """At each moment of ``t``, whether a request was waiting in the engine's queue (from
     its scheduling less its queue time to its scheduling); None where no record has both."""
-    sched, queue = cols["scheduled_at"], cols.get("queue")
-    if queue is None:
-        return None
+    sched, queue = cols.scheduled_at, cols.queue
     ok = ~np.isnan(sched) & ~np.isnan(queue) & (queue > 0)
     if not ok.any():
         return None
@@ -217,36 +222,30 @@ def _waiting(cols: dict, t: np.ndarray) -> np.ndarray | None:
     return (begun.index - ended.index) > 0
 
 
-def _kv_cache(state: dict, window: float, source: str, lim: Limits = LIMITS
+def _kv_cache(state: EngineState, window: float, source: str, lim: Limits = LIMITS
               ) -> Cause | None:
-    pre = state.get("preemptions") or 0.0
-    top = state.get("max_kv_usage")
-    waiting = (state.get("waiting_share") or 0.0) >= lim.waiting
-    evidence = {k: state[k] for k in ("preemptions", "max_kv_usage", "mean_kv_usage",
-                                      "mean_waiting", "kv_capacity_tokens") if k in state}
-    at = f" at {_pct(top)} usage" if top is not None else ""
+    pre = state.preemptions or 0.0
+    top = state.max_kv_usage
+    waiting = (state.waiting_share or 0.0) >= lim.waiting
+    evidence = state.evidence("preemptions", "max_kv_usage", "mean_kv_usage", "mean_waiting",
+                              "kv_capacity_tokens")
     if pre > 0 and (top is None or top >= lim.kv_preempt_full):
-        return Cause("kv_cache", f"KV cache full: {pre:.0f} preemptions in {window:.0f} s{at}",
-                     source, evidence)
+        return Cause("kv_cache", words.kv_cache(pre, words.seconds(window), top), source,
+                     evidence)
     if pre > 0:
-        return Cause("preemption_recompute", f"{pre:.0f} preemptions in {window:.0f} s with "
-                     f"the KV cache at most {_pct(top)} full: preempted requests are "
-                     "recomputed", source, evidence)
+        return Cause("preemption_recompute",
+                     words.preemption_recompute(pre, words.seconds(window), top), source,
+                     evidence)
     if top is not None and top >= lim.kv_full and (waiting or source == "records"):
-        wait = (f", {state['mean_waiting']:.1f} requests waiting on average"
-                if state.get("mean_waiting") else "")
-        if source == "records":  # an estimate: over 100 % says its memory figure is short
-            what = ("the KV footprint of the requests in flight reaches the memory left "
-                    "after the weights" if top >= 1 else
-                    f"the KV footprint of the requests in flight reaches {_pct(top)} of the "
-                    "memory left after the weights")
-        else:
-            what = f"usage up to {_pct(top)}"
-        return Cause("kv_cache", f"KV cache full: {what}{wait}", source, evidence)
+        return Cause("kv_cache", words.kv_cache(0.0, words.seconds(window), top,
+                                                state.mean_waiting,
+                                                records=source == "records"),
+                     source, evidence)
     return None
 
 
-def _running_from_records(state: dict, cols: dict, lo: float, hi: float) -> dict:
+def _running_from_records(state: EngineState, cols: WindowColumns, lo: float, hi: float
+                          ) -> EngineState:
     """The engine's state with the share of the time running sat at the engine's own
     maximum read from the records (requests from their schedule to their last token).
 
@@ -258,43 +257,37 @@ def _running_from_records(state: dict, cols: dict, lo: float, hi: float) -> dict
     second read 1 running and 15 waiting in 60 % of the scrapes of some runs, while the
     engine ran 8 whenever anything waited. The gauge's maximum is still the slot count;
     the records say how much of the time it was held."""
-    top = state.get("max_running")
-    seen = in_engine(cols, None, lo, hi, level=top) if top else {}
-    if "running_at_level_share" not in seen:
+    top = state.max_running
+    seen = in_engine(cols, None, lo, hi, level=top) if top else EngineState()
+    if seen.running_at_level_share is None:
         return state
-    return {**state, "running_at_max_share": seen["running_at_level_share"],
-            "engine_running_at_max_share": state.get("running_at_max_share"),
-            "running_read_from": "records"}
+    return replace(state, running_at_max_share=seen.running_at_level_share,
+                   engine_running_at_max_share=state.running_at_max_share,
+                   running_read_from="records")
 
 
-def _concurrency_limit(state: dict, source: str, lim: Limits = LIMITS) -> Cause | None:
-    waiting = source == "records" or (state.get("waiting_share") or 0.0) >= lim.waiting
-    top, pinned = state.get("max_running"), state.get("running_at_max_share") or 0.0
-    kv = state.get("max_kv_usage")
+def _concurrency_limit(state: EngineState, source: str, lim: Limits = LIMITS
+                       ) -> Cause | None:
+    waiting = source == "records" or (state.waiting_share or 0.0) >= lim.waiting
+    top, pinned = state.max_running, state.running_at_max_share or 0.0
+    kv = state.max_kv_usage
     if not (waiting and top and pinned >= lim.pinned and (kv is None or kv < lim.kv_room)):
         return None
-    limit = state.get("configured_max_running")
+    limit = state.configured_max_running
     if kv is None and not (limit and top >= limit):
         return None  # pinned, but by slots or by KV memory? neither is known
-    room = (f"the KV cache at most {_pct(kv)} full" if kv is not None else
-            "KV usage unknown")
-    wait = (f", {state['mean_waiting']:.1f} waiting on average" if state.get("mean_waiting")
-            else "")
-    how = (", by the requests' own times" if state.get("running_read_from") == "records"
-           else "")
-    when = ("of the time requests waited" if state.get("running_read_over") == "waiting"
-            else "of the time")
-    text = (f"Slot limit: {top:.0f} requests running ({_pct(pinned)} {when} at that "
-            f"maximum{f', the configured {limit:.0f}' if limit else ''}{how}){wait}, {room}")
-    return Cause("concurrency_limit", text, source,
-                 {k: state[k] for k in ("max_running", "running_at_max_share", "mean_waiting",
-                                        "max_kv_usage", "configured_max_running",
-                                        "waiting_by_reason", "running_read_from",
-                                        "running_read_over", "waiting_moment_share",
-                                        "engine_running_at_max_share") if k in state})
+    text = words.slot_limit(top, kv, pinned, state.running_read_over == "waiting", limit,
+                            state.running_read_from == "records", state.mean_waiting)
+    evidence = state.evidence(
+        "max_running", "running_at_max_share", "mean_waiting", "max_kv_usage",
+        "configured_max_running", "waiting_by_reason", "running_read_from",
+        "running_read_over", "waiting_moment_share", "engine_running_at_max_share")
+    if state.running_read_from == "records":  # the gauge's own share beside it, if unknown
+        evidence.setdefault("engine_running_at_max_share", None)
+    return Cause("concurrency_limit", text, source, evidence)
 
 
-def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
+def _interference(est: RooflineEstimate, fit: SlowdownFit | None, lim: Limits = LIMITS
                   ) -> Cause | None:
     if est.prefill is None or est.decode is None:
         return None
@@ -303,19 +296,18 @@ def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
     overlap = shared / est.prefill.flops * est.prefill.busy_seconds if est.prefill.flops else 0
     evidence = {"prefill_flops_share_of_decode_steps": share,
                 "decode_time_shared_with_prefill": overlap / est.decode.busy_seconds}
-    slowdown = (gaps or {}).get("slowdown")
-    if gaps and "decode_time_shared" in gaps:  # measured per request, not from the estimate
-        evidence["decode_time_shared_with_prefill"] = gaps["decode_time_shared"]
+    if fit is not None:  # measured per request, not from the estimate
+        evidence["decode_time_shared_with_prefill"] = fit.decode_time_shared
     shared_time = evidence["decode_time_shared_with_prefill"]
-    if slowdown is not None:
-        evidence.update(gaps)
-        lost = shared_time * (1.0 - 1.0 / slowdown) if slowdown > 1 else 0.0
+    if fit is not None:
+        evidence.update(asdict(fit))
+        lost = shared_time * (1.0 - 1.0 / fit.slowdown) if fit.slowdown > 1 else 0.0
         evidence["decode_time_lost"] = lost
-        if slowdown < lim.interference_slowdown or lost < lim.interference_lost:
+        if fit.slowdown < lim.interference_slowdown or lost < lim.interference_lost:
             return None
-        how = (f"a decode step shared with prefill takes {slowdown:.1f}x one that is not "
-               f"(TPOT {gaps['tpot_sharing_every_step'] * 1e3:.1f} ms vs "
-               f"{gaps['tpot_without_prefill'] * 1e3:.1f} ms)")
+        how = (f"a decode step shared with prefill takes {fit.slowdown:.1f}x one that is not "
+               f"(TPOT {fit.tpot_sharing_every_step * 1e3:.1f} ms vs "
+               f"{fit.tpot_without_prefill * 1e3:.1f} ms)")
     elif (share >= lim.interference_flops and shared_time >= lim.interference_shared
           and not est.client_view):  # there, "prefill" runs from arrival: the queue too
         how = f"{_pct(share)} of the FLOPs in decode's steps are other requests' prefill"
@@ -326,14 +318,14 @@ def _interference(est: RooflineEstimate, gaps: dict | None, lim: Limits = LIMITS
                  "records", evidence)
 
 
-def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: dict,
-             engine: EngineRates | None, gaps: dict | None = None,
+def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
+             cols: WindowColumns, engine: EngineRates | None, fit: SlowdownFit | None = None,
              busy: float | None = None, held: str | None = None) -> Cause | None:
     """The cause for a verdict on ``phase`` (see the module docstring).
 
     ``engine`` is the engine's own state over the window (None when it is not scraped or
     the scrapes failed: the records stand in, and the cause says ``source: records``);
-    ``gaps``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
+    ``fit``, ``decode_slowdown``'s fit: TPOT while sharing steps with prefills
     against TPOT without, and ``busy``, ``busy_share`` (each computed here when not
     given); ``held``, the cause the verdict on this phase holds now, whose thresholds
     move in its favour (``cause_limits.HOLD``).
@@ -344,12 +336,11 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
     if busy is None:
         busy = busy_share(cols, lo, hi)
     if phase == "preprocess":
-        return Cause("frontend", "API server: the time goes before the engine's queue",
-                     "records", {})
+        return Cause("frontend", words.FRONTEND, "records", {})
     if phase == "kv_transfer":
         return None
     if engine is not None and engine.samples >= 2:
-        state, source = engine.state(), "engine_metrics"
+        state, source = EngineState.of(engine), "engine_metrics"
     else:
         state, source = in_engine(cols, dep, lo, hi), "records"
     if phase in ("queue", "decode", "prefill", "ttft"):
@@ -367,7 +358,7 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         if cause is not None:
             return cause
     if phase == "decode":
-        cause = _interference(est, gaps if gaps is not None else decode_slowdown(cols, lo, hi),
+        cause = _interference(est, fit if fit is not None else decode_slowdown(cols, lo, hi),
                               lim)
         if cause is not None:
             return cause
@@ -375,10 +366,10 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None, cols: di
         return None  # the records cannot tell waiting from a busy engine there
     if busy is not None and busy >= lim.busy:
         # what was looked for and not found: prefill interference only slows decode
-        seen = [*(["full KV cache"] if state.get("max_kv_usage") is not None else []),
+        seen = [*(["full KV cache"] if state.max_kv_usage is not None else []),
                 "slot limit", *(["prefill interference"] if phase == "decode" else [])]
         ruled_out = (", ".join(seen[:-1]) + " or " + seen[-1]) if len(seen) > 1 else seen[0]
-        unknown = " (KV-cache usage unknown)" if state.get("max_kv_usage") is None else ""
+        unknown = " (KV-cache usage unknown)" if state.max_kv_usage is None else ""
         # "fills it" only where it does; at 64 % a third of the window is idle
         pace = ("its own work fills it" if busy >= FILLED else
                 f"its own work, no limit, sets the pace, with {_pct(1 - busy)} of the window "

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.inputs import ENGINE_COUNTERS
 
 # How far the configured model's cost of the window's tokens and the engine's own count
 # of the same work may be apart before the model is named. The engine's count over a
@@ -63,7 +64,7 @@ def model_cost_ratio(est: RooflineEstimate, key: str = "flops") -> float | None:
     """The configured model's cost of the window's tokens over the engine's own count of
     the same work (``key``: flops or bytes), where the engine's counters replaced the
     inference (``bottleneck.with_engine_counters`` keeps the inferred figures)."""
-    if est.inputs.get(key) != "engine_counters":
+    if est.inputs.get(key) != ENGINE_COUNTERS:
         return None
     engine = sum(getattr(p, key) for p in (est.prefill, est.decode) if p is not None)
     inferred = sum(v[key] for v in est.inferred.values())

@@ -74,9 +74,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from phasewatch.aggregation.window import phase_time_shares
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.aggregation.window import ReportedSteps, phase_time_shares
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
+from phasewatch.roofline.inputs import (
+    CLIENT_CACHED,
+    CLIENT_PREFILL,
+    CLIENT_VIEW,
+    Inputs,
+    InputSource,
+    unavailable,
+)
 from phasewatch.roofline.intervals import (
     SAME_STEP_SECONDS,
     busy_time,
@@ -89,14 +98,6 @@ from phasewatch.roofline.intervals import (
 )
 
 LOOKBACK_SPANS = 3  # how far back (in ranges) the estimator reads requests
-# inputs["phases"] where the window holds the client's view alone (a tap's records)
-CLIENT_VIEW = ("client_view: time to first token (preprocess, queue and prefill undivided) "
-               "and decode, from a stream tap's records; no engine spans")
-CLIENT_PREFILL = ("arrival_to_first_token: the client's view has no scheduling time, so the "
-                  "prefill interval holds the queue and the front end too; its MFU is a "
-                  "lower bound")
-CLIENT_CACHED = ("unknown: the server did not say how many prompt tokens its prefix cache "
-                 "served; every prompt token counted as computed")
 RANGE_END_QUANTILE = 0.9
 
 
@@ -159,7 +160,7 @@ class RooflineEstimate:
     decode_batch_size: float | None
     decode_step_seconds: float | None
     phase_time_share: dict[str, float] | None
-    inputs: dict[str, str] = field(default_factory=dict)
+    inputs: Inputs = field(default_factory=dict)
     # FLOPs of the other phase performed inside this phase's busy time (mixed steps)
     shared_step_flops: dict[str, float] = field(default_factory=dict)
     # per phase, the FLOPs and bytes inferred from the records, kept when the engine's
@@ -179,7 +180,7 @@ class RooflineEstimate:
         return bool(self.phase_time_share) and "ttft" in self.phase_time_share
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "inputs": {k: str(v) for k, v in self.inputs.items()}}
 
 
 def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n: int,
@@ -199,46 +200,45 @@ def phase_estimate(dep: Deployment, busy: float, flops: float, nbytes: float, n:
         ceiling_exceeded=exceeded, weight_bytes=weight_bytes)
 
 
-def _weights(c: dict, rows: np.ndarray) -> np.ndarray:
-    """The requests each of ``rows`` stands for (1 where the columns carry no weight)."""
-    w = c.get("weight")
-    return np.ones(int(rows.sum())) if w is None else np.nan_to_num(w[rows], nan=1.0)
+def _weights(c: WindowColumns, rows: np.ndarray) -> np.ndarray:
+    """The requests each of ``rows`` stands for (1 where no weight is known)."""
+    return np.nan_to_num(c.weight[rows], nan=1.0)
 
 
-def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
-            steps: dict | None = None):
+def _decode(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inputs,
+            steps: ReportedSteps | None = None):
     m = dep.model
     reported = reported_steps(steps, lo, hi)
     if reported is not None:  # the engine's own steps: the requests in each forward
-        inputs["decode_batch"] = "engine_decode_steps"
+        inputs["decode_batch"] = InputSource("engine_decode_steps")
     # without a decode estimate the engine's batch and step are still reported
     none = (None, *reported) if reported is not None else (None, None, None)
-    first, last = c["first_token_at"], c["last_token_at"]
+    first, last = c.first_token_at, c.last_token_at
     timed = ~np.isnan(first) & ~np.isnan(last) & (last > lo) & (first < hi)
-    ok = timed & (c["steps"] > 0) & (c["prompt"] >= 0) & (c["output"] > 1)
+    ok = timed & (c.steps > 0) & (c.prompt >= 0) & (c.output > 1)
     if not ok.any():
-        inputs["decode"] = "unavailable: " + (
+        inputs["decode"] = unavailable(
             "no first and last token times" if not timed.any() else
             "prompt tokens unknown (each step reads the KV cache of the whole context)"
-            if not (timed & (c["prompt"] >= 0)).any() else
+            if not (timed & (c.prompt >= 0)).any() else
             "no request with more than one output token")
         return none
     first, last, w = first[ok], last[ok], _weights(c, ok)
-    n_tokens, prompt, out = c["steps"][ok].astype(float), c["prompt"][ok], c["output"][ok]
+    n_tokens, prompt, out = c.steps[ok].astype(float), c.prompt[ok], c.output[ok]
     busy, _ = busy_time(first, last, w, lo, hi)
     f = inside_fraction(first, last, lo, hi) * w  # the part inside, of the requests it is
     duration = (last - first) * f
     if busy <= 0 or duration.sum() <= 0:
-        inputs["decode"] = "unavailable: decode intervals have no length in the range"
+        inputs["decode"] = unavailable("decode intervals have no length in the range")
         return none
-    timed = c["timed"][ok]
-    inputs["decode_steps"] = ("token_gaps" if timed.all() else
-                              "tpot" if not timed.any() else "token_gaps+tpot")
+    timed = c.timed[ok]
+    inputs["decode_steps"] = InputSource("token_gaps" if timed.all() else
+                                         "tpot" if not timed.any() else "token_gaps+tpot")
     if reported is not None:
         batch, step = reported
         n_steps = busy / step
     else:
-        inputs["decode_batch"] = "overlapping_decode_intervals"
+        inputs["decode_batch"] = InputSource("overlapping_decode_intervals")
         batch = duration.sum() / busy
         # sampled: 1/c of a sample's count is biased (a sample of 1 in 10 decoding
         # reads c = 10 where 3 were); the busy time estimated from it is not
@@ -257,34 +257,34 @@ def _decode(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict,
                           weight_bytes=weights), batch, step
 
 
-def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
+def _prefill(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inputs):
     m = dep.model
-    (sched, client), first = prefill_start(c), c["first_token_at"]
+    (sched, client), first = prefill_start(c), c.first_token_at
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
-    uncached_col = c["uncached"]
+    uncached_col = c.uncached
     if client:  # the prompt's own cache hits are unknown: every token computed
         inputs["prefill_interval"] = CLIENT_PREFILL
-        unknown = (uncached_col < 0) & (c["prompt"] >= 0)
+        unknown = (uncached_col < 0) & (c.prompt >= 0)
         if (unknown & timed).any():
             inputs["cached_tokens"] = CLIENT_CACHED
-            uncached_col = np.where(unknown, c["prompt"], uncached_col)
+            uncached_col = np.where(unknown, c.prompt, uncached_col)
     ok = timed & (uncached_col >= 0)
     if not ok.any():
-        inputs["prefill"] = "unavailable: " + (
+        inputs["prefill"] = unavailable(
             ("no arrival and first-token times" if client else
              "no scheduled and first-token times") if not timed.any() else
-            "prompt tokens unknown" if (c["prompt"][timed] < 0).all() else
+            "prompt tokens unknown" if (c.prompt[timed] < 0).all() else
             "cached prompt tokens unknown (the server does not say how many prompt tokens "
             "its prefix cache served; for vLLM give --engine-metrics-url for its hit rate)")
         return None
     sched, first, w = sched[ok], first[ok], _weights(c, ok)
     busy, union = busy_time(sched, first, w, lo, hi)
     if busy <= 0:
-        inputs["prefill"] = "unavailable: prefill intervals have no length in the range"
+        inputs["prefill"] = unavailable("prefill intervals have no length in the range")
         return None
     f = inside_fraction(sched, first, lo, hi) * w  # the part inside, of the requests it is
     uncached = uncached_col[ok].astype(float)
-    cached = np.maximum(c["prompt"][ok], 0) - uncached
+    cached = np.maximum(c.prompt[ok], 0) - uncached
     flops = float(np.sum(model_costs.prefill_flops(m, uncached, cached) * f))
     inside = (first >= lo) & (first <= hi)
     completions = len(np.unique(np.round(first[inside] / SAME_STEP_SECONDS)))
@@ -294,54 +294,54 @@ def _prefill(dep: Deployment, c: dict, lo: float, hi: float, inputs: dict):
     n_steps = max(completions + chunks, 1.0)
     weights = n_steps * float(model_costs.weight_bytes_read(m, (uncached * f).sum() / n_steps))
     kv = model_costs.kv_bytes_per_token(m) * float(((uncached + cached) * f).sum())
-    inputs["prefill_steps"] = "distinct_first_token_times+chunks"
+    inputs["prefill_steps"] = InputSource("distinct_first_token_times+chunks")
     return phase_estimate(dep, busy, flops, weights + kv, int(ok.sum()), weight_bytes=weights)
 
 
-def _shares(c: dict, sel: np.ndarray) -> dict[str, float] | None:
+def _shares(c: WindowColumns, sel: np.ndarray) -> dict[str, float] | None:
     """``window.phase_time_shares`` without the phases no request reports; None when
     there is nothing to share."""
-    shares = phase_time_shares(c, sel)
+    shares = phase_time_shares(c.phases(), sel)
     if shares["queue"] is None and shares["ttft"] is None:
         return None
     return {k: v for k, v in shares.items() if v is not None}
 
 
-def analysis_range(cols: dict[str, np.ndarray], window_seconds: float
+def analysis_range(cols: WindowColumns, window_seconds: float
                    ) -> tuple[float, float] | None:
     """[lo, hi] on the sender's clock (see the module docstring), or None without data."""
-    end = cols["end_at"]
+    end = cols.end_at
     if not (has_end := ~np.isnan(end)).any():
         return None
     newest, oldest = float(end[has_end].max()), float(end[has_end].min())
-    start = np.fmin(cols["scheduled_at"], cols["first_token_at"])[has_end]
+    start = np.fmin(cols.scheduled_at, cols.first_token_at)[has_end]
     in_engine = (end[has_end] - start)[~np.isnan(start)]
     lag = float(np.quantile(in_engine, RANGE_END_QUANTILE)) if in_engine.size else 0.0
     hi = max(newest - lag, oldest + 0.5 * min(window_seconds, newest - oldest))
     return max(hi - window_seconds, oldest), hi
 
 
-def _overlap(c: dict, lo: float, hi: float, prefill: PhaseEstimate | None,
+def _overlap(c: WindowColumns, lo: float, hi: float, prefill: PhaseEstimate | None,
              decode: PhaseEstimate | None) -> float:
     """Seconds in which both phases ran (steps carrying decode tokens and a prefill
     chunk, under chunked prefill): |P| + |D| - |P or D|."""
     if prefill is None or decode is None:
         return 0.0
-    w = _weights(c, np.ones(len(c["end_at"]), dtype=bool))
-    both, _ = busy_time(np.concatenate([prefill_start(c)[0], c["first_token_at"]]),
-                        np.concatenate([c["first_token_at"], c["last_token_at"]]),
+    w = _weights(c, np.ones(len(c.end_at), dtype=bool))
+    both, _ = busy_time(np.concatenate([prefill_start(c)[0], c.first_token_at]),
+                        np.concatenate([c.first_token_at, c.last_token_at]),
                         np.concatenate([w, w]), lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
 
 
-def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model: str,
-                 engine: str, steps: dict | None = None) -> RooflineEstimate:
-    end = cols["end_at"]
-    inputs: dict[str, str] = {}
+def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
+                 model: str, engine: str, steps: ReportedSteps | None = None) -> RooflineEstimate:
+    end = cols.end_at
+    inputs: Inputs = {}
     decode = batch = step = prefill = None
     shared: dict[str, float] = {}
     if dep is None:
-        inputs["roofline"] = "no deployment configured for this model"
+        inputs["roofline"] = InputSource("no deployment configured for this model")
     else:
         decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
         prefill = _prefill(dep, cols, lo, hi, inputs)
@@ -365,8 +365,8 @@ def _estimate_in(cols: dict, dep: Deployment | None, lo: float, hi: float, model
         phase_time_share=shares, inputs=inputs,
         shared_step_flops=shared, inferred=inferred,
         decode_step_roofline_seconds=roof[0], decode_step_weights_seconds=roof[1],
-        decode_step_by_batch=step_by_batch(cols["first_token_at"], cols["last_token_at"],
-                                           cols["steps"].astype(float), lo, hi)
+        decode_step_by_batch=step_by_batch(cols.first_token_at, cols.last_token_at,
+                                           cols.steps.astype(float), lo, hi)
         if decode is not None else None)
 
 
@@ -389,8 +389,8 @@ def _step_roofline(dep: Deployment | None, decode: PhaseEstimate | None,
     return max(memory, compute), decode.weight_bytes / steps / bandwidth
 
 
-def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, window_seconds: float,
-             model: str = "", engine: str = "", steps: dict | None = None
+def estimate(cols: WindowColumns, dep: Deployment | None, window_seconds: float,
+             model: str = "", engine: str = "", steps: ReportedSteps | None = None
              ) -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
 
@@ -409,12 +409,12 @@ def estimate(cols: dict[str, np.ndarray], dep: Deployment | None, window_seconds
     if bounds is None or bounds[1] <= bounds[0]:
         return None
     est = _estimate_in(cols, dep, *bounds, model, engine, steps)
-    newest = float(np.nanmax(cols["end_at"]))
+    newest = float(np.nanmax(cols.end_at))
     if dep is not None and (est.decode is None or est.prefill is None) and newest > bounds[1]:
         lo = max(newest - window_seconds, bounds[0])
         wider = _estimate_in(cols, dep, lo, newest, model, engine, steps)
         if (wider.decode is not None) + (wider.prefill is not None) > (
                 est.decode is not None) + (est.prefill is not None):
-            wider.inputs["range"] = "to_newest_request"
+            wider.inputs["range"] = InputSource("to_newest_request")
             return wider
     return est

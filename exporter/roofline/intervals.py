@@ -12,7 +12,12 @@ the batch (``step_by_batch``); and decodes against others' prefills
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.aggregation.window import ReportedSteps
 
 # Requests whose first tokens are this close together completed prefill in the same
 # engine step (real engines stamp a whole step's outputs with one time).
@@ -66,12 +71,12 @@ def inside_fraction(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) 
     return np.clip(f, 0.0, 1.0)
 
 
-def reported_steps(steps: dict | None, lo: float, hi: float):
+def reported_steps(steps: ReportedSteps | None, lo: float, hi: float):
     """(mean requests per step, mean step seconds) of the engine's own decode steps in
     [lo, hi] (TGI's), each weighted by its fraction inside; None without any."""
-    if steps is None or not len(steps["start"]):
+    if steps is None or not len(steps.start):
         return None
-    s, e, size = steps["start"], steps["end"], steps["size"]
+    s, e, size = steps.start, steps.end, steps.size
     inside = (e > lo) & (s < hi) & (size > 0) & (e > s)
     if not inside.any():
         return None
@@ -82,21 +87,21 @@ def reported_steps(steps: dict | None, lo: float, hi: float):
             float(((e - s)[inside] * f).sum() / f.sum()))
 
 
-def prefill_start(c: dict) -> tuple[np.ndarray, bool]:
+def prefill_start(c: WindowColumns) -> tuple[np.ndarray, bool]:
     """Where each request's prefill interval starts: its scheduling, or, where no request
     of the window has one (the client's view: a tap's records), its arrival (True)."""
-    sched, arrival = c["scheduled_at"], c.get("arrival")
-    if arrival is None or (~np.isnan(sched)).any() or np.isnan(arrival).all():
+    sched, arrival = c.scheduled_at, c.arrival
+    if (~np.isnan(sched)).any() or np.isnan(arrival).all():
         return sched, False
     return arrival, True
 
 
-def prefill_steps(c: dict) -> tuple[np.ndarray, np.ndarray]:
+def prefill_steps(c: WindowColumns) -> tuple[np.ndarray, np.ndarray]:
     """The engine steps that completed a prefill: their ends (the distinct first-token
     times, sorted; requests whose first tokens are within ``SAME_STEP_SECONDS`` completed
     in one step) and how long each took at most (the shortest [scheduled, first token]
     of the requests completed in it)."""
-    sched, first = c["scheduled_at"], c["first_token_at"]
+    sched, first = c.scheduled_at, c.first_token_at
     seen = ~np.isnan(sched) & ~np.isnan(first) & (first >= sched)
     key = np.round(first[seen] / SAME_STEP_SECONDS)
     order = np.argsort(key)
@@ -223,10 +228,10 @@ def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: fl
             "requests": int(ok.sum())}
 
 
-def _prefill_cover(cols: dict):
+def _prefill_cover(cols: WindowColumns):
     """The length of the union of the window's prefill intervals (scheduled to first
     token) before each time ``t``, as a function; None without two prefills."""
-    sched, first = cols["scheduled_at"], cols["first_token_at"]
+    sched, first = cols.scheduled_at, cols.first_token_at
     pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched)
     if pre.sum() < 2:
         return None
@@ -245,11 +250,11 @@ def _prefill_cover(cols: dict):
     return covered
 
 
-def decode_shared_with_prefill(cols: dict) -> np.ndarray:
+def decode_shared_with_prefill(cols: WindowColumns) -> np.ndarray:
     """Per request, the share of its decode interval (first to last token) during which
     some request of the window was prefilling; NaN without a decode interval or without
     two prefills to tell from."""
-    first, last = cols["first_token_at"], cols["last_token_at"]
+    first, last = cols.first_token_at, cols.last_token_at
     out = np.full(len(first), np.nan)
     covered = _prefill_cover(cols)
     dec = ~np.isnan(first) & ~np.isnan(last) & (last > first)
@@ -259,14 +264,27 @@ def decode_shared_with_prefill(cols: dict) -> np.ndarray:
     return out
 
 
-def decode_slowdown(cols: dict, lo: float, hi: float) -> dict | None:
+@dataclass(frozen=True)
+class SlowdownFit:
+    """``decode_slowdown``'s line: TPOT of a decode that shares no step with a prefill
+    and of one that shares every step, over the decodes fitted, and the share of their
+    decode time that ran beside prefills. The cause's evidence as ``asdict`` gives it."""
+
+    tpot_without_prefill: float
+    tpot_sharing_every_step: float
+    slowdown: float  # the second over the first
+    decodes_fitted: int
+    decode_time_shared: float
+
+
+def decode_slowdown(cols: WindowColumns, lo: float, hi: float) -> SlowdownFit | None:
     """How much slower decoding runs while other requests prefill, from the records: per
     request, the share of its decode interval that overlaps someone's prefill and its
     TPOT; a least-squares line TPOT = a + b x share gives the TPOT of a decode that
     shares every step, (a + b), against one that shares none, (a). None when the shares
     do not spread enough to fit (every decode overlaps prefills alike)."""
-    first, last = cols["first_token_at"], cols["last_token_at"]
-    steps = cols["steps"].astype(float)
+    first, last = cols.first_token_at, cols.last_token_at
+    steps = cols.steps.astype(float)
     dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (steps > 0) & (
         first >= lo) & (last <= hi)
     covered = _prefill_cover(cols)
@@ -280,6 +298,5 @@ def decode_slowdown(cols: dict, lo: float, hi: float) -> dict | None:
     slope, base = np.polyfit(share, tpot, 1)
     if base <= 0:
         return None
-    return {"tpot_without_prefill": float(base), "tpot_sharing_every_step": float(base + slope),
-            "slowdown": float((base + slope) / base), "decodes_fitted": int(dec.sum()),
-            "decode_time_shared": float((share * (b - a)).sum() / (b - a).sum())}
+    return SlowdownFit(float(base), float(base + slope), float((base + slope) / base),
+                       int(dec.sum()), float((share * (b - a)).sum() / (b - a).sum()))

@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 from phasewatch.roofline import ceiling
 from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.cause_limits import RULES
-from phasewatch.roofline.decode_step import overhead_levers, step_evidence, step_sentence
+from phasewatch.roofline.decode_step import DecodeStep, overhead_levers, step_sentence
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.slo_verdict import Attainment
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
@@ -141,6 +142,7 @@ class Verdict:
     cause: Cause | None = None
     lead: str = ""  # the objectives' sentence the text starts with ("" without objectives)
     view: str = "engine"  # "client": from a stream tap's records alone (no engine spans)
+    step: DecodeStep | None = None  # a decode's step against the roofline's (evidence too)
 
     @property
     def headline(self) -> str:
@@ -212,7 +214,7 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
 
 
 def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None,
-           diagnose=None, slo: dict | None = None) -> Verdict | None:
+           diagnose=None, slo: Attainment | None = None) -> Verdict | None:
     """The verdict for one estimate, with hysteresis against ``previous``; ``diagnose``,
     called with the phase decided, gives its cause (``cause.diagnose`` bound to the
     window's columns and the engine's state) or None; ``slo``, the window's objectives
@@ -230,11 +232,12 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     if by_misses is None and previous is not None and previous.phase in shares and \
             phase != previous.phase and shares[phase] < shares[previous.phase] + HYSTERESIS:
         phase = previous.phase
-    ranked = slo["missed_by_phase"] if by_misses else shares
+    ranked = slo.missed_by_phase if by_misses else shares
     runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
     evidence: dict = {"phase_time_share": shares, "requests": est.requests}
+    step = None
     if slo is not None:
-        evidence["slo"] = slo
+        evidence["slo"] = slo.as_dict()
     if est.decode_batch_size is not None:
         evidence["decode_batch_size"] = est.decode_batch_size
     if phase == "queue":
@@ -252,9 +255,10 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
         resource, used, detail = _utilization(est, dep, roof)
         evidence.update(detail)
         if resource == "unknown" and roof in est.inputs:
-            evidence["unavailable"] = est.inputs[roof].removeprefix("unavailable: ")
+            evidence["unavailable"] = est.inputs[roof].detail
         if phase == "decode":
-            evidence.update(step_evidence(est))
+            step = DecodeStep.of(est)
+            evidence.update(step.evidence())
         util_margin = 0.0
         if used is not None:
             bound = BOUND_FRACTION
@@ -267,8 +271,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
                 resource = "overhead"
             util_margin = min(1.0, abs(used - BOUND_FRACTION) / RULES.margin_scale)
     share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / RULES.margin_scale))
-    inputs = (1.0 if est.inputs.get("decode_steps", "token_gaps") == "token_gaps" else
-              RULES.tpot_inputs)
+    steps = est.inputs.get("decode_steps")
+    inputs = 1.0 if steps is None or steps.label == "token_gaps" else RULES.tpot_inputs
     sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
     floor = RULES.floor
     confidence = round(sample * inputs * (floor + (1 - floor) * share_margin) *
@@ -283,11 +287,11 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     level = ("high" if confidence >= RULES.high else
              "medium" if confidence >= RULES.medium else "low")
     levers = (cause.levers if cause is not None and cause.levers else
-              _levers(phase, resource, evidence, dep))
+              _levers(phase, resource, step, dep))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
                       confidence_level=level, evidence=evidence, levers=levers, cause=cause,
                       lead=slo_lead(slo, by_misses),
-                      view="client" if est.client_view else "engine")
+                      view="client" if est.client_view else "engine", step=step)
     if verdict.view == "client":
         evidence["view"] = "client"
     verdict.text = describe(verdict, dep)
@@ -305,12 +309,12 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
 # said after a verdict made from the client's view alone
 CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
                "first token holds the queue and the prefill undivided.)")
-def _levers(phase: str, resource: str, evidence: dict, dep: Deployment | None = None
-            ) -> tuple[str, ...]:
+def _levers(phase: str, resource: str, step: DecodeStep | None,
+            dep: Deployment | None = None) -> tuple[str, ...]:
     """The (phase, resource) levers, or an overhead-bound decode's as its step tells
     (``decode_step.overhead_levers``), in the words of the hardware (``for_hardware``)."""
     if (phase, resource) == ("decode", "overhead"):
-        told = overhead_levers(evidence)
+        told = overhead_levers(step)
         if told is not None:
             return for_hardware(told, dep)
     return for_hardware(LEVERS.get((phase, resource), ()), dep)
@@ -380,7 +384,7 @@ def describe(v: Verdict, dep: Deployment | None) -> str:
             f"{'datasheet' if hw.datasheet else 'measured'} peaks of {hw.name} x{hw.gpus}, "
             f"at {e['arithmetic_intensity']:.0f} "
             f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
-    step = step_sentence(e, v.resource == "overhead") if v.phase == "decode" else ""
+    step = step_sentence(v.step, v.resource == "overhead") if v.phase == "decode" else ""
     if v.resource == "overhead" and v.phase == "ttft":
         used = e["of_achievable_flops"] + e["of_achievable_bandwidth"]
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "

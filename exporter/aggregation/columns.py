@@ -1,0 +1,77 @@
+"""The rolling window's requests as columns (``RollingWindow.columns()``): one array per
+field, one row per request, for the roofline (its estimate, the cause, the objectives'
+figures). The fields are the ring's (``window_rows.RING_*``), named in one place here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from phasewatch.aggregation.window_rows import RING_FLOAT, RING_INT, RING_SLO
+
+
+@dataclass(frozen=True)
+class WindowColumns:
+    """Requests in the window, by column. Times are the sender's Unix seconds (NaN
+    unknown), phases seconds, token counts -1 where unknown (``window_rows``)."""
+
+    t: np.ndarray  # when the exporter ingested it (its own clock)
+    arrival: np.ndarray
+    preprocess: np.ndarray
+    queue: np.ndarray
+    prefill: np.ndarray
+    kv_transfer: np.ndarray
+    ttft: np.ndarray
+    decode: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    scheduled_at: np.ndarray
+    first_token_at: np.ndarray
+    last_token_at: np.ndarray
+    end_at: np.ndarray
+    done_at: np.ndarray
+    weight: np.ndarray  # the requests each stands for (1/p of a sampled trace)
+    ls: np.ndarray  # label set
+    prompt: np.ndarray
+    cached: np.ndarray
+    uncached: np.ndarray
+    output: np.ndarray
+    finish_reason: np.ndarray
+    steps: np.ndarray  # decode steps it took (token gaps, else output - 1)
+    timed: np.ndarray  # 1 where steps came from emission times
+    slo_outcome: np.ndarray  # [request, objective]
+    slo_phase: np.ndarray
+
+    @classmethod
+    def of(cls, columns: Mapping[str, np.ndarray]) -> WindowColumns:
+        """From arrays by name; a column not given is unknown in every row (NaN, -1):
+        a test's few columns, or the ring's whole set."""
+        n = len(next(iter(columns.values()))) if columns else 0
+        missing = {f.name: _unknown(f.name, n) for f in fields(cls) if f.name not in columns}
+        return cls(**columns, **missing)
+
+    def __len__(self) -> int:
+        return len(self.end_at)
+
+    def where(self, rows: np.ndarray) -> WindowColumns:
+        """The rows ``rows`` selects (a mask or indices)."""
+        return WindowColumns(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def phases(self) -> dict[str, np.ndarray]:
+        """The phase columns, for ``window.phase_time_shares``."""
+        return {k: getattr(self, k) for k in ("preprocess", "queue", "prefill",
+                                               "kv_transfer", "ttft", "decode")}
+
+
+def _unknown(name: str, n: int) -> np.ndarray:
+    if name in RING_SLO:
+        return np.full((n, 0), -1, np.int8)
+    if name in RING_FLOAT:
+        return np.full(n, np.nan)
+    return np.zeros(n, np.int64) if name == "timed" else np.full(n, -1, np.int64)
+
+
+assert {f.name for f in fields(WindowColumns)} == {*RING_FLOAT, *RING_INT, *RING_SLO}
