@@ -20,7 +20,7 @@ from phasewatch.client import PhasewatchClient
 from phasewatch.ingest import wire
 from phasewatch.ingest.lifecycle import EventKind, LifecycleEvent
 from tests.conftest import scrape
-from tests.serve import ServeProcess
+from tests.support.serve import ServeProcess
 
 NAMES = 1_000_000
 SPANS = 300_000  # OTLP spans each from a new pod with new ids, three rounds of them

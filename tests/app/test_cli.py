@@ -11,6 +11,7 @@ import pytest
 
 from phasewatch.commands import SCENARIO_MENU
 from tests.conftest import Scrape
+from tests.support import ROOT
 
 PHASEWATCH = [sys.executable, "-m", "phasewatch.cli"]
 
@@ -207,7 +208,7 @@ def test_simulate_over_otlp_with_the_sdk_exporter(exporter, protocol, shape):
 def test_serve_logs_the_resolved_roofline_at_start(tmp_path):
     """Issue 26: what the roofline was resolved to (model, part x GPUs, dtype, ceilings,
     their sources) was nowhere in the log."""
-    from tests.serve import ServeProcess
+    from tests.support.serve import ServeProcess
 
     serve = ServeProcess(tmp_path, "--model", "Llama-3.1-8B", "--hardware", "H100-SXM").start()
     try:
@@ -224,7 +225,7 @@ def test_serve_logs_the_resolved_roofline_at_start(tmp_path):
 
 def _roofline_lines(*flags: str, tmp_path) -> list[str]:
     """``serve`` (every port 0) started with ``flags``: its log lines about the roofline."""
-    from tests.serve import ServeProcess
+    from tests.support.serve import ServeProcess
 
     serve = ServeProcess(tmp_path, *flags).start()
     try:
@@ -345,12 +346,11 @@ def test_the_readme_and_the_demo_name_the_scenario_menu_where_the_page_has_it():
     """Issue 37: the README and the demo said the scenario selector was "at the top
     right"; the page has it in its top bar (the dark header), after the model and
     engine menus, at the left on a wide screen. One wording, in both, of that place."""
-    from pathlib import Path
 
     from phasewatch.dashboard.app import ScenarioControl, create_app
     from phasewatch.dashboard.exporter_source import ExporterSource
 
-    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = " ".join((ROOT / "README.md").read_text()
                       .split())
     assert f"Switch the workload with {SCENARIO_MENU}" in readme
     assert "top right" not in readme

@@ -6,7 +6,7 @@ from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
 from tests.conftest import scrape
-from tests.prom import free_port
+from tests.support.prom import free_port
 
 T = 1_700_000_000.0
 

@@ -18,7 +18,7 @@ import json
 import time
 import urllib.request
 
-from tests.test_dashboard_browser import Demo
+from tests.dashboard.test_dashboard_browser import Demo
 
 SETTLE_S = 120.0  # the README promises the banner within about 40 s; CI machines are slow
 POLL_S = 60.0

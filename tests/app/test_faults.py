@@ -19,8 +19,8 @@ from phasewatch.ingest import wire
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.sim.otlp_shapes import OtlpSink
 from tests.conftest import scrape
-from tests.prom import PrometheusServer
-from tests.serve import ServeProcess
+from tests.support.prom import PrometheusServer
+from tests.support.serve import ServeProcess
 
 EXPORT = "/phasewatch.v1.Phasewatch/Export"
 

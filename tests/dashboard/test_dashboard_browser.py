@@ -23,8 +23,8 @@ from phasewatch.dashboard.app import DashboardServer, create_app
 from phasewatch.dashboard.exporter_source import ExporterSource
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
-from tests.browser import Browser
 from tests.conftest import TEST_PORTS
+from tests.support.browser import Browser
 
 # scenario -> the verdict the banner must name (phase, resource)
 EXPECTED = {"long_generation": ("decode", "memory_bandwidth"),

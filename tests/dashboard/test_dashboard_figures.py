@@ -24,7 +24,8 @@ from phasewatch.dashboard.frames import ALL, Selection, Snapshot, SourceError
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
-from tests.prom import free_port
+from tests.support import ROOT
+from tests.support.prom import free_port
 
 MODELS = {"Llama-3.1-8B": "long_generation", "Qwen2.5-7B": "rag", "Mistral-7B": "chat"}
 
@@ -489,11 +490,10 @@ def test_every_scenario_the_dropdown_offers_is_documented():
     """Issue 26: the demo's scenario dropdown offered ``api_bound``, which no doc named.
     docs/commands.md's scenario table lists exactly the simulator's scenarios (the
     dropdown offers every one), each with its workload and the banner it gives."""
-    from pathlib import Path
 
     from phasewatch.sim.scenarios import SCENARIOS
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
+    text = (ROOT / "docs" / "commands.md").read_text()
     table = text.split("| scenario | workload | the banner reads |", 1)[1].split("\n\n", 1)[0]
     rows = [[c.strip() for c in line.strip("|").split("|")]
             for line in table.strip().splitlines()[1:]]

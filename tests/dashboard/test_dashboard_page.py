@@ -22,9 +22,9 @@ from phasewatch.requests.record import RequestRecord
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.otlp_shapes import provider, tracer_for
 from phasewatch.sim.scenarios import scenario
-from tests.browser import Browser
 from tests.conftest import TEST_PORTS
-from tests.test_dashboard_browser import Demo, _both_phase_points, _feed, _footer_changes
+from tests.dashboard.test_dashboard_browser import Demo, _both_phase_points, _feed, _footer_changes
+from tests.support.browser import Browser
 
 WIDTHS = (900, 1280, 1920, 2560)  # one, two, three and (capped) three columns
 GAP = 10  # .pw-grid's gap, px

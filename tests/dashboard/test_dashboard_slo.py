@@ -1,8 +1,8 @@
 """The objectives (--slo) on the dashboard: their cards and attainment over time from the
 exporter's JSON API, hidden where no objective is set, and the Prometheus source's
 figures and verdict sentence from the exporters' counters. The same through a real
-Prometheus and in a real browser: tests/test_dashboard_prometheus.py and
-tests/test_dashboard_browser.py."""
+Prometheus and in a real browser: tests/dashboard/test_dashboard_prometheus.py and
+tests/dashboard/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_the_sampled_share_has_a_card_only_where_traces_were_sampled():
     """Issue 29: counts weighted by 1 / p say so on the page; unsampled, no card. From
     Prometheus: the received requests' rate over the weighted one."""
     from phasewatch.dashboard import queries as q
-    from tests.test_dashboard_cause import LABELS, LIVE, _prometheus_snapshot
+    from tests.dashboard.test_dashboard_cause import LABELS, LIVE, _prometheus_snapshot
 
     plain = _prometheus_snapshot(LIVE)
     assert "kpi-sampled_share" not in [c.id for c in panels.kpi_cards(plain.kpis)]

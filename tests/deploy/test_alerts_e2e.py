@@ -46,14 +46,14 @@ from phasewatch.sim.engine import EngineConfig
 from phasewatch.sim.scenarios import Scenario
 from phasewatch.sim.workload import Lengths, Workload
 from tests.conftest import TEST_PORTS
-from tests.prom import PrometheusServer
-from tests.test_engine_metrics import Pages
+from tests.roofline.test_engine_metrics import Pages
+from tests.support import ROOT
+from tests.support.prom import PrometheusServer
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "deploy" / "prometheus"))
 sys.path.insert(0, str(ROOT / "grafana"))
-import generate as grafana  # noqa: E402
-import generate_rules  # noqa: E402
+import generate as grafana
+import generate_rules
 
 WINDOW, OFFSET = "20s", "40s"
 BASELINE_S = 50.0  # long enough for one full window at the offset
@@ -295,14 +295,14 @@ def test_the_shipped_rules_parse_against_prometheus(fired):
 # Panels with data only where something happens that this scenario does not do; each
 # must still parse here, and returns data in the test named.
 ONLY_WHERE = {
-    "Sampled traces": "traces sampled upstream: tests/test_otlp_sampling.py::"
+    "Sampled traces": "traces sampled upstream: tests/ingest/test_otlp_sampling.py::"
                       "test_the_sampled_share_through_prometheus_on_the_dashboard_and_"
                       "grafanas_panel",
 }
 # expressions with data only where something is (by a piece of the expression): the
 # client's-view line of the Bottleneck stat, where a tap's records are all there is
 ONLY_WHERE_EXPR = {
-    'origin="client_view"': "a tap's records alone: tests/test_client_view.py::"
+    'origin="client_view"': "a tap's records alone: tests/roofline/test_client_view.py::"
                             "test_grafanas_bottleneck_says_client_view_through_a_real_"
                             "prometheus",
 }

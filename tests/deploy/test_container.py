@@ -21,9 +21,9 @@ import yaml
 from phasewatch.cli import build_parser
 from phasewatch.config import load_serve_config
 from tests.conftest import require_binary
-from tests.prom import NATIVE_SCRAPE_KEYS, native_by_config
+from tests.support import ROOT
+from tests.support.prom import NATIVE_SCRAPE_KEYS, native_by_config
 
-ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 

@@ -3,7 +3,7 @@ traces the OpenTelemetry Collector's load-balancing exporter (``routing_key: tra
 would send it, and one more ``phasewatch serve`` fed everything; a real Prometheus
 scrapes the four (docs/deploy.md, "Sidecar or fleet").
 
-The routing is the Collector's hash ring (``tests/collector_ring.py``, where the
+The routing is the Collector's hash ring (``tests/support/collector_ring.py``, where the
 upstream file and versions are cited), keyed by the backends' ``host:port`` as the static
 resolver gives them; spans go out through the OpenTelemetry SDK's own OTLP/gRPC
 exporters, one per replica, each sent only its shard. The replicas run the fleet
@@ -33,7 +33,6 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from opentelemetry import context
@@ -54,12 +53,12 @@ from phasewatch.sim.scenarios import scenario
 from phasewatch.tap import trace_headers
 from phasewatch.tap.observed import Observed
 from phasewatch.tap.otlp_out import OtlpRecorder
-from tests.collector_ring import CollectorRoute, Ring
 from tests.conftest import scrape, wait_for
-from tests.prom import PrometheusServer
-from tests.serve import ServeProcess
+from tests.support import ROOT
+from tests.support.collector_ring import CollectorRoute, Ring
+from tests.support.prom import PrometheusServer
+from tests.support.serve import ServeProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 FLEET_CONFIG = ROOT / "deploy" / "kubernetes" / "fleet" / "phasewatch.toml"
 SGLANG = ROOT / "tests" / "fixtures" / "otlp" / "engines" / "sglang-0.5.23"
 WALL0_NS = 1_793_613_600 * 10**9  # the SGLang fixture's t = 0 (its README)
@@ -356,7 +355,7 @@ def test_the_fleet_sums_to_one_exporter_and_joins_every_request_on_its_shard(
 def test_the_ring_is_the_collectors_and_moves_a_quarter_of_the_traces_to_a_fourth_replica():
     """The upstream test vectors; order-invariance; and what docs/deploy.md says moves
     when a replica is added: about 1/N of the trace ids, all of them to the new one."""
-    from tests.collector_ring import UPSTREAM_VECTORS
+    from tests.support.collector_ring import UPSTREAM_VECTORS
 
     for endpoints, weight, items in UPSTREAM_VECTORS["positions"]:
         assert Ring(endpoints, weight=weight).items == items

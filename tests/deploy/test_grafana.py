@@ -9,11 +9,12 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
-GRAFANA = Path(__file__).resolve().parents[1] / "grafana"
+from tests.support import ROOT
+
+GRAFANA = ROOT / "grafana"
 DOC = json.loads((GRAFANA / "dashboards" / "phasewatch.json").read_text())
 
 

@@ -48,12 +48,12 @@ from phasewatch.ingest.adapters import vllm as vllm_adapter
 from phasewatch.roofline import catalog
 from phasewatch.roofline.deployments import resolve
 from tests.conftest import require_binary, terminate, wait_for
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
 # The central overlay: the OpenTelemetry Collector in front of phasewatch replicas
-# (tests/test_kubernetes_fleet.py); every other overlay is a server with its sidecar.
+# (tests/deploy/test_kubernetes_fleet.py); every other overlay is a server with its sidecar.
 FLEET = "gateway"
 SIDECAR_OVERLAYS = [o for o in OVERLAYS if o != FLEET]
 # Copy-paste examples (examples/<name>): phasewatch added to a Deployment the user runs.

@@ -7,10 +7,10 @@ Service's EndpointSlices; the engines send their OTLP to the Collector's Service
 replica is scraped on its own; the replicas' configuration is phasewatch's own central
 mode; the dashboard reads Prometheus (the replicas summed), not one replica.
 
-The renders and helpers are tests/test_kubernetes.py's (every overlay also passes the
+The renders and helpers are tests/deploy/test_kubernetes.py's (every overlay also passes the
 checks there: schemas, namespace, images, probes, annotations). What only a cluster
 shows (the Collector pulling the image, resolving the endpoints, routing) is not run
-here: tests/test_fleet.py runs phasewatch replicas fed as the Collector's ring feeds them.
+here: tests/deploy/test_fleet.py runs phasewatch replicas fed as the Collector's ring feeds them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 from phasewatch.cli import build_parser
 from phasewatch.roofline import catalog
 from phasewatch.roofline.deployments import resolve
-from tests.test_kubernetes import (
+from tests.deploy.test_kubernetes import (
     ENGINE_IMAGES,
     FLEET,
     OPERATOR_PIECE,

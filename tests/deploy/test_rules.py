@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import require_binary
+from tests.support import ROOT
 
-PROM = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
+PROM = ROOT / "deploy" / "prometheus"
 
 
 @pytest.mark.parametrize("generator", ["generate_rules.py", "rule_tests.py"])

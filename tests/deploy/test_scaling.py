@@ -19,7 +19,7 @@ from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
 from phasewatch.sim.scenarios import scenario
-from tests.prom import PrometheusServer
+from tests.support.prom import PrometheusServer
 
 PORTS = dict(grpc_port=0, http_port=0, otlp_grpc_port=0, otlp_http_port=0,
              http_host="127.0.0.1")

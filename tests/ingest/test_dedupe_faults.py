@@ -1,6 +1,6 @@
 """Nothing counted twice: replies lost after the exporter processed the batch.
 
-Each real client talks to the exporter through ``tests.faultproxy``, which cuts the
+Each real client talks to the exporter through ``tests.support.faultproxy``, which cuts the
 connection (or holds the reply past the client's deadline) after the exporter has
 ingested the batch and answered. The client retries the same batch; the exporter
 recognises it (phasewatch batch ids, OTLP trace and span ids) and counts it once. The
@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from phasewatch.client import PhasewatchClient
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import scrape
-from tests.faultproxy import FaultProxy
-from tests.test_otlp import _send
+from tests.ingest.test_otlp import _send
+from tests.support.faultproxy import FaultProxy
 
 BATCHES, PER_BATCH = 30, 10
 

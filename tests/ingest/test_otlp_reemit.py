@@ -15,7 +15,7 @@ from phasewatch.app import Exporter
 from phasewatch.config import ServeConfig
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS
-from tests.test_otlp import _grpc, _send
+from tests.ingest.test_otlp import _grpc, _send
 
 
 class Collector(trace_service_pb2_grpc.TraceServiceServicer):

@@ -20,7 +20,6 @@ import math
 import random
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from opentelemetry import context
@@ -44,8 +43,7 @@ from phasewatch.requests.record import RequestRecord
 from phasewatch.requests.sampling import ot_threshold, threshold_probability
 from phasewatch.sim import otlp_shapes
 from tests.conftest import TEST_PORTS, component_text, scrape
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 TTFT_COUNT = "gen_ai_server_time_to_first_token_seconds_count"
 
@@ -187,7 +185,7 @@ def test_the_sampled_share_through_prometheus_on_the_dashboard_and_grafanas_pane
     import sys
 
     from phasewatch.dashboard.prometheus_source import PrometheusSource
-    from tests.prom import PrometheusServer
+    from tests.support.prom import PrometheusServer
 
     sys.path.insert(0, str(ROOT / "grafana"))
     import generate as grafana

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -19,8 +18,9 @@ import pytest
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment
 from tests.conftest import scrape
+from tests.support import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "otlp" / "engines" / "tgi-3.3.7-from-source"
+FIXTURE = FIXTURES / "otlp" / "engines" / "tgi-3.3.7-from-source"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 NS = 1e9
 US = 1e-6

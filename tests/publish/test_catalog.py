@@ -26,9 +26,9 @@ from phasewatch.app import Exporter
 from phasewatch.config import ServeConfig
 from phasewatch.protocol import exposition_pb2 as pb
 from phasewatch.publish import exposition
-from tests import test_golden_metrics as golden
+from tests.publish import test_golden_metrics as golden
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\b(?:phasewatch|gen_ai)_[a-z0-9_]+")
 TYPES = {pb.COUNTER: "counter", pb.GAUGE: "gauge", pb.HISTOGRAM: "histogram"}
 USERS = ("grafana/generate.py", "deploy/prometheus/generate_rules.py", "dashboard/queries.py")

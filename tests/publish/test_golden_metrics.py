@@ -12,7 +12,7 @@ computed values are compared to 9 significant digits.
 Any change to names, HELP texts, label order, buckets, values or formats shows here as
 a diff. When it is meant, regenerate and commit the files::
 
-    PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest tests/test_golden_metrics.py
+    PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest tests/publish/test_golden_metrics.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
@@ -31,8 +30,9 @@ from phasewatch.publish import exposition
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import SCENARIOS
+from tests.support import FIXTURES
 
-GOLDEN = Path(__file__).parent / "fixtures" / "golden"
+GOLDEN = FIXTURES / "golden"
 EPOCH = 1_750_000_000.0
 RUN = 40.0
 ACCEPT = {"text": "text/plain;version=0.0.4",
@@ -120,7 +120,8 @@ def test_the_metrics_page_is_the_golden_one(pages, fmt):
         pytest.fail(f"{path.name} line {first + 1} differs:\n"
                     f"  golden: {want_lines[first] if first < len(want_lines) else '<end>'}\n"
                     f"  now:    {got_lines[first] if first < len(got_lines) else '<end>'}\n"
-                    "(if meant: PHASEWATCH_UPDATE_FIXTURES=1 pytest tests/test_golden_metrics.py)")
+                    "(if meant: PHASEWATCH_UPDATE_FIXTURES=1 pytest "
+                    "tests/publish/test_golden_metrics.py)")
 
 
 def test_the_golden_page_holds_what_the_input_makes(pages):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +18,10 @@ from phasewatch.client import PhasewatchClient
 from phasewatch.publish import exposition
 from phasewatch.publish.families import Exposure, coarse
 from phasewatch.publish.metrics import HotText
-from tests.serve import ServeProcess
-from tests.test_exposition import _aggregator
+from tests.publish.test_exposition import _aggregator
+from tests.support import ROOT
+from tests.support.serve import ServeProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -8,7 +8,7 @@ import numpy as np
 from phasewatch.client import PhasewatchClient
 from phasewatch.requests import buckets
 from phasewatch.sim.scenarios import scenario
-from tests.prom import PrometheusServer
+from tests.support.prom import PrometheusServer
 
 
 def test_prometheus_sees_the_simulators_ttft_and_token_rate(exporter, tmp_path):

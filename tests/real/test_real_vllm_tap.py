@@ -30,9 +30,7 @@ import pytest
 
 from tests.conftest import Scrape, terminate
 from tests.engines.otlp_capture import OtlpCapture
-from tests.prom import free_port
-from tests.serve import ServeProcess
-from tests.test_real_vllm import (
+from tests.real.test_real_vllm import (
     MODEL_NAME,
     ROOT,
     ensure_model,
@@ -49,6 +47,8 @@ from tests.test_real_vllm import (
     vllm_figures,
     wait_for,
 )
+from tests.support.prom import free_port
+from tests.support.serve import ServeProcess
 
 REQUESTS, CONCURRENCY = 60, 2
 SMALL_DIR = ROOT / ".cache" / "small-llama"

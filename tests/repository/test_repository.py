@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 # Notes kept outside the repository, which a reader of the code cannot open. Code cites
 # public sources (a project's file and symbol, a datasheet, a paper) or the repo's docs/.

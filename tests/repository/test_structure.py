@@ -4,7 +4,7 @@ up a floor, no module in the exporter over ~400 lines.
 The floors are the stages of the data flow (docs/layout.md): a module may import its own
 stage and the floors below it, never one above. Every import counts, a function-level one
 too (a lazy import hides a circle, it does not remove it). Run
-``python -m pytest -q tests/test_structure.py`` to see the graph's figures (``-s``).
+``python -m pytest -q tests/repository/test_structure.py`` to see the graph's figures (``-s``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 FOLDERS = {"phasewatch": ROOT / "exporter", "phasewatch.dashboard": ROOT / "dashboard"}
 MAX_LINES = 420  # "about 400": a module past it has two concerns in it
 

@@ -17,7 +17,7 @@ from phasewatch.requests import native
 from phasewatch.requests.buckets import TOKEN_LATENCY, WINDOW_INDEX
 from phasewatch.requests.gaps import GapBins
 from phasewatch.requests.record import RequestBatch, RequestRecord
-from tests.test_exposition import _aggregator
+from tests.publish.test_exposition import _aggregator
 
 NATIVE_ACCEPT = exposition.PROMETHEUS_NATIVE_ACCEPT
 CLASSIC_ACCEPT = exposition.PROMETHEUS_CLASSIC_ACCEPT

@@ -32,7 +32,6 @@ import math
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,8 +41,9 @@ from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
 from phasewatch.requests.buckets import WINDOW_INDEX
 from tests.conftest import TEST_PORTS, Scrape, scrape
+from tests.support import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "requests.json"
+FIXTURE = FIXTURES / "peers" / "requests.json"
 MODEL, ENGINE = "peers-fixture", "vllm"
 REL = 1e-9
 QUANTILES = (50, 90, 95, 99)
@@ -411,7 +411,7 @@ def test_goodput_equals_vllms(observed, peers):
     stream's end) are its ``request_goodput``; each objective's met count is what vLLM's
     per-request figures give. The window's goodput divides by the window's duration (first
     arrival to last finish), as its request throughput does. No value lies within 10 us of
-    an objective (checked in tests/test_slo.py), far beyond what either clock moves."""
+    an objective (checked in tests/requests/test_slo.py), far beyond what either clock moves."""
     gp = peers["expected"]["vllm"]["goodput"]
     good = gp["good_requests"]
     assert observed.metrics.total("phasewatch_slo_good_requests_total", model=MODEL) == good
@@ -553,7 +553,7 @@ def test_prometheus_percentiles_within_5_percent(peers, tmp_path):
     one. The error against vLLM's alone and the classic buckets' answers (the fallback
     for a Prometheus without native histograms) are printed beside them."""
     from phasewatch.sim.scenarios import scenario
-    from tests.prom import PrometheusServer
+    from tests.support.prom import PrometheusServer
 
     reqs = peers["requests"]
     shift = round(time.time() - max(r["finish"] for r in reqs))

@@ -182,7 +182,7 @@ def test_without_sampling_the_new_families_are_absent():
 def test_a_tap_joined_request_counts_once_whatever_the_engines_weight():
     """The tap records every request it passes: the joined request is one, though the
     engine's span came from a 10 % sample (the other nine are the tap's alone)."""
-    from tests.test_tapjoin import engine_batch, engine_record, tap_batch, tap_record
+    from tests.aggregation.test_tapjoin import engine_batch, engine_record, tap_batch, tap_record
 
     ex = Exporter(ServeConfig(**TEST_PORTS))
     try:

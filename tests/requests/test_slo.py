@@ -4,7 +4,7 @@ on the peers' fixture.
 
 In process, no listener: the aggregator (or an ``Exporter`` that is never started) is
 fed batches directly. The fixture's requests through a live exporter (gRPC, float32
-gaps, today's clock) are checked in tests/test_peers.py.
+gaps, today's clock) are checked in tests/requests/test_peers.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,9 +36,10 @@ from phasewatch.requests.objectives import (
 from phasewatch.requests.phases import split_phases
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline.deployments import ModelOptions
-from tests import test_golden_metrics as golden
+from tests.publish import test_golden_metrics as golden
+from tests.support import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "requests.json"
+FIXTURE = FIXTURES / "peers" / "requests.json"
 T = 1000.0
 SLO = "ttft:200,tpot:50 itl:80, e2e:1000"  # comma and space, e2e for e2el
 
@@ -299,7 +299,7 @@ def test_per_model_objectives_and_the_catalogs_families():
     fams = {f.name: f for f in exposition.read_delimited(body)}
     for f in catalog.SLO:
         fam = fams[f.name]
-        # one short sentence, as tests/test_metrics_page.py holds every HELP to
+        # one short sentence, as tests/publish/test_metrics_page.py holds every HELP to
         assert len(f.help) <= 130 and f.help.endswith(".") \
             and not re.search(r"[.;] \S", f.help), f.help
         assert ({pb.COUNTER: "counter", pb.GAUGE: "gauge"}[fam.type], fam.help) == (f.type, f.help)

@@ -4,7 +4,7 @@ judged against its own class's thresholds; the overrides on /metrics
 (``phasewatch_slo_objective_seconds{prompt_class}``), in the JSON summary
 (``by_prompt_class``) and in the verdict's sentence.
 
-Parsing and judging in process (as tests/test_slo.py); one exporter started on port 0
+Parsing and judging in process (as tests/requests/test_slo.py); one exporter started on port 0
 and fed over gRPC for /metrics and /api/v1/summary.
 """
 

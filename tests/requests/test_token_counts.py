@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,9 +25,10 @@ from phasewatch.requests.phases import split_phases
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from tests.conftest import TEST_PORTS, scrape
+from tests.support import FIXTURES
 
 T = 1_700_000_000.0
-FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "requests.json"
+FIXTURE = FIXTURES / "peers" / "requests.json"
 
 
 def rec(times, counts=None, output=None, rid="r") -> RequestRecord:

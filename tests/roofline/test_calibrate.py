@@ -20,8 +20,8 @@ from phasewatch.roofline.measure import (
     measure_matmul,
     sizes,
 )
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CALIBRATE = [sys.executable, "-m", "phasewatch.cli", "calibrate"]
 
 
@@ -63,7 +63,7 @@ def test_cpu_calibration_writes_a_profile_the_exporter_loads(tmp_path):
 def test_calibration_with_torch_measures_each_dtype(tmp_path):
     """Where torch is importable (the engine's virtualenv here), the CPU's matmuls are
     measured in bf16, fp16 and fp32, and a bf16 model is held to the bf16 ceiling."""
-    from tests.test_real_vllm import VLLM_PY, require_vllm
+    from tests.real.test_real_vllm import VLLM_PY, require_vllm
 
     require_vllm()
     out = tmp_path / "torch.json"
@@ -225,7 +225,7 @@ def test_default_cpu_calibration_with_torch_bounds_the_slow_16_bit_matmuls(tmp_p
     torch's fp16 matmul ran 2048x2048 for about six minutes, to be recorded as 0.000
     TFLOP/s and replaced by fp32's figure. A 16-bit dtype far below fp32 at the probe's
     size now stops there, and the profile says so and why."""
-    from tests.test_real_vllm import VLLM_PY, require_vllm
+    from tests.real.test_real_vllm import VLLM_PY, require_vllm
 
     require_vllm()
     out = tmp_path / "torch.json"

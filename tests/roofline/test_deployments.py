@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,9 @@ from phasewatch.roofline.deployments import (
     load_profile,
     resolve,
 )
+from tests.support import FIXTURES
 
-HF = Path(__file__).parent / "fixtures" / "hf"
+HF = FIXTURES / "hf"
 
 
 def test_hugging_face_id_and_overrides_resolve():

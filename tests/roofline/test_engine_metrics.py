@@ -1,5 +1,5 @@
 """The engine's own counters and state: pages the real vLLM served (captured by
-tests/test_real_vllm_verdict.py), and SGLang's exposition text, served over HTTP."""
+tests/real/test_real_vllm_verdict.py), and SGLang's exposition text, served over HTTP."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import http.server
 import re
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,9 @@ from phasewatch.roofline.bottleneck import with_cached_share, with_engine_counte
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from phasewatch.selfstats import SelfStats
+from tests.support import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "engine"
+FIX = FIXTURES / "engine"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
 

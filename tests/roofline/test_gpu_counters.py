@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +18,9 @@ from phasewatch.roofline.gpu_counters import (
     select,
     window_means,
 )
+from tests import support
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+FIXTURES = support.FIXTURES / "gpu"
 U0 = "GPU-5f1c3e0e-8d7a-4c1b-9a7e-2b1f0c3d4e5a"
 U1 = "GPU-a2b4c6d8-1e3f-4a5b-8c7d-9e0f1a2b3c4d"
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.hf_config import load_model_config, model_from_config
+from tests import support
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = support.FIXTURES / "hf"
 
 
 @pytest.mark.parametrize("name,params_b,active_b,dtype,experts", [

@@ -15,8 +15,8 @@ from phasewatch.config import ServeConfig
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.sim.scenarios import scenario
 from tests.conftest import TEST_PORTS, scrape, wait_for
-from tests.prom import PrometheusServer
-from tests.test_engine_metrics import FIX, Pages
+from tests.roofline.test_engine_metrics import FIX, Pages
+from tests.support.prom import PrometheusServer
 
 BASE = ServeConfig(**TEST_PORTS, roofline_interval=0.2)
 

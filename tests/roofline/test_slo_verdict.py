@@ -1,7 +1,7 @@
 """The verdict with latency objectives (exporter/roofline/slo_verdict.py, issue #28): the
 phase is the one that broke the most misses, before the time-share rule, and the text
 says so first; objectives met are said too. The simulator's scenarios with their own
-objectives, in-process as tests/test_cause.py runs them."""
+objectives, in-process as tests/roofline/test_cause.py runs them."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import pytest
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from phasewatch.roofline.verdict import BOUND_FRACTION, HYSTERESIS, LEVERS, decide
+from tests.support import ROOT
 
 DEP = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))
 
@@ -134,9 +135,8 @@ def test_a_dominant_preprocess_is_the_api_server_not_the_engine_queue():
 
 def test_the_levers_table_in_the_docs_is_the_code_s():
     """docs/verdict.md's table of levers by phase and resource is LEVERS, row for row."""
-    from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "verdict.md").read_text()
+    doc = (ROOT / "docs" / "verdict.md").read_text()
     section = doc.split("### Levers by phase and resource", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():

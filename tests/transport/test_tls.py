@@ -25,9 +25,9 @@ from phasewatch.config import ServeConfig
 from phasewatch.requests.record import RequestRecord
 from phasewatch.sim.scenarios import scenario
 from phasewatch.transport.tls import ClientTls
-from tests.certs import make_certs
 from tests.conftest import TEST_PORTS, Scrape
-from tests.test_otlp import _send
+from tests.ingest.test_otlp import _send
+from tests.support.certs import make_certs
 
 # how a refused handshake reaches urllib: wrapped, or (TLS 1.3: the server's alert
 # comes with the first read) as the SSL error itself
