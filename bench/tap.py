@@ -788,7 +788,7 @@ def tap_rows() -> list[Row]:
 
 def _tap_rows(tmp: Path, procs: list) -> list[Row]:
     from bench.common import CLIENT_CORE, SERVER_CORE, Row, cpu_seconds, scrape, taskset, total
-    from tests.serve import ServeProcess
+    from tests.support.serve import ServeProcess
 
     py = sys.executable
     upstream = _Proc([*taskset(CLIENT_CORE), py, "-m", "bench.tap", "upstream"],

@@ -3,7 +3,7 @@
 ``phasewatch.proto`` (the event protocol) becomes ``phasewatch_pb2.py``;
 ``exposition.proto`` (Prometheus's protobuf exposition, for native histograms)
 becomes ``exposition_pb2.py``. Both are committed (so installing phasewatch needs no
-protoc), and ``tests/test_protocol_codegen.py`` regenerates them into a temporary
+protoc), and ``tests/repository/test_protocol_codegen.py`` regenerates them into a temporary
 directory and fails when a committed copy is stale. Regenerate with
 ``make proto``. Only message types are generated: the service is wired with
 grpcio's generic handlers (see ``phasewatch.ingest.grpc_server`` and

@@ -253,7 +253,7 @@ def _running_from_records(state: EngineState, cols: WindowColumns, lo: float, hi
     next step ends. Where a batch of equal requests finishes together, the next step
     prefills the requests admitted in their place, and for the whole of that (long)
     step the gauge reads what was left of the batch: on the real vLLM under a slot limit
-    (``--max-num-seqs 8``, 24 streams; tests/test_real_vllm_verdict.py) a scrape every
+    (``--max-num-seqs 8``, 24 streams; tests/real/test_real_vllm_verdict.py) a scrape every
     second read 1 running and 15 waiting in 60 % of the scrapes of some runs, while the
     engine ran 8 whenever anything waited. The gauge's maximum is still the slot count;
     the records say how much of the time it was held."""

@@ -57,7 +57,8 @@ MIN_REQUESTS_FOR_FULL_CONFIDENCE = RULES.full_confidence_requests
 RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
              "unknown")
 
-# Levers by (phase, resource), as docs/verdict.md's table lists them (tests/test_verdict.py).
+# Levers by (phase, resource), as docs/verdict.md's table lists them
+# (tests/roofline/test_verdict.py).
 LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("prefill", "compute"): (
         "prompt (prefix) caching", "chunked prefill", "tensor parallelism", "FP8",

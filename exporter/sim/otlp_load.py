@@ -7,7 +7,7 @@ is encoded once by the SDK's own encoder; each ``fresh`` batch is a copy of that
 request with new trace and span ids, so every span is a distinct request to the
 receiver. The SDK's exporters take it in place of encoding again and keep their
 transport, retries and ``RetryInfo`` / ``Retry-After`` handling unchanged. Used by
-the overload tests (``tests/flood.py``) and the benchmark (``bench/``).
+the overload tests (``tests/support/flood.py``) and the benchmark (``bench/``).
 """
 
 from __future__ import annotations

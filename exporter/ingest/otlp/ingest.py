@@ -14,7 +14,7 @@ feeds OTLP's ``partial_success``: rejected spans and a message naming the reason
 waiting root's later rejection is in the counters only).
 
 The ingest names no engine: what it knows of one, the adapter declares
-(``adapters.contract``), and ``tests/test_structure.py`` keeps it so.
+(``adapters.contract``), and ``tests/repository/test_structure.py`` keeps it so.
 """
 
 from __future__ import annotations

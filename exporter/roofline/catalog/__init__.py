@@ -18,7 +18,7 @@ from importlib import resources
 # int4 with one fp16 scale per 32 weights = 4.5 bits (llama.cpp Q4_0: Llama-2-7B is
 # 3.56 GiB); MXFP4 = 4 bits + one 8-bit scale per 32-element block = 4.25 bits (OCP
 # Microscaling spec v1.0). "4bit" is the back-of-envelope 4 bits flat, scales
-# ignored (the usual "70B at Q4 = 35 GB"; tests/test_calculator.py).
+# ignored (the usual "70B at Q4 = 35 GB"; tests/roofline/test_calculator.py).
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
