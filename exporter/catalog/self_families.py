@@ -60,13 +60,17 @@ SAMPLING_IGNORED = _self("phasewatch_trace_sampling_ignored_total",
 ROOFLINE_UPDATES = _self("phasewatch_roofline_updates_total",
                          "Roofline and verdict updates (--roofline-interval), by outcome "
                          "(ok, error: the last good verdict stays).", "outcome")
+SWEEPS = _self("phasewatch_sweeps_total",
+               "Sweeps of each join's waiting room (every second), by join and outcome (ok, "
+               "error: the next sweep tries again).", "join", "outcome")
 SELF_COUNTERS = (INGEST_BATCHES, INGEST_REQUESTS, INGEST_ACCEPTED, INGEST_REJECTED,
                  INGEST_REFUSED, INGEST_DROPPED, LIFECYCLE_EVENTS, LABEL_OVERFLOW, OTLP_SPANS,
                  OTLP_JOINED, TRACE_JOIN, ENGINE_SCRAPES, AUTH_REFUSED, TLS_RELOADS,
-                 PHASE_UNAVAILABLE, SAMPLING_IGNORED, MODEL_UNMATCHED, ROOFLINE_UPDATES)
+                 PHASE_UNAVAILABLE, SAMPLING_IGNORED, MODEL_UNMATCHED, ROOFLINE_UPDATES, SWEEPS)
 
 
-# ---- the exporter's own gauges (read from its parts at scrape) --------------------------
+# ---- the exporter's own gauges (read from its parts at scrape; one with labels reads as
+# its label values -> value) -----------------------------------------------------------
 def _gauge(name: str, doc: str) -> Family:
     return Family(name, "gauge", doc)
 
@@ -90,8 +94,11 @@ MEMORY_LIMIT = _gauge("phasewatch_memory_limit_bytes",
 ROOFLINE_LAST_SUCCESS = _gauge("phasewatch_roofline_last_success_timestamp_seconds",
                                "Unix time of the last roofline and verdict update that "
                                "succeeded (0: none yet).")
+SWEEP_LAST_SUCCESS = Family("phasewatch_sweep_last_success_timestamp_seconds", "gauge",
+                            "Unix time of the last sweep of the join's waiting room that "
+                            "succeeded (0: none yet).", ("join",))
 EXPORTER_GAUGES = (LIFECYCLE_PENDING, OTLP_JOIN_PENDING, TRACE_JOIN_PENDING, IN_FLIGHT,
-                   IN_FLIGHT_BYTES, MEMORY_LIMIT, ROOFLINE_LAST_SUCCESS)
+                   IN_FLIGHT_BYTES, MEMORY_LIMIT, ROOFLINE_LAST_SUCCESS, SWEEP_LAST_SUCCESS)
 # one per collector on /metrics, as node_exporter's node_scrape_collector_*
 SCRAPE_COLLECTOR_SUCCESS = Family("phasewatch_scrape_collector_success", "gauge",
                                   "1 if the collector's part of this scrape succeeded, 0 if it "
