@@ -167,8 +167,11 @@ def _roofline_rows(roofline: dict) -> tuple[list[dict], list[dict], list[dict]]:
         k = _key(r)
         est = r.get("estimate") or {}
         v = r.get("verdict")
+        gpu = r.get("gpu")
         if v is not None:
-            verdicts.append({**k, **_verdict_row(v, est, r.get("engine_state"))})
+            verdicts.append({**k, **_verdict_row(v, est, r.get("engine_state")),
+                             **gpu_columns(gpu)})
+        points += [{**k, **p} for p in gpu_points(gpu)]
         trail = r.get("trail") or []
         for j, p in enumerate(trail):
             for phase in ("prefill", "decode"):
@@ -191,6 +194,32 @@ def _roofline_rows(roofline: dict) -> tuple[list[dict], list[dict], list[dict]]:
                              "bandwidth": d["achievable_bandwidth_bytes_per_second"],
                              "flops": d["achievable_flops_per_second"]})
     return verdicts, points, ceilings
+
+
+def gpu_columns(gpu: dict | None) -> dict:
+    """An entry's ``gpu`` block (the GPU's counters beside the estimate) as the verdict
+    row's ``gpu_*`` columns; {} without one."""
+    if not gpu:
+        return {}
+    counters = gpu.get("counters") or {}
+    return {"gpu_outcome": gpu.get("outcome", ""), "gpu_source": counters.get("source", ""),
+            "gpu_gpus": len(counters.get("gpus") or ()),
+            "gpu_dram": gpu.get("dram_measured"), "gpu_dram_estimated": gpu.get("dram_estimated"),
+            "gpu_tensor": gpu.get("tensor_measured"),
+            "gpu_tensor_estimated": gpu.get("tensor_estimated")}
+
+
+def gpu_points(gpu: dict | None) -> list[dict]:
+    """The roofline chart's two points of an entry's ``gpu`` block: the estimate over its
+    range and the GPU's counted traffic at the same intensity; [] without them."""
+    point = (gpu or {}).get("point")
+    if not point:
+        return []
+    x = _finite(point["arithmetic_intensity"])
+    return [{"at": point["at"], "phase": phase, "intensity": x,
+             "flops": _finite(point[key]), "latest": True}
+            for phase, key in (("estimate", "estimated_flops_per_second"),
+                               ("gpu", "measured_flops_per_second"))]
 
 
 def slo_columns(slo: dict | None) -> dict:

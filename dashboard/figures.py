@@ -96,7 +96,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: pd.DataFrame,
     hi = 10 ** math.ceil(math.log10(max([*xs, 10.0]) * 10))
     sets = _label_sets(ok)
     points_data, spans = _phase_traces(ok, sets)
-    data = _ceiling_traces(ceilings, lo, hi) + points_data
+    data = _ceiling_traces(ceilings, lo, hi) + points_data + _gpu_traces(ok, sets)
     ys = [y for t in data for y in t["y"] if y > 0 and math.isfinite(y)]
     return figure(data, title,
                   {"type": "log", "title": {"text": "arithmetic intensity (FLOPs/byte)"},
@@ -154,6 +154,30 @@ def _phase_traces(ok: pd.DataFrame, sets: list) -> tuple[list[dict], list[float]
                      "hovertemplate": f"<b>{phase} now{suffix}</b><br>%{{x:.3g}} FLOPs/byte,"
                                       " %{y:.3s}FLOP/s<extra></extra>"})
     return data, spans
+
+
+def _gpu_traces(ok: pd.DataFrame, sets: list) -> list[dict]:
+    """Each label set's work over the estimate's range beside the DRAM traffic its GPUs
+    counted, at the same intensity (``frames.POINT_COLUMNS``): two markers joined, the
+    GPU's above the estimate's (the estimate is the least the work moves)."""
+    data = []
+    for key in sets:
+        mine = _of(ok, key)
+        est, gpu = (mine[mine["phase"] == p].tail(1) for p in ("estimate", "gpu"))
+        if est.empty or gpu.empty:
+            continue
+        suffix = _label(key, len(sets) > 1)
+        x = [float(est["intensity"].iloc[0]), float(gpu["intensity"].iloc[0])]
+        y = [float(est["flops"].iloc[0]), float(gpu["flops"].iloc[0])]
+        data.append({"type": "scatter", "mode": "lines+markers",
+                     "name": f"estimate vs GPU counters{suffix}", "meta": "gpu",
+                     "x": x, "y": y, "customdata": ["estimated", "the GPU counted"],
+                     "marker": {"symbol": ["circle-open", "diamond"], "size": 13,
+                                "color": "#222", "line": {"width": 2}},
+                     "line": {"color": "#222", "width": 1, "dash": "dot"},
+                     "hovertemplate": f"<b>%{{customdata}}{suffix}</b><br>the range's work at "
+                                      "%{x:.3g} FLOPs/byte: %{y:.3s}FLOP/s<extra></extra>"})
+    return data
 
 
 def flops_range(ys: list[float]) -> list[float] | None:

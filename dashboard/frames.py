@@ -53,11 +53,21 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
 # ``agreeing``/``reporting`` count the pods that report this verdict (1/1 for one exporter).
 # ``idle``: the engine was busy so little of the window that nothing needs fixing (the
 # exporter's verdict then offers no lever); unknown (None) from Prometheus.
+# ``gpu_*``: the GPU's own counters over the estimate's range (--gpu-metrics-url,
+# --gpu-nvml), NaN without: what they say of the verdict (``gpu_outcome``: overstated,
+# idle, confirmed, not_confirmed, unchecked), the reader (dcgm, nvml), the GPUs counted,
+# the DRAM and tensor activity measured and the estimate's share of the peaks beside it.
+GPU_VERDICT = ("gpu_outcome", "gpu_source", "gpu_gpus", "gpu_dram", "gpu_dram_estimated",
+               "gpu_tensor", "gpu_tensor_estimated")
 VERDICT_COLUMNS = (*KEYS, "phase", "resource", "headline", "cause", "cause_text",
                    "cause_source", "engine_scraped", "confidence", "text", "levers",
                    *SHARES, "mbu", "mfu", "ceiling_exceeded",
-                   "agreeing", "reporting", "idle")
-# Roofline operating points, the newest (``latest``) and the trail before it.
+                   "agreeing", "reporting", "idle", *GPU_VERDICT)
+# Roofline operating points, the newest (``latest``) and the trail before it; ``phase``
+# prefill or decode, or, with the GPU's counters, ``estimate`` (the engine's work over
+# the estimate's range: its FLOPs over its bytes, its FLOPs over the range) and ``gpu``
+# (the same intensity at the DRAM traffic the GPU counted: higher, as the estimate is the
+# least the work moves).
 POINT_COLUMNS = (*KEYS, "at", "phase", "intensity", "flops", "latest")
 # Roofline ceilings: ``ceiling`` is datasheet, achievable or measured.
 CEILING_COLUMNS = (*KEYS, "hardware", "ceiling", "bandwidth", "flops")

@@ -154,7 +154,41 @@ def _chips(v) -> list:
     if v["reporting"] and v["reporting"] > 1:
         chips.append(html.Span(f"{v['agreeing']} of {v['reporting']} pods agree",
                                className="pw-chip"))
+    return chips + gpu_chips(v)
+
+
+def gpu_chips(v) -> list:
+    """The GPU's own counters beside the estimate: "GPU DRAM active 4.2% (estimate 3.0%)",
+    the tensor pipes the same, and where they were read; [] without counters."""
+    if not isinstance(v.get("gpu_outcome"), str) or not v["gpu_outcome"]:
+        return []
+    chips = []
+    for name, what in (("dram", "GPU DRAM active"), ("tensor", "GPU tensor pipes active")):
+        measured, estimated = v.get(f"gpu_{name}"), v.get(f"gpu_{name}_estimated")
+        if _known(measured) is not None:
+            est = (f" (estimate {_fine_percent(estimated)})" if _known(estimated) is not None
+                   else "")
+            chips.append(html.Span([term("GPU counters", what), f" {_fine_percent(measured)}"
+                                    f"{est}"], className="pw-chip pw-gpu",
+                                   **{"data-counter": name}))
+    gpus = int(v["gpu_gpus"]) if _known(v.get("gpu_gpus")) is not None else 0
+    chips.append(html.Span(f"{GPU_OUTCOMES.get(v['gpu_outcome'], v['gpu_outcome'])} "
+                           f"({v['gpu_source']}, {gpus} GPU{'s' if gpus != 1 else ''})",
+                           className="pw-chip pw-gpu", **{"data-outcome": v["gpu_outcome"]}))
     return chips
+
+
+def _fine_percent(x) -> str:
+    """A share as a percent, with a decimal under 10 % (an idle GPU's 0.3 %)."""
+    return f"{x:.1%}" if float(x) < 0.1 else f"{x:.0%}"
+
+
+# what the GPU's counters say of the verdict, in the banner's words
+GPU_OUTCOMES = {"overstated": "the estimate exceeds the GPU's counters",
+                "idle": "the GPU idle while the engine had work",
+                "confirmed": "the GPU's counters confirm it",
+                "not_confirmed": "the GPU's counters do not confirm it",
+                "unchecked": "GPU counters read"}
 
 
 def banner(v) -> html.Div:

@@ -76,6 +76,11 @@ GLOSSARY = {
     "goodput": "Requests per second that met every latency objective set (--slo), as "
                "vllm bench serve --goodput and DistServe define it; each request is judged "
                "exactly, not from histogram buckets.",
+    "GPU counters": "The GPU's own activity counters (a dcgm-exporter's page or NVML), mean "
+                    "over the estimate's range: DRAM active is the share of cycles the memory "
+                    "interface was busy, tensor the share any tensor pipe was. The estimate "
+                    "beside them is the least the work needs, so it should read at or below "
+                    "them.",
     "MBU": "Model bandwidth utilization: bytes decode moved per second over the GPUs' "
            "datasheet peak memory bandwidth.",
     "MFU": "Model FLOPs utilization: FLOP/s prefill performed over the GPUs' datasheet dense "

@@ -136,6 +136,8 @@ class DcgmExporterSource:
     reading), described in ``last_error``, logged when it changes, and passed to
     ``on_result(reason)`` when given."""
 
+    name = "dcgm"  # the readings' ``gpu_source`` label
+
     def __init__(self, url: str, timeout: float = 5.0, keep: int = 1024, clock=time.time,
                  max_bytes: int = MAX_PAGE_BYTES, on_result=None):
         if not url.startswith(("http://", "https://")):

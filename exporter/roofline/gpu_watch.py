@@ -13,6 +13,7 @@ given counters (they could be any model's), and ``unattributed`` says so.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,6 +69,9 @@ class GpuSelector:
 class CounterSource(Protocol):
     """What ``GpuWatch`` needs of a reader (``DcgmExporterSource``, ``NvmlGpmSource``)."""
 
+    name: str  # "dcgm" or "nvml": the ``gpu_source`` label
+    results: Counter  # readings by result ("ok" or the reason none came)
+
     def poll(self) -> GpuSample | None: ...
 
     def window(self, start: float, end: float, uuid=None, pod=None,
@@ -97,6 +101,11 @@ class GpuWatch:
         """Read every source once (each counts its own failures; none raises)."""
         for source in self.sources:
             source.poll()
+
+    def reads(self) -> list[tuple[str, str, int]]:
+        """Every source's readings so far: (source name, result, count)."""
+        return [(s.name, result, n) for s in self.sources for result, n in
+                sorted(s.results.items())]
 
     def attribution(self, model: str) -> Attribution:
         selector = self._selectors.get(model, self._default)

@@ -75,6 +75,8 @@ class NvmlGpmSource:
     ``nvml`` is the pynvml module (imported on first use when None; tests hand in a
     stand-in), ``interval`` the time between the two GPM samples (at least 0.1 s)."""
 
+    name = "nvml"  # the readings' ``gpu_source`` label
+
     def __init__(self, interval: float = 0.2, keep: int = 1024, clock=time.time,
                  sleep=time.sleep, nvml=None, on_result=None):
         self.interval = max(interval, MIN_INTERVAL)
