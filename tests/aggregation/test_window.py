@@ -114,8 +114,8 @@ def test_bench_requests_and_every_quantile_count_one_population():
 def test_a_label_set_newer_than_the_window_is_left_out_not_an_error():
     """The roofline's tick reads the label sets, then the window: a label set made in
     between (its first batch still on its way in) is one the window has no arrays for
-    yet. It is left out of that summary; the others are summarized (a CI run on a tap's
-    first request saw the whole update fail with an IndexError)."""
+    yet. It is left out of that summary; the others are summarized (before the fix, the
+    first batch of a new model failed the whole update with an IndexError)."""
     wall = [T0 + 60.5]
     agg = fed(records(5, 60), wall, per_batch=300, advance=0.0)
     later = [*agg.labels.pairs(), ("m2", "e")]  # not yet in the window
