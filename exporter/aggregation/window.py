@@ -267,7 +267,7 @@ class RollingWindow:
             sums = self._slice_sums(end, length)
             covered = np.minimum(length, np.maximum(end - self._first, min(length, uptime)))
             ring = self._ring_within(end, length)
-        series = [self._series(i, key, names, sums, covered[i], ring)
+        series = [self._series(i, key, names, sums, covered, ring)
                   for i, key in enumerate(label_sets)]
         series = [s for s in series if s is not None]
         shown = [s.covered_seconds for s in series]
@@ -305,8 +305,9 @@ class RollingWindow:
         return {k: v[in_window] for k, v in self._ring.items()}
 
     def _series(self, i: int, key: tuple, names: tuple[str, ...], sums: _SliceSums,
-                covered: float, ring: dict[str, np.ndarray]) -> SeriesSummary | None:
-        """Label set ``i``'s figures, or None where the window holds none of its requests."""
+                covered: np.ndarray, ring: dict[str, np.ndarray]) -> SeriesSummary | None:
+        """Label set ``i``'s figures, or None where the window holds none of its requests
+        (a label set made after the window last grew: ``i`` past its arrays)."""
         sel = ring["ls"] == i
         if i >= len(sums.itl_sum) or (sums.counts[i, 0] == 0 and not sel.any()):
             return None
@@ -314,7 +315,7 @@ class RollingWindow:
         c = sums.counts[i]
         return SeriesSummary(
             model, engine, dict(zip(names[2:], key[2:], strict=False)),
-            covered_seconds=max(float(covered), 1e-9), requests=whole(c[0]),
+            covered_seconds=max(float(covered[i]), 1e-9), requests=whole(c[0]),
             prompt_tokens=whole(c[1]), output_tokens=whole(c[2]),
             received_requests=int(c[5]),
             ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
