@@ -29,14 +29,18 @@ from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.publish.api import JsonApi
 from phasewatch.publish.exposition import HotProto
 from phasewatch.publish.families import Exposure
+from phasewatch.publish.gpu_metrics import GpuCollector
 from phasewatch.publish.guard import GuardedRegistry
 from phasewatch.publish.metrics import HotCollector, HotText, MetricsPage, SelfCollector
 from phasewatch.publish.roofline_metrics import RooflineCollector
 from phasewatch.publish.slo_metrics import SloCollector
 from phasewatch.requests.sampling import TraceSampling
 from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
+from phasewatch.roofline.dcgm_exporter import DcgmExporterSource
 from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
+from phasewatch.roofline.gpu_watch import GpuSelector, GpuWatch
+from phasewatch.roofline.nvml_gpm import NvmlGpmSource
 from phasewatch.roofline.verdict import achievable_source
 from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission
@@ -83,6 +87,7 @@ class Exporter:
         self._configured = bool(options)  # a model without its hardware: resolve() said so
         # one model, one label: every name of a configured model -> its served name
         self.model_names = ModelNames(options)
+        self.gpus = self._gpu_watch()
         self._aggregation(Deployments([d for _, d in self._resolved]), self._engines())
         self._receivers()
         self._publishing()
@@ -97,7 +102,8 @@ class Exporter:
                            (("lifecycle", "lifecycle", self.joiner),
                             ("otlp", "OTLP join", self.otlp),
                             ("trace", "trace join", self.trace_join)),
-                           self.monitor.engine_sources())
+                           [*self.monitor.engine_sources(),
+                            *([self.gpus] if self.gpus is not None else [])])
         self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
         self.tap_port = 0
 
@@ -116,6 +122,24 @@ class Exporter:
                                                      timeout)
         return engines
 
+    def _gpu_watch(self) -> GpuWatch | None:
+        """The GPU counters' sources (--gpu-metrics-url, --gpu-nvml) and each configured
+        model's GPUs (its gpu_select, by its label); None without a source."""
+        config = self.config
+        sources: list = []
+        if config.gpu_metrics_url:
+            sources.append(DcgmExporterSource(config.gpu_metrics_url,
+                                              timeout=config.engine_metrics_timeout))
+        if config.gpu_nvml:
+            sources.append(NvmlGpmSource())
+        if not sources:
+            return None
+        options = config.model_options()
+        labels = self.model_names.labels
+        selectors = {label: GpuSelector.parse(o.gpu_select)  # a bad one raises at start
+                     for o, label in zip(options, labels, strict=True)}
+        return GpuWatch(sources, selectors, models=max(len(options), 1))
+
     def _aggregation(self, deployments: Deployments,
                      engines: dict[str, EngineMetricsSource]) -> None:
         """The state the receivers feed: the aggregator and its window, the trace join in
@@ -132,7 +156,8 @@ class Exporter:
                                     max_pending=config.trace_join_max_pending)
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
-                                         window_seconds=config.window_seconds, clock=clock)
+                                         window_seconds=config.window_seconds, clock=clock,
+                                         gpus=self.gpus)
 
     def _receivers(self) -> None:
         """What the listeners hand their calls to: the OTLP ingest, the lifecycle join,
@@ -181,6 +206,9 @@ class Exporter:
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.registry.register(SloCollector(self.aggregator))  # nothing without --slo
+        if self.gpus is not None:
+            self.registry.register(GpuCollector(self.gpus, self.monitor.results,
+                                                lambda: self.aggregator.labels.names))
         if self.tap is not None:
             self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))
         ProcessCollector(registry=self.registry)
@@ -363,6 +391,8 @@ class Exporter:
                 server.stop()
                 setattr(self, name, None)
         self.loops.join(grace + 1)
+        if self.gpus is not None:
+            self.gpus.close()
         self.trace_join.flush()  # rows still waiting for their other side: counted alone
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)

@@ -1,8 +1,8 @@
 """The exporter's background threads (``Loops``): the sweeper of the joins' waiting rooms,
-the roofline's updates and one scraper per engine's /metrics. Each counts what it did
-(``phasewatch_sweeps_total``, ``phasewatch_roofline_updates_total``) and times its last
-success; a failure is logged and counted, never the end of its loop. They stop on the
-exporter's stop event and are joined (``join``)."""
+the roofline's updates and one reader per engine's /metrics and for the GPU counters.
+Each counts what it did (``phasewatch_sweeps_total``, ``phasewatch_roofline_updates_total``)
+and times its last success; a failure is logged and counted, never the end of its loop.
+They stop on the exporter's stop event and are joined (``join``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from phasewatch import catalog
-from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.selfstats import SelfStats
 
 log = logging.getLogger("phasewatch")
@@ -24,6 +23,12 @@ SWEEP_INTERVAL = 1.0  # seconds between two sweeps of the joins' waiting rooms
 
 class Sweepable(Protocol):
     def sweep(self) -> object: ...
+
+
+class Pollable(Protocol):
+    """A source read on the roofline's timer (an engine's /metrics, the GPU counters)."""
+
+    def poll(self) -> object: ...
 
 
 def log_long_update(took: float, cpu: float, notice: float, interval: float) -> None:
@@ -46,13 +51,13 @@ class Loops:
     """The background threads, made here and started by ``start``. ``joins``: (the
     sweeps' join label, the join's name in a log line, the join) for each waiting room
     swept every SWEEP_INTERVAL; ``update``: the roofline's update, every
-    ``roofline_interval``; ``sources``: the engines' /metrics, each scraped as often by
-    a thread of its own."""
+    ``roofline_interval``; ``sources``: the engines' /metrics and the GPU counters, each
+    read as often by a thread of its own."""
 
     def __init__(self, stop: threading.Event, stats: SelfStats, clock: Callable[[], float],
                  roofline_interval: float, update: Callable[[], None],
                  joins: Sequence[tuple[str, str, Sweepable]],
-                 sources: Sequence[EngineMetricsSource]):
+                 sources: Sequence[Pollable]):
         self._stop, self._stats, self._clock = stop, stats, clock
         self._interval, self._update, self._joins = roofline_interval, update, tuple(joins)
         self.roofline_ok_at = 0.0  # the last roofline update that succeeded (Unix time)
@@ -103,7 +108,7 @@ class Loops:
         while not self._stop.wait(SWEEP_INTERVAL):
             self.sweep()
 
-    def _scrape_loop(self, source: EngineMetricsSource) -> None:
+    def _scrape_loop(self, source: Pollable) -> None:
         """Scrape ``source`` every --roofline-interval; a scrape that takes longer delays
         the next, as Prometheus does (never two at once against one engine)."""
         interval = self._interval
@@ -112,7 +117,7 @@ class Loops:
             try:
                 source.poll()
             except Exception:  # a bug here must not stop the scrapes silently
-                log.exception("engine metrics scrape of %s failed", source.url)
+                log.exception("scrape of %s failed", getattr(source, "url", source))
             self._stop.wait(max(interval - (time.monotonic() - began), 0.0))
 
     def _roofline_loop(self) -> None:

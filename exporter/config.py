@@ -81,6 +81,8 @@ class ServeConfig:
     grpc_workers: int = 16
     log_level: str = "info"
     roofline_interval: float = 2.0
+    gpu_metrics_url: str = ""
+    gpu_nvml: bool = False
     engine_metrics_timeout: float = 10.0
     history_points: int = 300
     slo: str = ""

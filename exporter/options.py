@@ -269,8 +269,20 @@ SERVE_OPTIONS = (
            "usage, preemptions) names the verdict's cause, and its FLOP/byte counters "
            "(vLLM/SGLang --enable-mfu-metrics) replace the inferred ones; without --model it "
            "serves every model"),
+    Option("gpu_select", str, "", "which GPUs of --gpu-metrics-url's page (or NVML's) are "
+           "this model's: pod=NAME (dcgm-exporter's pod mapping), uuid=GPU-...[|GPU-...], "
+           "gpu=INDEX[|INDEX...], joined by ',' (all must hold); empty: every GPU there, "
+           "which is right beside one engine (with several models each needs its own)",
+           metavar="SELECTOR"),
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates "
-           "and between scrapes of --engine-metrics-url", 0.1, 600),
+           "and between scrapes of --engine-metrics-url and the GPU counters", 0.1, 600),
+    # the GPU's own counters beside the estimate
+    Option("gpu_metrics_url", str, "", "a dcgm-exporter's /metrics URL (e.g. "
+           "http://dcgm-exporter.gpu-operator:9400/metrics): the GPUs' DRAM, tensor and SM "
+           "activity over the window, beside the estimate and in the verdict", metavar="URL"),
+    Option("gpu_nvml", bool, False, "read the GPU counters through NVML's GPU Performance "
+           "Monitoring for the GPUs this process sees (Hopper or newer; needs nvidia-ml-py: "
+           "the nvml extra); no GPU, no permission or no support is said once and counted"),
     Option("engine_metrics_timeout", float, 10.0, "seconds an engine /metrics scrape may "
            "take (Prometheus's default scrape_timeout): a saturated engine answers slowly, "
            "and those are the scrapes the cause needs", 0.1, 600),
@@ -292,7 +304,10 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "models: [[models]] tables in --config",
      ("model", "hf_config", "served_model_name", "hardware", "hardware_profile", "gpus",
       "tensor_parallel", "weight_dtype", "kv_dtype", "compute_dtype", "max_batched_tokens",
-      "engine_metrics_url", "engine_metrics_timeout", "roofline_interval")),
+      "engine_metrics_url", "engine_metrics_timeout", "gpu_select", "roofline_interval")),
+    ("the GPU's own counters", "activity the GPUs count themselves, beside the estimate of "
+     "what the work needs (docs/verdict.md, \"The GPU's own counters\")",
+     ("gpu_metrics_url", "gpu_nvml")),
     ("listeners", "where the exporter receives and serves (0 picks a free port)",
      ("grpc_host", "grpc_port", "otlp_grpc_host", "otlp_grpc_port", "otlp_http_host",
       "otlp_http_port", "http_host", "http_port")),

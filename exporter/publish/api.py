@@ -53,7 +53,9 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
     more = dict(zip(names[2:], r.labels[2:], strict=False))  # pod, source where labelled
     return {"model": r.model, "engine": r.engine, **more, "configured": d is not None,
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
-            "engine_state": r.engine_state, "trail": r.trail}
+            "engine_state": r.engine_state, "trail": r.trail,
+            # the GPU's own counters over the range beside the estimate (where read)
+            **({"gpu": r.gpu.summary()} if getattr(r, "gpu", None) is not None else {})}
 
 
 def bench_json(summary) -> dict:

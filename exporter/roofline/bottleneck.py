@@ -37,10 +37,13 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
+from phasewatch.roofline.gpu_check import GpuCheck, for_estimate
+from phasewatch.roofline.gpu_check import apply as apply_gpu
+from phasewatch.roofline.gpu_watch import GpuWatch
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
 from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
-from phasewatch.roofline.verdict import Verdict, decide
+from phasewatch.roofline.verdict import LEVERS, Verdict, decide
 
 log = logging.getLogger("phasewatch")
 ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
@@ -71,6 +74,7 @@ class Result:
     trail: list[dict] = field(default_factory=list)
     engine_state: dict | None = None  # the engine's own state over the window, if scraped
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
+    gpu: GpuCheck | None = None  # the GPU's own counters over the range, where read
 
 
 def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
@@ -153,9 +157,10 @@ class BottleneckMonitor:
     def __init__(self, window: RollingWindow, labels: LabelSets, deployments: Deployments,
                  engines: dict[str, EngineMetricsSource] | None = None,
                  window_seconds: float = 30.0,
-                 clock=time.time):
+                 clock=time.time, gpus: GpuWatch | None = None):
         self._window, self._labels, self.deployments = window, labels, deployments
         self._engines = engines or {}
+        self.gpus = gpus  # the GPU counters' sources (--gpu-metrics-url, --gpu-nvml)
         self.window_seconds = window_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -225,13 +230,19 @@ class BottleneckMonitor:
                     verdict.evidence["model_mismatch"] = wrong
                     if wrong not in verdict.text:  # a held cause keeps the text it had
                         verdict.prepend(f"{wrong}.")
+            gpu = for_estimate(self.gpus, model, est, dep, busy,
+                               verdict.resource if verdict is not None else "")
+            if gpu is not None and verdict is not None:
+                apply_gpu(verdict, gpu, LEVERS)
+                verdict.evidence["gpu"] = gpu.summary()
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:
                 trail.append(point)
             results.append(Result(model, engine, key, dep, est, verdict, list(trail),
                                   rates.state() if rates is not None else None,
-                                  source.latest(self.window_seconds) if source else None))
+                                  source.latest(self.window_seconds) if source else None,
+                                  gpu))
         imbalance(results, self._labels.names)
         for r in results:
             if r.verdict is not None:

@@ -52,6 +52,7 @@ class ModelOptions:
     compute_dtype: str = ""
     max_batched_tokens: int = 8192
     engine_metrics_url: str = ""
+    gpu_select: str = ""  # its GPUs among the counters' (gpu_watch.GpuSelector)
     # latency objectives of this model (a [[models]] table's ``slo``, as --slo takes
     # them); "": the global --slo. Not a roofline input.
     slo: str = ""

@@ -22,9 +22,11 @@ In order, over the estimate's range, for the model's GPUs (``gpu_evidence.compar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from phasewatch.roofline.gpu_evidence import IDLE, GpuComparison
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.gpu_evidence import IDLE, GpuComparison, compare
+from phasewatch.roofline.gpu_watch import GpuWatch
 
 # activity while busy at which the counters confirm a bound claim: a phase bound by a
 # ceiling runs at BOUND_FRACTION (0.6) of the achievable figure or more, and the
@@ -45,6 +47,7 @@ class GpuCheck:
     outcome: str
     sentence: str
     resource: str | None = None
+    point: dict | None = None  # the roofline chart's two points (``range_point``)
 
     def summary(self) -> dict:
         """For the JSON API: the outcome, the counters and the estimate beside them."""
@@ -53,7 +56,8 @@ class GpuCheck:
                 "dram_estimated": c.dram_estimated, "dram_measured": c.dram_measured,
                 "dram_ratio": c.dram_ratio, "tensor_estimated": c.tensor_estimated,
                 "tensor_measured": c.tensor_measured, "tensor_ratio": c.tensor_ratio,
-                "engine_busy": c.engine_busy}
+                "engine_busy": c.engine_busy, "sentence": self.sentence,
+                "resource": self.resource, "point": self.point}
 
 
 def _while_busy(measured: float | None, busy: float | None) -> float | None:
@@ -95,3 +99,55 @@ def check(c: GpuComparison, resource: str, model: str, dtype: str, gpus: int) ->
     return GpuCheck(c, "not_confirmed", f"The GPU's counters do not confirm it: its {what} "
                     f"were active {busy_activity:.0%} of the time the engine was busy, under "
                     f"the {BOUND_ACTIVITY:.0%} a bound phase reads ({activity}).")
+
+
+def range_point(c: GpuComparison, flops: float, nbytes: float, range_seconds: float,
+                peak_bandwidth: float, at: float) -> dict | None:
+    """The roofline chart's two points for the range: the estimate's work at its intensity
+    (FLOPs over bytes, FLOPs over the range) and, at the same intensity, the FLOP/s the
+    DRAM traffic the GPU counted would carry (its DRAM share x the datasheet bandwidth):
+    the counted one sits higher by 1 / ``dram_ratio``. None without the figures."""
+    measured = c.dram_measured
+    if not (flops > 0 and nbytes > 0 and range_seconds > 0 and measured and peak_bandwidth):
+        return None
+    intensity = flops / nbytes
+    return {"at": at, "arithmetic_intensity": intensity,
+            "estimated_flops_per_second": flops / range_seconds,
+            "measured_flops_per_second": intensity * measured * peak_bandwidth}
+
+
+def apply(verdict, found: GpuCheck, levers: dict[tuple[str, str], tuple[str, ...]]) -> None:
+    """What the counters found, into ``verdict`` (a ``verdict.Verdict``): an overstated
+    estimate or an idle GPU is said first and takes the resource ``found.resource`` (with
+    its levers from ``levers``, the verdict's table, unless a cause set its own); a check
+    of a bound claim follows the text."""
+    if found.resource is not None and found.resource != verdict.resource:
+        verdict.resource = found.resource
+        if verdict.cause is None or not verdict.cause.levers:
+            verdict.levers = levers.get((verdict.phase, found.resource), ())
+    if not found.sentence:
+        return
+    if found.outcome in ("overstated", "idle"):
+        verdict.prepend(found.sentence)
+    else:
+        verdict.text = f"{verdict.text} {found.sentence}".strip()
+
+
+def for_estimate(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
+                 dep: Deployment | None, busy: float | None, resource: str) -> GpuCheck | None:
+    """``model``'s GPUs' counters over ``est``'s range beside its traffic and work
+    (``gpu_evidence.compare``: ``busy`` the share of the range the engine had a request in
+    prefill or decode), what they say of a verdict on ``resource`` (``check``) and the
+    chart's points; None without counters there or a roofline."""
+    if gpus is None or dep is None:
+        return None
+    lo, hi = est.range_start, est.range_end
+    (pf, pb), (df, db) = (((p.flops, p.bytes) if p is not None else (0.0, 0.0))
+                          for p in (est.prefill, est.decode))
+    found = compare(gpus.window(model, lo, hi), pb, db, pf, df, hi - lo, dep.peak_bandwidth,
+                    dep.peak_flops, busy)
+    if found is None:
+        return None
+    result = check(found, resource, dep.model.name, dep.compute_dtype, dep.hardware.gpus)
+    return replace(result, point=range_point(found, pf + df, pb + db, hi - lo,
+                                             dep.peak_bandwidth, hi))

@@ -97,10 +97,21 @@ class GpuWatch:
         self._default = default
         self._models = models
 
+    def __str__(self) -> str:
+        return "the GPU counters (" + ", ".join(
+            getattr(s, "url", s.name) for s in self.sources) + ")"
+
     def poll(self) -> None:
         """Read every source once (each counts its own failures; none raises)."""
         for source in self.sources:
             source.poll()
+
+    def close(self) -> None:
+        """Release what a source holds (NVML's handle)."""
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
 
     def reads(self) -> list[tuple[str, str, int]]:
         """Every source's readings so far: (source name, result, count)."""
