@@ -312,10 +312,10 @@ class RollingWindow:
         if i >= len(sums.itl_sum) or (sums.counts[i, 0] == 0 and not sel.any()):
             return None
         model, engine = key[:2]
-        c = sums.counts[i]
+        c, covered_i = sums.counts[i], float(covered[i])
         return SeriesSummary(
             model, engine, dict(zip(names[2:], key[2:], strict=False)),
-            covered_seconds=max(float(covered[i]), 1e-9), requests=whole(c[0]),
+            covered_seconds=max(covered_i, 1e-9), requests=whole(c[0]),
             prompt_tokens=whole(c[1]), output_tokens=whole(c[2]),
             received_requests=int(c[5]),
             ttft=Quantiles.of(ring["ttft"][sel]), tpot=Quantiles.of(ring["tpot"][sel]),
@@ -327,7 +327,7 @@ class RollingWindow:
             phase_time_share=phase_time_shares(ring, sel),
             ttft_by_prompt_class=by_prompt_class(ring, sel),
             sampled_requests=int(sel.sum()),
-            slo=SloFigures.of(self.objectives(key), sums.slo[i], covered, c[0])
+            slo=SloFigures.of(self.objectives(key), sums.slo[i], covered_i, c[0])
             if sums.slo is not None else None)
 
     def columns(self, seconds: float | None = None) -> WindowColumns:
