@@ -239,6 +239,7 @@ class Exporter:
                 **({"tap_port": self.tap_port} if self.tap is not None else {}),
                 "label_sets": len(self.aggregator.labels),
                 "lifecycle_pending": self.joiner.pending_count(),
+                **({"gpu_counters": self.gpus.status()} if self.gpus is not None else {}),
                 "ingest": {f"{n}{{{','.join(lv)}}}": v
                            for (n, lv), v in sorted(self.stats.snapshot().items())}}
 

@@ -43,7 +43,7 @@ from phasewatch.roofline.gpu_watch import GpuWatch
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
 from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
-from phasewatch.roofline.verdict import LEVERS, Verdict, decide
+from phasewatch.roofline.verdict import Verdict, decide
 
 log = logging.getLogger("phasewatch")
 ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
@@ -233,8 +233,7 @@ class BottleneckMonitor:
             gpu = for_estimate(self.gpus, model, est, dep, busy,
                                verdict.resource if verdict is not None else "")
             if gpu is not None and verdict is not None:
-                apply_gpu(verdict, gpu, LEVERS)
-                verdict.evidence["gpu"] = gpu.summary()
+                apply_gpu(verdict, gpu)
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:

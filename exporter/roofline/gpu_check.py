@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.gpu_evidence import IDLE, GpuComparison, compare
 from phasewatch.roofline.gpu_watch import GpuWatch
+from phasewatch.roofline.verdict import LEVERS, Verdict
 
 # activity while busy at which the counters confirm a bound claim: a phase bound by a
 # ceiling runs at BOUND_FRACTION (0.6) of the achievable figure or more, and the
@@ -116,15 +117,16 @@ def range_point(c: GpuComparison, flops: float, nbytes: float, range_seconds: fl
             "measured_flops_per_second": intensity * measured * peak_bandwidth}
 
 
-def apply(verdict, found: GpuCheck, levers: dict[tuple[str, str], tuple[str, ...]]) -> None:
-    """What the counters found, into ``verdict`` (a ``verdict.Verdict``): an overstated
-    estimate or an idle GPU is said first and takes the resource ``found.resource`` (with
-    its levers from ``levers``, the verdict's table, unless a cause set its own); a check
-    of a bound claim follows the text."""
+def apply(verdict: Verdict, found: GpuCheck) -> None:
+    """What the counters found, into ``verdict``: an overstated estimate or an idle GPU
+    is said first and takes the resource ``found.resource`` (with that resource's levers
+    from the verdict's table, unless a cause set its own); a check of a bound claim
+    follows the text. The counters go in the evidence as ``gpu``."""
     if found.resource is not None and found.resource != verdict.resource:
         verdict.resource = found.resource
         if verdict.cause is None or not verdict.cause.levers:
-            verdict.levers = levers.get((verdict.phase, found.resource), ())
+            verdict.levers = LEVERS.get((verdict.phase, found.resource), ())
+    verdict.evidence["gpu"] = found.summary()
     if not found.sentence:
         return
     if found.outcome in ("overstated", "idle"):

@@ -118,6 +118,14 @@ class GpuWatch:
         return [(s.name, result, n) for s in self.sources for result, n in
                 sorted(s.results.items())]
 
+    def status(self) -> list[dict]:
+        """Each source for /api/v1/status: its name, where it reads, its readings by
+        result and why the last one gave nothing ("" after a good one)."""
+        return [{"source": s.name, "url": getattr(s, "url", ""),
+                 "reads": dict(sorted(s.results.items())),
+                 "last_error": getattr(s, "last_error", "") or getattr(s, "reason", "")}
+                for s in self.sources]
+
     def attribution(self, model: str) -> Attribution:
         selector = self._selectors.get(model, self._default)
         if selector.any and self._models > 1:

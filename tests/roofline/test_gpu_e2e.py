@@ -76,6 +76,9 @@ def test_an_estimate_above_the_counters_blames_the_configuration(dcgm):
         assert s.value("phasewatch_gpu_check_info", model=LLAMA, outcome="overstated") == 1
         assert s.value("phasewatch_gpu_counter_reads_total", gpu_source="dcgm",
                        result="ok") >= 3
+        (status,) = _api(ex, "/api/v1/status")["gpu_counters"]
+        assert status["source"] == "dcgm" and status["url"] == dcgm.url
+        assert status["reads"]["ok"] >= 3 and status["last_error"] == ""
 
 
 def test_an_idle_gpu_under_a_busy_engine_is_overhead_with_the_counters(dcgm):
@@ -134,4 +137,6 @@ def test_nvml_without_a_gpu_is_counted_never_a_crash():
                  if x.name == "phasewatch_gpu_counter_reads_total"}
         assert set(reads) <= {"library_not_found", "driver_not_loaded", "no_gpu",
                               "no_pynvml"} and sum(reads.values()) >= 2, reads
+        (status,) = _api(ex, "/api/v1/status")["gpu_counters"]
+        assert status["source"] == "nvml" and status["last_error"] in reads
         assert "gpu" not in _api(ex, "/api/v1/roofline")["models"][0]
