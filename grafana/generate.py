@@ -363,6 +363,26 @@ def replica_panels(lay: Layout) -> None:
                            theme.CAPTIONS["replicas"]), 8, 7)
 
 
+def gpu_panels(lay: Layout) -> None:
+    """The GPUs' DRAM and tensor activity against the estimate's share of the same peaks
+    (the estimate is the least the work needs: it should sit at or under the counter),
+    their ratio, and what the counters say of the verdict."""
+    for counter, family, words in (("dram", cat.ACTIVITY["dram_active"], "DRAM"),
+                                   ("tensor", cat.ACTIVITY["tensor_active"], "tensor pipes")):
+        lay.add(timeseries(f"GPU {words} active: counted and estimated", [
+            target(f"avg by ({BY}) ({family.name}{{{SEL}}})", who("counted"), "A"),
+            target(f'avg by ({BY}) ({cat.GPU_ESTIMATED.name}{{{SEL},counter="{counter}"}})',
+                   who("estimated"), "B")], "percentunit",
+            f"{family.help} Beside it, the estimate's share of the same peak over the "
+            "same range: at most the counter when the configured model, dtype and GPU "
+            "count are right (docs/verdict.md, \"The GPU's own counters\")."), 8, 8)
+    lay.add(timeseries("Estimate over counted activity", [target(
+        f"max by ({BY}, counter) ({cat.GPU_ESTIMATE_OVER_MEASURED.name}{{{SEL}}})",
+        who("{{counter}}"))], "none",
+        f"{cat.GPU_ESTIMATE_OVER_MEASURED.help} 1.1 and over: the verdict claims no "
+        "resource and names the configuration to check."), 8, 8)
+
+
 def alert_states() -> dict:
     by = "alertname, model, engine, source, objective, regressed, quantile, severity"
     sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
@@ -500,6 +520,9 @@ def panels() -> list[dict]:
         f"{util_by} ({cat.ACHIEVED_BANDWIDTH.name}{{{SEL}}})",
         who("{{phase}}"))], "Bps", "Bytes per second each phase moves, per replica.",
         phases=True), 12, 7)
+
+    lay.row("The GPU's own counters beside the estimate (--gpu-metrics-url, --gpu-nvml)")
+    gpu_panels(lay)
 
     lay.row("TTFT against prompt length")
     by_class = [target(q(queries.PROMPT_CLASS["ttft_p50"]), who("{{prompt_class}} p50"), "A"),

@@ -47,6 +47,7 @@ from phasewatch.sim.scenarios import Scenario
 from phasewatch.sim.workload import Lengths, Workload
 from tests.conftest import TEST_PORTS
 from tests.roofline.test_engine_metrics import Pages
+from tests.roofline.test_gpu_e2e import GPU_PANELS
 from tests.support import ROOT
 from tests.support.prom import PrometheusServer
 
@@ -295,6 +296,9 @@ def test_the_shipped_rules_parse_against_prometheus(fired):
 # Panels with data only where something happens that this scenario does not do; each
 # must still parse here, and returns data in the test named.
 ONLY_WHERE = {
+    **{title: "GPU counters read (--gpu-metrics-url): tests/roofline/test_gpu_e2e.py::"
+              "test_grafanas_gpu_panels_have_data_through_a_real_prometheus"
+       for title in GPU_PANELS},
     "Sampled traces": "traces sampled upstream: tests/ingest/test_otlp_sampling.py::"
                       "test_the_sampled_share_through_prometheus_on_the_dashboard_and_"
                       "grafanas_panel",

@@ -140,3 +140,37 @@ def test_nvml_without_a_gpu_is_counted_never_a_crash():
         (status,) = _api(ex, "/api/v1/status")["gpu_counters"]
         assert status["source"] == "nvml" and status["last_error"] in reads
         assert "gpu" not in _api(ex, "/api/v1/roofline")["models"][0]
+
+
+GPU_PANELS = ("GPU DRAM active: counted and estimated",
+              "GPU tensor pipes active: counted and estimated", "Estimate over counted activity")
+
+
+def test_grafanas_gpu_panels_have_data_through_a_real_prometheus(dcgm, tmp_path):
+    """A real Prometheus scraping an exporter that reads a dcgm-exporter page: every
+    expression of Grafana's GPU panels (as generated, variables filled as Grafana would)
+    returns the counters and the estimate beside them."""
+    import json
+    import sys
+
+    from tests.support import ROOT
+    from tests.support.prom import PrometheusServer
+
+    sys.path.insert(0, str(ROOT / "grafana"))
+    import generate as grafana
+
+    doc = json.loads(grafana.OUT.read_text())
+    exprs = [(t, e) for t, e in grafana.expressions(doc) if t in GPU_PANELS]
+    assert len(exprs) == 5, exprs
+    values = {"$__rate_interval": "1m", "$__range": "5m", "$model": ".*", "$engine": ".*",
+              "$source": ".*", "$pod": ".*", "$job": ".*"}
+    config = replace(BASE, gpu_metrics_url=dcgm.url, model_flags=ModelOptions(
+        model=LLAMA, hardware="H100-SXM", gpu_select="pod=vllm-llama-8b-0"))
+    with Exporter(config) as ex, \
+            PrometheusServer(tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
+        _counted(ex)
+        _send_simulated(ex, "chat", 60.0, model=LLAMA)
+        _entry_with_gpu(ex)
+        for title, expr in exprs:
+            rows = _wait(lambda e=expr: prom.query(grafana.substitute(e, values)), 30)
+            assert rows[0]["metric"]["model"] == LLAMA, (title, rows)
