@@ -79,7 +79,7 @@ proto: $(STAMP)
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: engines-venv real-engines
+.PHONY: engines-venv real-engines gpu-wheels gpu-check
 
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -123,6 +123,25 @@ engines-venv: $(VLLM_STAMP) $(VLLM_PW) $(TF_STAMP) $(TF_PW)
 # The real-engine test alone: phasewatch against a live vLLM on this CPU.
 real-engines: $(STAMP) engines-venv
 	$(PY) -m pytest -q tests/real/test_real_vllm.py
+
+# The GPU check, for anyone with an NVIDIA GPU (docs/verdict.md, "The GPU's own
+# counters"): calibrate, transformers serve behind the tap (eager and CUDA graphs, 8 and 48
+# streams), phasewatch reading the GPU's counters itself; it fails when the estimate
+# exceeds what the GPU counted or a utilization exceeds 1. Where the machine has no
+# network (the device machine lent to some sessions), `make gpu-wheels` here first: the
+# wheels it lacks, into .whl/, which `make gpu-check` installs there from disk.
+GPU_SITE := /tmp/phasewatch-gpu-site
+GPU_OUT ?= $(if $(OUT),$(OUT),gpu-check)
+gpu-wheels: $(STAMP) $(TF_STAMP)
+	$(PY) tests/engines/gpu_wheels.py .whl
+
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
+	  python3 tests/engines/gpu_tap_check.py --out $(GPU_OUT) --tf-python python3 \
+	  --pw-python python3
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from phasewatch.catalog.family import Family
 
-GPU_NEEDS = "--gpu-metrics-url or --gpu-nvml"
+GPU_NEEDS = "--gpu-metrics-url or --gpu-nvml true"
 
 
 def _gpu(name: str, doc: str, *labels: str) -> Family:

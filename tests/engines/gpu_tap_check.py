@@ -11,19 +11,26 @@ On a machine with one NVIDIA GPU (an H100 80GB here), from the repository root::
    filled in place, saved as safetensors with ``tests/engines/tiny_model.py``'s tokenizer
    widened to the model's 128256 ids (each extra id decodes to a text of its own, so
    every generated token is a streamed chunk);
-2. starts ``transformers serve DIR --device cuda --continuous-batching`` (its KV cache
-   sized from the GPU's memory unless ``--cb-flags`` says otherwise), waits for
-   ``/health`` and warms it up with requests sent to it directly (not counted);
-3. starts ``phasewatch serve --tap-upstream ... --hf-config DIR/config.json --hardware
-   auto --window-seconds 30 --roofline-interval 1`` on free ports;
-4. drives 8 streaming chat clients for 35 s through the tap, then 48 for 35 s (each
-   request ``max_tokens`` 128, a short prompt, no ``model``); after each phase reads
-   ``/api/v1/roofline`` and ``/metrics`` into ``--out`` (``roofline-N.json``,
-   ``metrics-N.txt``) and prints what the clients saw, the tap and ingest counters and
-   the roofline entry's figures and verdict; samples NVML (and GPM where the GPU and
-   driver allow it: DRAM bandwidth, tensor and SM utilisation) once a second meanwhile;
+2. runs ``phasewatch calibrate --device cuda`` (``gpu-profile.json``);
+3. for each of ``--modes`` (eager, then graphs: ``--cb-use-cuda-graph``): starts
+   ``transformers serve DIR --device cuda --continuous-batching`` (its KV cache sized
+   from the GPU's memory unless ``--cb-flags`` says otherwise), waits for ``/health``
+   and warms it up with requests sent to it directly (not counted); starts ``phasewatch
+   serve --tap-upstream ... --hf-config DIR/config.json --hardware auto --gpu-nvml true
+   --window-seconds 30 --roofline-interval 1`` on free ports (the GPU's counters read by
+   phasewatch itself); drives 8 streaming chat clients for 20 s through the tap, then 48
+   (each request ``max_tokens`` 128, a short prompt, no ``model``); after each phase
+   reads ``/api/v1/roofline`` and ``/metrics`` into ``--out``
+   (``roofline-MODE-N.json``, ``metrics-MODE-N.txt``) and prints what the clients saw,
+   the tap and ingest counters, the roofline entry's figures and verdict, and the
+   estimate beside phasewatch's GPU counters; samples NVML (and GPM where the GPU and
+   driver allow it) once a second itself meanwhile, as a second opinion; stops both;
+4. prints calibrate against the datasheet and a recap, and exits 1 where
+   ``gpu_findings.failures`` finds a reason: the estimate above the GPU's counted
+   traffic or work, a utilization above 1, calibrate above the datasheet, or no GPU
+   counters read at all (``summary.json``'s ``failures``);
 5. stops every process it started (process groups, in ``finally``), within a global
-   time limit (``--time-limit``, 420 s for the 8B), removes the model, and writes
+   time limit (``--time-limit``, 480 s for the 8B), removes the model, and writes
    ``summary.json`` and the logs' ends to ``--out``.
 
 On a CPU (to test this script)::
@@ -71,6 +78,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.engines.capture_transformers import stop as stop_group  # noqa: E402
+from tests.engines.gpu_findings import (  # noqa: E402
+    calibrate_line,
+    calibrate_vs_datasheet,
+    failures,
+    gpu_block,
+    gpu_line,
+)
 from tests.engines.serve_ports import FREE, PATTERNS, TAP_PATTERN  # noqa: E402
 
 TINY_MODEL = ROOT / "tests" / "engines" / "tiny_model.py"
@@ -497,6 +511,9 @@ class Check:
         self.own_work = False
         self.model_dir: Path | None = None
         self.sampler: GpuSampler | None = None
+        self.mode = "eager"  # transformers serve's: eager, or graphs (--cb-use-cuda-graph)
+        self.deployment: dict | None = None  # the roofline entry's, for calibrate's check
+        self.calibrated: dict | None = None
 
     # -- time
 
@@ -673,6 +690,24 @@ class Check:
         say(f"[calibrate] {out} in {self.lap('calibrate_s', t):.1f}s")
         return out
 
+    def calibrate_gpu(self) -> dict | None:
+        """``phasewatch calibrate`` on the GPU (bandwidth and bf16/fp16/fp32 FLOP/s), kept
+        to compare with the datasheet serve --hardware auto finds."""
+        out = self.work / "gpu-profile.json"
+        t = time.monotonic()
+        self.spawn("calibrate", [self.a.pw_python, "-m", "phasewatch.cli", "calibrate",
+                                 "--device", "cuda", "--matmul-n", "8192", "--size-mib", "4096",
+                                 "--matmul-seconds", "4", "--output", str(out)])
+        rc = self.wait_exit("calibrate", min(150.0, max(10.0, self.left() - 240)))
+        self.echo_log("calibrate", "calibrate")
+        if rc != 0 or not out.exists():
+            self.summary["notes"].append(f"calibrate failed ({rc})")
+            say(f"[calibrate] failed ({rc}):\n{self.tail('calibrate')}")
+            return None
+        shutil.copy(out, self.out / "gpu-profile.json")
+        say(f"[calibrate] {out} in {self.lap('calibrate_gpu_s', t):.1f}s")
+        return json.loads(out.read_text())
+
     def start_transformers(self) -> str:
         port = free_port()
         hf = self.work / "hf"
@@ -687,7 +722,8 @@ class Check:
                "sys.exit(app(prog_name='transformers'))",
                "serve", str(self.model_dir), "--device", self.a.device,
                "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
-               "--continuous-batching", *shlex.split(self.a.cb_flags)]
+               "--continuous-batching", *shlex.split(self.a.cb_flags),
+               *(["--cb-use-cuda-graph"] if self.mode == "graphs" else [])]
         if self.a.device == "cpu":
             cmd += ["--dtype", "float32"]
         t = time.monotonic()
@@ -731,7 +767,10 @@ class Check:
         args = [self.a.pw_python, "-m", "phasewatch.cli", "serve", *PW_FREE,
                 "--tap-upstream", upstream, "--tap-port", "0",
                 "--hf-config", str(self.model_dir / "config.json"),
-                "--window-seconds", "30", "--roofline-interval", "1"]
+                "--window-seconds", "30", "--roofline-interval", "1",
+                # the GPU's own counters, read by phasewatch itself (none on a CPU: the
+                # reads are counted by reason)
+                "--gpu-nvml", "true"]
         if self.a.device == "cpu":
             args += ["--weight-dtype", "fp32", "--kv-dtype", "fp32",
                      "--hardware-profile", str(self.calibrate())]
@@ -766,7 +805,8 @@ class Check:
             return before
         if seconds < self.a.seconds:
             self.summary["notes"].append(f"phase {streams} shortened to {seconds:.0f}s")
-        say(f"\n[phase {streams}] {streams} streaming clients for {seconds:.0f}s through the tap")
+        say(f"\n[phase {self.mode} {streams}] {streams} streaming clients for {seconds:.0f}s "
+            "through the tap")
         self.sampler.start()
         try:
             client = asyncio.run(load(f"http://127.0.0.1:{ports['tap_port']}/v1/chat/completions",
@@ -778,8 +818,9 @@ class Check:
         pw = f"http://127.0.0.1:{ports['http_port']}"
         roof_raw = http_get(pw + "/api/v1/roofline")
         metrics_raw = http_get(pw + "/metrics")
-        (self.out / f"roofline-{streams}.json").write_bytes(roof_raw)
-        (self.out / f"metrics-{streams}.txt").write_bytes(metrics_raw)
+        tag = f"{self.mode}-{streams}"
+        (self.out / f"roofline-{tag}.json").write_bytes(roof_raw)
+        (self.out / f"metrics-{tag}.txt").write_bytes(metrics_raw)
         roof = json.loads(roof_raw)
         text = metrics_raw.decode(errors="replace")
         samples = parse_metrics(text)
@@ -809,8 +850,13 @@ class Check:
         }
         entries = roof.get("models") or []
         entry = next((e for e in entries if e.get("configured")), entries[0] if entries else None)
-        got = {"streams": streams, "client": client, "counters": counters, "gpu": gpu,
+        got = {"streams": streams, "mode": self.mode, "client": client, "counters": counters,
+               "gpu": gpu, "gpu_check": gpu_block(entry),
+               "gpu_reads": {lab.get("result"): v for n, lab, v in samples
+                             if n == "phasewatch_gpu_counter_reads_total"},
                "roofline_models": [e.get("model") for e in entries]}
+        if entry is not None and entry.get("deployment"):
+            self.deployment = entry["deployment"]
         if entry is not None:
             est, v, dep = entry.get("estimate") or {}, entry.get("verdict"), entry.get("deployment")
             dec = est.get("decode") or {}
@@ -843,7 +889,8 @@ class Check:
 
     def report(self, got: dict) -> None:
         c, k, g = got["client"], got["counters"], got["gpu"]
-        say(f"[phase {got['streams']}] clients: sent {c['sent']}, finished {c['finished']}, "
+        say(f"[phase {got['mode']} {got['streams']}] clients: sent {c['sent']}, "
+            f"finished {c['finished']}, "
             f"failed {c['failed']} {c['statuses']} in {c['seconds']}s; "
             f"{c['completion_tokens']} output tokens ({c['output_tokens_per_second']}/s), "
             f"{c['chunks']} chunks; TTFT p50 {c['ttft_p50']}s p90 {c['ttft_p90']}s, "
@@ -876,6 +923,7 @@ class Check:
                 say(f"  verdict: {v['headline']} ({v['phase']}/{v['resource']}, cause "
                     f"{v['cause']}, confidence {v['confidence']}, view {v['view']})\n"
                     f"    {v['text']}\n    levers: {v['levers']}")
+        say(f"  {gpu_line(got['gpu_check'])}; reads {got['gpu_reads']}")
         if g.get("available"):
             say(f"  GPU ({g['device']}, {g['samples']} samples): means {g['means']}"
                 + ("" if g["gpm"] else f"; no GPM: {g['gpm_why_not']}")
@@ -897,15 +945,21 @@ class Check:
                 + (self.sampler.why_not or "NVML ok") + "; GPM: "
                 + (self.sampler.gpm_why_not or "supported"))
             self.build()
-            upstream = self.start_transformers()
-            self.warm_up(upstream)
-            ports = self.start_phasewatch(upstream)
-            samples: list = []
-            for streams in self.a.streams:
-                samples = self.phase(streams, ports, samples)
-            self.summary["ok"] = True
-            code = 0
+            profile = self.calibrate_gpu() if self.a.device.startswith("cuda") else None
+            for mode in self.a.modes:
+                self.run_mode(mode)
+            if profile is not None:
+                self.calibrated = calibrate_vs_datasheet(profile, self.deployment)
+                self.summary["calibrate"] = self.calibrated
+                say(f"[calibrate] {calibrate_line(self.calibrated)}")
             self.recap()
+            why = failures(self.summary["phases"], self.a.device.startswith("cuda"),
+                           self.calibrated)
+            self.summary["failures"] = why
+            for line in why:
+                say(f"[fail] {line}")
+            self.summary["ok"] = not why
+            code = 0 if not why else 1
         except TimeLimit as e:
             self.summary["error"] = f"time limit: {e}"
             say(f"[error] time limit ({self.a.time_limit:.0f}s): {e}")
@@ -921,19 +975,43 @@ class Check:
             self.cleanup()
         return code
 
+    def run_mode(self, mode: str) -> None:
+        """transformers serve in ``mode`` with phasewatch's tap in front, each phase's
+        streams through it; both stopped after, their logs kept under the mode's name."""
+        self.mode = mode
+        if self.left() < 90:
+            self.summary["notes"].append(f"mode {mode} skipped: {self.left():.0f}s left")
+            say(f"[mode {mode}] skipped: {self.left():.0f}s left of the time limit")
+            return
+        say(f"\n[mode {mode}] transformers serve --continuous-batching"
+            + (" --cb-use-cuda-graph" if mode == "graphs" else ""))
+        upstream = self.start_transformers()
+        self.warm_up(upstream)
+        ports = self.start_phasewatch(upstream)
+        samples: list = []
+        for streams in self.a.streams:
+            samples = self.phase(streams, ports, samples)
+        for name in ("phasewatch", "transformers"):
+            self.stop(name)
+            log = self.logs.pop(name)
+            kept = log.with_name(f"{name}-{mode}.log")
+            log.rename(kept)
+            self.logs[f"{name}-{mode}"] = kept
+
     def recap(self) -> None:
-        say("\n[recap] streams | sent/finished | tap completed/accepted/rejected | out tok/s | "
-            "TTFT p50 | decode MBU | step s | batch | verdict | GPM dram/tensor/sm %")
+        say("\n[recap] mode | streams | sent/finished | tap completed/accepted/rejected | "
+            "out tok/s | TTFT p50 | decode MBU | step s | batch | verdict | GPM dram/tensor/sm %")
         for g in self.summary["phases"]:
             c, k, r = g["client"], g["counters"], g.get("roofline") or {}
             v = r.get("verdict") or {}
             m = (g["gpu"] or {}).get("means") or {}
-            say(f"[recap] {g['streams']} | {c['sent']}/{c['finished']} | {k['tap_completed']}/"
+            say(f"[recap] {g['mode']} | {g['streams']} | {c['sent']}/{c['finished']} | "
+                f"{k['tap_completed']}/"
                 f"{k['accepted_tap']}/{k['rejected']} | {c['output_tokens_per_second']} | "
                 f"{c['ttft_p50']} | {r4(r.get('decode_mbu'))} | {r4(r.get('decode_step_seconds'))}"
                 f" | {r4(r.get('decode_batch_size'))} | {v.get('phase')}/{v.get('resource')}"
                 f" ({v.get('cause')}) | {m.get('dram_bw_util')}/{m.get('any_tensor_util')}/"
-                f"{m.get('sm_util')}")
+                f"{m.get('sm_util')} | {gpu_line(g.get('gpu_check'))}")
 
     def cleanup(self) -> None:
         # nothing may interrupt the cleanup: signals that end the run are ignored now
@@ -966,12 +1044,16 @@ class Check:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="folder for summary.json, roofline-N.json, metrics-N.txt, logs")
+    p.add_argument("--out", help="folder for summary.json, roofline-MODE-N.json, "
+                   "metrics-MODE-N.txt, gpu-profile.json, logs")
     p.add_argument("--size", choices=("8b", "mini", "tiny"), default="8b",
                    help="8b: Llama-3.1-8B's shape in bf16 on the GPU (default); tiny, mini: "
                         "small models served in float32 on the CPU")
     p.add_argument("--device", help="--device of transformers serve (cuda for 8b, else cpu)")
-    p.add_argument("--seconds", type=float, default=35.0, help="seconds of each phase")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="seconds of each phase (default 20 for the 8B, 35 otherwise)")
+    p.add_argument("--modes", default=None, help="transformers serve's modes, in turn: eager, "
+                   "graphs (--cb-use-cuda-graph); default eager,graphs on a GPU, eager on a CPU")
     p.add_argument("--streams", default="8,48", help="concurrent clients of each phase")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--tf-python", default="python3",
@@ -1001,6 +1083,11 @@ def main(argv: list[str] | None = None) -> int:
     if not a.out:
         p.error("--out is required")
     a.streams = [int(s) for s in a.streams.split(",") if s.strip()]
+    if a.modes is None:
+        a.modes = "eager,graphs" if a.device.startswith("cuda") else "eager"
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.seconds is None:
+        a.seconds = 20.0 if a.size == "8b" else 35.0
     # the processes run in the work folder: a path given relative to here, made absolute
     # (not resolved: a virtualenv's python is a symlink that must stay one)
     for key in ("tf_python", "pw_python"):
@@ -1009,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cb_flags is None:
         a.cb_flags = "" if a.device.startswith("cuda") else CPU_CB_FLAGS
     if a.time_limit is None:
-        a.time_limit = 420.0 if a.size == "8b" else 1200.0
+        a.time_limit = 480.0 if a.size == "8b" else 1200.0
 
     def on_alarm(signum, frame):
         raise TimeLimit(f"{a.run_limit:.0f}s of the {a.time_limit:.0f}s limit passed "

@@ -13,6 +13,7 @@ import pytest
 from phasewatch.app import Exporter
 from phasewatch.roofline.deployments import ModelOptions
 from tests.conftest import scrape
+from tests.engines.gpu_findings import failures, gpu_block
 from tests.roofline.test_gpu_counters import U0, Server, page
 from tests.roofline.test_roofline_e2e import BASE, _api, _send_simulated, _wait
 
@@ -74,6 +75,9 @@ def test_an_estimate_above_the_counters_blames_the_configuration(dcgm):
                        counter="dram") > 1.1
         assert s.value("phasewatch_gpu_counted_gpus", model=LLAMA, gpu_source="dcgm") == 1
         assert s.value("phasewatch_gpu_check_info", model=LLAMA, outcome="overstated") == 1
+        # make gpu-check fails such a run, saying why
+        whys = failures([{"streams": 8, "gpu_check": gpu_block(m)}], on_gpu=True)
+        assert any("the estimate's dram share" in w for w in whys), whys
         assert s.value("phasewatch_gpu_counter_reads_total", gpu_source="dcgm",
                        result="ok") >= 3
         (status,) = _api(ex, "/api/v1/status")["gpu_counters"]
@@ -99,6 +103,7 @@ def test_an_idle_gpu_under_a_busy_engine_is_overhead_with_the_counters(dcgm):
         said = re.search(r"tensor pipes were active (\d\.\d)% of the range", v["text"])
         assert said and 0.1 <= float(said.group(1)) <= 0.3, v["text"]
         assert any("CUDA graphs" in lever for lever in v["levers"]), v["levers"]
+        assert failures([{"streams": 8, "gpu_check": gpu_block(m)}], on_gpu=True) == []
         point = gpu["point"]
         assert point["measured_flops_per_second"] > point["estimated_flops_per_second"]
 
