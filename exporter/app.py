@@ -18,6 +18,7 @@ from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
 from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.aggregation.window import RollingWindow
+from phasewatch.app_loops import Loops
 from phasewatch.config import ServeConfig
 from phasewatch.ingest.adapters import AdapterContext
 from phasewatch.ingest.grpc_server import PhasewatchService, start_grpc_server
@@ -45,24 +46,6 @@ from phasewatch.transport.listen import ListenError, listening
 from phasewatch.transport.tls import TlsFiles, TlsFront
 
 log = logging.getLogger("phasewatch")
-# a tick of a loop this late, or an update this long, is logged (see _roofline_loop)
-STALL_NOTICE = 2.0
-
-
-def _log_long_update(took: float, cpu: float, notice: float, interval: float) -> None:
-    """Log an update that took ``notice`` seconds or more. Where the whole process had
-    the CPU for under half of it, the process was not scheduled (stopped, a frozen VM, a
-    starved host) for the rest, which is said as a late tick is; otherwise the update
-    itself was slow."""
-    if took < notice:
-        return
-    if took - cpu >= max(notice, took / 2):
-        log.warning("phasewatch ran %.1f s late (a %g s roofline tick): this process was "
-                    "not scheduled during the roofline update, so the figures average "
-                    "over that gap", took - cpu, interval)
-    else:
-        log.warning("the roofline update took %.1f s (%.1f s of CPU; --roofline-interval "
-                    "%g s)", took, cpu, interval)
 
 
 def deployment_line(d, engine_metrics_url: str = "") -> str:
@@ -98,19 +81,47 @@ class Exporter:
         resolved = [(o, resolve(o)) for o in options]  # bad configuration raises here
         self._resolved = [(o, d) for o, d in resolved if d is not None]  # logged by start()
         self._configured = bool(options)  # a model without its hardware: resolve() said so
-        deployments = Deployments([d for _, d in resolved if d is not None])
+        # one model, one label: every name of a configured model -> its served name
+        self.model_names = ModelNames(options)
+        self._aggregation(Deployments([d for _, d in self._resolved]), self._engines())
+        self._receivers()
+        self._publishing()
+        self._grpc = self._otlp_grpc = None
+        self._http: HttpServer | None = None
+        self._otlp_http: HttpServer | None = None
+        self._stop = threading.Event()
+        self._fronts: list[TlsFront] = []
+        self._socket_dir = ""
+        self.loops = Loops(self._stop, self.stats, clock, config.roofline_interval,
+                           self._update_roofline,
+                           (("lifecycle", "lifecycle", self.joiner),
+                            ("otlp", "OTLP join", self.otlp),
+                            ("trace", "trace join", self.trace_join)),
+                           self.monitor.engine_sources())
+        self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
+        self.tap_port = 0
+
+    def _engines(self) -> dict[str, EngineMetricsSource]:
+        """Each configured model's engine /metrics, by served name (``ANY_MODEL``: the
+        engine's state without a roofline)."""
+        config = self.config
         timeout = config.engine_metrics_timeout
         engines = {d.served_name: EngineMetricsSource(o.engine_metrics_url, d.served_name,
                                                       self.stats, timeout)
-                   for o, d in resolved if d is not None and o.engine_metrics_url}
+                   for o, d in self._resolved if o.engine_metrics_url}
         flags = config.model_flags
         if flags.engine_metrics_url and not (flags.model or flags.hf_config):
             # the engine's state without a roofline: the cause of queueing still counts
             engines[ANY_MODEL] = EngineMetricsSource(flags.engine_metrics_url, None, self.stats,
                                                      timeout)
+        return engines
+
+    def _aggregation(self, deployments: Deployments,
+                     engines: dict[str, EngineMetricsSource]) -> None:
+        """The state the receivers feed: the aggregator and its window, the trace join in
+        front of it, the history and the roofline's monitor."""
+        config, clock, names = self.config, self._clock, self.model_names
         window = RollingWindow(config.window_seconds, config.window_capacity, clock=clock)
-        # one model, one label: every name of a configured model -> its served name
-        names = self.model_names = ModelNames(options)
         self.aggregator = Aggregator(self.stats, max_series=config.max_series, window=window,
                                      model_names=names,
                                      objectives=config.objectives(names.labels),
@@ -122,7 +133,12 @@ class Exporter:
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          window_seconds=config.window_seconds, clock=clock)
-        single = names.single  # configured, whether or not its hardware resolved
+
+    def _receivers(self) -> None:
+        """What the listeners hand their calls to: the OTLP ingest, the lifecycle join,
+        the admission gate, and the stream tap where this process runs one."""
+        config = self.config
+        single = self.model_names.single  # configured, whether or not its hardware resolved
         emitter = None
         if config.otlp_export_endpoint:
             from phasewatch.ingest.otlp.reemit import PhaseSpanEmitter
@@ -139,8 +155,18 @@ class Exporter:
         self.admission = Admission(self.stats, config.max_in_flight,
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
-        # /metrics: the hot families rendered directly (HotText), then this registry's
-        # collectors; full_registry holds them all, for formats HotText does not write
+        self.tap = self._tap_server = self._tap_records = None
+        self._tap_conf = tapmod.TapConfig.read(config, "tap_",  # serve's --tap-* options
+                                               model=config.default_model or single)
+        if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
+            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
+            self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
+
+    def _publishing(self) -> None:
+        """/metrics: the hot families rendered directly (HotText), then the guarded
+        registry's collectors; ``full_registry`` holds them all, for formats HotText does
+        not write. And the JSON API."""
+        config = self.config
         self.registry = GuardedRegistry()  # each collector guarded (publish.guard)
         self.registry.register(SelfCollector(self.aggregator, gauges={
             catalog.LIFECYCLE_PENDING: self.joiner.pending_count,
@@ -149,16 +175,13 @@ class Exporter:
             catalog.IN_FLIGHT: self.admission.in_flight,
             catalog.IN_FLIGHT_BYTES: self.admission.in_flight_bytes,
             catalog.MEMORY_LIMIT: lambda: self.admission.memory_limit,
-            catalog.ROOFLINE_LAST_SUCCESS: lambda: self.roofline_ok_at,
+            catalog.ROOFLINE_LAST_SUCCESS: lambda: self.loops.roofline_ok_at,
+            catalog.SWEEP_LAST_SUCCESS: lambda: {
+                (join,): t for join, t in self.loops.sweep_ok_at.items()},
         }))
         self.registry.register(RooflineCollector(self.monitor, self.aggregator))
         self.registry.register(SloCollector(self.aggregator))  # nothing without --slo
-        self.tap = self._tap_server = self._tap_records = None
-        self._tap_conf = tapmod.TapConfig.read(config, "tap_",  # serve's --tap-* options
-                                               model=config.default_model or single)
-        if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
-            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
-            self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
+        if self.tap is not None:
             self.registry.register(tapmod.TapCollector(self.tap, self._tap_records))
         ProcessCollector(registry=self.registry)
         self.full_registry = CollectorRegistry()
@@ -168,26 +191,18 @@ class Exporter:
         self.metrics_page = MetricsPage(HotText(self.aggregator, exposure), self.registry,
                                         self.full_registry, HotProto(self.aggregator, exposure))
         self.api = JsonApi(self.aggregator, self.model_names, self.monitor, self.history,
-                           config, self._status, clock)
-        self._grpc = self._otlp_grpc = None
-        self._http: HttpServer | None = None
-        self._otlp_http: HttpServer | None = None
-        self._stop = threading.Event()
-        self.roofline_ok_at = 0.0  # the last roofline update that succeeded (Unix time)
-        self._fronts: list[TlsFront] = []
-        self._socket_dir = ""
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="pw-sweep", daemon=True)
-        self._roofline = threading.Thread(target=self._roofline_loop, name="pw-roofline",
-                                          daemon=True)
-        # one scraper per engine URL, apart from the verdict's updates: a saturated
-        # engine answers its /metrics slowly (seconds, on a loaded host), which must
-        # neither hold the verdict back nor, with a short timeout, lose exactly the
-        # scrapes that show the full KV cache
-        self._scrapers = [threading.Thread(target=self._scrape_loop, args=(source,),
-                                           name=f"pw-engine-{i}", daemon=True)
-                          for i, source in enumerate(self.monitor.engine_sources())]
-        self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
-        self.tap_port = 0
+                           config, self._status, self._clock)
+
+    @property
+    def roofline_ok_at(self) -> float:
+        """Unix time of the last roofline update that succeeded (0: none yet)."""
+        return self.loops.roofline_ok_at
+
+    def _update_roofline(self) -> None:
+        """One roofline tick: the verdict, and the window's summary into the history."""
+        self.monitor.update()
+        labels = self.aggregator.labels
+        self.history.record(self.aggregator.window.summary(labels.pairs(), names=labels.names))
 
     def _status(self) -> dict:
         """/api/v1/status: what only the running exporter knows."""
@@ -227,8 +242,20 @@ class Exporter:
         if c.tls_cert_file or c.tls_key_file or c.tls_client_ca_file:
             tls = TlsFiles(c.tls_cert_file, c.tls_key_file, c.tls_client_ca_file, self.stats)
             self._socket_dir = tempfile.mkdtemp(prefix="phasewatch-")  # 0700: ours only
-        service = PhasewatchService(self.trace_join, self.joiner, self.admission)
         auth = BearerAuth(c.auth_token, self.stats)
+        self._listen_phasewatch(auth, tls)
+        self._listen_otlp(auth, tls)
+        if self.tap is not None:
+            self._start_tap()
+        self.loops.start()
+        self._log_started(tls)
+        return self
+
+    def _listen_phasewatch(self, auth: BearerAuth, tls: TlsFiles | None) -> None:
+        """The phasewatch gRPC receiver, then /metrics and the JSON API (ready once the
+        receiver is up, until stop)."""
+        c = self.config
+        service = PhasewatchService(self.trace_join, self.joiner, self.admission)
         self._grpc, self.grpc_port = listening(
             "the phasewatch gRPC receiver", "--grpc-port", c.grpc_host, c.grpc_port,
             lambda: self._grpc_server(start_grpc_server, service, c.grpc_host, c.grpc_port,
@@ -243,6 +270,10 @@ class Exporter:
                                tls and (tls, "http", "optional")))
         self.http_port = self._http.port
         self._http.start()
+
+    def _listen_otlp(self, auth: BearerAuth, tls: TlsFiles | None) -> None:
+        """The OTLP receivers, gRPC and HTTP."""
+        c = self.config
         self._otlp_grpc, self.otlp_grpc_port = listening(
             "OTLP/gRPC", "--otlp-grpc-port", c.otlp_grpc_host, c.otlp_grpc_port,
             lambda: self._grpc_server(start_otlp_grpc_server,
@@ -258,18 +289,20 @@ class Exporter:
                                         "require" if tls.mutual else "none")))
         self.otlp_http_port = self._otlp_http.port
         self._otlp_http.start()
-        if self.tap is not None:
-            t = self._tap_conf
-            self._tap_server = tapmod.TapServer(  # a taken port names --tap-port
-                self.tap, t.host, t.port, ssl_context=tapmod.listener_ssl(t), loop=t.loop,
-                grace=c.shutdown_grace, listener=("the stream tap", "--tap-port")).start()
-            self.tap_port = self._tap_server.port
-            log.info("stream tap on %s://%s:%d -> %s", self._tap_server.scheme, t.host,
-                     self.tap_port, t.upstream)
-        self._sweeper.start()
-        self._roofline.start()
-        for scraper in self._scrapers:
-            scraper.start()
+
+    def _start_tap(self) -> None:
+        """The stream tap's listener, in this process (serve --tap-upstream)."""
+        t = self._tap_conf
+        self._tap_server = tapmod.TapServer(  # a taken port names --tap-port
+            self.tap, t.host, t.port, ssl_context=tapmod.listener_ssl(t), loop=t.loop,
+            grace=self.config.shutdown_grace, listener=("the stream tap", "--tap-port")).start()
+        self.tap_port = self._tap_server.port
+        log.info("stream tap on %s://%s:%d -> %s", self._tap_server.scheme, t.host,
+                 self.tap_port, t.upstream)
+
+    def _log_started(self, tls: TlsFiles | None) -> None:
+        """What listens where, and each model's roofline, in the log."""
+        c = self.config
         scheme = "https" if tls else "http"
         security = ("plain TCP" if not tls else "TLS" + (" with client certificates"
                                                           if tls.mutual else ""))
@@ -285,7 +318,6 @@ class Exporter:
         if not self._configured:
             log.info("roofline: no model configured (--model or --hf-config, with --hardware):"
                      " latency and phases only")
-        return self
 
     def _grpc_server(self, start, service, host: str, port: int, auth: BearerAuth,
                      receiver: str, tls: TlsFiles | None):
@@ -305,59 +337,6 @@ class Exporter:
     def _refused_connection(self, protocol: str):
         return lambda: self.stats.inc("phasewatch_ingest_refused_total", protocol=protocol,
                                       reason="connections")
-
-    def _sweep_loop(self) -> None:
-        """Every second, each join's waiting room lets go of what waited long enough."""
-        while not self._stop.wait(1.0):
-            for join, part in (("lifecycle", self.joiner), ("OTLP join", self.otlp),
-                               ("trace join", self.trace_join)):
-                try:
-                    part.sweep()
-                except Exception:  # a bug here must not kill the sweeper silently
-                    log.exception("%s sweep failed", join)
-
-    def _scrape_loop(self, source: EngineMetricsSource) -> None:
-        """Scrape ``source`` every --roofline-interval; a scrape that takes longer delays
-        the next, as Prometheus does (never two at once against one engine)."""
-        interval = self.config.roofline_interval
-        while not self._stop.is_set():
-            began = time.monotonic()
-            try:
-                source.poll()
-            except Exception:  # a bug here must not stop the scrapes silently
-                log.exception("engine metrics scrape of %s failed", source.url)
-            self._stop.wait(max(interval - (time.monotonic() - began), 0.0))
-
-    def _roofline_loop(self) -> None:
-        """Update the roofline and verdict every --roofline-interval. A tick that comes
-        STALL_NOTICE seconds or more late (the process was not scheduled: a paused or
-        starved host, or a thread holding the interpreter) is logged, and so is an
-        update that took that long: rates and the verdict average over such a gap, and
-        exports and engine scrapes waited through it."""
-        interval = self.config.roofline_interval
-        notice = max(STALL_NOTICE, interval)
-        due = time.monotonic() + interval
-        while not self._stop.wait(max(due - time.monotonic(), 0.0)):
-            late = time.monotonic() - due
-            if late >= notice:
-                log.warning("phasewatch ran %.1f s late (a %g s roofline tick): this process "
-                            "was not scheduled, so the figures average over that gap",
-                            late, interval)
-            began, cpu = time.monotonic(), time.process_time()
-            try:
-                self.monitor.update()
-                window = self.aggregator.window
-                labels = self.aggregator.labels
-                self.history.record(window.summary(labels.pairs(), names=labels.names))
-            except Exception:  # keep estimating on the next tick; never kill the loop
-                log.exception("roofline update failed")
-                self.stats.inc(catalog.ROOFLINE_UPDATES.name, outcome="error")
-            else:
-                self.stats.inc(catalog.ROOFLINE_UPDATES.name, outcome="ok")
-                self.roofline_ok_at = self._clock()
-            _log_long_update(time.monotonic() - began, time.process_time() - cpu,
-                             notice, interval)
-            due = time.monotonic() + interval
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight calls finish within ``grace`` seconds, then close.
@@ -383,7 +362,7 @@ class Exporter:
             if server is not None:
                 server.stop()
                 setattr(self, name, None)
-        self._join_threads(grace + 1)
+        self.loops.join(grace + 1)
         self.trace_join.flush()  # rows still waiting for their other side: counted alone
         if self.otlp.emitter is not None:
             self.otlp.emitter.shutdown(grace)
@@ -397,16 +376,6 @@ class Exporter:
         log.info("stopped; ingest totals: %s", ", ".join(
             f"{k} {int(totals.get(k, 0))}" for k in ("accepted", "rejected", "refused",
                                                        "dropped")))
-
-    def _join_threads(self, timeout: float) -> None:
-        """Join the background loops this exporter started (they saw ``_stop``), all
-        within ``timeout`` seconds; one still running past it is logged."""
-        deadline = time.monotonic() + timeout
-        for thread in (self._sweeper, self._roofline, *self._scrapers):
-            if thread.ident is not None:  # started
-                thread.join(max(deadline - time.monotonic(), 0.0))
-                if thread.is_alive():
-                    log.warning("%s did not stop within %g s", thread.name, timeout)
 
     def __enter__(self) -> Exporter:
         return self.start()

@@ -13,7 +13,7 @@ Sample exposition::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from typing import TypeVar
 
@@ -34,6 +34,8 @@ from phasewatch.publish import exposition
 from phasewatch.publish.families import CounterCells, Exposure, walk
 
 T = TypeVar("T")
+# a gauge's reading at scrape: its value, or (a family with labels) label values -> value
+GaugeReading = Callable[[], float | Mapping[tuple[str, ...], float]]
 
 
 class HotCollector(Collector):
@@ -147,11 +149,12 @@ def package_version() -> str:
 
 class SelfCollector(Collector):
     """The exporter's own counters (``SelfStats``; one with a catalog ``needs`` only once
-    it has counted something), the gauges it is given (catalog family -> its reading)
-    and the build's version."""
+    it has counted something), the gauges it is given (catalog family -> its reading: a
+    number, or for a family with labels its label values -> number) and the build's
+    version."""
 
     def __init__(self, aggregator: Aggregator,
-                 gauges: dict[catalog.Family, Callable[[], float]] | None = None):
+                 gauges: dict[catalog.Family, GaugeReading] | None = None):
         self._agg = aggregator
         self._gauges = gauges or {}
 
@@ -165,7 +168,13 @@ class SelfCollector(Collector):
             if fam.samples or not f.needs:  # one that needs a feature: once it counted
                 yield fam
         for f, read in self._gauges.items():
-            yield GaugeMetricFamily(f.name, f.help, value=float(read()))
+            if not f.labels:
+                yield GaugeMetricFamily(f.name, f.help, value=float(read()))
+                continue
+            fam = GaugeMetricFamily(f.name, f.help, labels=list(f.labels))
+            for label_values, v in sorted(read().items()):  # label values -> its value
+                fam.add_metric(list(label_values), float(v))
+            yield fam
         b = catalog.BUILD_INFO
         info = GaugeMetricFamily(b.name, b.help, labels=list(b.labels))
         info.add_metric([package_version()], 1.0)

@@ -1,4 +1,4 @@
-"""The metric catalog (exporter/catalog.py) is what phasewatch publishes, and everything
+"""The metric catalog (exporter/catalog/) is what phasewatch publishes, and everything
 that names a metric reads it.
 
 * the generated reference page is current (the Grafana JSON and the rule files are held

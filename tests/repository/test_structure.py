@@ -38,6 +38,7 @@ FLOORS = {
     "phasewatch.flags": 6,  # flags from the option tables, variables read at parse time
     "phasewatch.dashboard": 7,
     "phasewatch.app": 8,  # the process: wires the stages
+    "phasewatch.app_loops": 8,  # its background threads: sweeps, roofline, engine scrapes
     "phasewatch.cli": 9,
     "phasewatch.commands": 9,
 }
