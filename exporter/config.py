@@ -12,7 +12,7 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phasewatch.options import (
     MODEL_OPTIONS,
@@ -25,9 +25,11 @@ from phasewatch.options import (
 )
 from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
 from phasewatch.roofline.deployments import ModelOptions
-from phasewatch.tap.config import TapConfig
 from phasewatch.transport.admission import container_memory_limit
 from phasewatch.transport.listen import ListenError
+
+if TYPE_CHECKING:
+    from phasewatch.tap.config import TapConfig
 
 __all__ = ["SERVE_GROUPS", "SERVE_OPTIONS", "ConfigError", "ListenError", "Option",
            "ServeConfig", "add_serve_flags", "load_serve_config"]
@@ -41,6 +43,15 @@ TABLE_KEYS = (*MODEL_KEYS, "slo")
 CONFIG_OPTIONS = tuple(o for o in SERVE_OPTIONS if o not in MODEL_OPTIONS + SERVE_TAP)
 
 
+def _tap(**settings: Any) -> TapConfig:
+    """Serve's tap settings as the tap's record. Imported here, when a ServeConfig is
+    made: the tap's package (aiohttp and all) loads for serve and the demo, not for
+    every command whose parser names this module."""
+    from phasewatch.tap.config import TapConfig
+
+    return TapConfig(**settings)
+
+
 @dataclass(frozen=True)
 @option_fields(CONFIG_OPTIONS)
 class ServeConfig:
@@ -50,7 +61,7 @@ class ServeConfig:
     this process (``tap``, from the ``tap_*`` options: ``options.SERVE_TAP``) and the
     models (``options.MODEL_OPTIONS``: the flags' one and the file's tables)."""
 
-    tap: TapConfig = field(default_factory=TapConfig)  # --tap-*; no upstream: no tap
+    tap: TapConfig = field(default_factory=_tap)  # --tap-*; no upstream: no tap
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
 
@@ -191,7 +202,7 @@ def load_serve_config(args: argparse.Namespace | None = None,
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
     _check_slo(values["slo"], slo_source)
     flags = ModelOptions(**{k: values.pop(k) for k in MODEL_KEYS})
-    tap = TapConfig(**{o.name[4:]: values.pop(o.name) for o in SERVE_TAP})
+    tap = _tap(**{o.name[4:]: values.pop(o.name) for o in SERVE_TAP})
     return ServeConfig(**values, tap=tap, model_flags=flags, models=models)
 
 

@@ -31,7 +31,7 @@ class Option:
     help: str
     lo: float | None = None
     hi: float | None = None
-    metavar: str = ""  # what --help shows for the value; default: NAME, or {the,choices}
+    metavar: str = ""  # its value in --help; default NAME or {the,choices} (serve's: TYPE)
     choices: tuple[str, ...] = ()  # the only values allowed, when set
     env: str = ""  # its variable, where not the command's prefix + NAME (no prefix: none)
     shown_as: str = ""  # the default in words, where not the value itself
