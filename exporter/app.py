@@ -156,10 +156,10 @@ class Exporter:
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
         self.tap = self._tap_server = self._tap_records = None
-        self._tap_conf = tapmod.TapConfig.read(config, "tap_",  # serve's --tap-* options
+        self._tap_conf = tapmod.TapConfig.read(config.tap,  # serve's --tap-* options
                                                model=config.default_model or single)
-        if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
-            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
+        if config.tap.upstream:  # the stream tap in this process (else `phasewatch tap`)
+            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap.engine)
             self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
 
     def _publishing(self) -> None:
