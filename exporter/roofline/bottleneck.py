@@ -222,7 +222,7 @@ class BottleneckMonitor:
                 self._hold_cause(key, verdict, previous)
                 _tell_idle(verdict, busy)
                 if wrong is not None:  # before all else: every figure rests on the model
-                    verdict.evidence["model_mismatch"] = wrong
+                    verdict.evidence = replace(verdict.evidence, model_mismatch=wrong)
                     if wrong not in verdict.text:  # a held cause keeps the text it had
                         verdict.prepend(f"{wrong}.")
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
@@ -343,14 +343,14 @@ def _tell_idle(verdict: Verdict, busy: float | None) -> None:
     after the objectives' one (``Verdict.prepend``)."""
     if busy is None:
         return
-    verdict.evidence["busy_share"] = busy
+    verdict.evidence = replace(verdict.evidence, busy_share=busy)
     # say first that nothing needs fixing
-    missing = verdict.evidence.get("slo", {}).get("ranked_by") == "misses"
+    missing = verdict.evidence.ranked_by_misses
     if verdict.cause is None and busy < BUSY and verdict.phase != "queue" and not missing:
         verdict.prepend(f"Nothing to fix: the engine had a request in prefill or decode only "
                         f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
                         f"or tuning buys little.")
-        verdict.evidence["idle"] = True
+        verdict.evidence = replace(verdict.evidence, idle=True)
         verdict.levers = ()
 
 
