@@ -226,11 +226,15 @@ def test_the_otlp_ingest_names_no_engine():
 
 # The roofline's public functions take typed records, not dicts (issue 38). A ratchet:
 # these still do, and the list only shrinks (a new one fails, a fixed one must leave it).
+# calibrate's two take measured figures by dtype, and the tests pin cpu_half_floor raising
+# them in place.
 DICT_PARAMS_LEFT = {
-    "calibrate": "cpu_half_floor(flops) half_precision_note(slow) half_precision_note(runs) "
-                 "report(profile) write(profile)",
-    "hf_config": "weight_dtype_of(cfg) model_from_config(cfg)",
+    "calibrate": "cpu_half_floor(flops) half_precision_note(slow) half_precision_note(runs)",
 }
+# A document phasewatch does not define, parsed from JSON, is read as what it is: a
+# read-only ``Mapping[str, Any]`` whose keys are another project's (a record of ours would
+# only copy them). The modules that read one, and the document.
+EXTERNAL_DOCUMENTS = {"hf_config": "a Hugging Face config.json"}
 
 
 def test_no_dict_typed_parameters_in_the_roofline_public_functions():
@@ -241,6 +245,8 @@ def test_no_dict_typed_parameters_in_the_roofline_public_functions():
                     not node.name.startswith("_"):
                 for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
                     text = ast.unparse(a.annotation) if a.annotation else ""
+                    if p.stem in EXTERNAL_DOCUMENTS and text == "Mapping[str, Any]":
+                        continue
                     kinds = {t.split("[")[0].strip().split(".")[-1] for t in text.split("|")}
                     if kinds & {"dict", "Mapping", "MutableMapping"}:
                         found.add(f"{p.stem}:{node.name}({a.arg})")
