@@ -37,7 +37,7 @@ from phasewatch.requests.sampling import TraceSampling
 from phasewatch.roofline.bottleneck import ANY_MODEL, BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
-from phasewatch.roofline.verdict import achievable_source
+from phasewatch.roofline.verdict_text import achievable_source
 from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth

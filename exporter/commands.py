@@ -333,7 +333,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def _print_summary(exporter, current: str) -> None:
     summary = exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())
     results = [r for r in exporter.monitor.results() if r.verdict is not None]
-    shares = {r.model: r.verdict.evidence["phase_time_share"] for r in results}
+    shares = {r.model: r.verdict.evidence.phase_time_share for r in results}
     print(f"[{current}] {_summary_line(summary, shares)}", flush=True)
     for r in results:
         v = r.verdict

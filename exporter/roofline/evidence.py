@@ -147,8 +147,3 @@ class Evidence:
         if self.model_mismatch is not None and "model_mismatch" not in out:
             out["model_mismatch"] = self.model_mismatch
         return out
-
-    def __getitem__(self, key: str):
-        """A figure by its JSON key, as ``as_dict`` has it (``phasewatch.commands``'s
-        summary line reads ``evidence["phase_time_share"]``)."""
-        return self.as_dict()[key]

@@ -58,7 +58,6 @@ from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
 from phasewatch.roofline.verdict_text import (
     CLIENT_NOTE,
-    achievable_source,  # noqa: F401 (phasewatch.app's)
     describe,
     headline,
 )

@@ -87,7 +87,7 @@ def test_decided_verdicts_serve_the_old_shape():
     assert list(d) == ["phase_time_share", "requests", "decode_batch_size", *UTIL_KEYS]
     assert d["mbu"] == v.evidence.utilization.mbu == pytest.approx(0.8 * 3.0e12 / 3.35e12)
     assert d["phase_time_share"] == {"queue": 0.02, "prefill": 0.08, "decode": 0.90}
-    assert v.evidence["phase_time_share"] == d["phase_time_share"]  # by its JSON key
+    assert v.evidence.phase_time_share == d["phase_time_share"]
     queue = decide(est((0.70, 0.05, 0.25)), DEP).evidence.as_dict()
     assert list(queue) == ["phase_time_share", "requests", "decode_batch_size"]
     achievable = H100.hardware.achievable_flops("bf16")
