@@ -38,7 +38,7 @@ from phasewatch.dashboard.theme import (
     PHASES,
     REQUIRED_PHASES,
 )
-from phasewatch.roofline.verdict import headline
+from phasewatch.roofline.verdict_text import headline
 from phasewatch.transport.tls import ClientTls
 
 WATERFALL_REQUESTS = 40  # bars in the request waterfall

@@ -21,7 +21,7 @@ from phasewatch.dashboard.theme import (
 )
 from phasewatch.publish import benchtext
 from phasewatch.requests.objectives import OBJECTIVES
-from phasewatch.roofline.verdict import headline
+from phasewatch.roofline.verdict_text import headline
 
 SOURCE_NAMES = {"exporter": "Exporter", "prometheus": "Prometheus"}
 

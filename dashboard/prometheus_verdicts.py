@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from phasewatch.dashboard.frames import KEYS, class_text
 from phasewatch.dashboard.theme import PHASES
@@ -16,7 +16,8 @@ from phasewatch.roofline import cause_text as words
 from phasewatch.roofline.bottleneck import IMBALANCE_QUEUE
 from phasewatch.roofline.cause import CAUSES
 from phasewatch.roofline.slo_verdict import Attainment, ObjectiveAttainment, lead, rank
-from phasewatch.roofline.verdict import LEVERS, headline, phase_name
+from phasewatch.roofline.verdict import LEVERS
+from phasewatch.roofline.verdict_text import headline, phase_name
 
 # Causes found in the records whatever the engine publishes.
 FROM_RECORDS = ("prefill_interference", "frontend", "imbalance")
@@ -37,35 +38,55 @@ def _pct(x: float) -> str:
     return f"{min(x, 1.0):.0%}"
 
 
-def cause_sentence(cause: str, state: dict, range_text: str) -> str | None:
+@dataclass(frozen=True)
+class EngineGauges:
+    """The engine's gauges Prometheus holds for one label set over the range
+    (``phasewatch_engine_*``): KV-cache usage (the fullest pod's, 0..1), requests waiting
+    and running, preemptions in the range. None (or NaN, as Prometheus answers) where
+    not known. Not ``roofline.engine_state.EngineState``: that is a window's figures
+    (means, maxima, shares of the time), these are the gauges as Prometheus answers them."""
+
+    kv_usage: float | None = None
+    waiting: float | None = None
+    running: float | None = None
+    preemptions: float | None = None
+
+    def without(self, names: tuple[str, ...]) -> EngineGauges:
+        """These gauges less ``names`` (the ones a cause's sentence already says)."""
+        return replace(self, **dict.fromkeys(names))
+
+
+def cause_sentence(cause: str, state: EngineGauges, range_text: str) -> str | None:
     """The exporter's sentence for an engine-backed ``cause`` (``roofline.cause_text``,
     the code its verdict writes it with) from the engine's gauges Prometheus holds:
     ``kv_usage`` (the fullest pod's), ``running``, ``preemptions`` in the range; None
     where they do not back it."""
-    usage = min(state["kv_usage"], 1.0) if _known(state.get("kv_usage")) else None
-    pre = state["preemptions"] if _known(state.get("preemptions")) else 0.0
+    usage = min(state.kv_usage, 1.0) if _known(state.kv_usage) else None
+    pre = state.preemptions if _known(state.preemptions) else 0.0
     pre = pre if round(pre) > 0 else 0.0
     if cause == "kv_cache" and (pre > 0 or usage is not None):
         return words.kv_cache(pre, range_text, usage)
     if cause == "preemption_recompute" and pre > 0:
         return words.preemption_recompute(pre, range_text, usage)
-    if cause == "concurrency_limit" and _known(state.get("running")):
-        return words.slot_limit(state["running"], usage)
+    if cause == "concurrency_limit" and _known(state.running):
+        return words.slot_limit(state.running, usage)
     return None
 
 
-def engine_sentence(state: dict, range_text: str, pods: int = 1, after: str = "") -> str:
+def engine_sentence(state: EngineGauges, range_text: str, pods: int = 1,
+                    after: str = "") -> str:
     """The engine's state in words with numbers, from what is there of ``kv_usage``
     (the fullest pod's), ``running``, ``waiting`` and ``preemptions`` (in the range):
     "KV cache 100% full, 6 waiting, 14 running, 32 preemptions in 60 s"; "" for none.
     ``after``: the cause's title it follows, if any (the text then reads on)."""
     parts = []
-    if _known(state.get("kv_usage")):
+    if _known(state.kv_usage):
         whose = "the fullest pod's KV cache" if pods > 1 else "KV cache"
-        parts.append(f"{whose} {_pct(state['kv_usage'])} full")
-    parts += [f"{state[k]:.0f} {k}" for k in ("waiting", "running") if _known(state.get(k))]
-    if _known(state.get("preemptions")) and round(state["preemptions"]) > 0:
-        parts.append(f"{state['preemptions']:.0f} preemptions in {range_text}")
+        parts.append(f"{whose} {_pct(state.kv_usage)} full")
+    parts += [f"{n:.0f} {k}" for k, n in (("waiting", state.waiting),
+                                          ("running", state.running)) if _known(n)]
+    if _known(state.preemptions) and round(state.preemptions) > 0:
+        parts.append(f"{state.preemptions:.0f} preemptions in {range_text}")
     text = ", ".join(parts)
     # a sentence of its own starts with a capital; after a title's colon it reads on
     return text if after else text[:1].upper() + text[1:]
@@ -93,15 +114,16 @@ def _by_key(rows, key, field: str | None = None) -> dict:
     return out
 
 
-def _engine_state(r: dict, key) -> dict[tuple, dict]:
-    state: dict[tuple, dict] = defaultdict(dict)
-    for k, v in _by_key(r.get("engine_kv", ()), key).items():
-        state[k]["kv_usage"] = v
-    for k, v in _by_key(r.get("engine_preemptions", ()), key).items():
-        state[k]["preemptions"] = v
-    for k, states in _by_key(r.get("engine_requests", ()), key, "state").items():
-        state[k].update(states)
-    return state
+def _engine_state(r: dict, key) -> dict[tuple, EngineGauges]:
+    """The engine's gauges by label set, from the answers to ``engine_kv``,
+    ``engine_preemptions`` and ``engine_requests`` (by its ``state`` label)."""
+    kv = _by_key(r.get("engine_kv", ()), key)
+    preemptions = _by_key(r.get("engine_preemptions", ()), key)
+    requests = _by_key(r.get("engine_requests", ()), key, "state")
+    return {k: EngineGauges(kv_usage=kv.get(k), waiting=requests.get(k, {}).get("waiting"),
+                            running=requests.get(k, {}).get("running"),
+                            preemptions=preemptions.get(k))
+            for k in {*kv, *preemptions, *requests}}
 
 
 def queue_by_pod(r: dict, key) -> dict[tuple, dict[str, float]]:
@@ -240,12 +262,12 @@ def verdict_rows(r: dict, kpis: dict, key, range_text: str,
                "levers": (CAUSES[cause].levers if cause and CAUSES[cause].levers
                           else LEVERS.get((phase, resource), ()))}
         lead_text = slo_lead((slo or {}).get(k), kpis.get(k, {}))
-        cause_words = _cause_words(cause, engine.get(k, {}), range_text, total, routing)
+        cause_words = _cause_words(cause, engine.get(k, EngineGauges()), range_text, total, routing)
         rows.append(_with_words(row, int(cause_n), kpis.get(k, {}), *cause_words, lead_text))
     return rows
 
 
-def _cause_words(cause: str | None, engine: dict, range_text: str, pods: int,
+def _cause_words(cause: str | None, engine: EngineGauges, range_text: str, pods: int,
                  routing: str | None) -> tuple[str, str, bool, bool]:
     """(the cause's sentence, the engine's state beside it, whether the engine's state
     backs the cause, whether there is any). The cause's sentence is the exporter's
@@ -255,8 +277,7 @@ def _cause_words(cause: str | None, engine: dict, range_text: str, pods: int,
     backed_by = cause_sentence(cause, engine, range_text) if cause else None
     if backed_by is not None:
         said = SAID[cause]
-        rest = engine_sentence({k: v for k, v in engine.items() if k not in said},
-                               range_text, pods, title)
+        rest = engine_sentence(engine.without(said), range_text, pods, title)
         return backed_by, f" Engine state: {rest}." if rest else "", True, True
     state = f" Engine state: {everything}." if everything else ""
     if cause == "imbalance" and routing:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from phasewatch.dashboard.frames import KEYS, REPLICA_FIGURES
-from phasewatch.roofline.verdict import headline
+from phasewatch.roofline.verdict_text import headline
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from phasewatch.roofline.deployments import Deployments, ModelNames, resolve
 from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.roofline.gpu_watch import GpuSelector, GpuWatch
 from phasewatch.roofline.nvml_gpm import NvmlGpmSource
-from phasewatch.roofline.verdict import achievable_source
+from phasewatch.roofline.verdict_text import achievable_source
 from phasewatch.selfstats import SelfStats
 from phasewatch.transport.admission import Admission
 from phasewatch.transport.auth import BearerAuth
@@ -181,10 +181,10 @@ class Exporter:
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
         self.tap = self._tap_server = self._tap_records = None
-        self._tap_conf = tapmod.TapConfig.read(config, "tap_",  # serve's --tap-* options
+        self._tap_conf = tapmod.TapConfig.read(config.tap,  # serve's --tap-* options
                                                model=config.default_model or single)
-        if config.tap_upstream:  # the stream tap in this process (else `phasewatch tap`)
-            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap_engine)
+        if config.tap.upstream:  # the stream tap in this process (else `phasewatch tap`)
+            self._tap_records = tapmod.BatchRecorder(self.trace_join, config.tap.engine)
             self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
 
     def _publishing(self) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 from phasewatch.config import ConfigError, load_serve_config
+from phasewatch.options_commands import DEFAULT_TARGETS
 from phasewatch.sim.scenarios import SCENARIOS, scenario
 from phasewatch.transport.listen import listening, moving_taken_ports, or_free_port
 
@@ -115,10 +116,6 @@ def _simulate(args, target: str, stop: threading.Event, duration: float):
     return engine, client
 
 
-DEFAULT_TARGETS = {"phasewatch": "127.0.0.1:50051", "otlp-grpc": "127.0.0.1:4317",
-                   "otlp-http": "http://127.0.0.1:4318/v1/traces"}
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     _setup_logging("info")
     stop = threading.Event()
@@ -185,7 +182,6 @@ def _sim_client(args, target: str, token: str = ""):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from phasewatch.requests.objectives import ObjectivesByModel
     from phasewatch.sim.live import SwitchableLoad
 
     dash_socket, dash_taken = (None, None) if args.no_dashboard else _dashboard_socket(args)
@@ -207,22 +203,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
     load = SwitchableLoad(args.scenario, client.record_request, args.time_scale,
                           {"seed": args.seed, "model": args.model, "hardware": args.hardware,
                            "gpus": args.gpus, "rate_scale": args.rate_scale}, duration)
+    dashboard = None if dash_socket is None else _demo_dashboard(
+        args, dash_socket, base, config.auth_token, _switcher(args, exporter, load))
+    _print_demo_lines(args, config, exporter, base, dashboard)
+    load.start()
+    try:
+        _summaries_until_stopped(args, exporter, load, stop, duration)
+    finally:
+        stop.set()
+        log.info("demo: stopping: the simulated load, then its client's last records")
+        load.stop()
+        client.close()
+        _print_summary(exporter, load.current)
+        if dashboard is not None:
+            dashboard.stop()
+        exporter.stop()
+    return 0
+
+
+def _switcher(args, exporter, load):
+    """The dashboard's scenario switch: the load, and the scenario's objectives (unless
+    the user gave objectives of their own)."""
+    from phasewatch.requests.objectives import ObjectivesByModel
 
     def switch(name: str) -> None:
-        """The dashboard's scenario switch: the load, and the scenario's objectives."""
         if args.scenario_slo and exporter.aggregator.slo is not None:
             exporter.aggregator.slo.retarget(ObjectivesByModel(scenario(name).objectives))
         load.switch(name)
+    return switch
 
-    dashboard = None
-    if dash_socket is not None:
-        from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
-        from phasewatch.dashboard.exporter_source import ExporterSource
 
-        control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, switch)
-        app = create_app(ExporterSource(base, token=config.auth_token), refresh=args.refresh,
-                         scenario=control)
-        dashboard = DashboardServer(app, args.dashboard_host, sock=dash_socket).start()
+def _demo_dashboard(args, sock, base: str, token: str, switch):
+    """The Dash dashboard on ``sock``, reading the demo's exporter (its JSON API at
+    ``base``), with the scenario menu that calls ``switch``; started."""
+    from phasewatch.dashboard.app import DashboardServer, ScenarioControl, create_app
+    from phasewatch.dashboard.exporter_source import ExporterSource
+
+    control = ScenarioControl(tuple(sorted(SCENARIOS)), args.scenario, switch)
+    app = create_app(ExporterSource(base, token=token), refresh=args.refresh,
+                     scenario=control)
+    return DashboardServer(app, args.dashboard_host, sock=sock).start()
+
+
+def _print_demo_lines(args, config, exporter, base: str, dashboard) -> None:
+    """The demo's opening lines: the scenario, its objectives and every URL, each port
+    that gave way to a free one said beside it."""
     taken = args.taken_ports
 
     def was(name: str, before: str = " (", after: str = ")") -> str:
@@ -245,23 +270,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{was('otlp_http_port')}", flush=True)
     print(f"  sending:   {args.protocol}"
           + (f" ({args.span_shape} spans)" if args.protocol != "phasewatch" else ""), flush=True)
-    load.start()
+
+
+def _summaries_until_stopped(args, exporter, load, stop: threading.Event,
+                             duration: float) -> None:
+    """A summary line every --summary-every seconds until a signal or --duration."""
     end = time.monotonic() + duration
-    try:
-        while not wait_stopped(stop, min(args.summary_every, max(0.0, end - time.monotonic()))):
-            if time.monotonic() >= end:
-                break
-            _print_summary(exporter, load.current)
-    finally:
-        stop.set()
-        log.info("demo: stopping: the simulated load, then its client's last records")
-        load.stop()
-        client.close()
+    while not wait_stopped(stop, min(args.summary_every, max(0.0, end - time.monotonic()))):
+        if time.monotonic() >= end:
+            break
         _print_summary(exporter, load.current)
-        if dashboard is not None:
-            dashboard.stop()
-        exporter.stop()
-    return 0
 
 
 # the demo's listeners whose default port, when taken, gives way to a free one
@@ -315,7 +333,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def _print_summary(exporter, current: str) -> None:
     summary = exporter.aggregator.window.summary(exporter.aggregator.labels.pairs())
     results = [r for r in exporter.monitor.results() if r.verdict is not None]
-    shares = {r.model: r.verdict.evidence["phase_time_share"] for r in results}
+    shares = {r.model: r.verdict.evidence.phase_time_share for r in results}
     print(f"[{current}] {_summary_line(summary, shares)}", flush=True)
     for r in results:
         v = r.verdict

@@ -11,81 +11,57 @@ import argparse
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from phasewatch.options import SERVE_GROUPS, SERVE_OPTIONS, Option, describe
+from phasewatch.options import (
+    MODEL_OPTIONS,
+    SERVE_GROUPS,
+    SERVE_OPTIONS,
+    SERVE_TAP,
+    Option,
+    describe,
+    option_fields,
+)
 from phasewatch.requests.objectives import ObjectivesByModel, parse_objectives
 from phasewatch.roofline.deployments import ModelOptions
 from phasewatch.transport.admission import container_memory_limit
 from phasewatch.transport.listen import ListenError
 
+if TYPE_CHECKING:
+    from phasewatch.tap.config import TapConfig
+
 __all__ = ["SERVE_GROUPS", "SERVE_OPTIONS", "ConfigError", "ListenError", "Option",
            "ServeConfig", "add_serve_flags", "load_serve_config"]
 
 
-# ModelOptions' fields that are also serve options (their flags fill model_flags); a
-# [[models]] table also takes ``slo``, the model's own --slo
-MODEL_KEYS = tuple(f.name for f in fields(ModelOptions) if f.name != "slo")
+# a [[models]] table's keys: serve's model options (their flags fill model_flags), and
+# ``slo``, the model's own --slo
+MODEL_KEYS = tuple(o.name for o in MODEL_OPTIONS)
 TABLE_KEYS = (*MODEL_KEYS, "slo")
+# ServeConfig's own options: every serve option but the model's and the tap's
+CONFIG_OPTIONS = tuple(o for o in SERVE_OPTIONS if o not in MODEL_OPTIONS + SERVE_TAP)
+
+
+def _tap(**settings: Any) -> TapConfig:
+    """Serve's tap settings as the tap's record. Imported here, when a ServeConfig is
+    made: the tap's package (aiohttp and all) loads for serve and the demo, not for
+    every command whose parser names this module."""
+    from phasewatch.tap.config import TapConfig
+
+    return TapConfig(**settings)
 
 
 @dataclass(frozen=True)
+@option_fields(CONFIG_OPTIONS)
 class ServeConfig:
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50051
-    http_host: str = "0.0.0.0"
-    http_port: int = 9464
-    otlp_grpc_host: str = "127.0.0.1"
-    otlp_grpc_port: int = 4317
-    otlp_http_host: str = "127.0.0.1"
-    otlp_http_port: int = 4318
-    max_in_flight: int = 8
-    max_in_flight_mib: float = 256.0
-    memory_limit_mib: float = 0.0
-    max_connections: int = 256
-    auth_token: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_client_ca_file: str = ""
-    otlp_export_endpoint: str = ""
-    default_model: str = ""
-    otlp_model_map: str = ""
-    pod_label: bool = False
-    max_pods: int = 64
-    window_seconds: float = 30.0
-    window_capacity: int = 65536
-    max_series: int = 256
-    prompt_class_label: bool = True
-    classic_buckets: str = "full"
-    otlp_join_wait: float = 10.0
-    trace_join_wait: float = 10.0
-    trace_join_max_pending: int = 20_000
-    trace_sample_ratio: float = 1.0
-    source_label: bool = False
-    tap_upstream: str = ""  # the tap in this process: options.IN_PROCESS_TAP as tap_NAME
-    tap_upstream_ca: str = ""
-    tap_ask_usage: bool = False
-    tap_host: str = "127.0.0.1"
-    tap_port: int = 8001
-    tap_tls_cert_file: str = ""
-    tap_tls_key_file: str = ""
-    tap_loop: str = "auto"
-    tap_engine: str = "tap"
-    tap_timeout: float = 3600.0
-    tap_max_body_mib: float = 64.0
-    lifecycle_ttl: float = 600.0
-    lifecycle_grace: float = 5.0
-    lifecycle_max_pending: int = 100_000
-    shutdown_grace: float = 5.0
-    grpc_workers: int = 16
-    log_level: str = "info"
-    roofline_interval: float = 2.0
-    gpu_metrics_url: str = ""
-    gpu_nvml: bool = False
-    engine_metrics_timeout: float = 10.0
-    history_points: int = 300
-    slo: str = ""
+    """``phasewatch serve``'s settings. Its fields, first, are ``options.SERVE_OPTIONS``
+    but the model's and the tap's (``CONFIG_OPTIONS``: ``grpc_host``, ``grpc_port``, ...,
+    ``slo``), each ``NAME: type = default`` as the table has it; then the stream tap in
+    this process (``tap``, from the ``tap_*`` options: ``options.SERVE_TAP``) and the
+    models (``options.MODEL_OPTIONS``: the flags' one and the file's tables)."""
+
+    tap: TapConfig = field(default_factory=_tap)  # --tap-*; no upstream: no tap
     model_flags: ModelOptions = field(default_factory=ModelOptions)  # --model, ... flags
     models: tuple[ModelOptions, ...] = ()  # [[models]] tables of the config file
 
@@ -118,15 +94,6 @@ class ServeConfig:
             for o, label in zip(self.model_options(), labels, strict=True) if o.slo})
 
 
-# Every option is a ServeConfig field, except the model keys, which fill model_flags;
-# their defaults are ModelOptions' own.
-# Checked with raise, not assert, so that it holds under ``python -O`` too.
-if [f.name for f in fields(ServeConfig)][:-2] != [
-        o.name for o in SERVE_OPTIONS if o.name not in MODEL_KEYS]:
-    raise RuntimeError("ServeConfig's fields differ from options.SERVE_OPTIONS")
-if any(o.default != getattr(ModelOptions(), o.name) for o in SERVE_OPTIONS
-       if o.name in MODEL_KEYS):
-    raise RuntimeError("ModelOptions' defaults differ from options.SERVE_OPTIONS")
 _BY_NAME = {o.name: o for o in SERVE_OPTIONS}
 CLASSIC_BUCKETS = ("full", "coarse")
 
@@ -235,7 +202,8 @@ def load_serve_config(args: argparse.Namespace | None = None,
         raise ConfigError("lifecycle_grace must not exceed lifecycle_ttl")
     _check_slo(values["slo"], slo_source)
     flags = ModelOptions(**{k: values.pop(k) for k in MODEL_KEYS})
-    return ServeConfig(**values, model_flags=flags, models=models)
+    tap = _tap(**{o.name[4:]: values.pop(o.name) for o in SERVE_TAP})
+    return ServeConfig(**values, tap=tap, model_flags=flags, models=models)
 
 
 def _model_tables(tables: Any, path: str) -> tuple[ModelOptions, ...]:

@@ -1,9 +1,8 @@
-"""Flags from the option tables (``options``), with their variables read when the
-command line is parsed, not when the parser is built (``EnvParser``): ``phasewatch tap``'s
-whole parser from ``TAP_OPTIONS`` (``add_tap_flags``; ``serve --tap-*`` are the same
-options through ``config.add_serve_flags``), and the clients' ``--token`` and
-``--exporter-tls-*`` (``add_client_flags``), which ``tap``, ``simulate`` and ``dashboard``
-share."""
+"""Flags from the option tables (``options``, ``options_commands``), with their variables
+read when the command line is parsed, not when the parser is built (``EnvParser``): every
+command's but serve's (``config.add_serve_flags``) through ``add_options``, in its
+sections; ``phasewatch tap``'s in ``TAP_GROUPS`` (``add_tap_flags``; ``serve --tap-*``
+are the same options through ``config.add_serve_flags``)."""
 
 from __future__ import annotations
 
@@ -99,21 +98,51 @@ def _boolean(text: str) -> bool:
 
 def add_option(group, o: Option, env: str, flag: str = "") -> argparse.Action:
     """``o`` as ``flag`` (default ``--NAME``) on ``group``, its default ``$env`` where
-    set; a bool option is a switch."""
-    kind = dict(action="store_true") if o.type is bool else dict(
-        type=typed(o), metavar=o.metavar or o.type.__name__.upper())
+    set (``env`` "": no variable); a bool option is a switch; a required one must have a
+    value from its flag or its variable. Its former spelling (``o.old``), hidden, still
+    works, with a warning (``DeprecatedAlias``)."""
+    kind = dict(action="store_true") if o.type is bool else dict(type=typed(o),
+                                                                  metavar=o.value_name)
     action = group.add_argument(flag or o.flag, dest=o.name, default=o.default,
                                 help=describe(o, env), **kind)
+    if o.old:
+        group.add_argument(o.old, dest=o.name, metavar=o.value_name, action=DeprecatedAlias,
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if o.required and not o.one_of:
+        if env:
+            action.needed = True  # flag or variable (EnvParser checks)
+        else:
+            action.required = True
+    if not env:
+        return action
     if o.type is bool:
         action.type = typed(o)  # converts the variable's text (a switch takes none)
     return from_env(action, env)
 
 
-def add_options(group, options: tuple[Option, ...], prefix: str) -> None:
-    """Each of ``options`` on ``group`` (a parser or an argument group), its variable
-    its own ``env`` or ``prefix`` + NAME."""
+def add_options(parser, options: tuple[Option, ...], prefix: str = "",
+                groups: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each of ``options`` on ``parser`` (a parser, or an argument group when none has a
+    ``group``), in the table's order, its variable its own ``env`` or ``prefix`` + NAME
+    (no prefix: none). An option with a ``group`` is listed in that section of --help
+    (made on its first option, or found in ``groups``), options with the same ``one_of``
+    exclude each other (required: one of them must be given). Returns the sections by
+    title."""
+    groups = {} if groups is None else groups
+    exclusive: dict[str, Any] = {}
     for o in options:
-        add_option(group, o, o.env or prefix + o.name.upper())
+        into = parser
+        if o.group:
+            if o.group not in groups:
+                groups[o.group] = parser.add_argument_group(o.group)
+            into = groups[o.group]
+        if o.one_of:
+            if o.one_of not in exclusive:
+                exclusive[o.one_of] = into.add_mutually_exclusive_group(required=any(
+                    p.required for p in options if p.one_of == o.one_of))
+            into = exclusive[o.one_of]
+        add_option(into, o, o.env or (prefix + o.name.upper() if prefix else ""))
+    return groups
 
 
 def add_tap_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -123,15 +152,7 @@ def add_tap_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
     for title, description, names in TAP_GROUPS:
         groups[title] = group = parser.add_argument_group(title, description or None)
         add_options(group, tuple(_TAP[name] for name in names), TAP_ENV)
-    next(a for a in parser._actions if a.dest == "upstream").needed = True  # flag or variable
     return groups
-
-
-# TLS to the exporter (the client's side) is spelt --exporter-tls-*; --tls-cert-file and
-# --tls-key-file are always a listener's own (serve's, the tap's). The old client
-# spellings stay as hidden aliases for manifests that use them (issue 26).
-DEPRECATED_CLIENT_TLS = {"--tls-ca": "--exporter-tls-ca", "--tls-cert": "--exporter-tls-cert",
-                         "--tls-key": "--exporter-tls-key"}
 
 
 class DeprecatedAlias(argparse.Action):
@@ -142,22 +163,3 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
         used = getattr(namespace, "deprecated_flags", None) or []
         namespace.deprecated_flags = [*used, option_string]
-
-
-def add_client_flags(p, what: str) -> None:
-    """``--token`` and TLS to the exporter (``--exporter-tls-ca/-cert/-key``) on ``p``, a
-    parser or an argument group."""
-    from_env(p.add_argument("--token", default="", help=f"bearer token {what} (the "
-                            "exporter's --auth-token; default $PHASEWATCH_AUTH_TOKEN)"),
-             "PHASEWATCH_AUTH_TOKEN")
-    for name, what_file, otherwise in (
-            ("ca", "CA that signed the exporter's certificate", ", else the system's"),
-            ("cert", "client certificate, when the exporter requires one", ""),
-            ("key", "key of --exporter-tls-cert", "")):
-        env = f"PHASEWATCH_CLIENT_TLS_{name.upper()}"
-        from_env(p.add_argument(f"--exporter-tls-{name}", default="", metavar="PEM",
-                                help=f"TLS to the exporter: the {what_file} "
-                                f"(default ${env}{otherwise})"), env)
-        p.add_argument(f"--tls-{name}", dest=f"exporter_tls_{name}", metavar="PEM",
-                       action=DeprecatedAlias, default=argparse.SUPPRESS,
-                       help=argparse.SUPPRESS)

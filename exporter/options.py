@@ -4,12 +4,21 @@
 ones a tap inside the exporter can use (``IN_PROCESS_TAP``) also ``serve --tap-NAME``,
 both read from ``PHASEWATCH_TAP_NAME`` (``describe``: one help line for both).
 ``config`` reads serve's from the file, the environment and the flags, ``flags`` builds
-every command's flags from them, ``tap.config.TapConfig`` holds the tap's."""
+every command's flags from them, and the records that hold the settings take their fields
+from them (``option_fields``: ``config.ServeConfig``, ``tap.config.TapConfig``,
+``roofline.deployments.ModelOptions``), so each default is written here alone. The other
+commands' tables (simulate, roofline, calibrate, the clients' flags) are in
+``options_commands``, which also writes docs/commands.md's tables.
+
+A table of data that imports only ``requests``: it sits low (the roofline's
+``ModelOptions`` reads it), as ``catalog`` does."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from phasewatch.requests.sampling import MIN_PROBABILITY
 
@@ -18,50 +27,83 @@ from phasewatch.requests.sampling import MIN_PROBABILITY
 class Option:
     name: str
     type: type
-    default: Any
+    default: Any  # None: not given (no "(default ...)" in --help unless ``shown_as``)
     help: str
     lo: float | None = None
     hi: float | None = None
-    metavar: str = ""  # what --help shows for the value; default: the type's name
+    metavar: str = ""  # its value in --help; default NAME or {the,choices} (serve's: TYPE)
     choices: tuple[str, ...] = ()  # the only values allowed, when set
-    env: str = ""  # its variable, where not the command's prefix + NAME
+    env: str = ""  # its variable, where not the command's prefix + NAME (no prefix: none)
     shown_as: str = ""  # the default in words, where not the value itself
+    group: str = ""  # the --help section it is listed in ("": the command's own options)
+    one_of: str = ""  # options with the same one_of exclude each other
+    required: bool = False  # must be given, by flag or variable (in a one_of: one of them)
+    old: str = ""  # a former spelling of the flag, still taken, hidden, with a warning
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
     @property
+    def value_name(self) -> str:
+        """Its value in --help (argparse's own choice where no ``metavar``)."""
+        return self.metavar or ("{" + ",".join(self.choices) + "}" if self.choices
+                                else self.name.upper())
+
+    @property
     def shown(self) -> str:
-        """The default as ``--help`` says it."""
-        if self.shown_as:
+        """The default as ``--help`` says it ("": none to say)."""
+        if self.shown_as or self.default is None:
             return self.shown_as
-        if self.default is None:
-            return "off"
         if isinstance(self.default, bool):
             return str(self.default).lower()
         return "none" if self.default == "" else f"{self.default:g}" \
             if isinstance(self.default, float) else str(self.default)
 
 
+Record = TypeVar("Record", bound=type)
+
+
+def option_fields(options: tuple[Option, ...]) -> Callable[[Record], Record]:
+    """A class decorator, written under ``@dataclass``: a field ``NAME: type = default``
+    for each of ``options``, in the table's order, before the class's own fields. The
+    record then holds each option's default as the table writes it, once; its fields are
+    ``dataclasses.fields(cls)``, and the class's docstring names its table. A field of the
+    class's own with an option's name is an error (one definition)."""
+    def add(cls: Record) -> Record:
+        own = inspect.get_annotations(cls)
+        twice = sorted(set(own) & {o.name for o in options})
+        if twice:
+            raise TypeError(f"{cls.__name__}: {twice} are options: their fields come from "
+                            "the table")
+        for o in options:
+            setattr(cls, o.name, o.default)
+        cls.__annotations__ = {**{o.name: o.type if o.default is not None
+                                  else o.type | None for o in options}, **own}
+        return cls
+    return add
+
+
 def describe(o: Option, env: str) -> str:
     """``o``'s help line, with its default and its variable: the same wherever it is a
     flag (``phasewatch tap --port`` and ``serve --tap-port`` read alike)."""
-    choices = f"; one of {', '.join(o.choices)}" if o.choices else ""
-    return f"{o.help} (default {o.shown}{choices}; env {env})".replace("%", "%%")
+    said = [f"default {o.shown}"] if o.shown else []
+    said += [f"one of {', '.join(o.choices)}"] if o.choices else []
+    said += [f"env {env}"] if env else []
+    return (f"{o.help} ({'; '.join(said)})" if said else o.help).replace("%", "%%")
 
 
 TAP_ENV = "PHASEWATCH_TAP_"  # a tap option NAME's variable: PHASEWATCH_TAP_NAME, either command
 
-# The stream tap's options. The first ones a tap inside `phasewatch serve` can use too
-# (``IN_PROCESS_TAP``: serve --tap-NAME); the rest are `phasewatch tap`'s alone: inside
-# serve the records go to its trace join (no --target, --otlp-endpoint or token), its
-# counts are on serve's /metrics (no --metrics-port), the model is serve's
-# --default-model, and it runs in serve's one process (no --workers).
+# The stream tap's options. A tap inside `phasewatch serve` can use them too
+# (``IN_PROCESS_TAP``: serve --tap-NAME), except ``TAP_ONLY``, `phasewatch tap`'s alone:
+# inside serve the records go to its trace join (no --target, --otlp-endpoint or token),
+# its counts are on serve's /metrics (no --metrics-port), the model is serve's
+# --default-model (app.py), and it runs in serve's one process (no --workers).
 TAP_OPTIONS = (
     Option("upstream", str, "", "base URL of the OpenAI-compatible server the tap is in "
            "front of, e.g. http://127.0.0.1:8000 (`phasewatch tap` needs it; `serve` runs "
-           "no tap without it)", metavar="URL"),
+           "no tap without it)", metavar="URL", required=True),
     Option("upstream_ca", str, "", "CA that signed an https:// upstream's certificate "
            "(none: the system's CAs)", metavar="PEM"),
     Option("ask_usage", bool, False, "send streamed requests with "
@@ -91,7 +133,7 @@ TAP_OPTIONS = (
     Option("metrics_port", int, None, "serve the tap's own counts (phasewatch_tap_*: "
            "requests by outcome, aborts, records dropped) as Prometheus text at /metrics on "
            "this port of --host (0 picks a free one; the tap's port passes every path, "
-           "/metrics too, to the upstream)", 0, 65535, metavar="PORT"),
+           "/metrics too, to the upstream)", 0, 65535, metavar="PORT", shown_as="off"),
     Option("target", str, "127.0.0.1:50051", "exporter's phasewatch gRPC address",
            metavar="HOST:PORT"),
     Option("otlp_endpoint", str, "", "send the records as OTLP spans instead of to "
@@ -105,7 +147,8 @@ TAP_OPTIONS = (
            "on a core of its own; their counts summed on --metrics-port and in the stop "
            "line (in Kubernetes the container's CPU request)", 1, None, metavar="N"),
 )
-IN_PROCESS_TAP = TAP_OPTIONS[:11]  # serve --tap-NAME: upstream ... max_body_mib
+TAP_ONLY = ("metrics_port", "target", "otlp_endpoint", "model", "workers")
+IN_PROCESS_TAP = tuple(o for o in TAP_OPTIONS if o.name not in TAP_ONLY)  # serve --tap-NAME
 
 # `phasewatch dashboard`'s options beside its source (one of --exporter, --prometheus),
 # and `phasewatch demo`'s own (beside serve's and the simulator's); each read from
@@ -152,10 +195,50 @@ TAP_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
+# The served model and its hardware, for the roofline and the verdict: serve's --model ...
+# flags, and the keys of each [[models]] table of its config file (``ModelOptions``).
+MODEL_OPTIONS = (
+    Option("model", str, "", "served model for the roofline: catalog name or Hugging Face "
+           "id (e.g. meta-llama/Llama-3.1-8B-Instruct)"),
+    Option("hf_config", str, "", "path to the model's Hugging Face config.json (instead of "
+           "a catalog name)"),
+    Option("served_model_name", str, "", "model name requests carry, when it differs from "
+           "--model; every name of this model (--model, its catalog aliases and Hugging Face "
+           "ids) is labelled with it"),
+    Option("hardware", str, "auto", "accelerator: catalog name (e.g. H100-SXM) or auto "
+           "(detect through NVML)"),
+    Option("hardware_profile", str, "", "hardware profile written by `phasewatch calibrate`"),
+    Option("gpus", int, 0, "GPUs serving one replica (0 = tensor parallel degree, else "
+           "the GPUs NVML sees)", 0, 4096),
+    Option("tensor_parallel", int, 0, "tensor-parallel degree (0 = --gpus)", 0, 4096),
+    Option("weight_dtype", str, "", "stored weight dtype (bf16, fp16, fp8, int8, int4, "
+           "mxfp4); default: the model's"),
+    Option("kv_dtype", str, "", "KV-cache dtype (as vLLM's --kv-cache-dtype); default: the "
+           "model's"),
+    Option("compute_dtype", str, "", "tensor-core dtype whose peak FLOP/s applies (default "
+           "fp8 for fp8 weights, else bf16)"),
+    Option("max_batched_tokens", int, 8192, "the engine's prefill chunk (vLLM "
+           "--max-num-batched-tokens)", 1, 10_000_000),
+    Option("engine_metrics_url", str, "", "the engine's own /metrics URL (e.g. "
+           "http://localhost:8000/metrics in the pod): its state (running, waiting, KV-cache "
+           "usage, preemptions) names the verdict's cause, and its FLOP/byte counters "
+           "(vLLM/SGLang --enable-mfu-metrics) replace the inferred ones; without --model it "
+           "serves every model"),
+    Option("gpu_select", str, "", "which GPUs of --gpu-metrics-url's page (or NVML's) are "
+           "this model's: pod=NAME (dcgm-exporter's pod mapping), uuid=GPU-...[|GPU-...], "
+           "gpu=INDEX[|INDEX...], joined by ',' (all must hold); empty: every GPU there, "
+           "which is right beside one engine (with several models each needs its own)",
+           metavar="SELECTOR"),
+)
+
+
 def _in_serve(o: Option) -> Option:
     """A tap option as ``serve --tap-NAME``: its variable stays PHASEWATCH_TAP_NAME."""
     return Option("tap_" + o.name, o.type, o.default, o.help, o.lo, o.hi, o.metavar,
-                  o.choices)
+                  o.choices, shown_as=o.shown_as)
+
+
+SERVE_TAP = tuple(_in_serve(o) for o in IN_PROCESS_TAP)  # ServeConfig.tap's, as tap_NAME
 
 
 SERVE_OPTIONS = (
@@ -229,7 +312,7 @@ SERVE_OPTIONS = (
     Option("source_label", bool, False, "label series with source: tap, engine or joined "
            "(who saw the request: the stream tap in front of the engine, the engine, both)"),
     # the stream tap in this process (its records straight to the trace join), or none
-    *(_in_serve(o) for o in IN_PROCESS_TAP),
+    *SERVE_TAP,
     Option("lifecycle_ttl", float, 600.0,
            "seconds before an unfinished streamed request is evicted (counted)", 1, 86400),
     Option("lifecycle_grace", float, 5.0, "seconds a finished streamed request waits for "
@@ -241,39 +324,7 @@ SERVE_OPTIONS = (
     Option("grpc_workers", int, 16, "gRPC worker threads per gRPC port (more than "
            "--max-in-flight, so a refusal never waits behind ingest)", 1, 256),
     Option("log_level", str, "info", "debug, info, warning or error"),
-    # The served model and its hardware, for the roofline and the verdict. Several
-    # models: [[models]] tables in the config file with these keys.
-    Option("model", str, "", "served model for the roofline: catalog name or Hugging Face "
-           "id (e.g. meta-llama/Llama-3.1-8B-Instruct)"),
-    Option("hf_config", str, "", "path to the model's Hugging Face config.json (instead of "
-           "a catalog name)"),
-    Option("served_model_name", str, "", "model name requests carry, when it differs from "
-           "--model; every name of this model (--model, its catalog aliases and Hugging Face "
-           "ids) is labelled with it"),
-    Option("hardware", str, "auto", "accelerator: catalog name (e.g. H100-SXM) or auto "
-           "(detect through NVML)"),
-    Option("hardware_profile", str, "", "hardware profile written by `phasewatch calibrate`"),
-    Option("gpus", int, 0, "GPUs serving one replica (0 = tensor parallel degree, else "
-           "the GPUs NVML sees)", 0, 4096),
-    Option("tensor_parallel", int, 0, "tensor-parallel degree (0 = --gpus)", 0, 4096),
-    Option("weight_dtype", str, "", "stored weight dtype (bf16, fp16, fp8, int8, int4, "
-           "mxfp4); default: the model's"),
-    Option("kv_dtype", str, "", "KV-cache dtype (as vLLM's --kv-cache-dtype); default: the "
-           "model's"),
-    Option("compute_dtype", str, "", "tensor-core dtype whose peak FLOP/s applies (default "
-           "fp8 for fp8 weights, else bf16)"),
-    Option("max_batched_tokens", int, 8192, "the engine's prefill chunk (vLLM "
-           "--max-num-batched-tokens)", 1, 10_000_000),
-    Option("engine_metrics_url", str, "", "the engine's own /metrics URL (e.g. "
-           "http://localhost:8000/metrics in the pod): its state (running, waiting, KV-cache "
-           "usage, preemptions) names the verdict's cause, and its FLOP/byte counters "
-           "(vLLM/SGLang --enable-mfu-metrics) replace the inferred ones; without --model it "
-           "serves every model"),
-    Option("gpu_select", str, "", "which GPUs of --gpu-metrics-url's page (or NVML's) are "
-           "this model's: pod=NAME (dcgm-exporter's pod mapping), uuid=GPU-...[|GPU-...], "
-           "gpu=INDEX[|INDEX...], joined by ',' (all must hold); empty: every GPU there, "
-           "which is right beside one engine (with several models each needs its own)",
-           metavar="SELECTOR"),
+    *MODEL_OPTIONS,
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates "
            "and between scrapes of --engine-metrics-url and the GPU counters", 0.1, 600),
     # the GPU's own counters beside the estimate
@@ -313,7 +364,7 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "otlp_http_port", "http_host", "http_port")),
     ("the stream tap in this process", "time what clients see, in front of the server: "
      "`phasewatch tap`'s options, its records straight to the trace join (--tap-upstream: "
-     "none without it)", tuple(o.name for o in SERVE_OPTIONS if o.name.startswith("tap_"))),
+     "none without it)", tuple(o.name for o in SERVE_TAP)),
     ("model names and joins", "how spans are named and joined into requests",
      ("default_model", "otlp_model_map", "otlp_join_wait", "trace_join_wait",
       "trace_join_max_pending", "trace_sample_ratio", "lifecycle_ttl", "lifecycle_grace",
@@ -339,36 +390,3 @@ if sorted(n for _, _, names in TAP_GROUPS for n in names) != sorted(
         o.name for o in TAP_OPTIONS):
     raise RuntimeError("every tap option belongs in exactly one of TAP_GROUPS")
 
-
-def tap_options_markdown() -> str:
-    """docs/commands.md's table of the tap's options (``python -m phasewatch.options``
-    prints it; a test holds the page to it)."""
-    rows = ["| `phasewatch tap` | `phasewatch serve` | variable | default | what |",
-            "|---|---|---|---|---|"]
-    for o in TAP_OPTIONS:
-        value = "" if o.type is bool else f" {o.metavar}"
-        serve = f"`--tap-{o.flag[2:]}{value or ' BOOL'}`" if o in IN_PROCESS_TAP else "-"
-        rows.append(f"| `{o.flag}{value}` | {serve} | `{TAP_ENV}{o.name.upper()}` | "
-                    f"{o.shown} | {o.help} |")
-    return "\n".join(rows) + "\n"
-
-
-def options_markdown(command: str, options: tuple[Option, ...], prefix: str) -> str:
-    """docs/commands.md's table of ``command``'s options from the table."""
-    rows = [f"| `phasewatch {command}` | variable | default | what |", "|---|---|---|---|"]
-    for o in options:
-        value = "" if o.type is bool else f" {o.metavar}"
-        rows.append(f"| `{o.flag}{value}` | `{o.env or prefix + o.name.upper()}` | "
-                    f"{o.shown} | {o.help} |")
-    return "\n".join(rows) + "\n"
-
-
-def commands_markdown() -> str:
-    """Every table docs/commands.md shows of the option tables, in its order."""
-    return "\n".join((tap_options_markdown(),
-                      options_markdown("dashboard", DASHBOARD_OPTIONS, DASHBOARD_ENV),
-                      options_markdown("demo", DEMO_OPTIONS, DEMO_ENV)))
-
-
-if __name__ == "__main__":
-    print(commands_markdown(), end="")

@@ -72,6 +72,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -227,59 +228,14 @@ class TraceJoin:
                     if key and sides[i] != SOURCE_JOINED and _KEY.fullmatch(key)]
         part = concat([batch.take(np.array(may_wait, dtype=np.int64))])
         in_part = dict(zip(may_wait, range(len(may_wait)), strict=True))
-        tapped = batch.tapped.tolist()
-        held = np.zeros(len(batch), dtype=bool)
-        late = np.zeros(len(batch), dtype=bool)  # dropped: counted without them
-        release: list = []
         outcomes: Counter = Counter()
-        touched: dict[str, _Waiting] = {}
         with self._lock:
-            self._arrived({sides[i] for i, key in enumerate(keys)
-                           if key and _KEY.fullmatch(key)})
-            for i, key in enumerate(keys):
-                side = sides[i]
-                if not key or side == SOURCE_JOINED:
-                    continue
-                if not _KEY.fullmatch(key):
-                    outcomes["bad_trace_parent"] += 1  # counted, and the row goes on alone
-                    continue
-                w = self._waiting.get(key)
-                done = self._done.get(key) if w is None else None
-                if done is not None:
-                    if done[1] != side:  # its request was counted without it
-                        outcomes["late"] += 1
-                        held[i] = late[i] = True
-                    else:  # a further sequence of a request counted alone: alone too
-                        outcomes[done[2]] += 1
-                    continue
-                if w is None and not self._expects(side, tapped[i]):
-                    alone = "tap_only_no_engine" if side == SOURCE_TAP else "engine_only_no_tap"
-                    outcomes[alone] += 1
-                    self._counted(key, now, side, alone)  # the other side is not sending
-                    continue
-                row = Held(part, in_part[i], protocol)
-                if w is None:
-                    w = self._waiting.put(key, _Waiting(), now)
-                (w.tap if side == SOURCE_TAP else w.engine).append(row)
-                held[i] = True
-                touched[key] = w
-            for key, w in touched.items():  # once all of the batch's rows are in
-                # complete: every choice the tap saw (0..n-1), and as many engine sequences
-                if w.tap and len(w.tap) == len(w.engine) == 1 + max(
-                        r.choice for r in w.tap):
-                    self._waiting.take(key)
-                    release += self._pair(key, w, outcomes, now)
+            held, late, release = self._hold(keys, sides, batch.tapped.tolist(), now,
+                                             outcomes,
+                                             lambda i: Held(part, in_part[i], protocol))
             release += self._expire(now, outcomes)
         self._count(outcomes)
-        passed = ~held
-        result = IngestResult(0, Counter(), np.ones(len(batch), dtype=bool))
-        if passed.any():
-            r = self._next.ingest(batch.take(passed), protocol)
-            result.rejected = r.rejected
-            result.accepted = r.accepted
-            result.kept[passed] = r.kept if r.kept is not None else False
-        result.accepted += int((held & ~late).sum())
-        result.kept[held] = ~late[held]
+        result = self._pass_on(batch, protocol, held, late)
         self._release(release)
         return result
 
@@ -311,6 +267,53 @@ class TraceJoin:
         return len(release)
 
     # ---- under the lock --------------------------------------------------------
+    def _hold(self, keys: list[str], sides: list[int], tapped: list[bool], now: float,
+              outcomes: Counter, row: Callable[[int], Held]
+              ) -> tuple[np.ndarray, np.ndarray, list]:
+        """Each row of a batch by its trace key (``keys``, ``sides``, ``tapped``: the
+        batch's columns): one whose other side is expected waits (``row(i)``, held), one
+        whose request was counted without it is late (held and dropped), the rest go on
+        alone, each counted in ``outcomes``; then the requests the batch completed are
+        taken out and paired. (held, late, what to release)."""
+        held = np.zeros(len(keys), dtype=bool)
+        late = np.zeros(len(keys), dtype=bool)  # dropped: counted without them
+        touched: dict[str, _Waiting] = {}
+        self._arrived({sides[i] for i, key in enumerate(keys)
+                       if key and _KEY.fullmatch(key)})
+        for i, key in enumerate(keys):
+            side = sides[i]
+            if not key or side == SOURCE_JOINED:
+                continue
+            if not _KEY.fullmatch(key):
+                outcomes["bad_trace_parent"] += 1  # counted, and the row goes on alone
+                continue
+            w = self._waiting.get(key)
+            done = self._done.get(key) if w is None else None
+            if done is not None:
+                if done[1] != side:  # its request was counted without it
+                    outcomes["late"] += 1
+                    held[i] = late[i] = True
+                else:  # a further sequence of a request counted alone: alone too
+                    outcomes[done[2]] += 1
+                continue
+            if w is None and not self._expects(side, tapped[i]):
+                alone = "tap_only_no_engine" if side == SOURCE_TAP else "engine_only_no_tap"
+                outcomes[alone] += 1
+                self._counted(key, now, side, alone)  # the other side is not sending
+                continue
+            if w is None:
+                w = self._waiting.put(key, _Waiting(), now)
+            (w.tap if side == SOURCE_TAP else w.engine).append(row(i))
+            held[i] = True
+            touched[key] = w
+        release: list = []
+        for key, w in touched.items():  # once all of the batch's rows are in
+            # complete: every choice the tap saw (0..n-1), and as many engine sequences
+            if w.tap and len(w.tap) == len(w.engine) == 1 + max(r.choice for r in w.tap):
+                self._waiting.take(key)
+                release += self._pair(key, w, outcomes, now)
+        return held, late, release
+
     def _arrived(self, sides: set[int]) -> None:
         """Rows with trace context of ``sides`` arrived: each side is seen, and answers
         the other's rows."""
@@ -367,6 +370,21 @@ class TraceJoin:
         self._done.move_to_end(key)
 
     # ---- outside the lock ------------------------------------------------------
+    def _pass_on(self, batch: RequestBatch, protocol: str, held: np.ndarray,
+                 late: np.ndarray) -> IngestResult:
+        """Ingest the rows not held now; the result counts the held rows accepted (they
+        will be, alone or joined) but the late ones (dropped)."""
+        passed = ~held
+        result = IngestResult(0, Counter(), np.ones(len(batch), dtype=bool))
+        if passed.any():
+            r = self._next.ingest(batch.take(passed), protocol)
+            result.rejected = r.rejected
+            result.accepted = r.accepted
+            result.kept[passed] = r.kept if r.kept is not None else False
+        result.accepted += int((held & ~late).sum())
+        result.kept[held] = ~late[held]
+        return result
+
     def _count(self, outcomes: Counter) -> None:
         for outcome, n in outcomes.items():
             if n:

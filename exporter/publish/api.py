@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from phasewatch.publish import benchtext
-from phasewatch.roofline.verdict import achievable_source
+from phasewatch.roofline.verdict_text import achievable_source
 from phasewatch.transport.http_server import MAX_RECENT, ApiError, query_number
 
 
@@ -42,7 +42,7 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
     verdict = None if v is None else {
         "phase": v.phase, "resource": v.resource, "confidence": v.confidence,
         "confidence_level": v.confidence_level, "headline": v.headline, "text": v.text,
-        "levers": list(v.levers), "evidence": v.evidence,
+        "levers": list(v.levers), "evidence": v.evidence.as_dict(),
         # engine: from the engine's spans (or the tap's joined to them); client: from a
         # stream tap's records alone (phases ttft and decode)
         "view": v.view,

@@ -37,8 +37,7 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
-from phasewatch.roofline.gpu_check import GpuCheck, for_estimate
-from phasewatch.roofline.gpu_check import apply as apply_gpu
+from phasewatch.roofline.gpu_check import GpuCheck, for_verdict
 from phasewatch.roofline.gpu_watch import GpuWatch
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
@@ -202,38 +201,9 @@ class BottleneckMonitor:
                            steps.where(own) if own.any() else None)
             if est is None:
                 continue
-            if dep is not None and rates is not None:
-                est = with_recompute(est, dep, rates, mine)
-                est = with_engine_counters(est, dep, rates)
-                if cached is not None:
-                    est.inputs["cached_tokens"] = InputSource(
-                        "engine_prefix_cache",
-                        f"{cached:.1%} of prompt tokens ({rates.cached_share_source})")
-                self._warn_flat(source, rates)
-            if source is not None and rates is None:
-                est.inputs["engine_state"] = unavailable(
-                    f"no fresh scrape of {source.url} ({source.last_error or 'waiting'})"
-                    "; the cause comes from the records")
-            wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
-            self._warn_ceilings(key, est, dep, wrong)
-            previous = self._verdicts.get(key)
-            busy = busy_share(mine, est.range_start, est.range_end)
-            verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
-                             b=busy, p=previous: diagnose(phase, e, d, m, r, busy=b,
-                                                          held=_held(p, phase)),
-                             slo=self._objectives(key, mine, fresh[sel],
-                                                 (est.range_start, est.range_end)))
-            if verdict is not None:
-                self._hold_cause(key, verdict, previous)
-                _tell_idle(verdict, busy)
-                if wrong is not None:  # before all else: every figure rests on the model
-                    verdict.evidence["model_mismatch"] = wrong
-                    if wrong not in verdict.text:  # a held cause keeps the text it had
-                        verdict.prepend(f"{wrong}.")
-            gpu = for_estimate(self.gpus, model, est, dep, busy,
-                               verdict.resource if verdict is not None else "")
-            if gpu is not None and verdict is not None:
-                apply_gpu(verdict, gpu)
+            est = self._with_engine(est, dep, mine, source, rates, cached)
+            verdict = self._verdict(key, est, dep, mine, rates, fresh[sel])
+            gpu = for_verdict(self.gpus, model, est, dep, mine, verdict)
             trail = self._trails.setdefault(key, deque(maxlen=TRAIL))
             point = _operating_point(est, self._clock())
             if point:
@@ -250,6 +220,49 @@ class BottleneckMonitor:
             self._results = results
             self.updated_at = self._clock()
         return results
+
+    def _with_engine(self, est: RooflineEstimate, dep: Deployment | None, mine: WindowColumns,
+                     source: EngineMetricsSource | None, rates: EngineRates | None,
+                     cached: float | None) -> RooflineEstimate:
+        """The estimate with what the engine's own /metrics add (recomputed prefills, its
+        counters, its prefix cache) or the note that no fresh scrape is there."""
+        if dep is not None and rates is not None:
+            est = with_recompute(est, dep, rates, mine)
+            est = with_engine_counters(est, dep, rates)
+            if cached is not None:
+                est.inputs["cached_tokens"] = InputSource(
+                    "engine_prefix_cache",
+                    f"{cached:.1%} of prompt tokens ({rates.cached_share_source})")
+            self._warn_flat(source, rates)
+        if source is not None and rates is None:
+            est.inputs["engine_state"] = unavailable(
+                f"no fresh scrape of {source.url} ({source.last_error or 'waiting'})"
+                "; the cause comes from the records")
+        return est
+
+    def _verdict(self, key: tuple, est: RooflineEstimate, dep: Deployment | None,
+                 mine: WindowColumns, rates: EngineRates | None,
+                 fresh: np.ndarray) -> Verdict | None:
+        """The label set's verdict: decided against its previous one, its cause held
+        while the evidence stays (``_hold_cause``), an idle engine told so, a model the
+        figures cannot fit said first."""
+        wrong = ceiling.model_mismatch(est, dep) if dep is not None else None
+        self._warn_ceilings(key, est, dep, wrong)
+        previous = self._verdicts.get(key)
+        busy = busy_share(mine, est.range_start, est.range_end)
+        verdict = decide(est, dep, previous, lambda phase, m=mine, e=est, d=dep, r=rates,
+                         b=busy, p=previous: diagnose(phase, e, d, m, r, busy=b,
+                                                      held=_held(p, phase)),
+                         slo=self._objectives(key, mine, fresh,
+                                             (est.range_start, est.range_end)))
+        if verdict is not None:
+            self._hold_cause(key, verdict, previous)
+            _tell_idle(verdict, busy)
+            if wrong is not None:  # before all else: every figure rests on the model
+                verdict.evidence = replace(verdict.evidence, model_mismatch=wrong)
+                if wrong not in verdict.text:  # a held cause keeps the text it had
+                    verdict.prepend(f"{wrong}.")
+        return verdict
 
     def _objectives(self, key: tuple, mine: WindowColumns, fresh: np.ndarray,
                     bounds: tuple[float, float]) -> Attainment | None:
@@ -353,14 +366,14 @@ def _tell_idle(verdict: Verdict, busy: float | None) -> None:
     after the objectives' one (``Verdict.prepend``)."""
     if busy is None:
         return
-    verdict.evidence["busy_share"] = busy
+    verdict.evidence = replace(verdict.evidence, busy_share=busy)
     # say first that nothing needs fixing
-    missing = verdict.evidence.get("slo", {}).get("ranked_by") == "misses"
+    missing = verdict.evidence.ranked_by_misses
     if verdict.cause is None and busy < BUSY and verdict.phase != "queue" and not missing:
         verdict.prepend(f"Nothing to fix: the engine had a request in prefill or decode only "
                         f"{busy:.0%} of the window, so it is mostly idle and faster hardware "
                         f"or tuning buys little.")
-        verdict.evidence["idle"] = True
+        verdict.evidence = replace(verdict.evidence, idle=True)
         verdict.levers = ()
 
 

@@ -64,61 +64,96 @@ def table(m: ModelSpec, hw: HardwareSpec, *, batch: int = 1, context: int = 1024
     if bw <= 0:
         raise ValueError(f"{hw.name} has no bandwidth figure")
     kvpt = model_costs.kv_bytes_per_token(m) if m.layers else 0.0
+    dec = _Step(float(model_costs.weight_bytes_read(m, batch)) + kvpt * context * batch,
+                batch * float(model_costs.decode_flops(m, context)), bw, peak)
+    pre = _Step(float(model_costs.weight_bytes_read(m, prompt)) + kvpt * prompt,
+                float(model_costs.prefill_flops(m, prompt)), bw, peak)
+    rows = [*_sizes(m, hw, kvpt, bw, peak, compute_dtype, context, batch),
+            *_decode(dec, batch), *_prefill(pre, prompt),
+            Row("ridge point", peak / bw if peak else math.inf, "FLOPs/B",
+                "intensity above it: compute-bound; below: bandwidth-bound")]
+    if hw.measured_bandwidth:
+        rows.append(Row("decode ceiling per sequence (measured bandwidth)",
+                        1.0 / max(dec.bytes / hw.measured_bandwidth, dec.flops_time), "tok/s",
+                        f"{hw.measured_bandwidth / 1e9:,.0f} GB/s achievable"))
+    if tpot is not None:
+        achieved = dec.bytes / tpot
+        rows += [Row("achieved bandwidth at measured TPOT", achieved / 1e9, "GB/s",
+                     f"TPOT {tpot * 1e3:g} ms"),
+                 Row("MBU", achieved / bw, "", "of the datasheet bandwidth"),
+                 Row("MFU (decode)", dec.flops / tpot / peak if peak else math.nan, "", "")]
+    if ttft is not None:
+        rows += [Row("achieved prefill FLOP/s at measured TTFT", pre.flops / ttft / 1e12,
+                     "TFLOP/s", f"TTFT {ttft * 1e3:g} ms, queue time taken as 0"),
+                 Row("MFU (prefill)", pre.flops / ttft / peak if peak else math.nan, "", "")]
+    return rows
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A step's bytes and FLOPs, and the time each takes at the ceilings (no FLOP/s
+    ceiling: 0)."""
+
+    bytes: float
+    flops: float
+    bandwidth: float
+    peak: float
+
+    @property
+    def bandwidth_time(self) -> float:
+        return self.bytes / self.bandwidth
+
+    @property
+    def flops_time(self) -> float:
+        return self.flops / self.peak if self.peak else 0.0
+
+    @property
+    def floor(self) -> float:
+        return max(self.bandwidth_time, self.flops_time)
+
+
+def _sizes(m: ModelSpec, hw: HardwareSpec, kvpt: float, bw: float, peak: float,
+           compute_dtype: str, context: int, batch: int) -> list[Row]:
+    """The model, the hardware, the weights and the KV cache."""
     weights = model_costs.weight_bytes(m)
-    step_weights = float(model_costs.weight_bytes_read(m, batch))
-    step_kv = kvpt * context * batch
-    step_bytes = step_weights + step_kv
-    step_flops = batch * float(model_costs.decode_flops(m, context))
-    t_bw = step_bytes / bw
-    t_fl = step_flops / peak if peak else 0.0
-    step = max(t_bw, t_fl)
-    pre_flops = float(model_costs.prefill_flops(m, prompt))
-    pre_bytes = float(model_costs.weight_bytes_read(m, prompt)) + kvpt * prompt
-    p_bw, p_fl = pre_bytes / bw, (pre_flops / peak if peak else 0.0)
-    gpus = f"{hw.name} x{hw.gpus}"
-    rows = [
+    return [
         Row("model", m.name, "", m.note),
-        Row("hardware", gpus, "", f"{bw / 1e9:,.0f} GB/s, {peak / 1e12:,.0f} TFLOP/s "
-            f"dense {compute_dtype}" if peak else f"{bw / 1e9:,.0f} GB/s, no FLOP/s figure"),
+        Row("hardware", f"{hw.name} x{hw.gpus}", "", f"{bw / 1e9:,.0f} GB/s, "
+            f"{peak / 1e12:,.0f} TFLOP/s dense {compute_dtype}" if peak else
+            f"{bw / 1e9:,.0f} GB/s, no FLOP/s figure"),
         Row("weights", weights / 1e9, "GB", f"{m.params / 1e9:g}B params x "
             f"{dtype_bytes(m.weight_dtype):g} B ({m.weight_dtype}) = {weights / GIB:.2f} GiB"),
         Row("KV cache per token", kvpt, "B", "2 x layers x kv_heads x head_dim x "
             f"{dtype_bytes(m.kv_dtype):g} B ({m.kv_dtype})" if kvpt else "not counted: "
             "architecture unknown"),
         Row("KV cache at context x batch", kvpt * context * batch / GIB, "GiB",
-            f"{context} tokens x {batch}"),
-        Row("decode step bytes", step_bytes / 1e9, "GB", "weights once + each sequence's KV"),
-        Row("decode step FLOPs", step_flops / 1e12, "TFLOP", "batch x (2 x active params "
+            f"{context} tokens x {batch}")]
+
+
+def _decode(step: _Step, batch: int) -> list[Row]:
+    """A decode step of the whole batch at the roofline."""
+    t_bw, t_fl = step.bandwidth_time, step.flops_time
+    return [
+        Row("decode step bytes", step.bytes / 1e9, "GB", "weights once + each sequence's KV"),
+        Row("decode step FLOPs", step.flops / 1e12, "TFLOP", "batch x (2 x active params "
             "+ attention)"),
-        Row("decode step time floor", step * 1e3, "ms",
+        Row("decode step time floor", step.floor * 1e3, "ms",
             f"bandwidth {t_bw * 1e3:.2f} ms, compute {t_fl * 1e3:.3f} ms"),
-        Row("decode ceiling per sequence", 1.0 / step, "tok/s", f"binds: {_binding(t_bw, t_fl)}"),
-        Row("decode ceiling, whole batch", batch / step, "tok/s", f"batch {batch}"),
-        Row("decode arithmetic intensity", step_flops / step_bytes, "FLOPs/B", ""),
-        Row("prefill FLOPs", pre_flops / 1e12, "TFLOP", f"{prompt} tokens, causal attention"),
-        Row("prefill time floor", max(p_bw, p_fl) * 1e3, "ms",
+        Row("decode ceiling per sequence", 1.0 / step.floor, "tok/s",
+            f"binds: {_binding(t_bw, t_fl)}"),
+        Row("decode ceiling, whole batch", batch / step.floor, "tok/s", f"batch {batch}"),
+        Row("decode arithmetic intensity", step.flops / step.bytes, "FLOPs/B", "")]
+
+
+def _prefill(step: _Step, prompt: int) -> list[Row]:
+    """One prompt's prefill at the roofline."""
+    p_bw, p_fl = step.bandwidth_time, step.flops_time
+    return [
+        Row("prefill FLOPs", step.flops / 1e12, "TFLOP", f"{prompt} tokens, causal attention"),
+        Row("prefill time floor", step.floor * 1e3, "ms",
             f"bandwidth {p_bw * 1e3:.2f} ms, compute {p_fl * 1e3:.2f} ms"),
-        Row("prefill ceiling", prompt / max(p_bw, p_fl), "tok/s",
-            f"binds: {_binding(p_bw, p_fl)}"),
-        Row("prefill arithmetic intensity", pre_flops / pre_bytes, "FLOPs/B", ""),
-        Row("ridge point", peak / bw if peak else math.inf, "FLOPs/B",
-            "intensity above it: compute-bound; below: bandwidth-bound"),
-    ]
-    if hw.measured_bandwidth:
-        rows.append(Row("decode ceiling per sequence (measured bandwidth)",
-                        1.0 / max(step_bytes / hw.measured_bandwidth, t_fl), "tok/s",
-                        f"{hw.measured_bandwidth / 1e9:,.0f} GB/s achievable"))
-    if tpot is not None:
-        achieved = step_bytes / tpot
-        rows += [Row("achieved bandwidth at measured TPOT", achieved / 1e9, "GB/s",
-                     f"TPOT {tpot * 1e3:g} ms"),
-                 Row("MBU", achieved / bw, "", "of the datasheet bandwidth"),
-                 Row("MFU (decode)", step_flops / tpot / peak if peak else math.nan, "", "")]
-    if ttft is not None:
-        rows += [Row("achieved prefill FLOP/s at measured TTFT", pre_flops / ttft / 1e12,
-                     "TFLOP/s", f"TTFT {ttft * 1e3:g} ms, queue time taken as 0"),
-                 Row("MFU (prefill)", pre_flops / ttft / peak if peak else math.nan, "", "")]
-    return rows
+        Row("prefill ceiling", prompt / step.floor, "tok/s", f"binds: {_binding(p_bw, p_fl)}"),
+        Row("prefill arithmetic intensity", step.flops / step.bytes, "FLOPs/B", "")]
 
 
 def render(rows: list[Row]) -> str:

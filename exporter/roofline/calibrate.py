@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def _gpu_available() -> bool:
 
 def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
               repeats: int = 5, progress: Progress | None = None,
-              matmul_seconds: float = MATMUL_SECONDS) -> dict:
+              matmul_seconds: float = MATMUL_SECONDS) -> Profile:
     """Measure and return a hardware profile (see the module docstring); each dtype's
     matmuls within about ``matmul_seconds`` (``measure_matmul``)."""
     if size_mib < 1 or matmul_n < 16 or repeats < 1 or not matmul_seconds > 0:
@@ -259,14 +260,41 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
         part = None
     memory = _device_memory_gb(use_gpu)
     progress.say(f"calibrate: done in {time.perf_counter() - t0:.1f} s")
-    return {"format": PROFILE_FORMAT, "part": part, "device": name, "devices": 1,
-            **({"memory_gb": memory} if memory else {}),
-            "visible_devices": count,
-            "measured": {"bandwidth_gbps": bw / 1e9,
-                         "flops_tflops": {k: v / 1e12 for k, v in flops.items()}},
-            "method": method | {"buffer_mib": size_mib, "repeats": repeats, "best_of": True},
-            "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": platform.node()}
+    return Profile(name, part, bw / 1e9, {k: v / 1e12 for k, v in flops.items()},
+                   visible_devices=count, memory_gb=memory or None,
+                   method=method | {"buffer_mib": size_mib, "repeats": repeats, "best_of": True},
+                   measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                   host=platform.node())
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A hardware profile as ``calibrate`` measures it; ``as_json`` is the file
+    ``--hardware-profile`` reads (``deployments.load_profile``), key for key."""
+
+    device: str  # the GPU's name, or the CPU's with its cores
+    part: str | None  # the catalog's part, where the device is one
+    bandwidth_gbps: float
+    flops_tflops: dict[str, float]  # by dtype
+    visible_devices: int = 1
+    memory_gb: float | None = None
+    # how it was measured (the copy, the matmuls, each dtype's runs): the file's own words
+    method: dict = field(default_factory=dict)
+    measured_at: str = ""
+    host: str = ""
+
+    @property
+    def matmul_runs(self) -> dict[str, dict]:
+        """Each dtype's matmul runs as the file has them (``MatmulRun.as_dict``)."""
+        return self.method.get("matmul_runs", {})
+
+    def as_json(self) -> dict:
+        return {"format": PROFILE_FORMAT, "part": self.part, "device": self.device,
+                "devices": 1, **({"memory_gb": self.memory_gb} if self.memory_gb else {}),
+                "visible_devices": self.visible_devices,
+                "measured": {"bandwidth_gbps": self.bandwidth_gbps,
+                             "flops_tflops": self.flops_tflops},
+                "method": self.method, "measured_at": self.measured_at, "host": self.host}
 
 
 def plan_line(where: str, size_mib: int, n: int, repeats: int, seconds: float,
@@ -295,24 +323,24 @@ def _cpu_count() -> int:
         os.cpu_count() or 1)
 
 
-def report(profile: dict) -> str:
+def report(profile: Profile) -> str:
     """The measurement beside the catalog's datasheet figures when the part is known, and
     each dtype measured smaller or fewer times than asked, with why."""
-    m = profile["measured"]
-    lines = [f"device: {profile['device']}"]
-    spec = catalog.hardware(profile["part"]) if profile["part"] else None
+    bw = profile.bandwidth_gbps
+    lines = [f"device: {profile.device}"]
+    spec = catalog.hardware(profile.part) if profile.part else None
     bw_sheet = f"{spec.bandwidth / 1e9:,.0f} GB/s datasheet" if spec else "no datasheet figure"
-    share = f" ({m['bandwidth_gbps'] * 1e9 / spec.bandwidth:.0%})" if spec else ""
-    lines.append(f"memory bandwidth  {m['bandwidth_gbps']:>12,.1f} GB/s    {bw_sheet}{share}")
-    for dtype, tf in m["flops_tflops"].items():
+    share = f" ({bw * 1e9 / spec.bandwidth:.0%})" if spec else ""
+    lines.append(f"memory bandwidth  {bw:>12,.1f} GB/s    {bw_sheet}{share}")
+    for dtype, tf in profile.flops_tflops.items():
         peak = spec.flops.get(dtype) if spec else None
         sheet = (f"{peak / 1e12:,.0f} TFLOP/s datasheet ({tf * 1e12 / peak:.0%})" if peak
                  else "no datasheet figure")
         lines.append(f"matmul {dtype:<10} {tf:>12,.3f} TFLOP/s {sheet}")
-    runs = profile.get("method", {}).get("matmul_runs", {})
-    lines += [f"  {k}: {r['bounded']}" for k, r in runs.items() if r.get("bounded")]
+    lines += [f"  {k}: {r['bounded']}" for k, r in profile.matmul_runs.items()
+              if r.get("bounded")]
     return "\n".join(lines)
 
 
-def write(profile: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+def write(profile: Profile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.as_json(), indent=2) + "\n")

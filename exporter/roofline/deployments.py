@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from phasewatch.options import MODEL_OPTIONS, option_fields
 from phasewatch.roofline import catalog
 from phasewatch.roofline.catalog import HardwareSpec, ModelSpec
 from phasewatch.roofline.estimate import Deployment
@@ -37,22 +38,15 @@ PROFILE_FORMAT = "phasewatch-hardware-profile/1"
 
 
 @dataclass(frozen=True)
+@option_fields(MODEL_OPTIONS)
 class ModelOptions:
-    """One ``[[models]]`` entry (or the ``--model`` flags) before resolution."""
+    """One ``[[models]]`` entry (or the ``--model`` flags) before resolution. Its fields,
+    first, are ``options.MODEL_OPTIONS``, each ``NAME: type = default`` as the table has it
+    (``model``, ``hf_config``, ``served_model_name``, ``hardware``, ``hardware_profile``,
+    ``gpus`` (0: tensor_parallel, else NVML's count, else 1), ``tensor_parallel``,
+    ``weight_dtype``, ``kv_dtype``, ``compute_dtype``, ``max_batched_tokens``,
+    ``engine_metrics_url``); then the model's own latency objectives."""
 
-    model: str = ""
-    hf_config: str = ""
-    served_model_name: str = ""
-    hardware: str = "auto"
-    hardware_profile: str = ""
-    gpus: int = 0  # 0: tensor_parallel, else NVML's count, else 1
-    tensor_parallel: int = 0
-    weight_dtype: str = ""
-    kv_dtype: str = ""
-    compute_dtype: str = ""
-    max_batched_tokens: int = 8192
-    engine_metrics_url: str = ""
-    gpu_select: str = ""  # its GPUs among the counters' (gpu_watch.GpuSelector)
     # latency objectives of this model (a [[models]] table's ``slo``, as --slo takes
     # them); "": the global --slo. Not a roofline input.
     slo: str = ""

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.roofline.cause import busy_share
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.gpu_evidence import IDLE, GpuComparison, compare
 from phasewatch.roofline.gpu_watch import GpuWatch
@@ -126,7 +128,7 @@ def apply(verdict: Verdict, found: GpuCheck) -> None:
         verdict.resource = found.resource
         if verdict.cause is None or not verdict.cause.levers:
             verdict.levers = LEVERS.get((verdict.phase, found.resource), ())
-    verdict.evidence["gpu"] = found.summary()
+    verdict.evidence = replace(verdict.evidence, gpu=found)
     if not found.sentence:
         return
     if found.outcome in ("overstated", "idle"):
@@ -153,3 +155,18 @@ def for_estimate(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
     result = check(found, resource, dep.model.name, dep.compute_dtype, dep.hardware.gpus)
     return replace(result, point=range_point(found, pf + df, pb + db, hi - lo,
                                              dep.peak_bandwidth, hi))
+
+
+def for_verdict(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
+                dep: Deployment | None, cols: WindowColumns,
+                verdict: Verdict | None) -> GpuCheck | None:
+    """``for_estimate`` over the range of ``est`` (the engine's busy share from ``cols``,
+    its records), and what it found told to ``verdict`` (``apply``)."""
+    if gpus is None or dep is None:
+        return None
+    busy = busy_share(cols, est.range_start, est.range_end)
+    found = for_estimate(gpus, model, est, dep, busy,
+                         verdict.resource if verdict is not None else "")
+    if found is not None and verdict is not None:
+        apply(verdict, found)
+    return found

@@ -20,7 +20,9 @@ Anything missing or contradictory raises ``ValueError`` naming the key.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from phasewatch.roofline.catalog import ModelSpec
 
@@ -28,7 +30,7 @@ _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32
                  "float": "fp32"}
 
 
-def _int(cfg: dict, *keys: str, default: int | None = None) -> int:
+def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
     for k in keys:
         v = cfg.get(k)
         if v is not None:
@@ -40,7 +42,7 @@ def _int(cfg: dict, *keys: str, default: int | None = None) -> int:
     return default
 
 
-def weight_dtype_of(cfg: dict) -> str:
+def weight_dtype_of(cfg: Mapping[str, Any]) -> str:
     """Stored weight dtype: quantization first, then the checkpoint's torch dtype."""
     q = cfg.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
@@ -69,7 +71,7 @@ def weight_dtype_of(cfg: dict) -> str:
     return _TORCH_DTYPES[dtype]
 
 
-def _attention(cfg: dict, hidden: int, heads: int) -> tuple[int, dict]:
+def _attention(cfg: Mapping[str, Any], hidden: int, heads: int) -> tuple[int, dict]:
     """Attention parameters per layer and the ModelSpec fields describing it."""
     if cfg.get("kv_lora_rank"):  # MLA
         q_lora = cfg.get("q_lora_rank")
@@ -90,7 +92,7 @@ def _attention(cfg: dict, hidden: int, heads: int) -> tuple[int, dict]:
     return params, dict(kv_heads=kv_heads, head_dim=head_dim)
 
 
-def _mlp(cfg: dict, hidden: int, layers: int) -> tuple[int, int, int, int]:
+def _mlp(cfg: Mapping[str, Any], hidden: int, layers: int) -> tuple[int, int, int, int]:
     """(total MLP params, active MLP params, routed experts, experts per token)."""
     gated = 3 * hidden  # gate, up and down projections: 3 x hidden x intermediate
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
@@ -112,10 +114,10 @@ def _mlp(cfg: dict, hidden: int, layers: int) -> tuple[int, int, int, int]:
     return total, active, experts, k
 
 
-def model_from_config(cfg: dict, name: str) -> ModelSpec:
+def model_from_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     """A ``ModelSpec`` from a parsed config.json (see the module docstring); ValueError
     naming what is wrong for anything that is not a usable config."""
-    if not isinstance(cfg, dict):
+    if not isinstance(cfg, Mapping):
         raise ValueError("config.json must hold a JSON object")
     try:
         spec = _model_from_config(cfg, name)
@@ -131,7 +133,7 @@ def model_from_config(cfg: dict, name: str) -> ModelSpec:
     return spec
 
 
-def _model_from_config(cfg: dict, name: str) -> ModelSpec:
+def _model_from_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     text = cfg.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ValueError("config.json: text_config must be an object")

@@ -136,39 +136,67 @@ def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
     counts it as decoding then; the steps that recompute preempted prompts have no
     first-token time to mark them. On the real vLLM the steps came out 0.94-0.97x
     vLLM's there (within 1 % in the other workloads)."""
-    # every moment something changes, in time order: a decode begins (+1 decoding) or
-    # ends (-1); a step that completed a prefill begins (+1 prefilling) or ends (-1; at
-    # its end less SAME_STEP_SECONDS / 2, so that the step that completed a request's own
-    # prefill, whose end is its first-token time rounded, falls before its decode)
     n, k = len(first), len(ends)
     if max(n, k) >= COUNT_MASK:  # (beyond any window's capacity) the caller's fallback
         return 0.0
-    # (no count goes below 0 even for a moment: a decode ends after it begins, a step
-    # that prefilled lasted at least SAME_STEP_SECONDS)
-    t = np.concatenate([first, np.maximum(last, first), ends - np.maximum(took, SAME_STEP_SECONDS),
-                        ends - SAME_STEP_SECONDS / 2, [lo, hi]])
-    # the three running counts in one integer, 21 bits each: decoding, prefilling, and
-    # the prefill steps ended so far (one cumulative sum instead of three)
-    delta = np.zeros(len(t), dtype=np.int64)
-    delta[:n], delta[n:2 * n] = 1, -1
-    delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
-    at = np.argsort(t)
-    t = t[at]
-    counts = np.cumsum(delta[at])
-    decoding = counts & COUNT_MASK
-    prefilling = (counts >> 21) & COUNT_MASK
-    where = np.empty(len(t), dtype=np.intp)
-    where[at] = np.arange(len(t))  # each event's place in time order
-    b, e = where[:n], where[n:2 * n]  # each request's first and last token
+    tl = _Timeline.of(first, last, ends, took, lo, hi)
+    b, e = tl.where[:n], tl.where[n:2 * n]  # each request's first and last token
     # the steps with decode tokens in them: decodes went on through their end
-    shared = decoding[where[2 * n + k:2 * n + 2 * k]] > 0
+    shared = tl.decoding[tl.where[2 * n + k:2 * n + 2 * k]] > 0
     steps = float((shared & (ends >= lo) & (ends <= hi)).sum())
-    done = counts >> 42
-    own = np.minimum(done[e] - done[b], n_tokens)  # of a request's tokens, from them
+    own = np.minimum(tl.done[e] - tl.done[b], n_tokens)  # of a request's tokens, from them
+    return steps + _decode_only_steps(tl, b, e, n_tokens - own, n_tokens, lo, hi)
+
+
+@dataclass(frozen=True)
+class _Timeline:
+    """Every moment the decodes and the steps that completed a prefill change, in time
+    order (``decode_step_count``), with the running counts after each."""
+
+    t: np.ndarray
+    decoding: np.ndarray  # requests decoding
+    prefilling: np.ndarray  # steps that completed a prefill, running
+    done: np.ndarray  # those steps ended so far
+    where: np.ndarray  # each event's place in time order, by the order given
+
+    @classmethod
+    def of(cls, first: np.ndarray, last: np.ndarray, ends: np.ndarray, took: np.ndarray,
+           lo: float, hi: float) -> _Timeline:
+        """A decode begins (+1 decoding) or ends (-1); a step that completed a prefill
+        begins (+1 prefilling) or ends (-1; at its end less SAME_STEP_SECONDS / 2, so
+        that the step that completed a request's own prefill, whose end is its
+        first-token time rounded, falls before its decode); then ``lo`` and ``hi``."""
+        n, k = len(first), len(ends)
+        # (no count goes below 0 even for a moment: a decode ends after it begins, a step
+        # that prefilled lasted at least SAME_STEP_SECONDS)
+        t = np.concatenate([first, np.maximum(last, first),
+                            ends - np.maximum(took, SAME_STEP_SECONDS),
+                            ends - SAME_STEP_SECONDS / 2, [lo, hi]])
+        # the three running counts in one integer, 21 bits each: decoding, prefilling, and
+        # the prefill steps ended so far (one cumulative sum instead of three)
+        delta = np.zeros(len(t), dtype=np.int64)
+        delta[:n], delta[n:2 * n] = 1, -1
+        delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
+        at = np.argsort(t)
+        counts = np.cumsum(delta[at])
+        where = np.empty(len(t), dtype=np.intp)
+        where[at] = np.arange(len(t))
+        return cls(t[at], counts & COUNT_MASK, (counts >> 21) & COUNT_MASK, counts >> 42,
+                   where)
+
+
+def _decode_only_steps(tl: _Timeline, b: np.ndarray, e: np.ndarray, spread: np.ndarray,
+                       n_tokens: np.ndarray, lo: float, hi: float) -> float:
+    """The steps the requests' ``spread`` tokens (those not in a step that completed a
+    prefill) make over [lo, hi], each spread evenly over its request's decode time
+    outside those steps: a step is 1/c of each of the c requests decoding in it. A
+    request that decoded only through prefill steps spreads all ``n_tokens`` over its
+    whole decode."""
+    t = tl.t
     dt = np.diff(t)
-    step_share = dt / np.maximum(decoding[:-1], 1)  # a step is 1/c of each decode in it
+    step_share = dt / np.maximum(tl.decoding[:-1], 1)  # a step is 1/c of each decode in it
     step_share[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
-    decode_only = prefilling[:-1] == 0  # outside the steps that completed a prefill
+    decode_only = tl.prefilling[:-1] == 0  # outside the steps that completed a prefill
 
     def across(x: np.ndarray) -> np.ndarray:
         """``x`` summed over each request's decode interval"""
@@ -177,12 +205,12 @@ def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
         return total[e] - total[b]
 
     alone = across(dt * decode_only)
-    tokens = (n_tokens - own) * across(step_share * decode_only) / np.maximum(alone, 1e-12)
+    tokens = spread * across(step_share * decode_only) / np.maximum(alone, 1e-12)
     through = alone <= 1e-9  # decoded only through prefill steps: over its whole time
     if through.any():
         tokens[through] = (n_tokens * across(step_share) / np.maximum(t[e] - t[b], 1e-12)
                            )[through]
-    return steps + float(tokens.sum())
+    return float(tokens.sum())
 
 
 def decoding_beside(first: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.ndarray

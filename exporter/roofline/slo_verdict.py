@@ -15,7 +15,7 @@ then names the phase:
   ``HYSTERESIS`` more of the misses to replace it;
 * otherwise None: the time-share rule decides, and ``lead`` says the objectives were met.
 
-The figures go to ``verdict.evidence["slo"]``; ``lead`` is the sentence the verdict's
+The figures go to ``verdict.evidence.slo``; ``lead`` is the sentence the verdict's
 text starts with.
 """
 
@@ -229,7 +229,7 @@ def rank(slo: Attainment | None, shares: Collection[str], previous=None,
     ``missed_by_phase`` (shares of those misses), ``ranked_by`` and ``phase``."""
     if slo is None or slo.requests < MIN_REQUESTS:
         return None
-    was = previous is not None and previous.evidence.get("slo", {}).get("ranked_by") == "misses"
+    was = previous is not None and previous.evidence.ranked_by_misses
     bar = MATERIAL_MISS - (MISS_HYSTERESIS if was else 0.0)
     counts: dict[str, int] = {}
     for fig in slo.objectives.values():

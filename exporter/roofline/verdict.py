@@ -43,17 +43,31 @@ from dataclasses import dataclass, field
 from phasewatch.roofline import ceiling
 from phasewatch.roofline.cause import Cause
 from phasewatch.roofline.cause_limits import RULES
-from phasewatch.roofline.decode_step import DecodeStep, overhead_levers, step_sentence
+from phasewatch.roofline.decode_step import DecodeStep, overhead_levers
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.evidence import (
+    CeilingExceeded,
+    Evidence,
+    ModelMismatch,
+    Roofline,
+    Utilization,
+)
 from phasewatch.roofline.slo_verdict import Attainment
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
+from phasewatch.roofline.verdict_text import (
+    CLIENT_NOTE,
+    describe,
+    headline,
+)
 
 BOUND_FRACTION = RULES.bound
 PEAK_TOLERANCE = RULES.peak_tolerance
 HYSTERESIS = RULES.hysteresis
 MIN_REQUESTS_FOR_FULL_CONFIDENCE = RULES.full_confidence_requests
+# phases whose time goes to waiting, not to the GPU, and the resource that limits them
+WAITING = {"queue": "capacity", "preprocess": "frontend", "kv_transfer": "interconnect"}
 RESOURCES = ("compute", "memory_bandwidth", "capacity", "frontend", "interconnect", "overhead",
              "unknown")
 
@@ -87,63 +101,23 @@ LEVERS: dict[tuple[str, str], tuple[str, ...]] = {
         "FP8", "tensor parallelism", "disaggregated prefill/decode", "faster GPUs"),
 }
 
-RESOURCE_WORDS = {"compute": "compute-bound", "memory_bandwidth": "memory-bandwidth-bound",
-                   "capacity": "capacity-bound", "frontend": "frontend-bound",
-                   "interconnect": "interconnect-bound",
-                   "overhead": "overhead-bound",
-                   "unknown": "of unknown limit"}
-
-# What "achievable" rests on, by ``achievable_source``.
-ACHIEVABLE_BASIS = {"calibrated": "measured here by phasewatch calibrate",
-                    "published": "as measured on real parts",
-                    "typical_efficiency": "the datasheet x a typical efficiency"}
-
-
-def achievable_source(dep: Deployment) -> str:
-    """Where the achievable ceilings come from: ``calibrated`` (a profile measured by
-    ``phasewatch calibrate``), ``published`` (measurements on real parts, from the
-    catalog), else ``typical_efficiency`` (the datasheet x a typical efficiency)."""
-    return ("calibrated" if dep.hardware_source == "profile" else
-            "published" if dep.hardware.measured_bandwidth else "typical_efficiency")
-
-
-def phase_name(phase: str) -> str:
-    """A phase as a sentence starts with it: "Prefill", "KV transfer", "Time to first
-    token" (the client's view: preprocess, queue and prefill undivided)."""
-    return {"kv_transfer": "KV transfer", "ttft": "Time to first token"}.get(
-        phase, phase.capitalize())
-
-
-def headline(phase: str, resource: str, cause: str | None = None) -> str:
-    """The verdict in three or four words, e.g. "Decode is memory-bandwidth-bound",
-    "Queue: KV cache full"."""
-    if cause in ("kv_cache", "concurrency_limit", "imbalance", "preemption_recompute",
-                 "prefill_interference"):
-        from phasewatch.roofline.cause import CAUSES
-
-        return f"{phase_name(phase)}: {CAUSES[cause].title}"
-    if resource == "capacity":
-        return "Queue: requests wait for capacity"
-    if resource == "frontend":
-        return "Preprocess: the API server is the bottleneck"
-    if resource == "interconnect":
-        return "KV transfer: the prefill-to-decode link is the bottleneck"
-    return f"{phase_name(phase)} is {RESOURCE_WORDS.get(resource, resource)}"
-
-
 @dataclass
 class Verdict:
     phase: str
     resource: str
     confidence: float
     confidence_level: str
-    evidence: dict = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
     levers: tuple[str, ...] = ()
     text: str = ""
     cause: Cause | None = None
     lead: str = ""  # the objectives' sentence the text starts with ("" without objectives)
     view: str = "engine"  # "client": from a stream tap's records alone (no engine spans)
-    step: DecodeStep | None = None  # a decode's step against the roofline's (evidence too)
+
+    @property
+    def step(self) -> DecodeStep | None:
+        """A decode's step against the roofline's (``Evidence.step``)."""
+        return self.evidence.step
 
     @property
     def headline(self) -> str:
@@ -156,8 +130,10 @@ class Verdict:
         self.text = " ".join(x for x in (self.lead, sentence, body) if x)
 
 
-def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
-    """(candidate resource, share of busy time the two resources explain, evidence).
+def _utilization(est: RooflineEstimate, dep: Deployment, phase: str
+                 ) -> tuple[str, float | None, Roofline | None, str | None]:
+    """(candidate resource, share of busy time the two resources explain, what the
+    roofline found, why it found nothing).
 
     The candidate is the ceiling the phase is nearer (an intensity above the ridge
     reaches the FLOP/s ceiling first). Compute counts every FLOP done in the phase's
@@ -170,28 +146,19 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
     ph = getattr(est, phase)
     wrong = ceiling.model_mismatch(est, dep)
     if ph is not None and wrong is not None:  # every FLOP and byte rests on the model
-        return "unknown", None, {"model_mismatch": wrong,
-                                 "arithmetic_intensity": ph.arithmetic_intensity}
+        return "unknown", None, ModelMismatch(wrong, ph.arithmetic_intensity), None
     if ph is not None and ph.ceiling_exceeded:  # over the datasheet (or the profile's) peak
-        what, ratio = max(ph.ceiling_exceeded.items(), key=lambda kv: kv[1])
-        found = ceiling.blame(est, dep, phase, what, ratio)
-        return "unknown", None, {"ceiling_exceeded": dict(ph.ceiling_exceeded),
-                                 "ceiling_points_to": found.points_to,
-                                 "ceiling_blame": found.text,
-                                 "arithmetic_intensity": ph.arithmetic_intensity}
+        return "unknown", None, _exceeded(est, dep, phase, dict(ph.ceiling_exceeded)), None
     if ph is not None and not dep.peak_flops:
-        return "unknown", None, {"unavailable": (
+        return "unknown", None, None, (
             f"{dep.hardware.name} has no {dep.compute_dtype} FLOP/s ceiling: run `phasewatch "
-            f"calibrate` where torch is importable, or set --compute-dtype")}
+            f"calibrate` where torch is importable, or set --compute-dtype")
     if ph is None or ph.flops_utilization is None or ph.bandwidth_utilization is None:
-        return "unknown", None, {}
+        return "unknown", None, None, None
     hw = dep.hardware
     shared = est.shared_step_flops.get(phase, 0.0)
     of_flops = (ph.flops + shared) / ph.busy_seconds / hw.achievable_flops(dep.compute_dtype)
     of_bw = ph.achieved_bytes_per_second / hw.achievable_bandwidth
-    evidence = {"mfu": ph.flops_utilization, "mbu": ph.bandwidth_utilization,
-                "shared_step_flops_share": shared / (ph.flops + shared) if shared else 0.0,
-                "arithmetic_intensity": ph.arithmetic_intensity, "ridge": dep.ridge}
     # Under the peak but over the *achievable* figure (a typical efficiency, or parts
     # measured elsewhere): the phase runs at that ceiling, not past a wrong one (the
     # demo's simulator prefills at exactly the achievable FLOP/s, and the decode tokens
@@ -202,16 +169,23 @@ def _utilization(est: RooflineEstimate, dep: Deployment, phase: str):
             if dep.peak_bandwidth else 0.0}
     past = {k: peak[k] for k in over if peak[k] > 1.0 + PEAK_TOLERANCE}
     if past:  # with the other phase's FLOPs in its steps, past the peak: impossible too
-        what, ratio = max(past.items(), key=lambda kv: kv[1])
-        found = ceiling.blame(est, dep, phase, what, ratio)
-        return "unknown", None, {"ceiling_exceeded": past, "ceiling_points_to":
-                                 found.points_to, "ceiling_blame": found.text,
-                                 "arithmetic_intensity": ph.arithmetic_intensity}
-    if over:
-        evidence["over_achievable"] = over
+        return "unknown", None, _exceeded(est, dep, phase, past), None
     of_flops, of_bw = min(of_flops, 1.0), min(of_bw, 1.0)
-    evidence.update(of_achievable_flops=of_flops, of_achievable_bandwidth=of_bw)
-    return ("compute" if of_flops >= of_bw else "memory_bandwidth"), of_flops + of_bw, evidence
+    found = Utilization(
+        mfu=ph.flops_utilization, mbu=ph.bandwidth_utilization,
+        shared_step_flops_share=shared / (ph.flops + shared) if shared else 0.0,
+        arithmetic_intensity=ph.arithmetic_intensity, ridge=dep.ridge,
+        of_achievable_flops=of_flops, of_achievable_bandwidth=of_bw, over_achievable=over or None)
+    return ("compute" if of_flops >= of_bw else "memory_bandwidth"), found.used, found, None
+
+
+def _exceeded(est: RooflineEstimate, dep: Deployment, phase: str,
+              ratios: dict[str, float]) -> CeilingExceeded:
+    """A rate past a peak, and what ``ceiling.blame`` says is wrong (the worst ratio)."""
+    what, ratio = max(ratios.items(), key=lambda kv: kv[1])
+    found = ceiling.blame(est, dep, phase, what, ratio)
+    return CeilingExceeded(ratios, found.points_to, found.text,
+                           getattr(est, phase).arithmetic_intensity)
 
 
 def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | None = None,
@@ -228,56 +202,14 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     shares = est.phase_time_share
     if not shares:
         return None
-    by_misses = slo_rank(slo, shares, previous, HYSTERESIS)
-    phase = by_misses or max(shares, key=shares.get)
-    if by_misses is None and previous is not None and previous.phase in shares and \
-            phase != previous.phase and shares[phase] < shares[previous.phase] + HYSTERESIS:
-        phase = previous.phase
-    ranked = slo.missed_by_phase if by_misses else shares
-    runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
-    evidence: dict = {"phase_time_share": shares, "requests": est.requests}
-    step = None
-    if slo is not None:
-        evidence["slo"] = slo.as_dict()
-    if est.decode_batch_size is not None:
-        evidence["decode_batch_size"] = est.decode_batch_size
-    if phase == "queue":
-        resource, used, util_margin = "capacity", None, 1.0
-    elif phase == "preprocess":
-        resource, used, util_margin = "frontend", None, 1.0
-    elif phase == "kv_transfer":
-        resource, used, util_margin = "interconnect", None, 1.0
-    elif dep is None:
-        resource, util_margin = "unknown", 0.0
-    else:
-        # time to first token (the client's view) against the prompts' prefill: the
-        # prefill estimate, over arrival to first token
-        roof = "prefill" if phase == "ttft" else phase
-        resource, used, detail = _utilization(est, dep, roof)
-        evidence.update(detail)
-        if resource == "unknown" and roof in est.inputs:
-            evidence["unavailable"] = est.inputs[roof].detail
-        if phase == "decode":
-            step = DecodeStep.of(est)
-            evidence.update(step.evidence())
-        util_margin = 0.0
-        if used is not None:
-            bound = BOUND_FRACTION
-            if previous is not None and previous.phase == phase:
-                if previous.resource == resource:
-                    bound -= HYSTERESIS
-                elif previous.resource == "overhead":
-                    bound += HYSTERESIS
-            if used < bound:
-                resource = "overhead"
-            util_margin = min(1.0, abs(used - BOUND_FRACTION) / RULES.margin_scale)
-    share_margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / RULES.margin_scale))
-    steps = est.inputs.get("decode_steps")
-    inputs = 1.0 if steps is None or steps.label == "token_gaps" else RULES.tpot_inputs
-    sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
-    floor = RULES.floor
-    confidence = round(sample * inputs * (floor + (1 - floor) * share_margin) *
-                       (floor + (1 - floor) * util_margin), 3)
+    phase, by_misses, share_margin = _phase(shares, slo, previous)
+    found = _resource(est, dep, phase, previous)
+    resource = found.resource
+    evidence = Evidence(phase_time_share=shares, requests=est.requests, slo=slo,
+                        decode_batch_size=est.decode_batch_size, roofline=found.roofline,
+                        unavailable=found.unavailable, step=found.step,
+                        view="client" if est.client_view else None)
+    confidence = _confidence(est, share_margin, found.margin)
     cause = diagnose(phase) if diagnose is not None else None
     if cause is None or cause.name == "compute_saturated":  # objectives know better
         cause = slo_interference(slo, phase) or cause
@@ -288,28 +220,95 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     level = ("high" if confidence >= RULES.high else
              "medium" if confidence >= RULES.medium else "low")
     levers = (cause.levers if cause is not None and cause.levers else
-              _levers(phase, resource, step, dep))
+              _levers(phase, resource, found.step, dep))
     verdict = Verdict(phase=phase, resource=resource, confidence=confidence,
                       confidence_level=level, evidence=evidence, levers=levers, cause=cause,
                       lead=slo_lead(slo, by_misses),
-                      view="client" if est.client_view else "engine", step=step)
-    if verdict.view == "client":
-        evidence["view"] = "client"
-    verdict.text = describe(verdict, dep)
-    if cause is not None and cause.name == "compute_saturated":
-        verdict.text = f"{verdict.text} {cause.text}."
-    elif cause is not None and cause.name != "frontend":
-        verdict.text = f"{cause.text}. {verdict.text}"
-    if verdict.view == "client":
-        verdict.text = f"{verdict.text} {CLIENT_NOTE}"
-    if verdict.lead:
-        verdict.text = f"{verdict.lead} {verdict.text}"
+                      view="client" if est.client_view else "engine")
+    verdict.text = _text(verdict, dep)
     return verdict
 
 
-# said after a verdict made from the client's view alone
-CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
-               "first token holds the queue and the prefill undivided.)")
+def _phase(shares: dict[str, float], slo: Attainment | None, previous: Verdict | None
+           ) -> tuple[str, str | None, float]:
+    """(the phase, the phase the objectives' misses ranked or None, the margin over the
+    runner-up as confidence takes it): rules 5 and 1, with hysteresis."""
+    by_misses = slo_rank(slo, shares, previous, HYSTERESIS)
+    phase = by_misses or max(shares, key=shares.get)
+    if by_misses is None and previous is not None and previous.phase in shares and \
+            phase != previous.phase and shares[phase] < shares[previous.phase] + HYSTERESIS:
+        phase = previous.phase
+    ranked = slo.missed_by_phase if by_misses else shares
+    runner_up = max((v for k, v in ranked.items() if k != phase), default=0.0)
+    margin = max(0.0, min(1.0, (ranked[phase] - runner_up) / RULES.margin_scale))
+    return phase, by_misses, margin
+
+
+@dataclass(frozen=True)
+class _Resource:
+    """What limits a phase before its cause is known (``_resource``)."""
+
+    resource: str
+    margin: float  # how far the use is from the bound, as confidence takes it
+    roofline: Roofline | None = None
+    unavailable: str | None = None
+    step: DecodeStep | None = None
+
+
+def _resource(est: RooflineEstimate, dep: Deployment | None, phase: str,
+              previous: Verdict | None) -> _Resource:
+    """Rule 2: the resource by the phase, else by the roofline, with hysteresis."""
+    if phase in WAITING:
+        return _Resource(WAITING[phase], 1.0)
+    if dep is None:
+        return _Resource("unknown", 0.0)
+    # time to first token (the client's view) against the prompts' prefill: the
+    # prefill estimate, over arrival to first token
+    roof = "prefill" if phase == "ttft" else phase
+    resource, used, found, unavailable = _utilization(est, dep, roof)
+    if resource == "unknown" and roof in est.inputs:
+        unavailable = est.inputs[roof].detail
+    step = DecodeStep.of(est) if phase == "decode" else None
+    margin = 0.0
+    if used is not None:
+        bound = BOUND_FRACTION
+        if previous is not None and previous.phase == phase:
+            if previous.resource == resource:
+                bound -= HYSTERESIS
+            elif previous.resource == "overhead":
+                bound += HYSTERESIS
+        if used < bound:
+            resource = "overhead"
+        margin = min(1.0, abs(used - BOUND_FRACTION) / RULES.margin_scale)
+    return _Resource(resource, margin, found, unavailable, step)
+
+
+def _confidence(est: RooflineEstimate, share_margin: float, util_margin: float) -> float:
+    """Rule 3: the sample size, the margins over the thresholds, the inputs' quality."""
+    steps = est.inputs.get("decode_steps")
+    inputs = 1.0 if steps is None or steps.label == "token_gaps" else RULES.tpot_inputs
+    sample = min(1.0, est.requests / MIN_REQUESTS_FOR_FULL_CONFIDENCE)
+    floor = RULES.floor
+    return round(sample * inputs * (floor + (1 - floor) * share_margin) *
+                 (floor + (1 - floor) * util_margin), 3)
+
+
+def _text(v: Verdict, dep: Deployment | None) -> str:
+    """The verdict's sentences in order: the objectives', the cause's (a saturated
+    compute's after), the verdict's, the client view's note."""
+    text = describe(v.phase, v.resource, v.evidence, dep)
+    cause = v.cause
+    if cause is not None and cause.name == "compute_saturated":
+        text = f"{text} {cause.text}."
+    elif cause is not None and cause.name != "frontend":
+        text = f"{cause.text}. {text}"
+    if v.view == "client":
+        text = f"{text} {CLIENT_NOTE}"
+    if v.lead:
+        text = f"{v.lead} {text}"
+    return text
+
+
 def _levers(phase: str, resource: str, step: DecodeStep | None,
             dep: Deployment | None = None) -> tuple[str, ...]:
     """The (phase, resource) levers, or an overhead-bound decode's as its step tells
@@ -333,86 +332,3 @@ def for_hardware(levers: tuple[str, ...], dep: Deployment | None) -> tuple[str, 
         return levers
     out = (CPU_LEVERS.get(lv, lv.removeprefix("CUDA graphs, ")) for lv in levers)
     return tuple(lv for lv in out if lv)
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
-def describe(v: Verdict, dep: Deployment | None) -> str:
-    """One or two plain sentences: the verdict and its evidence."""
-    e = v.evidence
-    share = e["phase_time_share"][v.phase]
-    head = f"{phase_name(v.phase)} takes {_pct(share)} of request time"
-    shares = e["phase_time_share"]
-    if v.resource == "capacity":
-        if v.phase == "ttft":
-            return (f"{head}: its time goes to waiting for KV-cache memory or a slot, not to "
-                    f"prefill arithmetic (decode {_pct(shares['decode'])}).")
-        if v.phase != "queue":
-            return (f"{head}: its time goes to waiting for KV-cache memory or a slot, not "
-                    f"to arithmetic (queue {_pct(shares['queue'])}).")
-        return (f"{head}: requests wait for a free slot, so the service lacks capacity "
-                f"(prefill {_pct(shares['prefill'])}, decode {_pct(shares['decode'])}).")
-    if v.resource == "frontend":
-        return (f"{head}: the time goes before the engine's queue (templating, "
-                "tokenisation, the hand-off to the engine, the first output's trip back), "
-                f"so the API server's CPU limits it, not the GPU (engine queue "
-                f"{_pct(shares['queue'])}, prefill {_pct(shares['prefill'])}, decode "
-                f"{_pct(shares['decode'])}).")
-    if v.resource == "interconnect":
-        return (f"{head}: a disaggregated request's KV cache travels from the prefill "
-                "server to the decode server, so the link between them limits time to "
-                f"first token, not either GPU (prefill {_pct(shares['prefill'])}, decode "
-                f"{_pct(shares['decode'])}).")
-    if v.resource == "unknown":
-        if "model_mismatch" in e:
-            return f"{head}; its hardware use is not given: {e['model_mismatch']}."
-        if "ceiling_exceeded" in e:
-            return (f"{head}; its hardware use is not given: {e['ceiling_blame']} "
-                    "(ceiling_exceeded).")
-        if dep is None:
-            return (f"{head}. No roofline is configured for this model: set --model and "
-                    "--hardware to see what limits it.")
-        why = v.evidence.get("unavailable", "not enough data yet")
-        return f"{head}; its hardware use cannot be estimated: {why}."
-    hw = dep.hardware
-    # two bases, said as such: "achievable" (measured, or the datasheet x a typical
-    # efficiency) decides the verdict; MBU and MFU are against the datasheet peaks
-    whose = ("The prompts' prefill over arrival to first token: MBU" if v.phase == "ttft"
-             else f"{phase_name(v.phase)}'s MBU")
-    tail = (f"{whose} {_pct(e['mbu'])} and MFU {_pct(e['mfu'])} of the "
-            f"{'datasheet' if hw.datasheet else 'measured'} peaks of {hw.name} x{hw.gpus}, "
-            f"at {e['arithmetic_intensity']:.0f} "
-            f"FLOPs/byte against a ridge of {e['ridge']:.0f}.")
-    step = step_sentence(v.step, v.resource == "overhead") if v.phase == "decode" else ""
-    if v.resource == "overhead" and v.phase == "ttft":
-        used = e["of_achievable_flops"] + e["of_achievable_bandwidth"]
-        return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
-                f"roofline explains {_pct(used)} of it, so the time goes to waiting, the "
-                "server's front end or its per-step overhead, not to prefill arithmetic; "
-                "the client's view cannot tell which (the engine's /metrics, "
-                f"--engine-metrics-url, shows its queue). {tail}")
-    if v.resource == "overhead":
-        why = ("so time goes to scheduling, launches and small batches" if not step else
-               "so time goes to the server's own work per step (scheduling, launches, "
-               "the host's code), not the hardware's arithmetic or memory traffic")
-        return (f"{head} and is {RESOURCE_WORDS['overhead']}: it is far below both "
-                f"ceilings, {why}. {step}{tail}")
-    compute = v.resource == "compute"
-    used = e["of_achievable_flops"] if compute else e["of_achievable_bandwidth"]
-    other = e["of_achievable_bandwidth"] if compute else e["of_achievable_flops"]
-    what = "FLOP/s" if compute else "memory bandwidth"
-    text = f"{head} and is {RESOURCE_WORDS[v.resource]}: it uses {_pct(used)} of the "
-    text += f"achievable {what} ({ACHIEVABLE_BASIS[achievable_source(dep)]})"
-    beyond = e.get("over_achievable", {}).get("flops" if compute else "bandwidth")
-    if beyond:
-        text += (f", {beyond:.2f}x the figure taken as achievable: it runs at that "
-                 "ceiling")
-    if other >= 0.25:
-        text += f", and {_pct(other)} of the achievable {'bandwidth' if compute else 'FLOP/s'}"
-    if e["of_achievable_flops"] >= 0.25 and e.get("shared_step_flops_share", 0) >= 0.25:
-        mixed = "prefill chunks" if v.phase == "decode" else "decode tokens"
-        text += (f" ({_pct(e['shared_step_flops_share'])} of the FLOPs in its steps are "
-                 f"{mixed} sharing them)")
-    return f"{text}. {step}{tail}"

@@ -173,20 +173,27 @@ class SimEngine:
                 lag = wall0 + end / time_scale - time.monotonic()
                 if lag > 0:
                     time.sleep(lag)
-            still = []
-            for s in running:
-                if len(s.emissions) >= s.output:
-                    rec = self._record(s, epoch)
-                    self.finished.append(rec)
-                    if on_finish:
-                        on_finish(rec)
-                    if wl.concurrency:
-                        new_request(end + cfg.response_overhead)
-                else:
-                    still.append(s)
-            running = still
+            running, done = self._retire(running, epoch, on_finish)
+            if wl.concurrency:  # a closed loop: each finished request's client asks again
+                for _ in range(done):
+                    new_request(end + cfg.response_overhead)
             t = end
         return self.finished
+
+    def _retire(self, running: list[_Seq], epoch: float,
+                on_finish: Callable[[RequestRecord], None] | None) -> tuple[list[_Seq], int]:
+        """The running sequences that emitted all their tokens are finished: recorded,
+        in order, and handed to ``on_finish``. (those still running, how many finished)"""
+        still = []
+        for s in running:
+            if len(s.emissions) >= s.output:
+                rec = self._record(s, epoch)
+                self.finished.append(rec)
+                if on_finish:
+                    on_finish(rec)
+            else:
+                still.append(s)
+        return still, len(running) - len(still)
 
     def _schedule(self, t: float, running: list[_Seq], waiting: deque[_Seq]
                   ) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:

@@ -172,27 +172,8 @@ class Tap:
                 timed, untimed = False, "body_too_large_untimed"
         seen = Observed(arrival=arrival) if timed else None
         streamed = False
-        if timed:
-            parent, state = trace_headers(request.headers.get("traceparent"),
-                                          request.headers.getall("tracestate", []))
-            headers["traceparent"], headers["tracestate"] = parent, state  # replaced
-            seen.trace_parent = parent[3:-3]  # "<trace id>-<span id>"
-            seen.path = request.path
-            seen.caller_span = caller_span(request.headers.get("traceparent"), parent)
-            try:
-                asked = json.loads(whole) if whole else {}
-                streamed = isinstance(asked, dict) and bool(asked.get("stream"))
-                if isinstance(asked, dict):
-                    seen.model = str(asked.get("model") or "")
-            except ValueError:
-                self.counts["unreadable_request"] += 1  # passed on as it is
-            if streamed and self.ask_usage:
-                options = asked.get("stream_options")
-                if options is None or (isinstance(options, dict)
-                                       and not options.get("include_usage")):
-                    asked["stream_options"] = {**(options or {}), "include_usage": True}
-                    body = json.dumps(asked).encode()
-                    seen.hide_usage = True
+        if seen is not None:
+            streamed, body = self._timed(request, headers, seen, whole, body)
         url = self.upstream + request.path_qs
         try:
             async with asyncio.timeout(self.timeout_s):  # until the answer's head
@@ -202,14 +183,7 @@ class Tap:
             self._unanswered(timed, "tap_stopped", untimed)
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            if request.transport is None or request.transport.is_closing():
-                return self._unanswered(timed, "client_disconnected", untimed)
-            if isinstance(e, TimeoutError):  # no answer within --timeout: 504, as nginx
-                self.counts["upstream_timeout"] += 1
-                return web.Response(status=504, text=f"phasewatch tap: upstream {url}: no "
-                                    f"answer within {self.timeout_s:g}s\n")
-            self.counts["upstream_unreachable"] += 1
-            return web.Response(status=502, text=f"phasewatch tap: upstream {url}: {e}\n")
+            return self._no_answer(request, url, e, timed, untimed)
         if untimed:
             self.counts[untimed] += 1
         try:
@@ -219,6 +193,48 @@ class Tap:
         finally:
             upstream.release()
 
+    def _timed(self, request: web.Request, headers: CIMultiDict, seen: Observed,
+               whole: bytes, body) -> tuple[bool, object]:
+        """A timed request: sent with the tap's trace context (the caller's parent, if
+        any, is ``seen``'s caller span), read for its model and whether it streams; with
+        ``ask_usage`` a streamed one that did not ask for the usage asks for it. (whether
+        it streams, the body to send)."""
+        parent, state = trace_headers(request.headers.get("traceparent"),
+                                      request.headers.getall("tracestate", []))
+        headers["traceparent"], headers["tracestate"] = parent, state  # replaced
+        seen.trace_parent = parent[3:-3]  # "<trace id>-<span id>"
+        seen.path = request.path
+        seen.caller_span = caller_span(request.headers.get("traceparent"), parent)
+        streamed = False
+        try:
+            asked = json.loads(whole) if whole else {}
+            streamed = isinstance(asked, dict) and bool(asked.get("stream"))
+            if isinstance(asked, dict):
+                seen.model = str(asked.get("model") or "")
+        except ValueError:
+            self.counts["unreadable_request"] += 1  # passed on as it is
+        if streamed and self.ask_usage:
+            options = asked.get("stream_options")
+            if options is None or (isinstance(options, dict)
+                                   and not options.get("include_usage")):
+                asked["stream_options"] = {**(options or {}), "include_usage": True}
+                body = json.dumps(asked).encode()
+                seen.hide_usage = True
+        return streamed, body
+
+    def _no_answer(self, request: web.Request, url: str, e: Exception, timed: bool,
+                   untimed: str | None) -> web.Response:
+        """The upstream did not answer (``e``): nothing to a client that went away, else
+        504 for no answer within ``timeout_s`` (as nginx), 502 for one unreachable."""
+        if request.transport is None or request.transport.is_closing():
+            return self._unanswered(timed, "client_disconnected", untimed)
+        if isinstance(e, TimeoutError):
+            self.counts["upstream_timeout"] += 1
+            return web.Response(status=504, text=f"phasewatch tap: upstream {url}: no "
+                                f"answer within {self.timeout_s:g}s\n")
+        self.counts["upstream_unreachable"] += 1
+        return web.Response(status=502, text=f"phasewatch tap: upstream {url}: {e}\n")
+
     def _unanswered(self, timed: bool, why: str, untimed: str | None = "untimed"
                     ) -> web.Response:
         """A request that ended before the server answered, for ``why`` (an abort)."""
@@ -226,19 +242,20 @@ class Tap:
         self.counts["unanswered" if timed else untimed] += 1
         return web.Response(status=499)  # to nobody: the client is gone
 
+    def _reader(self, seen: Observed | None, upstream) -> EventReader | None:
+        """What reads a timed answer into ``seen``; none for an untimed or a compressed
+        one (passed on, not read)."""
+        if seen is None:
+            return None
+        if upstream.headers.get("Content-Encoding", "identity").lower() != "identity":
+            self.counts["compressed_answer"] += 1
+            return None
+        return EventReader(seen, self.counts)
+
     async def _relay(self, request, upstream, seen: Observed | None, streamed: bool,
                      hide: UsageFilter | None = None) -> web.StreamResponse:
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for k, v in upstream.headers.items():
-            if k.lower() not in _HOP:
-                resp.headers.add(k, v)
-        if upstream.content_length is not None:  # framed as the server framed it
-            resp.content_length = upstream.content_length
-        reader = EventReader(seen, self.counts) if seen is not None else None
-        if reader is not None and upstream.headers.get(
-                "Content-Encoding", "identity").lower() != "identity":
-            self.counts["compressed_answer"] += 1  # passed on, not read
-            reader = None
+        resp = _response_head(upstream)
+        reader = self._reader(seen, upstream)
         whole = bytearray()
         aborted, side = "", "client"  # whose fault an exception is
         loop = asyncio.get_running_loop()
@@ -288,16 +305,22 @@ class Tap:
             if aborted:
                 self.counts[aborted] += 1
             if seen is not None:
-                seen.aborted = aborted
-                seen.end = time.time()
-                seen.status = upstream.status
-                if reader is not None and streamed:
-                    reader.flush()  # what it holds unread (each event keeps its time)
-                if reader is not None and not streamed and whole and not seen.aborted:
-                    reader.whole(bytes(whole), seen.end)
-                seen.settle()
-                self._finish(seen)
+                self._settle(seen, upstream.status, aborted, reader, streamed, bytes(whole))
         return resp
+
+    def _settle(self, seen: Observed, status: int, aborted: str, reader: EventReader | None,
+                streamed: bool, whole: bytes) -> None:
+        """The answer is over (``aborted``: why it was cut short, "" if not): what
+        ``reader`` holds goes into ``seen``, and its records are handed on."""
+        seen.aborted = aborted
+        seen.end = time.time()
+        seen.status = status
+        if reader is not None and streamed:
+            reader.flush()  # what it holds unread (each event keeps its time)
+        if reader is not None and not streamed and whole and not seen.aborted:
+            reader.whole(whole, seen.end)
+        seen.settle()
+        self._finish(seen)
 
     def _finish(self, seen: Observed) -> None:
         if seen.status != 200:
@@ -314,6 +337,18 @@ class Tap:
             except Exception:  # never let phasewatch's side fail the user's request
                 log.exception("recording a tapped request failed")
                 self.counts["record_failed"] += 1
+
+
+def _response_head(upstream) -> web.StreamResponse:
+    """The client's answer as the server began it: status, headers (not the hop-by-hop
+    ones) and its framing."""
+    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    for k, v in upstream.headers.items():
+        if k.lower() not in _HOP:
+            resp.headers.add(k, v)
+    if upstream.content_length is not None:  # framed as the server framed it
+        resp.content_length = upstream.content_length
+    return resp
 
 
 async def _relay_body(head: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:

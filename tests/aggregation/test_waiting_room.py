@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from phasewatch.aggregation.waiting_room import CAPACITY, EXPIRED, Leaving, Room
@@ -107,3 +109,88 @@ def test_max_size_can_be_lowered_and_the_next_sweep_keeps_it(clock):
         room.put(key, key)
     room.max_size = 1
     assert [x.reason for x in room.sweep()] == [CAPACITY, CAPACITY] and len(room) == 1
+
+
+class CountedKey(str):
+    """A key that counts how often the room looks it up (hashes it)."""
+
+    looked_up = 0
+
+    def __hash__(self) -> int:
+        CountedKey.looked_up += 1
+        return str.__hash__(self)
+
+
+def test_after_a_moved_deadline_a_sweep_looks_only_at_the_due_entries(clock):
+    """One out-of-order deadline (the stream join moves every finished request's) must
+    not turn every later sweep into a look at every entry: a sweep with nothing due
+    looks up no entry, one with a single entry due about one, however full the room."""
+    room = Room(hold=600.0, max_size=10_000, clock=clock)
+    keys = [CountedKey(f"k{i}") for i in range(2000)]
+    for key in keys:
+        room.put(key, key)
+    room.hold_until(keys[1000], clock.t + 5.0)  # out of the entries' order
+    CountedKey.looked_up = 0
+    for _ in range(10):
+        clock.t += 0.1
+        assert room.sweep() == []
+    assert CountedKey.looked_up == 0
+    clock.t += 5.0
+    assert room.sweep() == [Leaving(keys[1000], keys[1000], EXPIRED)]
+    assert CountedKey.looked_up <= 5
+    CountedKey.looked_up = 0
+    clock.t += 1.0
+    assert room.sweep() == [] and CountedKey.looked_up == 0
+    assert len(room) == 1999
+
+
+def test_a_room_with_moved_deadlines_sweeps_as_a_full_scan_would(clock):
+    """The room against the plain rule (every entry due, oldest first, then the oldest
+    past capacity) over puts, takes, moves and sweeps drawn at random."""
+    rng = random.Random(7)
+    room = Room(hold=10.0, max_size=40, clock=clock)
+    model: dict[str, float] = {}  # key -> deadline, in the order they came
+    n = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.45:
+            key = f"k{n}"
+            n += 1
+            room.put(key, key)
+            model[key] = clock.t + 10.0
+        elif op < 0.6 and model:
+            key = rng.choice(list(model))
+            assert room.take(key) == key
+            del model[key]
+        elif op < 0.8 and model:
+            key = rng.choice(list(model))
+            deadline = clock.t + rng.choice((0.0, 1.0, 3.0, 30.0, 10.0))
+            room.hold_until(key, deadline)
+            model[key] = deadline
+        else:
+            clock.t += rng.choice((0.5, 1.0, 2.0))
+            due = [k for k, d in model.items() if d <= clock.t]
+            for k in due:
+                del model[k]
+            over = list(model)[:max(len(model) - 40, 0)]
+            for k in over:
+                del model[k]
+            assert room.sweep() == ([Leaving(k, k, EXPIRED) for k in due]
+                                    + [Leaving(k, k, CAPACITY) for k in over])
+        assert len(room) == len(model) and list(room.values()) == list(model)
+
+
+def test_what_a_moved_entry_leaves_behind_does_not_pile_up(clock):
+    """The stream join's usual case: a request's deadline is moved when it finishes,
+    then it is taken out (or moved again) long before that deadline. What it leaves
+    behind is dropped, so a busy room's memory follows its entries."""
+    room = Room(hold=3600.0, max_size=10, clock=clock)
+    for i in range(20_000):
+        room.put(str(i), i)
+        room.hold_until(str(i), clock.t + 600.0)
+        room.hold_until(str(i), clock.t + 300.0)
+        if i % 2:
+            room.take(str(i))
+        else:
+            room.make_room()
+    assert len(room) <= 10 and len(room._heap) < 100

@@ -26,6 +26,7 @@ from phasewatch.app import Exporter
 from phasewatch.config import ServeConfig
 from phasewatch.protocol import exposition_pb2 as pb
 from phasewatch.publish import exposition
+from phasewatch.tap import TapConfig
 from tests.publish import test_golden_metrics as golden
 from tests.support import ROOT
 
@@ -63,8 +64,8 @@ def page() -> list:
     exporter, with the in-process tap configured so its families are there too."""
     ex = golden._exporter()
     tapped = Exporter(ServeConfig(grpc_port=0, http_port=0, otlp_grpc_port=0,
-                                  otlp_http_port=0, tap_port=0,
-                                  tap_upstream="http://127.0.0.1:9"))
+                                  otlp_http_port=0,
+                                  tap=TapConfig(port=0, upstream="http://127.0.0.1:9")))
     try:
         body, _ = ex.metrics_page.render(golden.ACCEPT["protobuf"])
         tap_body, _ = tapped.metrics_page.render(golden.ACCEPT["protobuf"])

@@ -88,8 +88,8 @@ def test_cuda_without_torch_or_gpu_says_so(tmp_path):
 
 
 def test_report_puts_measurement_beside_the_datasheet():
-    profile = {"device": "NVIDIA H100 80GB HBM3", "part": "H100-SXM",
-               "measured": {"bandwidth_gbps": 3000.0, "flops_tflops": {"bf16": 800.0}}}
+    profile = calibrate.Profile(device="NVIDIA H100 80GB HBM3", part="H100-SXM",
+                                bandwidth_gbps=3000.0, flops_tflops={"bf16": 800.0})
     text = calibrate.report(profile)
     assert "3,000.0 GB/s    3,350 GB/s datasheet (90%)" in text
     assert "800.000 TFLOP/s 989 TFLOP/s datasheet (81%)" in text

@@ -287,13 +287,13 @@ def test_a_mostly_idle_engine_is_told_nothing_needs_fixing():
         return result.verdict
 
     busy = verdict(1.0)
-    assert busy.evidence["busy_share"] >= 0.5 and busy.levers, busy
+    assert busy.evidence.busy_share >= 0.5 and busy.levers, busy
     assert not busy.text.startswith("Nothing to fix")
     idle = verdict(0.02)  # 0.12 requests/s
-    assert idle.evidence["busy_share"] < 0.5, idle.evidence
+    assert idle.evidence.busy_share < 0.5, idle.evidence
     assert idle.text.startswith("Nothing to fix: the engine had a request in prefill or "
-                                f"decode only {idle.evidence['busy_share']:.0%}"), idle.text
-    assert idle.levers == () and idle.evidence["idle"] is True
+                                f"decode only {idle.evidence.busy_share:.0%}"), idle.text
+    assert idle.levers == () and idle.evidence.idle is True
 
 
 def test_queued_requests_are_never_told_nothing_to_fix():
@@ -307,7 +307,7 @@ def test_queued_requests_are_never_told_nothing_to_fix():
     queue = Verdict("queue", "capacity", 0.4, "low", levers=levers, text="Queue: …")
     _tell_idle(queue, 0.14)
     assert queue.levers == levers and not queue.text.startswith("Nothing to fix"), queue
-    assert queue.evidence == {"busy_share": 0.14}
+    assert queue.evidence.as_dict() == {"busy_share": 0.14}
     decode = Verdict("decode", "memory_bandwidth", 0.4, "low", levers=levers, text="Decode")
     _tell_idle(decode, 0.14)
     assert decode.levers == () and decode.text.startswith("Nothing to fix"), decode

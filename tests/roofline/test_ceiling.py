@@ -42,8 +42,8 @@ def test_over_the_achievable_figure_under_the_peak_is_bound_not_a_wrong_ceiling(
     est = estimate(H100, 0.99 * achievable * 10.0, shared=0.02 * achievable * 10.0)
     v = decide(est, H100)
     assert (v.phase, v.resource) == ("prefill", "compute")
-    assert v.evidence["over_achievable"]["flops"] == pytest.approx(1.01, abs=1e-6)
-    assert v.evidence["of_achievable_flops"] == 1.0
+    assert v.evidence.utilization.over_achievable["flops"] == pytest.approx(1.01, abs=1e-6)
+    assert v.evidence.utilization.of_achievable_flops == 1.0
     assert "calibrate" not in v.text and "ceiling is wrong" not in v.text
     assert "it uses 100% of the achievable FLOP/s" in v.text
     assert "1.01x the figure taken as achievable: it runs at that ceiling" in v.text
@@ -54,7 +54,7 @@ def test_over_the_peak_without_the_engines_count_names_the_model_first():
     est = estimate(H100, 3.0 * H100.peak_flops * 10.0)
     v = decide(est, H100)
     assert v.resource == "unknown"
-    assert v.evidence["ceiling_points_to"] == "model_or_dtype"
+    assert v.evidence.ceiling_exceeded.points_to == "model_or_dtype"
     assert v.text.index("smaller model") < v.text.index("compute dtype")
     assert "calibrate" not in v.text
 
@@ -66,7 +66,7 @@ def test_a_rate_under_another_dtypes_ceiling_names_the_dtype():
     assert (found.points_to, found.dtype) == ("dtype", "fp8")
     assert "--compute-dtype fp8" in found.text
     v = decide(est, H100)
-    assert v.evidence["ceiling_points_to"] == "dtype"
+    assert v.evidence.ceiling_exceeded.points_to == "dtype"
 
 
 def test_the_engines_own_flop_counter_far_below_the_models_cost_names_the_model():
@@ -124,7 +124,7 @@ def test_with_the_engines_counters_the_verdict_gives_no_utilization_for_a_wrong_
     counted = with_engine_counters(est, H100, rates)
     assert counted.shared_step_flops["decode"] == pytest.approx(0.5 * counted.prefill.flops)
     v = decide(counted, H100)
-    assert v.resource == "unknown" and "model_mismatch" in v.evidence
+    assert v.resource == "unknown" and v.evidence.mismatch is not None
     assert "its hardware use is not given: The configured model looks wrong" in v.text
     assert "calibrate" not in v.text
 
@@ -137,7 +137,7 @@ def test_the_other_phases_flops_past_the_peak_are_a_wrong_input_not_a_bound():
                   shared_step_flops={"decode": 3.0 * H100.peak_flops * est.decode.busy_seconds})
     v = decide(est, H100)
     assert (v.phase, v.resource) == ("decode", "unknown")
-    assert v.evidence["ceiling_points_to"] == "model_or_dtype"
+    assert v.evidence.ceiling_exceeded.points_to == "model_or_dtype"
     assert "runs at that ceiling" not in v.text and "calibrate" not in v.text
 
 

@@ -25,7 +25,7 @@ from phasewatch.roofline.bottleneck import BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.estimate import CLIENT_VIEW, Deployment
 from phasewatch.roofline.intervals import decoding_beside, step_by_batch
-from phasewatch.roofline.verdict import CLIENT_NOTE
+from phasewatch.roofline.verdict_text import CLIENT_NOTE
 from phasewatch.sim.scenarios import SCENARIOS
 
 EPOCH = 1.7e9
@@ -72,7 +72,7 @@ def test_the_clients_view_of_each_scenario(name):
     assert set(est.phase_time_share) == {"ttft", "decode"}
     assert sum(est.phase_time_share.values()) == pytest.approx(1.0)
     assert v is not None and (v.phase, v.resource) == EXPECTED[name], v.text
-    assert v.view == "client" and v.evidence["view"] == "client"
+    assert v.view == "client" and v.evidence.view == "client"
     assert v.text.endswith(CLIENT_NOTE)
     if v.phase == "ttft":
         assert v.headline.startswith("Time to first token")
@@ -80,8 +80,8 @@ def test_the_clients_view_of_each_scenario(name):
         if v.resource == "overhead":
             assert "not to prefill arithmetic" in v.text and "cannot tell" in v.text
     else:  # decode: the step against the roofline's step at the same batch
-        e = v.evidence
-        assert e["decode_step_seconds"] > e["roofline_step_seconds"] > 0
+        step = v.evidence.step
+        assert step.seconds > step.roofline_seconds > 0
         assert "A decode step takes" in v.text
     # the engine's view of the same requests decides the same decode limit
     if v.phase == "decode":
@@ -120,13 +120,13 @@ def test_an_idle_gpu_behind_a_host_bound_server_is_overhead_with_the_step_in_num
     dep = Deployment("Llama-3.1-8B", catalog.model("Llama-3.1-8B"),
                      catalog.hardware("H100-SXM"))
     result = _monitor(_host_bound(), dep)
-    v, e = result.verdict, result.verdict.evidence
+    v, step = result.verdict, result.verdict.evidence.step
     assert (v.phase, v.resource) == ("decode", "overhead"), v.text
-    assert e["decode_step_seconds"] == pytest.approx(0.142, rel=0.05)
+    assert step.seconds == pytest.approx(0.142, rel=0.05)
     # the weights (16 GB) at the H100's achievable bandwidth: ~5 ms a step
-    assert 0.003 < e["weights_step_seconds"] < 0.008
-    assert e["step_over_roofline"] > 15
-    by = e["step_by_batch"]
+    assert 0.003 < step.weights_seconds < 0.008
+    assert step.seconds / step.roofline_seconds > 15
+    by = step.by_batch
     assert by["batch_high"] > 1.5 * by["batch_low"] and by["growth"] < 1.05
     assert "flat, a per-step cost the batch does not change" in v.text
     assert "not the hardware's" in v.text

@@ -71,19 +71,19 @@ def test_misses_in_the_queue_beat_decodes_time_share():
     assert v.levers == LEVERS[("queue", "capacity")]
     assert v.text.startswith("30% of requests missed TTFT 500 ms; 100% of those spent most "
                              "of it in the queue. Queue takes 15% of request time"), v.text
-    e = v.evidence["slo"]
-    assert e["ranked_by"] == "misses" and e["missed_by_phase"] == {"queue": 1.0}
-    assert e["objectives"]["ttft"]["attainment"] == pytest.approx(0.7)
-    assert e["objectives"]["ttft"]["missed_by_phase"] == {"queue": 30}
-    assert e["objectives"]["tpot"]["attainment"] == 1.0
-    assert v.evidence["phase_time_share"] == DECODE_HEAVY  # the time shares stay evidence
+    e = v.evidence.slo
+    assert e.ranked_by == "misses" and e.missed_by_phase == {"queue": 1.0}
+    assert e.objectives["ttft"].attainment == pytest.approx(0.7)
+    assert e.objectives["ttft"].missed_by_phase == {"queue": 30}
+    assert e.objectives["tpot"].attainment == 1.0
+    assert v.evidence.phase_time_share == DECODE_HEAVY  # the time shares stay evidence
 
 
 def test_the_phase_that_breaks_most_misses_names_the_share():
     v = decide(estimate(DECODE_HEAVY), DEP, None, None,
                slo(100, {"ttft": {"queue": 21, "prefill": 4}, "tpot": {"decode": 10}}))
     assert v.phase == "queue"
-    assert v.evidence["slo"]["missed_by_phase"] == {"queue": 0.6, "prefill": pytest.approx(4 / 35),
+    assert v.evidence.slo.missed_by_phase == {"queue": 0.6, "prefill": pytest.approx(4 / 35),
                                                     "decode": pytest.approx(10 / 35)}
     assert v.text.startswith("25% of requests missed TTFT 500 ms; 84% of those spent most of "
                              "it in the queue. 10% missed TPOT 50 ms, mostly in decode."), v.text
@@ -99,7 +99,7 @@ def test_tpot_misses_name_decode():
 
 def test_objectives_met_are_said_first_and_the_time_share_decides():
     v = decide(estimate(DECODE_HEAVY), DEP, None, None, slo(200, {"ttft": {"queue": 2}}))
-    assert v.phase == "decode" and v.evidence["slo"]["ranked_by"] == "time_share"
+    assert v.phase == "decode" and v.evidence.slo.ranked_by == "time_share"
     assert v.text.startswith("All objectives met: TTFT 500 ms by 99%, TPOT 50 ms by 100%. "
                              "Decode takes 80% of request time"), v.text
     assert v.levers == LEVERS[("decode", v.resource)]
@@ -109,12 +109,12 @@ def test_too_few_requests_leave_the_time_share_alone():
     few = slo(MIN_REQUESTS - 1, {"ttft": {"queue": 10}})
     v = decide(estimate(DECODE_HEAVY), DEP, None, None, few)
     assert v.phase == "decode" and v.text.startswith("Decode takes"), v.text
-    assert v.evidence["slo"]["requests"] == MIN_REQUESTS - 1  # still evidence
+    assert v.evidence.slo.requests == MIN_REQUESTS - 1  # still evidence
 
 
 def test_without_objectives_nothing_changes():
     plain = decide(estimate(DECODE_HEAVY), DEP)
-    assert "slo" not in plain.evidence and plain.lead == ""
+    assert plain.evidence.slo is None and plain.lead == ""
     assert plain.text.startswith("Decode takes 80% of request time")
     assert attainment(Objectives(), *rows(100, {})) is None
 
@@ -124,7 +124,7 @@ def test_hysteresis_on_the_miss_share_and_the_phase():
     burning = decide(est, DEP, None, None, slo(100, {"ttft": {"queue": 30}}))
     # 4% now: under the 5% that starts ranking by misses, over the 3% that ends it
     held = decide(est, DEP, burning, None, slo(100, {"ttft": {"queue": 4}}))
-    assert held.phase == "queue" and held.evidence["slo"]["ranked_by"] == "misses"
+    assert held.phase == "queue" and held.evidence.slo.ranked_by == "misses"
     fresh = decide(est, DEP, None, None, slo(100, {"ttft": {"queue": 4}}))
     assert fresh.phase == "decode"  # the same 4% without a verdict ranked by misses
     gone = decide(est, DEP, held, None, slo(100, {"ttft": {"queue": 2}}))
@@ -166,22 +166,22 @@ def _scenario_verdict(name: str, seconds: float = 240.0, objectives: str | None 
 def test_overload_burns_ttft_in_the_queue():
     assert SCENARIOS["overload"].objectives == CHAT
     v = _scenario_verdict("overload")
-    e = v.evidence["slo"]
-    ttft = e["objectives"]["ttft"]
-    assert ttft["missed_share"] > 0.5 and e["ranked_by"] == "misses"
-    queue = ttft["missed_by_phase"]["queue"] / ttft["missed"]
+    e = v.evidence.slo
+    ttft = e.objectives["ttft"]
+    assert ttft.missed_share > 0.5 and e.ranked_by == "misses"
+    queue = ttft.missed_by_phase["queue"] / ttft.missed
     assert queue > 0.9
     assert (v.phase, v.resource) == ("queue", "capacity")
-    assert v.text.startswith(f"{ttft['missed_share']:.0%} of requests missed TTFT 500 ms; "
+    assert v.text.startswith(f"{ttft.missed_share:.0%} of requests missed TTFT 500 ms; "
                              f"{queue:.0%} of those spent most of it in the queue. "), v.text
 
 
 def test_long_generation_meets_its_objectives():
     assert SCENARIOS["long_generation"].objectives == CHAT
     v = _scenario_verdict("long_generation")
-    e = v.evidence["slo"]
-    assert e["objectives"]["ttft"]["attainment"] >= 0.95
-    assert e["ranked_by"] == "time_share"
+    e = v.evidence.slo
+    assert e.objectives["ttft"].attainment >= 0.95
+    assert e.ranked_by == "time_share"
     assert (v.phase, v.resource) == ("decode", "memory_bandwidth")
     assert v.text.startswith("All objectives met: TTFT 500 ms by "), v.text
     assert "Decode takes" in v.text
@@ -219,17 +219,17 @@ def test_tpot_misses_from_prefill_chunks_are_put_down_to_interference():
     the requests that missed a tight TPOT objective are the ones whose decode ran beside
     others' prefills: without the fitted cost of that sharing most would have met it."""
     v = _scenario_verdict("chat", objectives="tpot:8.5")
-    tpot = v.evidence["slo"]["objectives"]["tpot"]
-    w = tpot["without_prefill"]
-    print(tpot["missed_share"], w)
-    assert tpot["missed_share"] >= MATERIAL_MISS and w["misses_weighed"] >= 5
-    assert w["would_meet_without_prefill"] >= 0.5 and w["slowdown"] > 1
-    assert w["decode_shared_missed"] > w["decode_shared_met"]
+    tpot = v.evidence.slo.objectives["tpot"]
+    w = tpot.without_prefill
+    print(tpot.missed_share, w)
+    assert tpot.missed_share >= MATERIAL_MISS and w.misses_weighed >= 5
+    assert w.would_meet_without_prefill >= 0.5 and w.slowdown > 1
+    assert w.decode_shared_missed > w.decode_shared_met
     assert v.phase == "decode"
     assert (f"of requests missed TPOT 8.5 ms: their decode steps were too slow; "
-            f"{w['would_meet_without_prefill']:.0%} of those would have met it without the "
+            f"{w.would_meet_without_prefill:.0%} of those would have met it without the "
             "prefill chunks sharing their decode steps. Prefill interference: a decode step "
-            f"shared with prefill takes {w['slowdown']:.1f}x one that is not") in v.text, v.text
+            f"shared with prefill takes {w.slowdown:.1f}x one that is not") in v.text, v.text
     # the cause the objectives found, though the sharing costs too little of all decode
     # time for the cause without objectives (cause.INTERFERENCE_LOST)
     assert v.cause.name == "prefill_interference", v.cause
@@ -243,11 +243,11 @@ def test_tpot_misses_not_from_prefill_chunks_are_not_put_down_to_them():
     """long_generation's decodes hardly ever run beside a prefill: its TPOT misses are
     the decode steps' own, and the verdict does not blame interference."""
     v = _scenario_verdict("long_generation", objectives="tpot:8.6")
-    tpot = v.evidence["slo"]["objectives"]["tpot"]
-    print(tpot["missed_share"], tpot.get("without_prefill"))
-    assert tpot["missed_share"] >= MATERIAL_MISS
-    w = tpot.get("without_prefill")
-    assert w is None or w["would_meet_without_prefill"] < 0.5, w
+    tpot = v.evidence.slo.objectives["tpot"]
+    print(tpot.missed_share, tpot.without_prefill)
+    assert tpot.missed_share >= MATERIAL_MISS
+    w = tpot.without_prefill
+    assert w is None or w.would_meet_without_prefill < 0.5, w
     assert "their decode steps were too slow." in v.text
     assert "would have met it without" not in v.text
     assert v.cause is None or v.cause.name != "prefill_interference", v.text

@@ -87,8 +87,8 @@ def test_verdict_text_carries_the_evidence():
     assert v.text.startswith("Decode takes 90% of request time and is memory-bandwidth-bound")
     assert "80% of the achievable memory bandwidth" in v.text
     assert "H100-SXM x1" in v.text
-    assert v.evidence["phase_time_share"]["decode"] == 0.90
-    assert v.evidence["mbu"] == pytest.approx(0.8 * 3.0e12 / 3.35e12)
+    assert v.evidence.phase_time_share["decode"] == 0.90
+    assert v.evidence.utilization.mbu == pytest.approx(0.8 * 3.0e12 / 3.35e12)
 
 
 def test_unconfigured_model_still_gets_a_phase():

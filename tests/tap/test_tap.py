@@ -765,8 +765,9 @@ def test_the_metrics_port_counts_every_outcome(fake, make_tap):
 def test_the_tap_inside_phasewatch_serve_records_straight_into_the_join(fake):
     """``phasewatch serve --tap-upstream URL``: the tap in the exporter's process, its
     records handed to the trace join in batches (no gRPC), its counts on /metrics."""
-    config = replace(ServeConfig(**TEST_PORTS), tap_upstream=f"http://127.0.0.1:{fake.port}",
-                     tap_port=0, tap_engine="vllm", source_label=True, trace_join_wait=0.5)
+    tap = tapmod.TapConfig(upstream=f"http://127.0.0.1:{fake.port}", port=0, engine="vllm")
+    config = replace(ServeConfig(**TEST_PORTS), tap=tap, source_label=True,
+                     trace_join_wait=0.5)
     with Exporter(config) as ex:
         body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 4,
                            "stream_options": {"include_usage": True}}).encode()
@@ -834,8 +835,8 @@ def test_one_model_is_one_label_set_from_the_tap_otlp_and_grpc(fake, flags, labe
                  first_token=now - 0.7, last_token=now - 0.1, finish=now - 0.099,
                  prompt_tokens=12, output_tokens=8)
 
-    config = replace(ServeConfig(**TEST_PORTS), tap_upstream=f"http://127.0.0.1:{fake.port}",
-                     tap_port=0, tap_engine="vllm", source_label=True,
+    tap = tapmod.TapConfig(upstream=f"http://127.0.0.1:{fake.port}", port=0, engine="vllm")
+    config = replace(ServeConfig(**TEST_PORTS), tap=tap, source_label=True,
                      model_flags=ModelOptions(hardware="H100-SXM", **flags))
     with Exporter(config) as ex:
         # a client of vLLM asks for the name vLLM serves; no engine traces yet, so its

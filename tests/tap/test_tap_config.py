@@ -24,7 +24,15 @@ from phasewatch.options import (
     DASHBOARD_OPTIONS,
     DEMO_OPTIONS,
     IN_PROCESS_TAP,
+    SERVE_OPTIONS,
+    SERVE_TAP,
     TAP_OPTIONS,
+)
+from phasewatch.options_commands import (
+    CALIBRATE_OPTIONS,
+    DASHBOARD_SOURCE,
+    ROOFLINE_OPTIONS,
+    SIMULATE_OPTIONS,
     commands_markdown,
 )
 from phasewatch.tap import TapConfig
@@ -47,7 +55,7 @@ def serve_config(*flags: str, environ: dict[str, str] | None = None):
     parser = argparse.ArgumentParser()
     add_serve_flags(parser)
     config = load_serve_config(parser.parse_args(list(flags)), environ or {})
-    return replace(config, **TEST_PORTS, tap_port=0)
+    return replace(config, **TEST_PORTS, tap=replace(config.tap, port=0))
 
 
 def _helps(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
@@ -81,7 +89,7 @@ def test_serves_tap_settings_and_the_tap_commands_make_the_same_tapconfig():
                           "9", "--tap-tls-cert-file", "c.pem", "--tap-tls-key-file", "k.pem",
                           "--tap-loop", "asyncio", "--tap-engine", "vllm", "--tap-timeout",
                           "7", "--tap-max-body-mib", "0.5")
-    from_serve = TapConfig.read(replace(config, tap_port=9), "tap_")
+    from_serve = replace(config.tap, port=9)
     assert from_serve == from_tap
     assert from_tap.max_body_bytes == 1 << 19 and from_tap.timeout == 7.0
     # a worker process gets the whole record
@@ -130,7 +138,7 @@ def test_serve_checks_the_new_tap_settings():
         serve_config("--tap-loop", "trio")
     with pytest.raises(ConfigError, match="PHASEWATCH_TAP_TIMEOUT: tap_timeout must be"):
         serve_config(environ={"PHASEWATCH_TAP_TIMEOUT": "0"})
-    assert serve_config(environ={"PHASEWATCH_TAP_MAX_BODY_MIB": "1"}).tap_max_body_mib == 1
+    assert serve_config(environ={"PHASEWATCH_TAP_MAX_BODY_MIB": "1"}).tap.max_body_mib == 1
 
 
 def test_serve_tap_max_body_mib_leaves_a_larger_body_untimed(fake):
@@ -194,14 +202,16 @@ def test_serve_tap_upstream_ca_and_its_own_https_and_loop(tmp_path):
 
 
 def test_commands_md_lists_every_option_of_the_tables_as_they_say():
-    """docs/commands.md's tables of the tap's, the dashboard's and the demo's options are
-    ``options``' own: rewrite them with ``python -m phasewatch.options`` when an option
-    changes."""
+    """docs/commands.md's tables of every command's options (serve's, the tap's, the
+    dashboard's, the demo's, simulate's, roofline's, calibrate's) are
+    ``options``' own: rewrite them with ``python -m phasewatch.options_commands`` when
+    an option changes."""
     doc = (ROOT / "docs" / "commands.md").read_text()
     for table in commands_markdown().split("\n\n"):
         assert table.strip() in doc, table.splitlines()[0]
-    for o in (*TAP_OPTIONS, *DASHBOARD_OPTIONS, *DEMO_OPTIONS):
-        assert f"`{o.flag}" in doc, o.name
+    for o in (*TAP_OPTIONS, *DASHBOARD_OPTIONS, *DEMO_OPTIONS, *SERVE_OPTIONS,
+              *SIMULATE_OPTIONS, *ROOFLINE_OPTIONS, *CALIBRATE_OPTIONS, *DASHBOARD_SOURCE):
+        assert f"`{o.flag}" in doc or o in SERVE_TAP, o.name
 
 
 def test_dashboard_and_demo_flags_come_from_their_tables(monkeypatch):
