@@ -37,7 +37,8 @@ from phasewatch.roofline.estimate import (
     estimate,
     phase_estimate,
 )
-from phasewatch.roofline.gpu_check import GpuCheck, for_verdict
+from phasewatch.roofline.gpu_check import GpuCheck
+from phasewatch.roofline.gpu_verdict import for_verdict
 from phasewatch.roofline.gpu_watch import GpuWatch
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown

@@ -18,13 +18,10 @@ is then ``Evidence.unavailable``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from phasewatch.roofline.decode_step import DecodeStep
+from phasewatch.roofline.gpu_check import GpuCheck
 from phasewatch.roofline.slo_verdict import Attainment
-
-if TYPE_CHECKING:  # gpu_check reads the verdict, which holds this record
-    from phasewatch.roofline.gpu_check import GpuCheck
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from phasewatch.aggregation.columns import WindowColumns
-from phasewatch.roofline.cause import busy_share
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.gpu_evidence import IDLE, GpuComparison, compare
 from phasewatch.roofline.gpu_watch import GpuWatch
-from phasewatch.roofline.verdict import LEVERS, Verdict
 
 # activity while busy at which the counters confirm a bound claim: a phase bound by a
 # ceiling runs at BOUND_FRACTION (0.6) of the achievable figure or more, and the
@@ -119,24 +116,6 @@ def range_point(c: GpuComparison, flops: float, nbytes: float, range_seconds: fl
             "measured_flops_per_second": intensity * measured * peak_bandwidth}
 
 
-def apply(verdict: Verdict, found: GpuCheck) -> None:
-    """What the counters found, into ``verdict``: an overstated estimate or an idle GPU
-    is said first and takes the resource ``found.resource`` (with that resource's levers
-    from the verdict's table, unless a cause set its own); a check of a bound claim
-    follows the text. The counters go in the evidence as ``gpu``."""
-    if found.resource is not None and found.resource != verdict.resource:
-        verdict.resource = found.resource
-        if verdict.cause is None or not verdict.cause.levers:
-            verdict.levers = LEVERS.get((verdict.phase, found.resource), ())
-    verdict.evidence = replace(verdict.evidence, gpu=found)
-    if not found.sentence:
-        return
-    if found.outcome in ("overstated", "idle"):
-        verdict.prepend(found.sentence)
-    else:
-        verdict.text = f"{verdict.text} {found.sentence}".strip()
-
-
 def for_estimate(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
                  dep: Deployment | None, busy: float | None, resource: str) -> GpuCheck | None:
     """``model``'s GPUs' counters over ``est``'s range beside its traffic and work
@@ -155,18 +134,3 @@ def for_estimate(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
     result = check(found, resource, dep.model.name, dep.compute_dtype, dep.hardware.gpus)
     return replace(result, point=range_point(found, pf + df, pb + db, hi - lo,
                                              dep.peak_bandwidth, hi))
-
-
-def for_verdict(gpus: GpuWatch | None, model: str, est: RooflineEstimate,
-                dep: Deployment | None, cols: WindowColumns,
-                verdict: Verdict | None) -> GpuCheck | None:
-    """``for_estimate`` over the range of ``est`` (the engine's busy share from ``cols``,
-    its records), and what it found told to ``verdict`` (``apply``)."""
-    if gpus is None or dep is None:
-        return None
-    busy = busy_share(cols, est.range_start, est.range_end)
-    found = for_estimate(gpus, model, est, dep, busy,
-                         verdict.resource if verdict is not None else "")
-    if found is not None and verdict is not None:
-        apply(verdict, found)
-    return found

@@ -15,7 +15,8 @@ from phasewatch.publish.api import roofline_json
 from phasewatch.roofline.bottleneck import Result
 from phasewatch.roofline.cause import diagnose
 from phasewatch.roofline.estimate import RooflineEstimate, phase_estimate
-from phasewatch.roofline.gpu_check import apply, check, range_point
+from phasewatch.roofline.gpu_check import check, range_point
+from phasewatch.roofline.gpu_verdict import apply
 from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide
 from tests.dashboard.test_dashboard_cause import DECODE, DEP, LLAMA, _entry, _lines, _records
@@ -25,7 +26,7 @@ from tests.roofline.test_gpu_watch import comparison
 def _with_gpu(dram: float, tensor: float, dram_est: float, tensor_est: float) -> dict:
     """A decode-bound entry whose GPU counters read ``dram``/``tensor`` against the
     estimate's shares, as the exporter's monitor hands it to the API: the verdict told
-    (``gpu_check.apply``), the entry written by ``roofline_json``."""
+    (``gpu_verdict.apply``), the entry written by ``roofline_json``."""
     est = RooflineEstimate(LLAMA, "vllm", 0.0, 30.0, 1.0, 40,
                            phase_estimate(DEP, 5.0, 4e15, 1e12, 40),
                            phase_estimate(DEP, 30.0, 1e15, 6e13, 40), 8.0, 0.02, DECODE,
