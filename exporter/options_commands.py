@@ -157,7 +157,7 @@ def tap_options_markdown() -> str:
     for o in TAP_OPTIONS:
         serve = f"`--tap-{o.flag[2:]}{_value(o) or ' BOOL'}`" if o in IN_PROCESS_TAP else "-"
         rows.append(f"| `{o.flag}{_value(o)}` | {serve} | `{TAP_ENV}{o.name.upper()}` | "
-                    f"{_cell(o.shown)} | {o.help} |")
+                    f"{_cell(o.shown)} | {_cell(o.help)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -174,7 +174,7 @@ def serve_options_markdown() -> str:
         for o in (by_name[n] for n in names if n not in tap):
             value = f" {o.metavar or o.type.__name__.upper()}"  # as add_serve_flags has it
             rows.append(f"| `{o.flag}{value}` | `PHASEWATCH_{o.name.upper()}` | `{o.name}` | "
-                        f"{_cell(o.shown)} | {o.help} |")
+                        f"{_cell(o.shown)} | {_cell(o.help)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -188,7 +188,7 @@ def options_markdown(command: str, *parts: tuple[tuple[Option, ...], str]) -> st
             env = o.env or (prefix + o.name.upper() if prefix else "")
             alias = f" (or `{o.old}`, deprecated)" if o.old else ""
             rows.append(f"| `{o.flag}{_value(o)}`{alias} | {f'`{env}`' if env else '-'} | "
-                        f"{_cell(o.shown)} | {o.help} |")
+                        f"{_cell(o.shown)} | {_cell(o.help)} |")
     return "\n".join(rows) + "\n"
 
 
