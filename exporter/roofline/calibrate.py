@@ -51,7 +51,7 @@ from phasewatch.roofline.measure import (
 # On a CPU, a 16-bit dtype whose probe runs below this share of fp32's rate at the same
 # size has no 16-bit units behind it (AVX2: bf16 and fp16 1.4 GFLOP/s at 256x256 against
 # fp32's 66): it is not measured larger, since its ceiling is fp32's anyway
-# (``cpu_half_floor``). On a machine busy with other work torch's fp32 threads wait on
+# (``_cpu_half_floor``). On a machine busy with other work torch's fp32 threads wait on
 # each other and fp32 fell to 1-2 GFLOP/s at that size: the probe then decides nothing
 # and the time bound does (24 s instead of 7 here).
 FAR_BELOW_FP32 = 0.25
@@ -144,7 +144,7 @@ def torch_matmuls(n: int, repeats: int, progress: Progress, cuda: bool,
     return {k: runs[k] for k in TORCH_DTYPES}
 
 
-def cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
+def _cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
     """On a CPU, raise a 16-bit ceiling measured below the fp32 one to it, in place; the
     figures raised, as measured. A CPU without bf16 or fp16 arithmetic units (no
     AVX512-BF16, AMX or AVX512-FP16: AVX2 parts) runs torch's 16-bit matmul on a slow
@@ -159,8 +159,8 @@ def cpu_half_floor(flops: dict[str, float]) -> dict[str, float]:
     return raised
 
 
-def half_precision_note(slow: dict[str, float], runs: dict[str, MatmulRun]) -> str:
-    """The profile's word on 16-bit figures ``cpu_half_floor`` raised: what was measured."""
+def _half_precision_note(slow: dict[str, float], runs: dict[str, MatmulRun]) -> str:
+    """The profile's word on 16-bit figures ``_cpu_half_floor`` raised: what was measured."""
     return ("torch's " + ", ".join(f"{k} {gflops(v)} ({runs[k].n}x{runs[k].n})"
                                    for k, v in slow.items())
             + f", below its fp32 ({gflops(runs['fp32'].flops)}): this CPU has no faster "
@@ -250,8 +250,8 @@ def calibrate(device: str = "auto", size_mib: int = 512, matmul_n: int = 2048,
                                 "threads); no torch here, so no bf16/fp16 ceiling: run "
                                 "calibrate where torch is importable (the engine's image)")
     flops = {k: r.flops for k, r in runs.items()}
-    if not use_gpu and (slow := cpu_half_floor(flops)):
-        method["half_precision"] = half_precision_note(slow, runs)
+    if not use_gpu and (slow := _cpu_half_floor(flops)):
+        method["half_precision"] = _half_precision_note(slow, runs)
     method |= {"matmul_seconds": matmul_seconds,
                "matmul_runs": {k: r.as_dict() for k, r in runs.items()}}
     try:

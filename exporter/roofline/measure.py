@@ -14,7 +14,7 @@ from typing import Protocol
 # 16-bit matmul on an AVX2 CPU (no 16-bit units) ran 2048x2048 at 0.28 (bf16) and 0.25
 # (fp16) GFLOP/s, over a minute a product and six products a dtype: a default run took
 # 8 min 47 s (issue 37), 15 min on a busy 2-core machine, for figures the fp32 one then
-# replaces (``calibrate.cpu_half_floor``). Bounded, the same run takes 8 to 27 s.
+# replaces (``calibrate._cpu_half_floor``). Bounded, the same run takes 8 to 27 s.
 MATMUL_SECONDS = 10.0
 PROBE_N = 256  # the first, smallest size of every dtype's ladder of sizes
 # Timed runs at PROBE_N, the best kept: a 256x256 fp32 product takes under a millisecond

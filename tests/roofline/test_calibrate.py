@@ -99,13 +99,13 @@ def test_a_cpu_without_16_bit_units_holds_16_bit_models_to_its_fp32_ceiling():
     """On an AVX2 CPU torch's bf16 matmul ran 0.9 GFLOP/s against 113 in fp32, and vLLM's
     CPU kernels (converting to fp32) computed a bf16 model at 6x the bf16 figure: a
     16-bit ceiling below fp32's is raised to it, and the profile says what was measured."""
-    from phasewatch.roofline.calibrate import cpu_half_floor
+    from phasewatch.roofline.calibrate import _cpu_half_floor
 
     flops = {"bf16": 0.9e9, "fp16": 0.86e9, "fp32": 113e9}
-    assert cpu_half_floor(flops) == {"bf16": 0.9e9, "fp16": 0.86e9}
+    assert _cpu_half_floor(flops) == {"bf16": 0.9e9, "fp16": 0.86e9}
     assert flops == {"bf16": 113e9, "fp16": 113e9, "fp32": 113e9}
     amx = {"bf16": 300e9, "fp16": 90e9, "fp32": 100e9}  # AMX: bf16 faster, kept
-    assert cpu_half_floor(amx) == {"fp16": 90e9} and amx["bf16"] == 300e9
+    assert _cpu_half_floor(amx) == {"fp16": 90e9} and amx["bf16"] == 300e9
 
 
 # ---- issue 37: a bounded calibration that says how long it takes ------------------------
@@ -244,7 +244,7 @@ def test_default_cpu_calibration_with_torch_bounds_the_slow_16_bit_matmuls(tmp_p
     if "avx2" in flags and "avx512f" not in flags:  # AVX2 only, as here: no 16-bit units
         for dtype in ("bf16", "fp16"):
             assert runs[dtype]["n"] < 2048 and runs[dtype]["bounded"], runs
-            assert flops[dtype] == flops["fp32"]  # cpu_half_floor: fp32's is its ceiling
+            assert flops[dtype] == flops["fp32"]  # _cpu_half_floor: fp32's is its ceiling
         assert "below its fp32" in profile["method"]["half_precision"]
         assert proc.stdout.count("its ceiling is fp32's") + proc.stdout.count(
             "not 2048x2048") >= 2, proc.stdout
