@@ -172,8 +172,9 @@ def gpu_chips(v) -> list:
                                     f"{est}"], className="pw-chip pw-gpu",
                                    **{"data-counter": name}))
     gpus = int(v["gpu_gpus"]) if _known(v.get("gpu_gpus")) is not None else 0
+    source = v["gpu_source"] if isinstance(v.get("gpu_source"), str) else "GPU counters"
     chips.append(html.Span(f"{GPU_OUTCOMES.get(v['gpu_outcome'], v['gpu_outcome'])} "
-                           f"({v['gpu_source']}, {gpus} GPU{'s' if gpus != 1 else ''})",
+                           f"({source}, {gpus} GPU{'s' if gpus != 1 else ''})",
                            className="pw-chip pw-gpu", **{"data-outcome": v["gpu_outcome"]}))
     return chips
 

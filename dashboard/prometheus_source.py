@@ -126,6 +126,7 @@ class PrometheusSource:
                     "labels": q.render(q.LABEL_SETS, "", self.rate_range, self.pod_label)}
         instant |= {f"class:{k}": expr(t) for k, t in q.PROMPT_CLASS.items()}
         instant |= {f"replica:{k}": expr(t) for k, t in q.REPLICAS.items()}
+        instant |= {f"gpu:{k}": expr(t) for k, t in q.GPU.items()}
         ranged = {f"series:{k}": (expr(t), now - self.history_seconds, step)
                   for k, t in q.SERIES.items()}
         ranged |= {"trail:intensity": (expr(q.INTENSITY), now - self.trail_seconds, trail_step),
@@ -165,8 +166,8 @@ class PrometheusSource:
         snap = Snapshot("prometheus", self.url, window_seconds=self.range_seconds or 0.0,
                         fetched_at=now,
                         kpis=frame(KPI_COLUMNS, kpi_rows),
-                        verdicts=frame(VERDICT_COLUMNS, verdict_rows(
-                            r, kpis, key, self._range_text(), slo)),
+                        verdicts=frame(VERDICT_COLUMNS, with_gpu(verdict_rows(
+                            r, kpis, key, self._range_text(), slo), r, key)),
                         points=frame(POINT_COLUMNS, self._points(r, key, now)),
                         ceilings=frame(CEILING_COLUMNS, self._ceilings(r, key)),
                         series=frame(SERIES_COLUMNS, self._series(r, key)),
@@ -257,3 +258,25 @@ class PrometheusSource:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+
+
+def with_gpu(rows: list[dict], r: dict, key) -> list[dict]:
+    """The verdict rows with the GPU's own counters of their label sets (``frames.
+    GPU_VERDICT``) where Prometheus holds them: the means over the pods, the GPUs counted,
+    and what most pods' counters say of the verdict."""
+    found: dict[tuple, dict] = defaultdict(dict)
+    for name in ("dram", "tensor", "dram_estimated", "tensor_estimated"):
+        for metric, v in r.get(f"gpu:{name}", ()):
+            k = tuple(key(metric).values())
+            found[k][f"gpu_{name}"] = v
+            if "gpu_source" in metric:
+                found[k]["gpu_source"] = metric["gpu_source"]
+    for metric, v in r.get("gpu:gpus", ()):
+        k = tuple(key(metric).values())
+        found[k]["gpu_gpus"] = found[k].get("gpu_gpus", 0.0) + v
+    votes: dict[tuple, list] = defaultdict(list)
+    for metric, n in r.get("gpu:outcome", ()):
+        votes[tuple(key(metric).values())].append((n, metric.get("outcome", "")))
+    for k, counted in votes.items():
+        found[k]["gpu_outcome"] = max(counted)[1]
+    return [{**row, **found.get(tuple(row[c] for c in KEYS), {})} for row in rows]

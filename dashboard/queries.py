@@ -114,6 +114,19 @@ ENGINE_PREEMPTIONS = increase(cat.ENGINE_PREEMPTIONS.name)
 CEILING_EXCEEDED = (f"max by ({BY}, phase, ceiling) "
                     f"({cat.CEILING_EXCEEDED.name}{{sel}})")
 
+# The GPU's own counters beside the estimate (--gpu-metrics-url, --gpu-nvml): per label
+# set, the mean over its pods of each counter and of the estimate's share of the same
+# peak, the GPUs counted, and the pods by what the counters say of their verdict.
+GPU = {
+    "dram": f"avg by ({BY}, gpu_source) ({cat.ACTIVITY['dram_active'].name}{{sel}})",
+    "tensor": f"avg by ({BY}, gpu_source) ({cat.ACTIVITY['tensor_active'].name}{{sel}})",
+    "dram_estimated": f'avg by ({BY}) ({cat.GPU_ESTIMATED.name}{{sel_and}}counter="dram"}})',
+    "tensor_estimated": (f'avg by ({BY}) '
+                         f'({cat.GPU_ESTIMATED.name}{{sel_and}}counter="tensor"}})'),
+    "gpus": f"sum by ({BY}, gpu_source) ({cat.GPU_COUNTED.name}{{sel}})",
+    "outcome": f"count by ({BY}, outcome) ({cat.GPU_CHECK.name}{{sel}} == 1)",
+}
+
 # Roofline operating points (per replica: the mean over the selected pods) and ceilings.
 INTENSITY = f"avg by ({BY}, phase) ({cat.ARITHMETIC_INTENSITY.name}{{sel}})"
 ACHIEVED_FLOPS = f"avg by ({BY}, phase) ({cat.ACHIEVED_FLOPS.name}{{sel}})"

@@ -297,7 +297,7 @@ def test_the_shipped_rules_parse_against_prometheus(fired):
 # must still parse here, and returns data in the test named.
 ONLY_WHERE = {
     **{title: "GPU counters read (--gpu-metrics-url): tests/roofline/test_gpu_e2e.py::"
-              "test_grafanas_gpu_panels_have_data_through_a_real_prometheus"
+              "test_grafanas_gpu_panels_and_the_dashboard_through_a_real_prometheus"
        for title in GPU_PANELS},
     "Sampled traces": "traces sampled upstream: tests/ingest/test_otlp_sampling.py::"
                       "test_the_sampled_share_through_prometheus_on_the_dashboard_and_"

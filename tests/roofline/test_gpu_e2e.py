@@ -10,14 +10,16 @@ from dataclasses import replace
 
 import pytest
 
+from phasewatch import catalog
 from phasewatch.app import Exporter
 from phasewatch.roofline.deployments import ModelOptions
-from tests.conftest import scrape
+from tests.conftest import scrape, wait_for
 from tests.engines.gpu_findings import failures, gpu_block
 from tests.roofline.test_gpu_counters import U0, Server, page
 from tests.roofline.test_roofline_e2e import BASE, _api, _send_simulated, _wait
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+REQUESTS = catalog.REQUESTS.name
 
 
 @pytest.fixture
@@ -147,17 +149,29 @@ def test_nvml_without_a_gpu_is_counted_never_a_crash():
         assert "gpu" not in _api(ex, "/api/v1/roofline")["models"][0]
 
 
+def _text(c) -> str:
+    """A Dash component's words, as a reader sees them."""
+    if isinstance(c, str):
+        return c
+    kids = getattr(c, "children", None)
+    kids = kids if isinstance(kids, list) else [kids] if kids is not None else []
+    return "".join(_text(k) for k in kids)
+
+
 GPU_PANELS = ("GPU DRAM active: counted and estimated",
               "GPU tensor pipes active: counted and estimated", "Estimate over counted activity")
 
 
-def test_grafanas_gpu_panels_have_data_through_a_real_prometheus(dcgm, tmp_path):
+def test_grafanas_gpu_panels_and_the_dashboard_through_a_real_prometheus(dcgm, tmp_path):
     """A real Prometheus scraping an exporter that reads a dcgm-exporter page: every
     expression of Grafana's GPU panels (as generated, variables filled as Grafana would)
-    returns the counters and the estimate beside them."""
+    returns the counters and the estimate beside them, and the dashboard's Prometheus
+    source puts them on the banner as the exporter's own source does."""
     import json
     import sys
 
+    from phasewatch.dashboard import panels
+    from phasewatch.dashboard.prometheus_source import PrometheusSource
     from tests.support import ROOT
     from tests.support.prom import PrometheusServer
 
@@ -174,8 +188,28 @@ def test_grafanas_gpu_panels_have_data_through_a_real_prometheus(dcgm, tmp_path)
     with Exporter(config) as ex, \
             PrometheusServer(tmp_path, [f"127.0.0.1:{ex.http_port}"]) as prom:
         _counted(ex)
+        # a first few requests, scraped, so that the minute after is an increase Prometheus
+        # sees (a counter born at its value rates 0, and the dashboard shows no verdict)
+        _send_simulated(ex, "chat", 5.0, model=LLAMA)
+        _wait(lambda: prom.query(REQUESTS), 30)
         _send_simulated(ex, "chat", 60.0, model=LLAMA)
         _entry_with_gpu(ex)
         for title, expr in exprs:
             rows = _wait(lambda e=expr: prom.query(grafana.substitute(e, values)), 30)
             assert rows[0]["metric"]["model"] == LLAMA, (title, rows)
+        source = PrometheusSource(prom.url, rate_range="30s")
+        seen = []
+
+        def with_gpu():
+            s = source.fetch()
+            seen[:] = [s.error, s.verdicts.to_dict("records")]
+            return s if not s.verdicts.empty and isinstance(
+                s.verdicts.iloc[0]["gpu_outcome"], str) else None
+
+        snap = wait_for(with_gpu, 30, interval=0.5)
+        assert snap is not None, seen
+        row = snap.verdicts.iloc[0]
+        assert row["gpu_outcome"] == "overstated" and row["gpu_source"] == "dcgm"
+        assert row["gpu_dram"] == pytest.approx(0.042, abs=0.01) and row["gpu_gpus"] == 1
+        chips = " ".join(_text(c) for c in panels.gpu_chips(row))
+        assert "GPU DRAM active 4." in chips and "(dcgm, 1 GPU)" in chips, chips
