@@ -42,7 +42,7 @@ class GpuCollector(Collector):
         counted = _gauge(c.GPU_COUNTED, labels)
         check = _gauge(c.GPU_CHECK, labels)
         for r in self._results():
-            found = getattr(r, "gpu", None)
+            found = r.gpu
             if found is None:
                 continue
             cmp, key = found.comparison, list(r.labels)

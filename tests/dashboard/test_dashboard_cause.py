@@ -63,15 +63,17 @@ def _banner_text(entry: dict) -> tuple[str, list[str]]:
     return _lines(banner)
 
 
-def _lines(banner) -> tuple[str, list[str]]:
-    def text(c) -> str:
-        if isinstance(c, str):
-            return c
-        kids = getattr(c, "children", None)
-        kids = kids if isinstance(kids, list) else [kids] if kids is not None else []
-        return "".join(text(k) for k in kids)
+def words(c) -> str:
+    """A Dash component's words, as a reader sees them."""
+    if isinstance(c, str):
+        return c
+    kids = getattr(c, "children", None)
+    kids = kids if isinstance(kids, list) else [kids] if kids is not None else []
+    return "".join(words(k) for k in kids)
 
-    return text(banner.children[0]), [text(c) for c in banner.children[1:]]
+
+def _lines(banner) -> tuple[str, list[str]]:
+    return words(banner.children[0]), [words(c) for c in banner.children[1:]]
 
 
 def _percentages(lines: list[str]) -> list[float]:

@@ -14,6 +14,7 @@ from phasewatch import catalog
 from phasewatch.app import Exporter
 from phasewatch.roofline.deployments import ModelOptions
 from tests.conftest import scrape, wait_for
+from tests.dashboard.test_dashboard_cause import words
 from tests.engines.gpu_findings import failures, gpu_block
 from tests.roofline.test_gpu_counters import U0, Server, page
 from tests.roofline.test_roofline_e2e import BASE, _api, _send_simulated, _wait
@@ -149,15 +150,6 @@ def test_nvml_without_a_gpu_is_counted_never_a_crash():
         assert "gpu" not in _api(ex, "/api/v1/roofline")["models"][0]
 
 
-def _text(c) -> str:
-    """A Dash component's words, as a reader sees them."""
-    if isinstance(c, str):
-        return c
-    kids = getattr(c, "children", None)
-    kids = kids if isinstance(kids, list) else [kids] if kids is not None else []
-    return "".join(_text(k) for k in kids)
-
-
 GPU_PANELS = ("GPU DRAM active: counted and estimated",
               "GPU tensor pipes active: counted and estimated", "Estimate over counted activity")
 
@@ -211,5 +203,5 @@ def test_grafanas_gpu_panels_and_the_dashboard_through_a_real_prometheus(dcgm, t
         row = snap.verdicts.iloc[0]
         assert row["gpu_outcome"] == "overstated" and row["gpu_source"] == "dcgm"
         assert row["gpu_dram"] == pytest.approx(0.042, abs=0.01) and row["gpu_gpus"] == 1
-        chips = " ".join(_text(c) for c in panels.gpu_chips(row))
+        chips = " ".join(words(c) for c in panels.gpu_chips(row))
         assert "GPU DRAM active 4." in chips and "(dcgm, 1 GPU)" in chips, chips
