@@ -1,7 +1,7 @@
 """The Dash app: layout, the one refresh callback, and a server with a real port.
 
-Every ``refresh`` seconds (and on any selector change) one callback asks the source
-for a snapshot of the selection and rebuilds the banner, the cards and the figures.
+``refresh`` seconds after the last refresh ended (and on any selector change) one
+callback asks the source for a snapshot of the selection and rebuilds the banner, the cards and the figures.
 On a source error the figures keep their last picture and the banner says what
 failed; nothing is cleared. A short cache shares one fetch among open tabs.
 """
@@ -303,7 +303,11 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
                    Output("request-source", "options"), Output("request-source-wrap", "style")],
                   [Input("tick", "n_intervals"), Input("model", "value"),
                    Input("engine", "value"), Input("pod", "value"),
-                   Input("request-source", "value")])
+                   Input("request-source", "value")],
+                  # the tick waits while a refresh runs: Dash drops the answer of a
+                  # callback in flight when the same callback is asked again, so a source
+                  # slower than the refresh would otherwise never update the page
+                  running=[(Output("tick", "disabled"), True, False)])
     def refresh_page(_, models, engines, pods, sources):
         started = time.perf_counter()
         selection = Selection(tuple(models or ()), tuple(engines or ()), tuple(pods or ()),

@@ -311,3 +311,37 @@ def test_scenario_dropdown_shows_the_live_scenario_after_a_reload(browser):
     finally:
         assert demo.stop() == 0, "".join(demo.lines[-80:])
     assert any("[rag]" in line for line in demo.lines)  # the demo ran rag to the end
+
+
+class _SlowSource:
+    """The exporter's source answering in ``delay`` seconds: a Prometheus under load."""
+
+    def __init__(self, source, delay: float):
+        self.source, self.delay = source, delay
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+    def fetch(self, *args, **kwargs):
+        time.sleep(self.delay)
+        return self.source.fetch(*args, **kwargs)
+
+
+def test_a_source_slower_than_the_refresh_still_updates_the_page(browser):
+    """CI, stop 44: with a refresh of 1 s and a source that took longer, every tick
+    superseded the refresh in flight (Dash drops an executing callback's answer when the
+    same callback is asked again), so the page never changed again. The tick now waits
+    while a refresh runs: the page updates at the source's pace."""
+    ex = Exporter(ServeConfig(**TEST_PORTS, window_seconds=10.0)).start()
+    source = _SlowSource(ExporterSource(f"http://127.0.0.1:{ex.http_port}", timeout=5), 1.5)
+    server = DashboardServer(create_app(source, refresh=0.5), port=0).start()
+    try:
+        browser.open(server.url)
+        browser.wait_for(lambda: "refresh took" in browser.text("#footer"), 20,
+                         "the first refresh")
+        _footer_changes(browser, 3)
+        took = re.search(r"refresh took (\d+) ms", browser.text("#footer"))
+        assert took and int(took.group(1)) >= 1500, browser.text("#footer")
+    finally:
+        server.stop()
+        ex.stop(grace=1)
