@@ -170,7 +170,8 @@ def _roofline_rows(roofline: dict) -> tuple[list[dict], list[dict], list[dict]]:
         gpu = r.get("gpu")
         if v is not None:
             verdicts.append({**k, **_verdict_row(v, est, r.get("engine_state")),
-                             **gpu_columns(gpu)})
+                             **gpu_columns(gpu), "predictions": tuple(
+                                 p["text"] for p in r.get("predictions") or ())})
         points += [{**k, **p} for p in gpu_points(gpu)]
         trail = r.get("trail") or []
         for j, p in enumerate(trail):

@@ -57,12 +57,14 @@ KPI_COLUMNS = (*KEYS, *(f"{k}_{s}" for k in LATENCIES for s in LATENCY_STATS),
 # --gpu-nvml), NaN without: what they say of the verdict (``gpu_outcome``: overstated,
 # idle, confirmed, not_confirmed, unchecked), the reader (dcgm, nvml), the GPUs counted,
 # the DRAM and tensor activity measured and the estimate's share of the peaks beside it.
+# ``predictions``: a tuple of sentences, what pulling each lever would change
+# (``roofline.lever_effects``; the exporter's source only).
 GPU_VERDICT = ("gpu_outcome", "gpu_source", "gpu_gpus", "gpu_dram", "gpu_dram_estimated",
                "gpu_tensor", "gpu_tensor_estimated")
 VERDICT_COLUMNS = (*KEYS, "phase", "resource", "headline", "cause", "cause_text",
                    "cause_source", "engine_scraped", "confidence", "text", "levers",
                    *SHARES, "mbu", "mfu", "ceiling_exceeded",
-                   "agreeing", "reporting", "idle", *GPU_VERDICT)
+                   "agreeing", "reporting", "idle", *GPU_VERDICT, "predictions")
 # Roofline operating points, the newest (``latest``) and the trail before it; ``phase``
 # prefill or decode, or, with the GPU's counters, ``estimate`` (the engine's work over
 # the estimate's range: its FLOPs over its bytes, its FLOPs over the range) and ``gpu``

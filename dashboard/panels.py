@@ -213,7 +213,17 @@ def banner(v) -> html.Div:
            "data-cause": v["cause"], "data-model": v["model"], "data-source": v["source"]},
         children=[html.H2(f"{title} — {who(v)}"), *body,
                   html.Div(_chips(v), className="pw-chips"),
-                  _levers(levers, _flag(v.get("idle")))])
+                  _levers(levers, _flag(v.get("idle"))), *_predictions(v.get("predictions"))])
+
+
+def _predictions(texts) -> list:
+    """What pulling each lever would change, each marked predicted; none where there is
+    no basis (or from Prometheus, which has no fit)."""
+    if not isinstance(texts, (tuple, list)) or not texts:
+        return []
+    return [html.Div([html.Span("If pulled (predicted from this window's fit):"),
+                      html.Ul([html.Li(lever_parts(t)) for t in texts])],
+                     className="pw-levers pw-predictions")]
 
 
 FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")

@@ -55,7 +55,9 @@ def roofline_json(r, names: tuple[str, ...] = ("model", "engine", "pod")) -> dic
             "deployment": deployment, "estimate": r.estimate.as_dict(), "verdict": verdict,
             "engine_state": r.engine_state, "trail": r.trail,
             # the GPU's own counters over the range beside the estimate (where read)
-            **({"gpu": r.gpu.summary()} if r.gpu is not None else {})}
+            **({"gpu": r.gpu.summary()} if r.gpu is not None else {}),
+            # the step model fitted over the range and the levers' predicted effects
+            **(r.outlook.as_dict() if r.outlook is not None else {})}
 
 
 def bench_json(summary) -> dict:

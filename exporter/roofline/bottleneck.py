@@ -42,6 +42,7 @@ from phasewatch.roofline.gpu_verdict import for_verdict
 from phasewatch.roofline.gpu_watch import GpuWatch
 from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
+from phasewatch.roofline.lever_effects import Outlook, outlook
 from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
 from phasewatch.roofline.verdict import Verdict, decide
 
@@ -75,6 +76,7 @@ class Result:
     engine_state: dict | None = None  # the engine's own state over the window, if scraped
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
     gpu: GpuCheck | None = None  # the GPU's own counters over the range, where read
+    outlook: Outlook | None = None  # the fitted step and the levers' predicted effects
 
 
 def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
@@ -212,7 +214,7 @@ class BottleneckMonitor:
             results.append(Result(model, engine, key, dep, est, verdict, list(trail),
                                   rates.state() if rates is not None else None,
                                   source.latest(self.window_seconds) if source else None,
-                                  gpu))
+                                  gpu, outlook(est, dep, mine, rates, verdict)))
         imbalance(results, self._labels.names)
         for r in results:
             if r.verdict is not None:

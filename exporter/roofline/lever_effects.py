@@ -1,0 +1,353 @@
+"""What pulling each lever the verdict names would change, predicted from the window's
+operating point and the fitted step (``step_model``). Every figure is a prediction and
+says so; none is given where the fit has no basis (rejected, or too few decodes).
+
+* ``concurrency_limit``: a larger slot limit (``--max-num-seqs``) lets more of the
+  requests waiting run: the batch rises to the new limit (or to the requests in the
+  system), each step slows as the fit says for the larger batch, and the queue follows.
+  Clients that wait for one answer before they send the next (a closed loop: as many
+  requests arrive as finish, and the number in the system stays put) keep that number
+  in the system: the time in the system is that number over the new throughput (Little's
+  law). Open arrivals keep their rate: Erlang C's wait for c = the new limit servers
+  each holding a request for its service time (an M/M/c stand-in for M/G/c); over
+  capacity, the queue still grows. The KV cache usage scales with the batch.
+* ``kv_cache``: the KV tokens the requests in the system would hold if all ran, against
+  the engine's capacity: the factor by which the capacity (blocks, the memory share, an
+  FP8 KV cache's x2) must grow for the preemptions to go.
+* ``prefill_interference``: a smaller chunk budget caps the prefill tokens a step
+  carries, so the longest decode step (the ITL's tail) shortens; prompts then take more
+  steps, each a little shorter, and TTFT grows.
+* ``overhead``, a memory-bandwidth or compute verdict: throughput at twice the batch,
+  from the fit; and FP8 weights' bytes, the ceiling such a change could reach.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.roofline import step_model
+from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.step_model import StepFit
+from phasewatch.roofline.verdict import Verdict
+
+KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limit offered
+CLOSED_LOOP_CV = 0.25
+# the figures a prediction's sentence names: key, words, unit, scale
+FIGURE_WORDS = (("queue_seconds", "queue", " s", 1.0), ("ttft_seconds", "TTFT", " s", 1.0),
+                ("tpot_seconds", "TPOT", " ms", 1e3), ("itl_max_seconds", "longest ITL", " ms",
+                                                     1e3),
+                ("output_tokens_per_second", "output", " tokens/s", 1.0),
+                ("kv_usage", "KV cache", " %", 100.0),
+                ("kv_capacity_tokens", "KV capacity", " tokens", 1.0))  # requests in the system vary less than this: closed-loop clients
+
+
+def _num(x: float) -> str:
+    """Three significant figures, thousands grouped, no exponent."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One lever's predicted effect: ``now`` the operating point's figures and
+    ``predicted`` the same after the change; ``reach`` how far past the fitted range
+    the prediction goes (1: inside it)."""
+
+    lever: str
+    setting: str
+    now: dict[str, float]
+    predicted: dict[str, float]
+    reach: float
+    basis: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def confidence(self) -> str:
+        return ("inside the fitted range" if self.reach <= 1.0 else
+                f"{self.reach:.1f}x past the fitted range")
+
+    @property
+    def text(self) -> str:
+        """In words: "--max-num-seqs 96: TPOT 16.6 -> 22.1 ms, output 3,859 -> 4,323
+        tokens/s, ... (predicted, 1.4x past the fitted range)"."""
+        parts = []
+        for key, what, unit, scale in FIGURE_WORDS:
+            if key in self.predicted and key in self.now:
+                parts.append(f"{what} {_num(self.now[key] * scale)} -> "
+                             f"{_num(self.predicted[key] * scale)}{unit}")
+        tail = "; ".join(self.notes)
+        return (f"{self.setting}: {', '.join(parts)}{'; ' + tail if tail else ''} "
+                f"(predicted, {self.confidence})")
+
+    def as_dict(self) -> dict:
+        return {"lever": self.lever, "setting": self.setting, "kind": "predicted",
+                "text": self.text,
+                "now": self.now, "predicted": self.predicted, "reach": self.reach,
+                "confidence": self.confidence, "basis": self.basis, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """The window's figures the predictions start from (means over [lo, hi])."""
+
+    seconds: float
+    arrival_rate: float  # requests per second
+    finish_rate: float
+    in_system: float  # requests arrived and not finished, on average
+    in_system_cv: float
+    batch: float  # decoding sequences per step
+    step: float  # decode step seconds (the estimate's)
+    output: float  # mean output tokens
+    prefill: float  # mean prefill seconds
+    queue: float  # mean queue seconds
+    ttft: float
+    prefill_per_step: float  # prompt tokens a decode step carries, on average
+    prompt_max: float  # the longest uncached prompt
+    prompt: float  # the mean uncached prompt
+    kv_usage: float | None = None
+    kv_capacity_tokens: float | None = None
+    limit: float | None = None  # the slot limit the engine ran at
+
+    @property
+    def closed_loop(self) -> bool:
+        return (self.in_system_cv < CLOSED_LOOP_CV and self.finish_rate > 0
+                and abs(self.arrival_rate - self.finish_rate) <= 0.15 * self.finish_rate)
+
+    @property
+    def service(self) -> float:
+        """Seconds a request holds a slot: its prefill and its decode steps."""
+        return self.prefill + max(self.output - 1.0, 0.0) * self.step
+
+    def figures(self) -> dict[str, float]:
+        return {"batch": self.batch, "step_seconds": self.step, "queue_seconds": self.queue,
+                "ttft_seconds": self.ttft, "tpot_seconds": self.step,
+                "output_tokens_per_second": self.finish_rate * self.output,
+                **({"kv_usage": self.kv_usage} if self.kv_usage is not None else {})}
+
+
+def _mean(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if len(x) else 0.0
+
+
+def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, step: float,
+                    kv_usage: float | None, kv_capacity: float | None,
+                    limit: float | None) -> OperatingPoint | None:
+    """The operating point over [lo, hi] from the records (and the engine's figures
+    given); None without finished requests in it."""
+    span = hi - lo
+    end = cols.end_at
+    done = ~np.isnan(end) & (end >= lo) & (end <= hi)
+    if span <= 0 or not done.any():
+        return None
+    # the requests that finished in the range arrived at this rate (those that arrived in
+    # it and wait still have no record: under a growing queue, counting arrivals in the
+    # range would see none)
+    came = cols.arrival[done & ~np.isnan(cols.arrival)]
+    arrival_rate = (len(came) - 1) / float(np.ptp(came)) if len(came) > 1 and np.ptp(came) \
+        > 0 else float(done.sum()) / span
+    a, e = cols.arrival, end
+    known = ~np.isnan(a) & ~np.isnan(e)
+    t = np.linspace(lo, hi, 100)
+    count = ((a[known][:, None] <= t) & (e[known][:, None] > t)).sum(0) if known.sum() \
+        < 20_000 else np.zeros(len(t))
+    sched, first = cols.scheduled_at, cols.first_token_at
+    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
+    tokens = float(cols.uncached[pre & done].sum())
+    steps_per_second = 1.0 / step if step > 0 else 0.0
+    prefill_rate = tokens / span
+    mean_count = float(count.mean())
+    return OperatingPoint(
+        span, arrival_rate, float(done.sum()) / span, mean_count,
+        float(count.std() / mean_count) if mean_count else 0.0, batch, step,
+        _mean(np.where(cols.output[done] > 0, cols.output[done], np.nan).astype(float)),
+        _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
+        prefill_rate / steps_per_second if steps_per_second else 0.0,
+        float(cols.uncached[pre].max()) if pre.any() else 0.0,
+        _mean(np.where(pre & done, cols.uncached, np.nan).astype(float)), kv_usage,
+        kv_capacity, limit)
+
+
+def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None:
+    """Mean wait in an M/M/c queue; None at or over capacity."""
+    load = arrival * service
+    if servers < 1 or load >= servers:
+        return None
+    term, total = 1.0, 1.0
+    for k in range(1, servers):
+        term *= load / k
+        total += term
+    last = term * load / servers / (1.0 - load / servers)
+    return last / (total + last) * service / (servers - load)
+
+
+def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float]:
+    """The operating point's figures with ``limit`` slots; the prediction's reach. The
+    step is the measured one scaled by the fit's ratio between the two batches (the fit's
+    shape, anchored on what was measured); the batch is the running requests' decoding
+    share, and the running requests the clients' (closed loop) or the arrivals' over a
+    request's service time (open), up to the limit."""
+    def scaled(batch: float, prefill_per_step: float) -> float:
+        return op.step * fit.at_batch(batch, prefill_per_step) / fit.at_batch(
+            op.batch, op.prefill_per_step)
+    step, batch = op.step, op.batch
+    for _ in range(50):  # the batch sets the step, the step the service time, and back
+        decode = max(op.output - 1.0, 0.0) * step
+        service = op.prefill * step / op.step + decode
+        running = min(limit, op.in_system if op.closed_loop else op.arrival_rate * service)
+        batch = running * decode / service if service > 0 else running
+        # each request admitted brings its prompt: prefill tokens per step follow the rate
+        new = scaled(batch, running / service * op.prompt * step if service > 0 else 0.0)
+        if abs(new - step) <= 1e-9 + 1e-6 * step:
+            break
+        step = new
+    prefill = op.prefill * step / op.step
+    service = prefill + max(op.output - 1.0, 0.0) * step
+    out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}
+    if op.closed_loop:
+        rate = running / service
+        queue = max(op.in_system / rate - service, 0.0)
+    else:
+        queue = _erlang_c_wait(limit, op.arrival_rate, service)
+        rate = op.arrival_rate if queue is not None else limit / service
+    if queue is not None:  # (over capacity the queue grows: no mean wait to predict)
+        out.update(queue_seconds=queue, ttft_seconds=queue + prefill)
+    out["output_tokens_per_second"] = rate * op.output
+    if op.kv_usage is not None and op.batch > 0:
+        out["kv_usage"] = op.kv_usage * batch / op.batch
+    return out, fit.reach(batch * fit.context)
+
+
+def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
+    """The next larger slot limits the KV room allows (see the module docstring)."""
+    limit = op.limit or round(op.batch)
+    if limit < 1 or op.in_system <= limit * 1.02:
+        return []
+    out = []
+    for new in sorted({int(round(limit * k)) for k in (1.5, 2.0)}):
+        if new <= limit:
+            continue
+        figures, reach = _at_limit(op, fit, new)
+        if figures.get("kv_usage", 0.0) > KV_SAFE:
+            break
+        notes = () if "queue_seconds" in figures else (
+            f"still over capacity at {new}: the arrivals outrun the engine and the queue "
+            "grows",)
+        basis = (f"closed-loop clients: Little's law on {op.in_system:.3g} requests in the "
+                 "system" if op.closed_loop else
+                 f"open arrivals at {op.arrival_rate:.3g} requests/s: Erlang C")
+        out.append(Prediction("concurrency_limit", f"--max-num-seqs {new}", op.figures(),
+                              figures, reach, f"{basis}; the step from the fit at batch "
+                                              f"{figures['batch']:.3g}", notes))
+    return out
+
+
+def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
+    """The KV capacity at which the requests in the system all fit."""
+    if not op.kv_capacity_tokens:
+        return []
+    want = op.in_system * fit.context
+    factor = want / op.kv_capacity_tokens
+    if factor <= 1.0:
+        return []
+    figures, reach = _at_limit(op, fit, max(int(op.in_system), 1)) if op.limit is None \
+        else _at_limit(op, fit, int(op.limit))
+    figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
+    return [Prediction("kv_cache", f"KV capacity x{factor * 1.1:.2f} (FP8 KV gives x2)",
+                       {**op.figures(), "kv_capacity_tokens": op.kv_capacity_tokens},
+                       figures, reach,
+                       f"{op.in_system:.3g} requests in the system at {fit.context:.0f} "
+                       f"context tokens each need {want:.0f} KV tokens, with 10% spare")]
+
+
+def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[Prediction]:
+    """A smaller chunk budget: the longest decode step and the TTFT it costs."""
+    if op.prompt_max <= 0 or budget < 1:
+        return []
+    worst = fit.at_batch(op.batch, min(op.prompt_max, budget))
+    out = []
+    for new in (budget // 2, budget // 4):
+        if new < 256 or new >= op.prompt_max:
+            continue
+        step = fit.at_batch(op.batch, min(op.prompt_max, new))
+        chunks = math.ceil(op.prompt_max / new) / math.ceil(op.prompt_max / budget)
+        prefill = op.prefill * chunks * step / worst
+        out.append(Prediction(
+            "prefill_interference", f"--max-num-batched-tokens {new}",
+            {**op.figures(), "itl_max_seconds": worst},
+            {"itl_max_seconds": step, "tpot_seconds": op.step,
+             "ttft_seconds": op.queue + prefill}, fit.reach(op.batch * fit.context),
+            f"a step carries at most {new} prompt tokens: the longest prompt "
+            f"({op.prompt_max:.0f}) in {math.ceil(op.prompt_max / new)} chunks"))
+    return out
+
+
+def larger_batch(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
+    """Throughput at twice the batch, from the fit: the step's fixed cost shared."""
+    if op.batch <= 0:
+        return []
+    new = 2.0 * op.batch
+    step = fit.at_batch(new, op.prefill_per_step) * op.step / fit.at_batch(
+        op.batch, op.prefill_per_step)
+    return [Prediction("batch", f"twice the batch ({new:.3g} sequences)", op.figures(),
+                       {"batch": new, "step_seconds": step, "tpot_seconds": step,
+                        "output_tokens_per_second": new / step},
+                       fit.reach(new * fit.context),
+                       "decode tokens per second at the batch, from the fit")]
+
+
+def predict(cause: str | None, resource: str, op: OperatingPoint | None,
+            fit: StepFit | None, budget: int) -> list[Prediction]:
+    """The predictions for the verdict's cause (or resource); none without a basis."""
+    if op is None or fit is None or fit.rejected:
+        return []
+    if cause == "concurrency_limit":
+        return concurrency_limit(op, fit)
+    if cause in ("kv_cache", "preemption_recompute"):
+        return kv_cache(op, fit)
+    if cause == "prefill_interference":
+        return prefill_interference(op, fit, budget)
+    if resource in ("overhead", "memory_bandwidth") or cause == "compute_saturated":
+        return larger_batch(op, fit)
+    return []
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The step model fitted over the estimate's range, the operating point and the
+    predicted effects of the verdict's levers (``predict``)."""
+
+    fit: StepFit | None
+    point: OperatingPoint | None
+    predictions: tuple[Prediction, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"step_model": self.fit.as_dict() if self.fit is not None else None,
+                "predictions": [p.as_dict() for p in self.predictions]}
+
+
+def outlook(est: RooflineEstimate, dep: Deployment | None, cols: WindowColumns,
+            rates: EngineRates | None, verdict: Verdict | None) -> Outlook | None:
+    """The fit, the operating point and the cause's predictions over the estimate's
+    range; None without a decode estimate to start from. The slot limit, KV usage and
+    capacity are the engine's own figures where scraped, else the cause's evidence's."""
+    batch, step = est.decode_batch_size, est.decode_step_seconds
+    if verdict is None or est.decode is None or not batch or not step:
+        return None
+    cause = verdict.cause.name if verdict.cause is not None else None
+    lo, hi = est.range_start, est.range_end
+    fit = step_model.fit(cols, lo, hi, dep, batch)
+    seen = verdict.cause.evidence if verdict.cause is not None else {}
+    limit = kv = capacity = None
+    if rates is not None:
+        limit = rates.configured_max_running or rates.max_running
+        kv, capacity = rates.mean_kv_usage, rates.kv_capacity_tokens
+    limit = limit or seen.get("configured_max_running") or seen.get("max_running")
+    kv = kv if kv is not None else seen.get("mean_kv_usage")
+    point = operating_point(cols, lo, hi, batch, step, kv, capacity, limit)
+    budget = dep.max_batched_tokens if dep is not None else 0
+    return Outlook(fit, point, tuple(predict(cause, verdict.resource, point, fit, budget)))

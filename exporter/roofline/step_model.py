@@ -1,0 +1,245 @@
+"""The engine's step time fitted online from the window's records, for the levers'
+predicted effects (``levers``).
+
+The form is the one the step models that held up against real engines use (Dynamo's
+planner, the fitted linear models Vidur's checks compared): a step lasts
+
+    step = base + per_prefill_token x (prefill tokens in it) + per_kv_token x (KV
+    tokens its decodes read)
+
+``base`` is the step's fixed cost (the weights read once, the scheduler and the
+launches), ``per_kv_token`` the cost of one context token's KV cache read by a decode,
+``per_prefill_token`` one prompt token's prefill.
+
+No record holds a step. Each decoding request holds a mean of its own steps: its decode
+time over its steps, at the mean of what the steps it ran in carried. So each is one
+row: its mean step against (the prefill tokens the window's prefills ran while it
+decoded, spread evenly over each prefill's interval, per step of its own; the context
+tokens of every request decoding beside it, its own included, each at its prompt plus
+half its output: the KV cache a step reads), weighted by its steps. A weighted least
+squares line through the rows gives the three costs.
+
+The roofline is the prior. A cost whose input barely varies in the window (every decode
+ran beside the same batch, no prefill ran beside any) cannot be fitted: it is held at
+the roofline's (the KV token at the achievable bandwidth, the prompt token's FLOPs at
+the achievable FLOP/s) and the others fitted around it. A fitted cost under the
+roofline's is not believed either: held at the floor, and the fit says so. A base under
+the weights' read at the achievable bandwidth means the window cannot separate the
+fixed cost from the rest: the fit is rejected and says why; no lever is predicted from
+it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.roofline import model_costs
+from phasewatch.roofline.estimate import Deployment
+
+MIN_REQUESTS = 8  # decoding requests the fit needs
+SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
+FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
+
+
+def overlap_integral(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray,
+                     a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each [a, b]: the integral over it of the weights of the intervals
+    [starts, ends) open at each moment, from sorted ends and cumulative sums (no
+    interval x interval matrix)."""
+    os_, oe = np.argsort(starts), np.argsort(ends)
+    fs, ls = starts[os_], ends[oe]
+    ws, we = weights[os_], weights[oe]
+    cws, cwe = np.r_[0.0, np.cumsum(ws)], np.r_[0.0, np.cumsum(we)]
+    cfs, cle = np.r_[0.0, np.cumsum(ws * fs)], np.r_[0.0, np.cumsum(we * ls)]
+
+    def upto(t: np.ndarray) -> np.ndarray:  # integral of the open weight from -inf to t
+        i, j = np.searchsorted(fs, t, side="right"), np.searchsorted(ls, t, side="right")
+        return (cws[i] * t - cfs[i]) - (cwe[j] * t - cle[j])
+    return upto(b) - upto(a)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The decoding requests the fit reads, one row each: mean step, the prefill tokens
+    per step beside it, the KV tokens a step read, the batch, the steps (its weight)."""
+
+    step: np.ndarray
+    prefill: np.ndarray
+    kv: np.ndarray
+    batch: np.ndarray
+    steps: np.ndarray
+    context: float  # the mean context (KV tokens) of one decoding sequence
+
+    @classmethod
+    def of(cls, cols: WindowColumns, lo: float, hi: float) -> StepRows | None:
+        first, last = cols.first_token_at, cols.last_token_at
+        steps = cols.steps.astype(float)
+        ctx = np.maximum(cols.prompt, 0) + np.maximum(cols.output, 0) / 2.0
+        dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (cols.prompt >= 0)
+        row = dec & (steps > 0) & (first >= lo) & (last <= hi)
+        if row.sum() < MIN_REQUESTS:
+            return None
+        a, b, n = first[row], last[row], steps[row]
+        span = b - a
+        batch = overlap_integral(first[dec], last[dec], np.ones(dec.sum()), a, b) / span
+        kv = overlap_integral(first[dec], last[dec], ctx[dec], a, b) / span
+        sched = cols.scheduled_at
+        pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
+        prefill = np.zeros(len(a))
+        if pre.any():
+            rate = cols.uncached[pre] / (first[pre] - sched[pre])
+            prefill = overlap_integral(sched[pre], first[pre], rate, a, b) / n
+        return cls(span / n, prefill, kv, batch, n, float(np.average(ctx[dec])))
+
+    def spread(self, x: np.ndarray) -> float:
+        """The 10th-90th percentile range of an input over its mean (0 when constant)."""
+        mean = float(np.average(x, weights=self.steps))
+        low, high = np.quantile(x, [0.1, 0.9])
+        return float(high - low) / mean if mean > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The roofline's cost of each term: the weights read once per step (at the mean
+    batch), a KV token, a prompt token, at the achievable bandwidth and FLOP/s."""
+
+    base: float
+    per_kv_token: float
+    per_prefill_token: float
+
+    @classmethod
+    def of(cls, dep: Deployment, batch: float) -> Floors | None:
+        bw = dep.hardware.achievable_bandwidth
+        if not bw:
+            return None
+        flops = dep.hardware.achievable_flops(dep.compute_dtype) if dep.peak_flops else 0.0
+        m = dep.model
+        prefill = 2.0 * m.active_params / flops if flops else 0.0
+        return cls(float(model_costs.weight_bytes_read(m, batch)) / bw,
+                   model_costs.kv_bytes_per_token(m) / bw, prefill)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """The fitted step: its three costs (seconds), how it was made and how well it holds
+    (the steps-weighted median and 90th percentile of |fitted - measured| / measured
+    over the rows), and the ranges it was fitted on (predictions past them say so)."""
+
+    base: float
+    per_prefill_token: float
+    per_kv_token: float
+    requests: int
+    error_median: float
+    error_p90: float
+    batch_range: tuple[float, float]
+    kv_range: tuple[float, float]
+    prefill_range: tuple[float, float]
+    context: float  # KV tokens one decoding sequence holds, on average
+    held: tuple[str, ...] = ()  # costs held at the roofline's, and why
+    rejected: str | None = None  # why no prediction rests on it
+    floors: Floors | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def step(self, prefill_tokens: float, kv_tokens: float) -> float:
+        return (self.base + self.per_prefill_token * prefill_tokens
+                + self.per_kv_token * kv_tokens)
+
+    def at_batch(self, batch: float, prefill_tokens: float = 0.0) -> float:
+        """A step at ``batch`` decoding sequences of the window's mean context."""
+        return self.step(prefill_tokens, batch * self.context)
+
+    def reach(self, kv_tokens: float) -> float:
+        """How far ``kv_tokens`` is past the fitted range (1: inside it; 2: twice its
+        top, or half its bottom)."""
+        low, high = self.kv_range
+        if kv_tokens > high * 1.05:
+            return kv_tokens / high
+        if kv_tokens < low * 0.95:
+            return low / max(kv_tokens, 1e-12)
+        return 1.0
+
+    def as_dict(self) -> dict:
+        out = {"base_seconds": self.base, "per_prefill_token_seconds": self.per_prefill_token,
+               "per_kv_token_seconds": self.per_kv_token, "requests": self.requests,
+               "error_median": self.error_median, "error_p90": self.error_p90,
+               "batch_range": list(self.batch_range), "kv_tokens_range": list(self.kv_range),
+               "prefill_tokens_range": list(self.prefill_range),
+               "context_tokens": self.context, "held_at_roofline": list(self.held)}
+        if self.floors is not None:
+            out["roofline"] = {"base_seconds": self.floors.base,
+                               "per_kv_token_seconds": self.floors.per_kv_token,
+                               "per_prefill_token_seconds": self.floors.per_prefill_token}
+        if self.rejected:
+            out["rejected"] = self.rejected
+        return out
+
+
+def _solve(rows: StepRows, free: list[str], fixed: dict[str, float]) -> dict[str, float]:
+    """Weighted least squares of the step on the ``free`` terms, with ``fixed`` terms'
+    costs subtracted first."""
+    cols = {"base": np.ones(len(rows.step)), "per_prefill_token": rows.prefill,
+            "per_kv_token": rows.kv}
+    y = rows.step - sum(cost * cols[name] for name, cost in fixed.items())
+    w = np.sqrt(rows.steps)
+    x = np.column_stack([cols[name] for name in free]) * w[:, None]
+    coef, *_ = np.linalg.lstsq(x, y * w, rcond=None)
+    return {**fixed, **dict(zip(free, (float(c) for c in coef), strict=True))}
+
+
+def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    order = np.argsort(x)
+    cum = np.cumsum(w[order])
+    return float(x[order][np.searchsorted(cum, q * cum[-1])])
+
+
+def fit(cols: WindowColumns, lo: float, hi: float, dep: Deployment | None,
+        batch: float | None = None) -> StepFit | None:
+    """The step model over [lo, hi] (see the module docstring); None with fewer than
+    ``MIN_REQUESTS`` decoding requests inside it."""
+    rows = StepRows.of(cols, lo, hi)
+    if rows is None:
+        return None
+    mean_batch = batch or float(np.average(rows.batch, weights=rows.steps))
+    floors = Floors.of(dep, mean_batch) if dep is not None else None
+    roof = {"per_kv_token": floors.per_kv_token if floors else 0.0,
+            "per_prefill_token": floors.per_prefill_token if floors else 0.0}
+    fixed, held = {}, []
+    for name, x, what in (("per_kv_token", rows.kv, "the KV tokens read"),
+                          ("per_prefill_token", rows.prefill, "the prefill tokens")):
+        if rows.spread(x) < SPREAD:
+            fixed[name] = roof[name]
+            held.append(f"{name}: {what} barely varied in the window")
+    coef = _solve(rows, [n for n in ("base", "per_prefill_token", "per_kv_token")
+                         if n not in fixed], fixed)
+    for _ in range(2):  # a cost under the roofline's is held at it, the rest refitted
+        low = [n for n in roof if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]
+        if not low:
+            break
+        for name in low:
+            fixed[name] = roof[name]
+            held.append(f"{name}: the fit read {coef[name]:.3g} s, under the roofline's "
+                        f"{roof[name]:.3g} s")
+        coef = _solve(rows, [n for n in ("base", "per_prefill_token", "per_kv_token")
+                             if n not in fixed], fixed)
+    fitted = coef["base"] + coef["per_prefill_token"] * rows.prefill + \
+        coef["per_kv_token"] * rows.kv
+    err = np.abs(fitted - rows.step) / rows.step
+    rejected = None
+    if floors is not None and coef["base"] < FLOOR_SLACK * floors.base:
+        rejected = (f"the fitted fixed cost of a step, {coef['base'] * 1e3:.2f} ms, is under "
+                    f"the weights' read at the achievable bandwidth, "
+                    f"{floors.base * 1e3:.2f} ms: the window cannot tell the step's parts "
+                    f"apart")
+    elif coef["base"] <= 0:
+        rejected = "the fitted fixed cost of a step is not positive"
+
+    def span(x: np.ndarray) -> tuple[float, float]:
+        return tuple(float(v) for v in np.quantile(x, [0.1, 0.9]))
+    return StepFit(coef["base"], coef["per_prefill_token"], coef["per_kv_token"],
+                   len(rows.step), _weighted_quantile(err, rows.steps, 0.5),
+                   _weighted_quantile(err, rows.steps, 0.9), span(rows.batch),
+                   span(rows.kv), span(rows.prefill), rows.context, tuple(held),
+                   rejected, floors)
