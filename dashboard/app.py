@@ -1,7 +1,8 @@
 """The Dash app: layout, the one refresh callback, and a server with a real port.
 
 ``refresh`` seconds after the last refresh ended (and on any selector change) one
-callback asks the source for a snapshot of the selection and rebuilds the banner, the cards and the figures.
+callback asks the source for a snapshot of the selection and rebuilds the banner, the
+cards and the figures.
 On a source error the figures keep their last picture and the banner says what
 failed; nothing is cleared. A short cache shares one fetch among open tabs.
 """

@@ -383,6 +383,34 @@ def gpu_panels(lay: Layout) -> None:
         "resource and names the configuration to check."), 8, 8)
 
 
+def lever_panels(lay: Layout) -> None:
+    """The verdict's levers with their predicted effect (one row per setting and figure,
+    now beside predicted), the step model's costs and its error on the steps it was
+    fitted on (docs/verdict.md, "What pulling a lever would change")."""
+    pred = cat.LEVER_PREDICTION.name
+    by = f"{BY}, lever, setting, figure"
+    columns = [("A", f'max by ({by}) ({pred}{{{SEL},when="now"}})', "Now", "none"),
+               ("B", f'max by ({by}) ({pred}{{{SEL},when="predicted"}})', "Predicted", "none"),
+               # the setting's reach beside each of its figures
+               ("C", f"max by ({by}) (max by ({BY}, lever, setting) ("
+                     f"{cat.LEVER_PREDICTION_REACH.name}{{{SEL}}}) * on ({BY}, lever, "
+                     f'setting) group_right () (0 * {pred}{{{SEL},when="predicted"}} + 1))',
+                "Past the fitted range (x)", "none")]
+    table = merged_table(
+        "If the lever is pulled (predicted)",
+        f"{cat.LEVER_PREDICTION.help} A reach over 1 is an extrapolation past the batches "
+        "and KV tokens the step model was fitted on. Predictions, not measurements.",
+        columns, "lever", column_overrides(columns))
+    table["transformations"][1]["options"]["indexByName"].update(setting=4, figure=5)
+    lay.add(table, 24, 8)
+    lay.add(timeseries("Step model: fitted costs", [target(
+        f"max by ({BY}, term) ({cat.STEP_MODEL_COST.name}{{{SEL}}})", who("{{term}}"))],
+        "s", cat.STEP_MODEL_COST.help), 12, 7)
+    lay.add(timeseries("Step model: error on the steps it was fitted on", [target(
+        f"max by ({BY}, quantile) ({cat.STEP_MODEL_ERROR.name}{{{SEL}}})",
+        who("q{{quantile}}"))], "percentunit", cat.STEP_MODEL_ERROR.help), 12, 7)
+
+
 def alert_states() -> dict:
     by = "alertname, model, engine, source, objective, regressed, quantile, severity"
     sel = 'alertname=~"Phasewatch.*",model=~"$model",source=~"$source"'
@@ -523,6 +551,9 @@ def panels() -> list[dict]:
 
     lay.row("The GPU's own counters beside the estimate (--gpu-metrics-url, --gpu-nvml)")
     gpu_panels(lay)
+
+    lay.row("Levers: what pulling each would change (predicted from the step model)")
+    lever_panels(lay)
 
     lay.row("TTFT against prompt length")
     by_class = [target(q(queries.PROMPT_CLASS["ttft_p50"]), who("{{prompt_class}} p50"), "A"),

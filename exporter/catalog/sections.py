@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from phasewatch.catalog.family import Family
 from phasewatch.catalog.gpu_families import GPU, GPU_COUNTER_READS
+from phasewatch.catalog.lever_families import LEVERS
 from phasewatch.catalog.request_families import COUNTERS, HISTOGRAMS, SLO
 from phasewatch.catalog.roofline_families import ENGINE_STATE, NO_ROOFLINE_REQUESTS, ROOFLINE
 from phasewatch.catalog.self_families import (
@@ -22,6 +23,7 @@ SECTIONS: dict[str, tuple[Family, ...]] = {
     "Roofline and verdict": ROOFLINE,
     "The engine's own state and the ceilings": (*ENGINE_STATE, NO_ROOFLINE_REQUESTS),
     "The GPU's own counters": (*GPU, GPU_COUNTER_READS),
+    "The step model and the levers' predicted effects": LEVERS,
     "The stream tap": tuple(TAP.values()),
     "Build": (BUILD_INFO,),
     "The scrape": SCRAPE,

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from phasewatch import catalog as c
 from phasewatch.aggregation.aggregate import Aggregator
+from phasewatch.publish.lever_metrics import lever_families
 from phasewatch.roofline.bottleneck import BottleneckMonitor
 
 
@@ -66,6 +67,7 @@ class RooflineCollector(Collector):
         yield from (share, batch, info, confidence, inputs)
         yield from self._engine_state(results, labels)
         yield self._no_roofline(labels)
+        yield from lever_families(results, labels)
 
     @staticmethod
     def _peaks(results, labels: list[str]) -> Iterator[Metric]:

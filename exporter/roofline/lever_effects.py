@@ -36,14 +36,14 @@ from phasewatch.roofline.step_model import StepFit
 from phasewatch.roofline.verdict import Verdict
 
 KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limit offered
-CLOSED_LOOP_CV = 0.25
+CLOSED_LOOP_CV = 0.25  # requests in the system vary less than this: closed-loop clients
 # the figures a prediction's sentence names: key, words, unit, scale
-FIGURE_WORDS = (("queue_seconds", "queue", " s", 1.0), ("ttft_seconds", "TTFT", " s", 1.0),
+FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0), ("ttft_seconds", "TTFT", " s", 1.0),
                 ("tpot_seconds", "TPOT", " ms", 1e3), ("itl_max_seconds", "longest ITL", " ms",
                                                      1e3),
                 ("output_tokens_per_second", "output", " tokens/s", 1.0),
                 ("kv_usage", "KV cache", " %", 100.0),
-                ("kv_capacity_tokens", "KV capacity", " tokens", 1.0))  # requests in the system vary less than this: closed-loop clients
+                ("kv_capacity_tokens", "KV capacity", " tokens", 1.0))
 
 
 def _num(x: float) -> str:
@@ -72,8 +72,8 @@ class Prediction:
 
     @property
     def text(self) -> str:
-        """In words: "--max-num-seqs 96: TPOT 16.6 -> 22.1 ms, output 3,859 -> 4,323
-        tokens/s, ... (predicted, 1.4x past the fitted range)"."""
+        """In words: "--max-num-seqs 96: batch 63.3 -> 95.2, TPOT 16.6 -> 22.1 ms, output
+        3,859 -> 4,323 tokens/s, ... (predicted, 1.4x past the fitted range)"."""
         parts = []
         for key, what, unit, scale in FIGURE_WORDS:
             if key in self.predicted and key in self.now:
@@ -228,7 +228,7 @@ def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     if limit < 1 or op.in_system <= limit * 1.02:
         return []
     out = []
-    for new in sorted({int(round(limit * k)) for k in (1.5, 2.0)}):
+    for new in sorted({round(limit * k) for k in (1.5, 2.0)}):
         if new <= limit:
             continue
         figures, reach = _at_limit(op, fit, new)
@@ -257,11 +257,13 @@ def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     figures, reach = _at_limit(op, fit, max(int(op.in_system), 1)) if op.limit is None \
         else _at_limit(op, fit, int(op.limit))
     figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
-    return [Prediction("kv_cache", f"KV capacity x{factor * 1.1:.2f} (FP8 KV gives x2)",
+    return [Prediction("kv_cache", "KV capacity for every request in the system",
                        {**op.figures(), "kv_capacity_tokens": op.kv_capacity_tokens},
                        figures, reach,
                        f"{op.in_system:.3g} requests in the system at {fit.context:.0f} "
-                       f"context tokens each need {want:.0f} KV tokens, with 10% spare")]
+                       f"context tokens each need {want:.0f} KV tokens",
+                       (f"x{factor * 1.1:.2f} today's capacity, with 10% spare (an FP8 KV "
+                        "cache gives x2); the preemptions go",))]
 
 
 def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[Prediction]:
@@ -293,7 +295,8 @@ def larger_batch(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     new = 2.0 * op.batch
     step = fit.at_batch(new, op.prefill_per_step) * op.step / fit.at_batch(
         op.batch, op.prefill_per_step)
-    return [Prediction("batch", f"twice the batch ({new:.3g} sequences)", op.figures(),
+    # (the setting is a label on /metrics: no figure in it; the batch is a figure)
+    return [Prediction("batch", "twice the batch", op.figures(),
                        {"batch": new, "step_seconds": step, "tpot_seconds": step,
                         "output_tokens_per_second": new / step},
                        fit.reach(new * fit.context),

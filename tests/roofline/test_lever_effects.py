@@ -70,7 +70,7 @@ def test_a_fit_below_the_roofline_is_rejected_and_says_why():
     """Records whose steps are faster than reading the weights at the achievable
     bandwidth (a configured model far larger than the one served) give no fit to
     predict from."""
-    result, engine, cols = _run("chat", 90.0)
+    _, engine, cols = _run("chat", 90.0)
     lo, hi = analysis_range(cols, 30.0)
     bigger = SCENARIOS["chat"].build(seed=1, model="Llama-3.1-70B", hardware=HARDWARE,
                                      gpus=1)
@@ -101,3 +101,59 @@ def test_the_slot_limit_pulled_in_the_simulator_lands_where_predicted():
         assert "queue_seconds" not in p.predicted and p.notes
         assert measured.queue > 5 * measured.service
         assert measured.arrival_rate > 1.2 * measured.finish_rate
+
+
+@pytest.fixture(scope="module")
+def overload():
+    return _run("overload")[0]
+
+
+def test_the_banner_says_what_pulling_the_lever_would_change(overload):
+    """The exporter's JSON, read by the dashboard's exporter source, on the banner: a
+    block after the levers, each line the prediction's own sentence, marked predicted."""
+    from phasewatch.dashboard import panels
+    from phasewatch.dashboard.exporter_source import snapshot_from_api
+    from tests.dashboard.test_dashboard_cause import words
+
+    entry = json.loads(json.dumps(roofline_json(overload)))
+    snap = snapshot_from_api({"models": []}, {"models": [entry]}, {"series": []}, [])
+    (banner,) = panels.banners(snap)
+    block = words(banner.children[-1])
+    assert block.startswith("If pulled (predicted from this window's fit):"), block
+    for p in entry["predictions"]:
+        assert p["text"] in block
+        assert p["text"].startswith(p["setting"] + ": batch 63") and "(predicted, " in p["text"]
+        assert ", TPOT " in p["text"] and " tokens/s" in p["text"]
+        assert "still over capacity" in p["text"]
+
+
+def test_the_fit_and_the_predictions_on_metrics(overload):
+    """/metrics: the fit's three costs and its error, every prediction's figures now and
+    predicted, and its reach, under the label set's labels."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from phasewatch.publish.lever_metrics import lever_families
+
+    class Levers:
+        def collect(self):
+            return lever_families([overload], ["model", "engine"])
+
+    registry = CollectorRegistry()
+    registry.register(Levers())
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    key = (("engine", "sim"), ("model", MODEL))
+    fit = overload.outlook.fit
+    assert samples[("phasewatch_step_model_cost_seconds", (*key[:1], key[1], ("term", "base"))
+                    )] == pytest.approx(fit.base)
+    assert samples[("phasewatch_step_model_fitted_requests", key)] == fit.requests
+    first = overload.outlook.predictions[0]
+    got = samples[("phasewatch_lever_prediction", tuple(sorted((*key, (
+        "figure", "tpot_seconds"), ("lever", "concurrency_limit"), ("setting", first.setting),
+        ("when", "predicted")))))]
+    assert got == pytest.approx(first.predicted["tpot_seconds"])
+    assert samples[("phasewatch_lever_prediction_reach_ratio", tuple(sorted((*key, (
+        "lever", "concurrency_limit"), ("setting", first.setting)))))] == pytest.approx(
+        first.reach)
