@@ -38,9 +38,9 @@ from phasewatch.roofline.verdict import Verdict
 KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limit offered
 CLOSED_LOOP_CV = 0.25  # requests in the system vary less than this: closed-loop clients
 # the figures a prediction's sentence names: key, words, unit, scale
-FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0), ("ttft_seconds", "TTFT", " s", 1.0),
-                ("tpot_seconds", "TPOT", " ms", 1e3), ("itl_max_seconds", "longest ITL", " ms",
-                                                     1e3),
+FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0),
+                ("ttft_seconds", "TTFT", " s", 1.0), ("tpot_seconds", "TPOT", " ms", 1e3),
+                ("itl_max_seconds", "longest ITL", " ms", 1e3),
                 ("output_tokens_per_second", "output", " tokens/s", 1.0),
                 ("kv_usage", "KV cache", " %", 100.0),
                 ("kv_capacity_tokens", "KV capacity", " tokens", 1.0))
