@@ -42,7 +42,7 @@ SECTIONS = {
     "record": client.record_rows,
     "visible": lambda: [client.visibility_row()],
     "render": surfaces.render_row,
-    "estimator": lambda: [surfaces.estimator_row()],
+    "estimator": surfaces.estimator_rows,
     "dashboard": lambda: [dashboard_refresh.dashboard_row()],
     "memory": lambda: [surfaces.memory_row()],
     "tap": tap.tap_rows,

@@ -39,7 +39,8 @@ KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limi
 CLOSED_LOOP_CV = 0.25  # requests in the system vary less than this: closed-loop clients
 # the figures a prediction's sentence names: key, words, unit, scale
 FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0),
-                ("ttft_seconds", "TTFT", " s", 1.0), ("tpot_seconds", "TPOT", " ms", 1e3),
+                ("ttft_seconds", "TTFT", " s", 1.0), ("e2e_seconds", "e2e", " s", 1.0),
+                ("tpot_seconds", "TPOT", " ms", 1e3),
                 ("itl_max_seconds", "longest ITL", " ms", 1e3),
                 ("output_tokens_per_second", "output", " tokens/s", 1.0),
                 ("kv_usage", "KV cache", " %", 100.0),
@@ -105,6 +106,7 @@ class OperatingPoint:
     prefill: float  # mean prefill seconds
     queue: float  # mean queue seconds
     ttft: float
+    e2e: float  # mean request seconds, arrival to the response's end
     prefill_per_step: float  # prompt tokens a decode step carries, on average
     prompt_max: float  # the longest uncached prompt
     prompt: float  # the mean uncached prompt
@@ -124,7 +126,7 @@ class OperatingPoint:
 
     def figures(self) -> dict[str, float]:
         return {"batch": self.batch, "step_seconds": self.step, "queue_seconds": self.queue,
-                "ttft_seconds": self.ttft, "tpot_seconds": self.step,
+                "ttft_seconds": self.ttft, "tpot_seconds": self.step, "e2e_seconds": self.e2e,
                 "output_tokens_per_second": self.finish_rate * self.output,
                 **({"kv_usage": self.kv_usage} if self.kv_usage is not None else {})}
 
@@ -152,9 +154,9 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         > 0 else float(done.sum()) / span
     a, e = cols.arrival, end
     known = ~np.isnan(a) & ~np.isnan(e)
-    t = np.linspace(lo, hi, 100)
-    count = ((a[known][:, None] <= t) & (e[known][:, None] > t)).sum(0) if known.sum() \
-        < 20_000 else np.zeros(len(t))
+    t = np.linspace(lo, hi, 100)  # requests in the system at each: arrived less finished
+    count = (np.searchsorted(np.sort(a[known]), t, side="right")
+             - np.searchsorted(np.sort(e[known]), t, side="right")).astype(float)
     sched, first = cols.scheduled_at, cols.first_token_at
     pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
     tokens = float(cols.uncached[pre & done].sum())
@@ -166,6 +168,7 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         float(count.std() / mean_count) if mean_count else 0.0, batch, step,
         _mean(np.where(cols.output[done] > 0, cols.output[done], np.nan).astype(float)),
         _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
+        _mean(cols.e2e[done]),
         prefill_rate / steps_per_second if steps_per_second else 0.0,
         float(cols.uncached[pre].max()) if pre.any() else 0.0,
         _mean(np.where(pre & done, cols.uncached, np.nan).astype(float)), kv_usage,
@@ -215,7 +218,9 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float
         queue = _erlang_c_wait(limit, op.arrival_rate, service)
         rate = op.arrival_rate if queue is not None else limit / service
     if queue is not None:  # (over capacity the queue grows: no mean wait to predict)
-        out.update(queue_seconds=queue, ttft_seconds=queue + prefill)
+        # the request's other parts (preprocess, the response's end) as they were
+        out.update(queue_seconds=queue, ttft_seconds=queue + prefill,
+                   e2e_seconds=op.e2e - op.queue - op.service + queue + service)
     out["output_tokens_per_second"] = rate * op.output
     if op.kv_usage is not None and op.batch > 0:
         out["kv_usage"] = op.kv_usage * batch / op.batch
@@ -330,6 +335,7 @@ class Outlook:
 
     def as_dict(self) -> dict:
         return {"step_model": self.fit.as_dict() if self.fit is not None else None,
+                "operating_point": self.point.figures() if self.point is not None else None,
                 "predictions": [p.as_dict() for p in self.predictions]}
 
 

