@@ -259,9 +259,12 @@ def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     factor = want / op.kv_capacity_tokens
     if factor <= 1.0:
         return []
-    figures, reach = _at_limit(op, fit, max(int(op.in_system), 1)) if op.limit is None \
-        else _at_limit(op, fit, int(op.limit))
+    # every request in the system runs once the cache holds them all (the running maximum
+    # seen was the cache's, not a slot limit's)
+    figures, reach = _at_limit(op, fit, max(round(op.in_system), 1))
     figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
+    if "kv_usage" in figures:  # of the larger cache
+        figures["kv_usage"] = 1.0 / 1.1
     return [Prediction("kv_cache", "KV capacity for every request in the system",
                        {**op.figures(), "kv_capacity_tokens": op.kv_capacity_tokens},
                        figures, reach,

@@ -157,3 +157,24 @@ def test_the_fit_and_the_predictions_on_metrics(overload):
     assert samples[("phasewatch_lever_prediction_reach_ratio", tuple(sorted((*key, (
         "lever", "concurrency_limit"), ("setting", first.setting)))))] == pytest.approx(
         first.reach)
+
+
+def test_a_full_kv_cache_is_told_the_capacity_that_holds_every_request(overload):
+    """kv_cache: the requests in the system at the window's mean context, against the
+    engine's capacity, with 10 % spare; all of them run (the running maximum was the
+    cache's), and the preemptions go."""
+    from dataclasses import replace
+
+    from phasewatch.roofline.lever_effects import kv_cache
+
+    point, fit = overload.outlook.point, overload.outlook.fit
+    full = replace(point, kv_capacity_tokens=point.in_system * fit.context / 3, kv_usage=1.0)
+    (p,) = kv_cache(full, fit)
+    assert p.predicted["kv_capacity_tokens"] == pytest.approx(
+        1.1 * point.in_system * fit.context)
+    assert p.predicted["preemptions_per_second"] == 0.0
+    assert p.predicted["batch"] > point.batch  # more of the requests in the system run
+    assert p.predicted["kv_usage"] == pytest.approx(1 / 1.1)
+    assert "x3.30 today's capacity" in p.text and p.text.startswith("KV capacity for every")
+    roomy = replace(point, kv_capacity_tokens=2 * point.in_system * fit.context)
+    assert kv_cache(roomy, fit) == []  # it already fits: no lever to size
