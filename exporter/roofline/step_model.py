@@ -99,10 +99,12 @@ class StepRows:
         batch = decoding.integral(np.ones(dec.sum()), a, b) / span
         kv = decoding.integral(ctx[dec], a, b) / span
         sched = cols.scheduled_at
-        pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
+        # the prompt tokens computed: the uncached ones, the whole prompt where unknown
+        computed = np.where(cols.uncached >= 0, cols.uncached, cols.prompt).astype(float)
+        pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
         prefill = np.zeros(len(a))
         if pre.any():
-            rate = cols.uncached[pre] / (first[pre] - sched[pre])
+            rate = computed[pre] / (first[pre] - sched[pre])
             prefill = Overlaps(sched[pre], first[pre]).integral(rate, a, b) / n
         return cls(span / n, prefill, kv, batch, n, float(np.average(ctx[dec])))
 
@@ -215,38 +217,87 @@ def fit(cols: WindowColumns, lo: float, hi: float, dep: Deployment | None,
     if rows is None:
         return None
     mean_batch = batch or float(np.average(rows.batch, weights=rows.steps))
-    floors = Floors.of(dep, mean_batch) if dep is not None else None
-    roof = {"per_kv_token": floors.per_kv_token if floors else 0.0,
-            "per_prefill_token": floors.per_prefill_token if floors else 0.0}
+    return fit_rows(rows, Floors.of(dep, mean_batch) if dep is not None else None)
+
+
+TERMS = ("base", "per_prefill_token", "per_kv_token")
+SLOPES = ("per_kv_token", "per_prefill_token")
+
+
+def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[str]]:
+    """(costs, the costs held at the roofline's, why each was): an input that barely
+    varied, then a cost fitted under the roofline's, held and the rest refitted."""
     fixed, held = {}, []
     for name, x, what in (("per_kv_token", rows.kv, "the KV tokens read"),
                           ("per_prefill_token", rows.prefill, "the prefill tokens")):
         if rows.spread(x) < SPREAD:
             fixed[name] = roof[name]
             held.append(f"{name}: {what} barely varied in the window")
-    coef = _solve(rows, [n for n in ("base", "per_prefill_token", "per_kv_token")
-                         if n not in fixed], fixed)
-    for _ in range(2):  # a cost under the roofline's is held at it, the rest refitted
-        low = [n for n in roof if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]
+    coef = _solve(rows, [n for n in TERMS if n not in fixed], fixed)
+    for _ in range(2):
+        low = [n for n in SLOPES if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]
         if not low:
             break
         for name in low:
             fixed[name] = roof[name]
             held.append(f"{name}: the fit read {coef[name]:.3g} s, under the roofline's "
                         f"{roof[name]:.3g} s")
-        coef = _solve(rows, [n for n in ("base", "per_prefill_token", "per_kv_token")
-                             if n not in fixed], fixed)
+        coef = _solve(rows, [n for n in TERMS if n not in fixed], fixed)
+    return coef, fixed, held
+
+
+def _error(rows: StepRows, coef: dict) -> np.ndarray:
     fitted = coef["base"] + coef["per_prefill_token"] * rows.prefill + \
         coef["per_kv_token"] * rows.kv
-    err = np.abs(fitted - rows.step) / rows.step
+    return np.abs(fitted - rows.step) / rows.step
+
+
+def _separated(rows: StepRows, roof: dict[str, float], floor: float, fixed: dict,
+               coef: dict) -> tuple[dict, list[str]] | None:
+    """Where the free fit put the fixed cost under the weights' read (inputs that move
+    together: a larger context beside every longer prompt), the window cannot tell the
+    costs apart: each slope not yet held is held at the roofline's in turn, and both
+    together, and the refit whose fixed cost clears the floor with the smallest error
+    stands; None where none does."""
+    best = None
+    free = [n for n in SLOPES if n not in fixed]
+    choices = [[n] for n in free] + ([free] if len(free) > 1 else [])
+    for hold in choices:
+        trial = {**fixed, **{n: roof[n] for n in hold}}
+        c = _solve(rows, [n for n in TERMS if n not in trial], trial)
+        if c["base"] < FLOOR_SLACK * floor or any(
+                c[n] < FLOOR_SLACK * roof[n] for n in SLOPES if n not in trial):
+            continue
+        err = float(np.average(_error(rows, c), weights=rows.steps))
+        if best is None or err < best[0]:
+            best = (err, c, hold)
+    if best is None:
+        return None
+    _, c, hold = best
+    why = (f"the free fit put a step's fixed cost at {coef['base'] * 1e3:.3g} ms, under the "
+           f"weights' read ({floor * 1e3:.3g} ms): the window could not tell it apart from "
+           "the other costs")
+    return c, [f"{n}: {why}" for n in hold]
+
+
+def fit_rows(rows: StepRows, floors: Floors | None) -> StepFit:
+    """The step model through ``rows`` with the roofline's ``floors`` as its prior."""
+    roof = {n: getattr(floors, n) if floors else 0.0 for n in SLOPES}
+    coef, fixed, held = _held_fit(rows, roof)
     rejected = None
     if floors is not None and coef["base"] < FLOOR_SLACK * floors.base:
-        rejected = (f"the fitted fixed cost of a step, {coef['base'] * 1e3:.2f} ms, is under "
-                    f"the weights' read at the achievable bandwidth, "
-                    f"{floors.base * 1e3:.2f} ms: the window cannot tell the step's parts "
-                    f"apart")
+        found = _separated(rows, roof, floors.base, fixed, coef)
+        if found is not None:
+            coef, more = found
+            held = [*held, *more]
+        else:
+            rejected = (f"the fitted fixed cost of a step, {coef['base'] * 1e3:.2f} ms, is "
+                        f"under the weights' read at the achievable bandwidth, "
+                        f"{floors.base * 1e3:.2f} ms, however the other costs are held: the "
+                        "configured model or hardware does not fit these steps")
     elif coef["base"] <= 0:
         rejected = "the fitted fixed cost of a step is not positive"
+    err = _error(rows, coef)
 
     def span(x: np.ndarray) -> tuple[float, float]:
         return tuple(float(v) for v in np.quantile(x, [0.1, 0.9]))

