@@ -108,8 +108,8 @@ class OperatingPoint:
     ttft: float
     e2e: float  # mean request seconds, arrival to the response's end
     prefill_per_step: float  # prompt tokens a decode step carries, on average
-    prompt_max: float  # the longest uncached prompt
-    prompt: float  # the mean uncached prompt
+    prompt_max: float  # the longest prompt computed (uncached; the whole where unknown)
+    prompt: float  # the mean prompt computed
     kv_usage: float | None = None
     kv_capacity_tokens: float | None = None
     limit: float | None = None  # the slot limit the engine ran at
@@ -158,8 +158,9 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     count = (np.searchsorted(np.sort(a[known]), t, side="right")
              - np.searchsorted(np.sort(e[known]), t, side="right")).astype(float)
     sched, first = cols.scheduled_at, cols.first_token_at
-    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (cols.uncached > 0)
-    tokens = float(cols.uncached[pre & done].sum())
+    computed = step_model.computed_prompt(cols)
+    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
+    tokens = float(computed[pre & done].sum())
     steps_per_second = 1.0 / step if step > 0 else 0.0
     prefill_rate = tokens / span
     mean_count = float(count.mean())
@@ -170,8 +171,8 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
         _mean(cols.e2e[done]),
         prefill_rate / steps_per_second if steps_per_second else 0.0,
-        float(cols.uncached[pre].max()) if pre.any() else 0.0,
-        _mean(np.where(pre & done, cols.uncached, np.nan).astype(float)), kv_usage,
+        float(computed[pre].max()) if pre.any() else 0.0,
+        _mean(np.where(pre & done, computed, np.nan)), kv_usage,
         kv_capacity, limit)
 
 

@@ -31,7 +31,7 @@ it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,6 +68,12 @@ class Overlaps:
         return upto[len(a):] - upto[:len(a)]
 
 
+def computed_prompt(cols: WindowColumns) -> np.ndarray:
+    """The prompt tokens each request's prefill computed: the uncached ones, the whole
+    prompt where the prefix cache is not known."""
+    return np.where(cols.uncached >= 0, cols.uncached, cols.prompt).astype(float)
+
+
 @dataclass(frozen=True)
 class StepRows:
     """The decoding requests the fit reads, one row each: mean step, the prefill tokens
@@ -99,8 +105,7 @@ class StepRows:
         batch = decoding.integral(np.ones(dec.sum()), a, b) / span
         kv = decoding.integral(ctx[dec], a, b) / span
         sched = cols.scheduled_at
-        # the prompt tokens computed: the uncached ones, the whole prompt where unknown
-        computed = np.where(cols.uncached >= 0, cols.uncached, cols.prompt).astype(float)
+        computed = computed_prompt(cols)
         pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
         prefill = np.zeros(len(a))
         if pre.any():
@@ -155,7 +160,6 @@ class StepFit:
     held: tuple[str, ...] = ()  # costs held at the roofline's, and why
     rejected: str | None = None  # why no prediction rests on it
     floors: Floors | None = None
-    notes: tuple[str, ...] = field(default=())
 
     def step(self, prefill_tokens: float, kv_tokens: float) -> float:
         return (self.base + self.per_prefill_token * prefill_tokens
