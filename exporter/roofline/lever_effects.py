@@ -177,16 +177,16 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
 
 
 def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None:
-    """Mean wait in an M/M/c queue; None at or over capacity."""
+    """Mean wait in an M/M/c queue; None at or over capacity. Erlang B by its recursion
+    (no load^c / c! to overflow at thousands of slots), then C from B."""
     load = arrival * service
     if servers < 1 or load >= servers:
         return None
-    term, total = 1.0, 1.0
-    for k in range(1, servers):
-        term *= load / k
-        total += term
-    last = term * load / servers / (1.0 - load / servers)
-    return last / (total + last) * service / (servers - load)
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = load * b / (k + load * b)
+    c = b / (1.0 - load / servers * (1.0 - b))
+    return c * service / (servers - load)
 
 
 def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float]:
@@ -315,7 +315,7 @@ def larger_batch(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
 def predict(cause: str | None, resource: str, op: OperatingPoint | None,
             fit: StepFit | None, budget: int) -> list[Prediction]:
     """The predictions for the verdict's cause (or resource); none without a basis."""
-    if op is None or fit is None or fit.rejected:
+    if op is None or fit is None or fit.rejected or op.service <= 0 or op.step <= 0:
         return []
     if cause == "concurrency_limit":
         return concurrency_limit(op, fit)

@@ -231,3 +231,17 @@ def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
     assert fit.rejected is None and fit.base > floors.base
     assert fit.per_prefill_token == floors.per_prefill_token
     assert fit.error_median < 0.1
+
+
+def test_erlang_c_is_the_textbook_figure_and_holds_at_thousands_of_slots():
+    """M/M/c's mean wait: 2 servers at load 1 (each busy half the time), service 1 s:
+    Erlang C = 1/3, wait 1/3 s; and at 2,000 slots a finite wait, not an overflow."""
+    import math
+
+    from phasewatch.roofline.lever_effects import _erlang_c_wait
+
+    assert _erlang_c_wait(2, 1.0, 1.0) == pytest.approx(1 / 3)
+    assert _erlang_c_wait(1, 0.5, 1.0) == pytest.approx(1.0)  # M/M/1: rho / (mu - lambda)
+    assert _erlang_c_wait(2, 2.0, 1.0) is None  # at capacity
+    wait = _erlang_c_wait(2000, 1900.0, 1.0)
+    assert wait is not None and math.isfinite(wait) and 0 <= wait < 1
