@@ -27,7 +27,7 @@ def lever_families(results, labels: list[str]) -> Iterator[Metric]:
         GaugeMetricFamily(f.family, f.help, labels=f.label_names(tuple(labels)))
         for f in c.LEVERS)
     for r in results:
-        out = getattr(r, "outlook", None)
+        out = r.outlook
         if out is None:
             continue
         key = list(r.labels)

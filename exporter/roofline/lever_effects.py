@@ -189,15 +189,21 @@ def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None
     return c * service / (servers - load)
 
 
+def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
+                 prefill_per_step: float) -> float:
+    """The step at ``batch`` decodes and ``prefill_per_step`` prompt tokens: the measured
+    step scaled by the fit's ratio to its own step at the operating point (the fit's
+    shape, anchored on what was measured)."""
+    return op.step * fit.at_batch(batch, prefill_per_step) / fit.at_batch(
+        op.batch, op.prefill_per_step)
+
+
 def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float]:
     """The operating point's figures with ``limit`` slots; the prediction's reach. The
     step is the measured one scaled by the fit's ratio between the two batches (the fit's
     shape, anchored on what was measured); the batch is the running requests' decoding
     share, and the running requests the clients' (closed loop) or the arrivals' over a
     request's service time (open), up to the limit."""
-    def scaled(batch: float, prefill_per_step: float) -> float:
-        return op.step * fit.at_batch(batch, prefill_per_step) / fit.at_batch(
-            op.batch, op.prefill_per_step)
     step, batch = op.step, op.batch
     for _ in range(50):  # the batch sets the step, the step the service time, and back
         decode = max(op.output - 1.0, 0.0) * step
@@ -205,7 +211,8 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float
         running = min(limit, op.in_system if op.closed_loop else op.arrival_rate * service)
         batch = running * decode / service if service > 0 else running
         # each request admitted brings its prompt: prefill tokens per step follow the rate
-        new = scaled(batch, running / service * op.prompt * step if service > 0 else 0.0)
+        new = _scaled_step(op, fit, batch,
+                           running / service * op.prompt * step if service > 0 else 0.0)
         if abs(new - step) <= 1e-9 + 1e-6 * step:
             break
         step = new
@@ -302,8 +309,7 @@ def larger_batch(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     if op.batch <= 0:
         return []
     new = 2.0 * op.batch
-    step = fit.at_batch(new, op.prefill_per_step) * op.step / fit.at_batch(
-        op.batch, op.prefill_per_step)
+    step = _scaled_step(op, fit, new, op.prefill_per_step)
     # (the setting is a label on /metrics: no figure in it; the batch is a figure)
     return [Prediction("batch", "twice the batch", op.figures(),
                        {"batch": new, "step_seconds": step, "tpot_seconds": step,

