@@ -127,11 +127,15 @@ real-engines: $(STAMP) engines-venv
 # The GPU check, for anyone with an NVIDIA GPU (docs/verdict.md, "The GPU's own
 # counters"): calibrate, transformers serve behind the tap (eager and CUDA graphs, 8 and 48
 # streams), phasewatch reading the GPU's counters itself; it fails when the estimate
-# exceeds what the GPU counted or a utilization exceeds 1. Where the machine has no
-# network (the device machine lent to some sessions), `make gpu-wheels` here first: the
-# wheels it lacks, into .whl/, which `make gpu-check` installs there from disk.
+# exceeds what the GPU counted or a utilization exceeds 1. Then the tap's bench rows on
+# this host's cores (the --workers row: issue 30), into $(GPU_OUT)/bench-tap.json. Where
+# the machine has no network (the device machine lent to some sessions), `make
+# gpu-wheels` here first: the wheels it lacks, into .whl/, which `make gpu-check`
+# installs there from disk. GPU_ARGS: more of gpu_tap_check.py's flags (--time-limit S).
 GPU_SITE := /tmp/phasewatch-gpu-site
 GPU_OUT ?= $(if $(OUT),$(OUT),gpu-check)
+GPU_ARGS ?=
+GPU_ENV = PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1
 gpu-wheels: $(STAMP) $(TF_STAMP)
 	$(PY) tests/engines/gpu_wheels.py .whl
 
@@ -139,9 +143,10 @@ gpu-check:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
 	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 	    --target $(GPU_SITE) .whl/*.whl; fi
-	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
-	  python3 tests/engines/gpu_tap_check.py --out $(GPU_OUT) --tf-python python3 \
-	  --pw-python python3
+	@$(GPU_ENV) python3 tests/engines/gpu_tap_check.py --out $(GPU_OUT) --tf-python python3 \
+	  --pw-python python3 $(GPU_ARGS); rc=$$?; \
+	  $(GPU_ENV) timeout 240 python3 -m bench.run --only tap \
+	    && cp bench/results.json $(GPU_OUT)/bench-tap.json; exit $$rc
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

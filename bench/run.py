@@ -30,22 +30,35 @@ import platform
 import sys
 import time
 
-import numpy as np
-
-from bench import client, dashboard_refresh, ingest, surfaces, tap
 from bench.common import CLIENT_CORE, ROOT, Row, pin
 
+
+def _rows(module: str, function: str, *args) -> list[Row]:
+    """``bench.MODULE.FUNCTION(*args)``, imported when its section runs: a section needs
+    only its own dependencies (``--only tap`` runs where Dash and plotly are absent, as
+    on the GPU machine ``make gpu-check`` runs on)."""
+    import importlib
+
+    return getattr(importlib.import_module(f"bench.{module}"), function)(*args)
+
+
+def _export_rows() -> list[Row]:
+    import numpy as np
+
+    return _rows("ingest", "export_rows", np.random.default_rng(0))
+
+
 SECTIONS = {
-    "export": lambda: ingest.export_rows(np.random.default_rng(0)),
-    "otlp": ingest.otlp_rows,
-    "sglang": ingest.sglang_rows,
-    "record": client.record_rows,
-    "visible": lambda: [client.visibility_row()],
-    "render": surfaces.render_row,
-    "estimator": surfaces.estimator_rows,
-    "dashboard": lambda: [dashboard_refresh.dashboard_row()],
-    "memory": lambda: [surfaces.memory_row()],
-    "tap": tap.tap_rows,
+    "export": _export_rows,
+    "otlp": lambda: _rows("ingest", "otlp_rows"),
+    "sglang": lambda: _rows("ingest", "sglang_rows"),
+    "record": lambda: _rows("client", "record_rows"),
+    "visible": lambda: [_rows("client", "visibility_row")],
+    "render": lambda: _rows("surfaces", "render_row"),
+    "estimator": lambda: _rows("surfaces", "estimator_rows"),
+    "dashboard": lambda: [_rows("dashboard_refresh", "dashboard_row")],
+    "memory": lambda: [_rows("surfaces", "memory_row")],
+    "tap": lambda: _rows("tap", "tap_rows"),
 }
 
 
