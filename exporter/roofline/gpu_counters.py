@@ -17,7 +17,12 @@ SMs), ``sm_occupancy`` the resident warps over the most an SM holds; ``gr_engine
 the share of time the graphics/compute engine had work.
 
 ``CounterHistory`` keeps the samples a reader took (bounded) and answers the mean of each
-counter over ``[start, end]``, the roofline's window, for the GPUs ``select`` matches.
+counter over ``[start, end]``, the roofline's window, for the GPUs ``select`` matches. A
+reading that covers a period (NVML GPM's: from the reading before it to this one, so
+the readings tile time) counts by the part of the period inside the window: a reading
+that ends a second into the window is mostly the second before it. A reading at a moment
+(a dcgm-exporter page: DCGM's own average over a period it does not say) counts whole
+where it was taken inside the window.
 """
 
 from __future__ import annotations
@@ -87,6 +92,16 @@ class GpuSample:
     at: float  # exporter clock
     source: str  # "dcgm" or "nvml"
     gpus: tuple[GpuCounters, ...]
+    # where the reading covers a period: its start (NVML GPM: the reading before it);
+    # None for a reading at a moment (dcgm-exporter's page)
+    since: float | None = None
+
+    def weight(self, start: float, end: float) -> float:
+        """How much this reading counts in ``[start, end]``: the seconds of its period
+        inside (0 when none), or 1 for a reading at a moment taken inside."""
+        if self.since is not None and self.since < self.at:
+            return max(0.0, min(self.at, end) - max(self.since, start))
+        return 1.0 if start <= self.at <= end else 0.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +133,9 @@ class CounterMeans:
 class GpuWindow:
     """The GPUs' counters over ``[start, end]``: ``mean`` is the mean over the matched
     GPUs of each GPU's mean over its samples (a GPU sampled more often does not weigh
-    more); ``per_gpu`` the same per GPU; ``samples`` the readings that fell inside."""
+    more); ``per_gpu`` the same per GPU; ``samples`` the readings that fell inside;
+    ``covered`` the seconds of the window their periods cover (None for readings at a
+    moment, whose periods are not known)."""
 
     start: float
     end: float
@@ -127,13 +144,21 @@ class GpuWindow:
     gpus: tuple[GpuIdentity, ...]
     mean: CounterMeans
     per_gpu: tuple[tuple[GpuIdentity, CounterMeans], ...] = ()
+    covered: float | None = None
+
+    def coverage(self) -> float | None:
+        """The share of the window the readings cover (None: not known)."""
+        span = self.end - self.start
+        if self.covered is None or span <= 0:
+            return None
+        return min(self.covered / span, 1.0)
 
     def summary(self) -> dict:
         """For the JSON API and the verdict's evidence: the source, the span, the GPUs
         by name and the mean counters given (None left out)."""
         return {"source": self.source, "start": self.start, "end": self.end,
-                "samples": self.samples, "gpus": [g.name() for g in self.gpus],
-                **self.mean.present()}
+                "samples": self.samples, "covered_seconds": self.covered,
+                "gpus": [g.name() for g in self.gpus], **self.mean.present()}
 
 
 def select(gpus, uuid=None, pod=None, index=None) -> tuple[GpuCounters, ...]:
@@ -162,37 +187,46 @@ def select(gpus, uuid=None, pod=None, index=None) -> tuple[GpuCounters, ...]:
     return tuple(out)
 
 
-def _means(rows: list) -> CounterMeans:
+def _means(rows: list, weights: list[float] | None = None) -> CounterMeans:
     """The mean of each counter over ``rows`` (GpuCounters, or the CounterMeans of
-    several GPUs), the rows that lack it left out."""
+    several GPUs), weighted by ``weights`` (each 1 when None), the rows that lack it
+    left out."""
+    weights = weights if weights is not None else [1.0] * len(rows)
     values = {}
     for name in RATIOS + GAUGES:
-        got = [getattr(r, name) for r in rows if getattr(r, name) is not None]
-        if got:
-            values[name] = sum(got) / len(got)
+        got = [(getattr(r, name), w) for r, w in zip(rows, weights, strict=True)
+               if getattr(r, name) is not None]
+        total = sum(w for _, w in got)
+        if got and total > 0:
+            values[name] = sum(v * w for v, w in got) / total
     return CounterMeans(**values)
 
 
 def window_means(samples, start: float, end: float, uuid=None, pod=None,
                  index=None) -> GpuWindow | None:
-    """The counters of ``samples`` (GpuSample, any order) taken in ``[start, end]``, for
-    the GPUs ``select`` keeps; None when no sample fell inside or none matched."""
-    by_gpu: dict[GpuIdentity, list[GpuCounters]] = {}
-    source, taken = "", 0  # taken: the samples that held one of the GPUs
+    """The counters of ``samples`` (GpuSample, any order) over ``[start, end]`` (each by
+    ``GpuSample.weight``), for the GPUs ``select`` keeps; None when no sample fell
+    inside or none matched."""
+    by_gpu: dict[GpuIdentity, list[tuple[GpuCounters, float]]] = {}
+    source, taken, covered = "", 0, None  # taken: the samples that held one of the GPUs
     for s in samples:
-        if not start <= s.at <= end:
+        weight = s.weight(start, end)
+        if weight <= 0:
             continue
         rows = select(s.gpus, uuid=uuid, pod=pod, index=index)
         for row in rows:
-            by_gpu.setdefault(row.identity, []).append(row)
+            by_gpu.setdefault(row.identity, []).append((row, weight))
         if rows:
             source, taken = source or s.source, taken + 1
+            if s.since is not None and s.since < s.at:
+                covered = (covered or 0.0) + weight
     if not by_gpu:
         return None
-    per_gpu = tuple((ident, _means(rows)) for ident, rows in by_gpu.items())
+    per_gpu = tuple((ident, _means([r for r, _ in rows], [w for _, w in rows]))
+                    for ident, rows in by_gpu.items())
     return GpuWindow(start=start, end=end, source=source, samples=taken,
                      gpus=tuple(by_gpu), mean=_means([m for _, m in per_gpu]),
-                     per_gpu=per_gpu)
+                     per_gpu=per_gpu, covered=covered)
 
 
 class CounterHistory:

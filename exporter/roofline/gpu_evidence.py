@@ -30,6 +30,10 @@ from phasewatch.roofline.gpu_counters import GpuWindow
 # wrong: the estimate is the minimum traffic, so 1.0 is its most; 10 % for the counters'
 # own sampling (DCGM's and NVML's are means over their sample period, not the range)
 OVERSTATED = 1.1
+# the share of the range the counters' readings must cover (where they say what they
+# cover: NVML GPM's) for a comparison: under it (phasewatch started inside the range)
+# the readings speak for part of the range and the estimate for all of it
+MIN_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,12 @@ def compare(counters: GpuWindow | None, prefill_bytes: float, decode_bytes: floa
             engine_busy: float | None) -> GpuComparison | None:
     """The estimate's traffic and work over ``range_seconds`` as shares of the datasheet
     ceilings (``peak_bandwidth`` bytes/s and ``peak_flops`` FLOP/s, every GPU of the
-    deployment together), beside ``counters``; None without counters or a range."""
+    deployment together), beside ``counters``; None without counters or a range, or
+    with readings that cover less than ``MIN_COVERAGE`` of it."""
     if counters is None or range_seconds <= 0:
+        return None
+    coverage = counters.coverage()
+    if coverage is not None and coverage < MIN_COVERAGE:
         return None
     moved, done = prefill_bytes + decode_bytes, prefill_flops + decode_flops
     return GpuComparison(

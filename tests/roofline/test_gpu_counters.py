@@ -172,6 +172,34 @@ def test_window_mean_weighs_each_gpu_once():
     assert w.samples == 3 and w.mean.dram_active == pytest.approx(0.4)
 
 
+def test_readings_over_periods_count_by_the_part_inside_the_window():
+    """NVML GPM's readings tile time, each from the one before: a window counts each by
+    the seconds of its period inside it. The load of issue 39's H200 run: a slow round
+    (DRAM 2.7 % busy) then a fast one (6.9 %); a window from 0.2 s into the fast round
+    reads the fast round, where counting the reading that ends inside it whole read
+    the slow second before it too."""
+    g = GpuIdentity(index="0")
+
+    def reading(since, at, dram):
+        return GpuSample(at, "nvml", (GpuCounters(g, dram_active=dram),), since=since)
+
+    samples = [reading(9.0, 10.0, 0.027), reading(10.0, 11.0, 0.069),
+               reading(11.0, 12.0, 0.069), reading(12.0, 13.0, 0.069)]
+    w = window_means(samples, 10.2, 12.5)
+    assert w.samples == 3 and w.covered == pytest.approx(2.3)
+    assert w.mean.dram_active == pytest.approx(0.069) and w.coverage() == pytest.approx(1.0)
+    # a window straddling the change: each round by its seconds inside
+    w = window_means(samples, 9.5, 10.5)
+    assert w.mean.dram_active == pytest.approx((0.5 * 0.027 + 0.5 * 0.069) / 1.0)
+    # the readings cover half of a window that runs past the newest one
+    assert window_means(samples, 12.0, 14.0).coverage() == pytest.approx(0.5)
+    # readings at a moment (dcgm-exporter's) count whole where taken, their cover unknown
+    point = window_means([GpuSample(10.0, "dcgm", (GpuCounters(g, dram_active=0.5),))],
+                         9.0, 11.0)
+    assert point.mean.dram_active == 0.5 and point.covered is None
+    assert point.coverage() is None
+
+
 def test_the_history_is_bounded(serve):
     server = serve([page("dcgm-h100x2-t0.txt")])
     src = DcgmExporterSource(server.url, keep=3)

@@ -84,3 +84,17 @@ def test_no_counters_or_no_range_is_no_comparison():
     assert compare(counters(0.1, 0.1), 1, 1, 1, 1, 0.0, H100_BW, H100_BF16, 1.0) is None
     c = compare(counters(0.1, 0.0), 1, 1, 1, 1, 1.0, 0.0, 0.0, 1.0)  # no ceilings known
     assert c.dram_estimated is None and c.tensor_ratio is None and c.overstated() == []
+
+
+def test_readings_that_cover_under_half_the_range_are_no_comparison():
+    """NVML's readings say what they cover: where phasewatch started 20 s into a 30 s
+    range they speak for a third of it, the estimate for all of it."""
+    h = CounterHistory()
+    for k in range(10):
+        h.add(GpuSample(at=121.0 + k, since=120.0 + k, source="nvml", gpus=(
+            GpuCounters(GPU0, dram_active=0.05, tensor_active=0.01),)))
+    late = h.window(100.0, 130.0)
+    assert late.coverage() == pytest.approx(10 / 30)
+    assert compare(late, 1, 1, 1, 1, 30.0, H100_BW, H100_BF16, 1.0) is None
+    whole = h.window(118.0, 131.0)  # 13 s, 10 of them covered
+    assert compare(whole, 1, 1, 1, 1, 13.0, H100_BW, H100_BF16, 1.0) is not None

@@ -102,7 +102,11 @@ def fake_nvml(support=(True, True), fail=None, percents=None, sample_fail=None):
     m.nvmlDeviceGetCount = lambda: len(support)
     m.nvmlDeviceGetHandleByIndex = lambda i: i
     m.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=support[h])
-    m.nvmlGpmSampleAlloc = lambda: pynvml.c_nvmlGpmSample_t()
+    def alloc():
+        calls.append("alloc")
+        return pynvml.c_nvmlGpmSample_t()
+
+    m.nvmlGpmSampleAlloc = alloc
     m.nvmlGpmSampleFree = lambda s: calls.append("free")
     def sample_get(h, s):
         calls.append(f"sample{h}")
@@ -123,7 +127,8 @@ def test_a_reading_of_a_hopper_is_two_samples_apart_in_ratios():
     src = NvmlGpmSource(interval=0.05, nvml=nvml, sleep=slept.append, clock=lambda: 42.0)
     sample = src.poll()
     assert slept == [0.1]  # never under NVML's 100 ms
-    assert calls[:3] == ["init", "sample0", "sample0"] and calls.count("free") == 2
+    got = [c for c in calls if c != "alloc"]
+    assert got[:3] == ["init", "sample0", "sample0"] and calls.count("free") == 1
     assert sample.source == "nvml" and sample.at == 42.0 and len(sample.gpus) == 1
     g = sample.gpus[0]
     assert (g.identity.index, g.identity.uuid, g.identity.model_name, g.identity.device) == (
@@ -139,6 +144,56 @@ def test_a_reading_of_a_hopper_is_two_samples_apart_in_ratios():
     assert calls.count("init") == 1
     src.close()
     assert calls[-1] == "shutdown"
+    assert calls.count("free") == calls.count("alloc")  # the kept sample too, on close
+
+
+def test_readings_tile_time_each_from_the_sample_the_last_one_took():
+    """A reading covers everything since the reading before (its sample kept), not a
+    slice of each poll period: one new sample a reading, the metrics between the two."""
+    nvml, calls = fake_nvml(support=(True,))
+    t = [100.0]
+
+    def sleep(seconds):
+        t[0] += seconds
+
+    src = NvmlGpmSource(interval=0.1, nvml=nvml, sleep=sleep, clock=lambda: t[0])
+    first = src.poll()
+    assert (first.since, first.at) == (100.0, pytest.approx(100.1))
+    n = calls.count("sample0")
+    sleep(1.0)
+    second = src.poll()
+    sleep(1.0)
+    third = src.poll()
+    assert calls.count("sample0") == n + 2  # one sample a reading after the first
+    assert (second.since, second.at) == (first.at, pytest.approx(101.1))
+    assert (third.since, third.at) == (second.at, pytest.approx(102.1))
+    sleep(0.02)  # polls closer than NVML's 100 ms wait for the rest of it
+    assert src.poll().at == pytest.approx(102.2)
+    assert calls.count("alloc") - calls.count("free") == 1  # the last one's, kept
+    # a window from inside the second reading to 0.1 s into the third: a share of each
+    w = src.window(100.6, 101.2)
+    assert w.samples == 2 and w.covered == pytest.approx(0.6)
+    assert w.coverage() == pytest.approx(1.0)
+    src.close()
+    assert calls.count("alloc") == calls.count("free")
+
+
+def test_a_failed_reading_starts_the_next_afresh():
+    pynvml = real_pynvml()
+    nvml, calls = fake_nvml(support=(True,))
+    src = NvmlGpmSource(nvml=nvml, sleep=lambda s: None)
+    assert src.poll() is not None
+
+    def broken(h, s):
+        raise FakeError(pynvml.NVML_ERROR_UNKNOWN)
+
+    good, nvml.nvmlGpmSampleGet = nvml.nvmlGpmSampleGet, broken
+    assert src.poll() is None and src.reason == "nvml_error"
+    assert calls.count("alloc") == calls.count("free")  # the kept sample freed too
+    nvml.nvmlGpmSampleGet = good
+    n = calls.count("sample0")
+    assert src.poll() is not None and calls.count("sample0") == n + 2  # two apart again
+    src.close()
 
 
 @pytest.mark.parametrize(("code", "reason", "lasting"), [
@@ -172,4 +227,5 @@ def test_no_permission_to_sample_frees_the_samples_and_says_so():
     nvml, calls = fake_nvml(support=(True, True), sample_fail=pynvml.NVML_ERROR_NO_PERMISSION)
     src = NvmlGpmSource(nvml=nvml, sleep=lambda s: None)
     assert src.poll() is None and src.reason == "no_permission"
-    assert calls.count("free") == 4 and src.results == {"no_permission": 1}
+    assert calls.count("free") == calls.count("alloc") > 0
+    assert src.results == {"no_permission": 1}
