@@ -403,6 +403,19 @@ class GpuSampler:
                 "means": means, "gpm": self.gpm_why_not is None,
                 "gpm_why_not": self.gpm_why_not, "errors": self.errors}
 
+    def over(self, lo: float, hi: float) -> dict:
+        """This sampler's GPM means over ``[lo, hi]`` (the roofline estimate's range), each
+        reading (the second before its time) by the part of it inside: the second opinion
+        on phasewatch's own counters over the same range."""
+        out = {}
+        for k, _ in self.GPM:
+            got = [(r[k], min(r["t"], hi) - max(r["t"] - 1.0, lo)) for r in self.rows
+                   if k in r]
+            got = [(v, w) for v, w in got if w > 0]
+            if got:
+                out[k] = round(sum(v * w for v, w in got) / sum(w for _, w in got), 2)
+        return out
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.stop()
@@ -855,6 +868,10 @@ class Check:
                "gpu_reads": {lab.get("result"): v for n, lab, v in samples
                              if n == "phasewatch_gpu_counter_reads_total"},
                "roofline_models": [e.get("model") for e in entries]}
+        est_range = ((entry or {}).get("estimate") or {})
+        if est_range.get("range_start") is not None:
+            got["gpu_over_range"] = self.sampler.over(est_range["range_start"],
+                                                      est_range["range_end"])
         if entry is not None and entry.get("deployment"):
             self.deployment = entry["deployment"]
         if entry is not None:
@@ -926,6 +943,8 @@ class Check:
         say(f"  {gpu_line(got['gpu_check'])}; reads {got['gpu_reads']}")
         if g.get("available"):
             say(f"  GPU ({g['device']}, {g['samples']} samples): means {g['means']}"
+                + (f"; over the estimate's range {got['gpu_over_range']}"
+                   if got.get("gpu_over_range") else "")
                 + ("" if g["gpm"] else f"; no GPM: {g['gpm_why_not']}")
                 + (f"; errors {g['errors']}" if g["errors"] else ""))
         else:
