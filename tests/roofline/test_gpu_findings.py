@@ -4,9 +4,13 @@ the running exporter's own entries): a run passes or fails for the reasons it sa
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tests import support
 from tests.engines.gpu_findings import (
+    OVERSTATED,
     calibrate_line,
     calibrate_vs_datasheet,
     failures,
@@ -66,3 +70,47 @@ def test_calibrate_beside_the_datasheet():
                                                            "flops_tflops": {}}}, dep)
     assert failures([phase()], on_gpu=True, calibrated=fast) == [
         "calibrate: bandwidth 1.19x the datasheet"]
+
+
+H200 = support.FIXTURES / "gpu" / "h200-transformers-5.17.0"
+
+
+def test_the_h200_run_passes_on_what_phasewatch_wrote_there():
+    """The device run of 2026-11-28: the rules pass on the pages phasewatch wrote on the
+    H200, and its counters over each range agree with the check's own NVML sampler."""
+    summary = json.loads((H200 / "summary.json").read_text())
+    phases = summary["phases"]
+    assert [(p["mode"], p["streams"]) for p in phases] == [
+        ("eager", 8), ("eager", 48), ("graphs", 8), ("graphs", 48)]
+    assert failures(phases, on_gpu=True, calibrated=summary["calibrate"]) == []
+    for p in phases:
+        page = json.loads((H200 / f"roofline-{p['mode']}-{p['streams']}.json").read_text())
+        (entry,) = page["models"]
+        block = gpu_block(entry)
+        assert block == p["gpu_check"] and block["source"] == "nvml"
+        # the check's sampler tiles time the same way: the same range reads the same
+        assert block["dram_measured"] * 100 == pytest.approx(
+            p["gpu_over_range"]["dram_bw_util"], abs=0.3)
+        assert block["dram_ratio"] < OVERSTATED
+        # every second of the range counted (the readings tile time)
+        est = entry["estimate"]
+        assert entry["gpu"]["counters"]["covered_seconds"] == pytest.approx(
+            est["range_end"] - est["range_start"], rel=0.01)
+        verdict = entry["verdict"]
+        assert (verdict["phase"], verdict["resource"]) == ("decode", "overhead")
+        assert block["outcome"] == ("idle" if p["mode"] == "eager" else "unchecked")
+    profile = json.loads((H200 / "gpu-profile.json").read_text())
+    c = calibrate_vs_datasheet(profile, json.loads(
+        (H200 / "roofline-eager-8.json").read_text())["models"][0]["deployment"])
+    assert c["over_datasheet"]["bandwidth"] == pytest.approx(0.89, abs=0.01)
+
+
+def test_the_first_h200_run_read_slices_and_failed():
+    """Before the readings tiled time: 3 samples of 0.2 s over a 3 s range."""
+    page = json.loads((H200 / "first-run" / "roofline-eager-8.json").read_text())
+    block = gpu_block(page["models"][0])
+    assert block["samples"] == 3 and block["dram_ratio"] == pytest.approx(1.30, abs=0.01)
+    assert "covered_seconds" not in page["models"][0]["gpu"]["counters"]
+    (why,) = [w for w in failures([{"streams": 8, "mode": "eager", "gpu_check": block,
+                                    "roofline": {}}], on_gpu=True) if "dram" in w]
+    assert "exceeds the GPU's 5.4%" in why
