@@ -332,9 +332,10 @@ def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[
                      "output_tokens_per_second": figures["output_tokens_per_second"]
                      * now.mean / got.mean},
                     fit.reach(op.batch * fit.context),
-                    f"a step carries at most {new} prompt tokens: {len(op.prompts)} prompts "
-                    f"of the window in {math.ceil(op.prompt_max / new)} chunks at most, the "
-                    "steps from the fit"))
+                    f"a step carries at most {new} prompt tokens, against {budget} today "
+                    f"(--max-batched-tokens): {len(op.prompts)} prompts of the window in "
+                    f"{math.ceil(op.prompt_max / new)} chunks at most, the steps from the "
+                    "fit"))
         new //= 2
     return out
 
