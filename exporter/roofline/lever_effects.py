@@ -15,8 +15,12 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
   the engine's capacity: the factor by which the capacity (blocks, the memory share, an
   FP8 KV cache's x2) must grow for the preemptions to go.
 * ``prefill_interference``: a smaller chunk budget caps the prefill tokens a step
-  carries, so the longest decode step (the ITL's tail) shortens; prompts then take more
-  steps, each a little shorter, and TTFT grows.
+  carries. The window's steps are modelled at each budget: every prompt prefilled in
+  the range in ceil(prompt / budget) chunk steps of equal size, each a decode step too
+  (the fit at the batch and that chunk), the rest of the time decode-only steps; an
+  ITL is a step, so ITL p50 and p99 are the mixture's, anchored on the measured mean
+  step. A smaller budget shortens the chunk steps (the ITL's tail) and adds steps to
+  each prefill, so TTFT grows by the chunk steps' sum.
 * ``overhead``, a memory-bandwidth or compute verdict: throughput at twice the batch,
   from the fit; and FP8 weights' bytes, the ceiling such a change could reach.
 """
@@ -30,17 +34,22 @@ import numpy as np
 
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import step_model
+from phasewatch.roofline.chunk_steps import ChunkSteps, chunk_steps
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.step_model import StepFit
 from phasewatch.roofline.verdict import Verdict
 
+MAX_PROMPTS = 4096
+CHUNK_FLOOR = 256  # no chunk budget under this is offered
 KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limit offered
 CLOSED_LOOP_CV = 0.25  # requests in the system vary less than this: closed-loop clients
 # the figures a prediction's sentence names: key, words, unit, scale
 FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0),
                 ("ttft_seconds", "TTFT", " s", 1.0), ("e2e_seconds", "e2e", " s", 1.0),
                 ("tpot_seconds", "TPOT", " ms", 1e3),
+                ("itl_p50_seconds", "ITL p50", " ms", 1e3),
+                ("itl_p99_seconds", "ITL p99", " ms", 1e3),
                 ("itl_max_seconds", "longest ITL", " ms", 1e3),
                 ("output_tokens_per_second", "output", " tokens/s", 1.0),
                 ("kv_usage", "KV cache", " %", 100.0),
@@ -113,6 +122,10 @@ class OperatingPoint:
     kv_usage: float | None = None
     kv_capacity_tokens: float | None = None
     limit: float | None = None  # the slot limit the engine ran at
+    # the prompt tokens computed of each request prefilled in the range (at most
+    # MAX_PROMPTS, evenly picked), and how many prefills the range ran a second
+    prompts: tuple[float, ...] = ()
+    prefills_per_second: float = 0.0
 
     @property
     def closed_loop(self) -> bool:
@@ -164,6 +177,9 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     steps_per_second = 1.0 / step if step > 0 else 0.0
     prefill_rate = tokens / span
     mean_count = float(count.mean())
+    took = computed[pre & (first >= lo) & (first <= hi)]
+    sample = (took if len(took) <= MAX_PROMPTS else
+              took[np.linspace(0, len(took) - 1, MAX_PROMPTS).astype(int)])
     return OperatingPoint(
         span, arrival_rate, float(done.sum()) / span, mean_count,
         float(count.std() / mean_count) if mean_count else 0.0, batch, step,
@@ -173,7 +189,8 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         prefill_rate / steps_per_second if steps_per_second else 0.0,
         float(computed[pre].max()) if pre.any() else 0.0,
         _mean(np.where(pre & done, computed, np.nan)), kv_usage,
-        kv_capacity, limit)
+        kv_capacity, limit, tuple(float(x) for x in sample),
+        float(len(took)) / span)
 
 
 def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None:
@@ -283,24 +300,43 @@ def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
 
 
 def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[Prediction]:
-    """A smaller chunk budget: the longest decode step and the TTFT it costs."""
-    if op.prompt_max <= 0 or budget < 1:
+    """Smaller chunk budgets: ITL p50 and p99, the longest step and the TTFT they cost
+    (see the module docstring), each budget a power of two from half today's down to
+    ``CHUNK_FLOOR``, while under the longest prompt (at most three)."""
+    if op.prompt_max <= 0 or budget < 1 or not op.prompts:
         return []
-    worst = fit.at_batch(op.batch, min(op.prompt_max, budget))
+
+    def steps(at: int, scale: float = 1.0) -> ChunkSteps | None:
+        return chunk_steps(op.prompts, op.prefills_per_second, op.batch, fit, at, scale)
+
+    raw = steps(budget)
+    if raw is None:
+        return []
+    now = steps(budget, op.step / raw.mean)  # anchored on the measured step
+    if now is None:
+        return []
+    figures = {**op.figures(), "itl_p50_seconds": now.itl(50), "itl_p99_seconds": now.itl(99),
+               "itl_max_seconds": float(now.durations.max())}
     out = []
-    for new in (budget // 2, budget // 4):
-        if new < 256 or new >= op.prompt_max:
-            continue
-        step = fit.at_batch(op.batch, min(op.prompt_max, new))
-        chunks = math.ceil(op.prompt_max / new) / math.ceil(op.prompt_max / budget)
-        prefill = op.prefill * chunks * step / worst
-        out.append(Prediction(
-            "prefill_interference", f"--max-num-batched-tokens {new}",
-            {**op.figures(), "itl_max_seconds": worst},
-            {"itl_max_seconds": step, "tpot_seconds": op.step,
-             "ttft_seconds": op.queue + prefill}, fit.reach(op.batch * fit.context),
-            f"a step carries at most {new} prompt tokens: the longest prompt "
-            f"({op.prompt_max:.0f}) in {math.ceil(op.prompt_max / new)} chunks"))
+    new = 1 << (max(budget // 2, 1).bit_length() - 1)
+    while new >= CHUNK_FLOOR and len(out) < 3:
+        if new < op.prompt_max and new < budget:
+            got = steps(new, op.step / raw.mean)
+            if got is not None:
+                prefill = op.prefill * got.prefill_seconds / now.prefill_seconds
+                out.append(Prediction(
+                    "prefill_interference", f"--max-num-batched-tokens {new}", figures,
+                    {"itl_p50_seconds": got.itl(50), "itl_p99_seconds": got.itl(99),
+                     "itl_max_seconds": float(got.durations.max()), "tpot_seconds": got.mean,
+                     "ttft_seconds": op.queue + prefill,
+                     "output_tokens_per_second": figures["output_tokens_per_second"]
+                     * now.mean / got.mean},
+                    fit.reach(op.batch * fit.context),
+                    f"a step carries at most {new} prompt tokens, against {budget} today "
+                    f"(--max-batched-tokens): {len(op.prompts)} prompts of the window in "
+                    f"{math.ceil(op.prompt_max / new)} chunks at most, the steps from the "
+                    "fit"))
+        new //= 2
     return out
 
 

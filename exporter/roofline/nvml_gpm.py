@@ -6,9 +6,11 @@ newer), an ``nvmlGpmSampleGet``, then ``nvmlGpmMetricsGet`` for the metrics belo
 between it and the sample the reading before took (kept, so the readings tile time: a
 reading covers everything since the last one, not a slice of it); the first reading, or
 one after the devices changed or a failure, takes two samples at least 100 ms apart.
-The first design read 0.2 s of every second; on an H200 under an eager engine whose
-load changed between request rounds, a 3 s range read the DRAM 5.4 % busy from three
-such slices where the whole range moved 6.9 % (``make gpu-check``, stop 45).
+The first design read 0.2 s of every second: on an H200 under an eager engine whose
+pace changed between request rounds, three such slices of a 3 s range read the DRAM
+5.4 % busy against an estimated 7.1 %, and the check failed the run; tiled, the next
+run's readings matched the check's own sampler over the same ranges within 0.3 points
+(``make gpu-check``, docs/verdict.md "Measured on an H200").
 
 The names and units are pynvml's (nvidia-ml-py 13.615.71,
 ``pynvml.py``, "GPM Metric Identifiers"): every one is a **percent 0.0 - 100.0**, divided
