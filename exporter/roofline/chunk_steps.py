@@ -9,7 +9,9 @@ alone). A step gives every decoding sequence one token, so the ITLs are the step
 durations, each kind counted by how many ran: ITL p50 and p99 are that mixture's.
 Prompts that overlap would share chunk steps at a larger budget; here each runs its
 own, which is right where prefills come one at a time and overstates the chunk steps
-(the tail's share) where many arrive together.
+(the tail's share) where many arrive together. The engine is taken as busy the whole
+range (the verdict that names this lever is on a busy one): an idle share would be
+counted as decode-only steps, understating the chunk steps' share.
 """
 
 from __future__ import annotations
