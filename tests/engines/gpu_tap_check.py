@@ -355,6 +355,7 @@ class GpuSampler:
             try:
                 samples = [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()]
                 N.nvmlGpmSampleGet(h, samples[0])
+                held_at = time.time()  # when the sample kept for the next reading was taken
             except Exception as e:
                 self.gpm_why_not = f"GPM sampling failed: {type(e).__name__}: {e}"
                 samples = None
@@ -373,8 +374,10 @@ class GpuSampler:
                 if samples is not None:
                     try:
                         N.nvmlGpmSampleGet(h, samples[1])
-                        row |= self._gpm_get(samples[0], samples[1])
+                        now = time.time()
+                        row |= self._gpm_get(samples[0], samples[1]) | {"since": held_at}
                         samples.reverse()
+                        held_at = now
                     except Exception as e:
                         self.gpm_why_not = f"GPM sampling failed: {type(e).__name__}: {e}"
                         samples = None
@@ -405,11 +408,11 @@ class GpuSampler:
 
     def over(self, lo: float, hi: float) -> dict:
         """This sampler's GPM means over ``[lo, hi]`` (the roofline estimate's range), each
-        reading (the second before its time) by the part of it inside: the second opinion
+        reading (from the sample before it) by the part of it inside: the second opinion
         on phasewatch's own counters over the same range."""
         out = {}
         for k, _ in self.GPM:
-            got = [(r[k], min(r["t"], hi) - max(r["t"] - 1.0, lo)) for r in self.rows
+            got = [(r[k], min(r["t"], hi) - max(r["since"], lo)) for r in self.rows
                    if k in r]
             got = [(v, w) for v, w in got if w > 0]
             if got:
