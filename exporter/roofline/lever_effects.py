@@ -10,7 +10,8 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
   in the system: the time in the system is that number over the new throughput (Little's
   law). Open arrivals keep their rate: Erlang C's wait for c = the new limit servers
   each holding a request for its service time (an M/M/c stand-in for M/G/c); over
-  capacity, the queue still grows. The KV cache usage scales with the batch.
+  capacity, the queue still grows. The KV usage scales with the batch, which keeps the
+  share of its slots the engine's own count reads.
 * ``kv_cache``: the KV tokens the requests in the system would hold if all ran, against
   the engine's capacity: the factor by which the capacity (blocks, the memory share, an
   FP8 KV cache's x2) must grow for the preemptions to go.
@@ -209,30 +210,41 @@ def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None
 def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
                  prefill_per_step: float) -> float:
     """The step at ``batch`` decodes and ``prefill_per_step`` prompt tokens: the measured
-    step scaled by the fit's ratio to its own step at the operating point (the fit's
-    shape, anchored on what was measured)."""
+    step scaled by the fit's ratio to its own step at the operating point."""
     return op.step * fit.at_batch(batch, prefill_per_step) / fit.at_batch(
         op.batch, op.prefill_per_step)
 
 
-def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float]:
-    """The operating point's figures with ``limit`` slots; the prediction's reach. The
-    step is the measured one scaled by the fit's ratio between the two batches (the fit's
-    shape, anchored on what was measured); the batch is the running requests' decoding
-    share, and the running requests the clients' (closed loop) or the arrivals' over a
-    request's service time (open), up to the limit."""
-    step, batch = op.step, op.batch
+def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: float = 1.0
+             ) -> tuple[float, float, float]:
+    """The decoding batch, step and running requests at ``limit`` slots: the running
+    are the clients' (closed loop) or the arrivals' over a service time (open), up to
+    the limit; the batch their decoding share; the step the measured one scaled by the
+    fit's ratio at ``scale`` of that batch (the fit's shape, anchored on what was measured)."""
+    step, batch, running = op.step, op.batch, float(limit)
     for _ in range(50):  # the batch sets the step, the step the service time, and back
         decode = max(op.output - 1.0, 0.0) * step
         service = op.prefill * step / op.step + decode
         running = min(limit, op.in_system if op.closed_loop else op.arrival_rate * service)
         batch = running * decode / service if service > 0 else running
         # each request admitted brings its prompt: prefill tokens per step follow the rate
-        new = _scaled_step(op, fit, batch,
+        new = _scaled_step(op, fit, batch * scale,
                            running / service * op.prompt * step if service > 0 else 0.0)
         if abs(new - step) <= 1e-9 + 1e-6 * step:
             break
         step = new
+    return batch, step, running
+
+
+def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = None
+              ) -> tuple[dict, float]:
+    """The figures at ``limit`` slots (``_running``), and the reach. With ``now`` (the
+    window's slots) the batch keeps the measured one's share of the model's there: vLLM
+    counts its running under its slots (4.8 of 8, 12.6 waiting), and that carries over."""
+    at_now = _running(op, fit, now)[0] if now else 0.0
+    scale = op.batch / at_now if at_now > 0 else 1.0
+    model_batch, step, running = _running(op, fit, limit, scale)
+    batch = model_batch * scale
     prefill = op.prefill * step / op.step
     service = prefill + max(op.output - 1.0, 0.0) * step
     out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}
@@ -249,7 +261,7 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int) -> tuple[dict, float
     out["output_tokens_per_second"] = rate * op.output
     if op.kv_usage is not None and op.batch > 0:
         out["kv_usage"] = op.kv_usage * batch / op.batch
-    return out, fit.reach(batch * fit.context)
+    return out, fit.reach(model_batch * fit.context)
 
 
 def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
@@ -261,7 +273,7 @@ def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     for new in sorted({round(limit * k) for k in (1.5, 2.0)}):
         if new <= limit:
             continue
-        figures, reach = _at_limit(op, fit, new)
+        figures, reach = _at_limit(op, fit, new, round(op.limit) if op.limit else None)
         if figures.get("kv_usage", 0.0) > KV_SAFE:
             break
         notes = () if "queue_seconds" in figures else (

@@ -184,6 +184,34 @@ def test_a_full_kv_cache_is_told_the_capacity_that_holds_every_request(overload)
     assert kv_cache(roomy, fit) == []  # it already fits: no lever to size
 
 
+def test_the_batch_keeps_the_share_of_the_slots_the_engine_counted_running(overload):
+    """CI, stop 45: the real vLLM at --max-num-seqs 8 counted 5.4 running (12.6 waiting),
+    the model put 6.1 in decode; at 16 it counted 9.0 and the model said 12.2 (+35 %).
+    The engine's count sits under its slots by a share the model does not hold; the
+    prediction keeps that share: a batch read at 0.6 of the model's gives 0.6 of the
+    model's at each larger limit, and the rest of the figures about as before."""
+    from dataclasses import replace
+
+    from phasewatch.roofline.lever_effects import _running, concurrency_limit
+
+    point, fit = overload.outlook.point, overload.outlook.fit
+    assert point.limit
+    at_now = _running(point, fit, round(point.limit))[0]
+    as_model = {p.setting: p for p in concurrency_limit(replace(point, batch=at_now), fit)}
+    under = {p.setting: p for p in concurrency_limit(replace(point, batch=0.6 * at_now), fit)}
+    assert as_model and as_model.keys() == under.keys()
+    for setting, p in under.items():
+        q = as_model[setting]
+        assert p.predicted["batch"] == pytest.approx(0.6 * q.predicted["batch"], rel=1e-6)
+        assert p.predicted["batch"] > p.now["batch"]
+        assert p.predicted.keys() == q.predicted.keys()
+        # the step, rate and times: the step is the fit's ratio between the batches as
+        # counted, which its fixed cost moves a little with the share (here 2.5 %)
+        for key in set(q.predicted) - {"batch", "kv_usage"}:
+            assert p.predicted[key] == pytest.approx(q.predicted[key], rel=0.05), key
+        assert p.reach == pytest.approx(q.reach, rel=1e-6)
+
+
 def test_costs_the_window_cannot_tell_apart_are_held_at_the_roofline():
     """CI, this stop: on the real vLLM at 8 tokens a request (a host 8.5x slower than the
     reference shrank the workload), the free fit put a step's fixed cost at -393 ms: the
