@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 STAMP     := $(VENV)/.installed
 
-.PHONY: demo demo-otlp test lint bench profile proto system-deps clean image
+.PHONY: demo demo-otlp test test-deps lint bench profile proto system-deps clean image
 
 # The image the Kubernetes manifests run (deploy/kubernetes: `phasewatch:<version>`, pulled
 # IfNotPresent); no registry publishes it. `make image`, then load it into the cluster
@@ -60,7 +60,14 @@ demo-otlp: $(RUN_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) system-deps lint engines-venv
+# What the tests need, installed side by side (`make test` in CI installs three
+# virtualenvs, two of them with torch, and the Debian packages: one after another they
+# took ~6 of CI's minutes); each log kept whole (--output-sync).
+test-deps: $(STAMP) system-deps engines-venv
+
+test:
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-deps
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)
@@ -93,7 +100,9 @@ $(VLLM_STAMP):
 # pyproject.toml changes
 VLLM_PW := $(VLLM_VENV)/.phasewatch
 
-$(VLLM_PW): $(VLLM_STAMP) pyproject.toml
+# (after .venv's own editable install, and the other engine's: each writes the source
+# tree's egg-info, so `make -j` runs them one at a time)
+$(VLLM_PW): $(VLLM_STAMP) pyproject.toml | $(STAMP)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $(VLLM_PW)
 
@@ -114,7 +123,7 @@ $(TF_STAMP):
 # phasewatch there too (no dependencies), for `phasewatch.roofline.calibrate` with torch
 TF_PW := $(TF_VENV)/.phasewatch
 
-$(TF_PW): $(TF_STAMP) pyproject.toml
+$(TF_PW): $(TF_STAMP) pyproject.toml | $(STAMP) $(VLLM_PW)
 	$(TF_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $(TF_PW)
 
