@@ -215,36 +215,36 @@ def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
         op.batch, op.prefill_per_step)
 
 
-def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: float = 1.0
-             ) -> tuple[float, float, float]:
-    """The decoding batch, step and running requests at ``limit`` slots: the running
-    are the clients' (closed loop) or the arrivals' over a service time (open), up to
-    the limit; the batch their decoding share; the step the measured one scaled by the
-    fit's ratio at ``scale`` of that batch (the fit's shape, anchored on what was measured)."""
-    step, batch, running = op.step, op.batch, float(limit)
+def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple = (1.0, 1.0)
+             ) -> tuple[float, float, float, float]:
+    """Batch, step, running requests and prompt tokens a step carries at ``limit`` slots:
+    the running the clients' (closed loop) or the arrivals' over a service time (open),
+    up to the limit; the batch their decoding share; the prompt tokens their rate's; the
+    step the measured one times the fit's ratio at ``scale`` of the batch and tokens."""
+    step, batch, running, carried = op.step, op.batch, float(limit), op.prefill_per_step
     for _ in range(50):  # the batch sets the step, the step the service time, and back
         decode = max(op.output - 1.0, 0.0) * step
         service = op.prefill * step / op.step + decode
         running = min(limit, op.in_system if op.closed_loop else op.arrival_rate * service)
         batch = running * decode / service if service > 0 else running
         # each request admitted brings its prompt: prefill tokens per step follow the rate
-        new = _scaled_step(op, fit, batch * scale,
-                           running / service * op.prompt * step if service > 0 else 0.0)
+        carried = running / service * op.prompt * step if service > 0 else 0.0
+        new = _scaled_step(op, fit, batch * scale[0], carried * scale[1])
         if abs(new - step) <= 1e-9 + 1e-6 * step:
             break
         step = new
-    return batch, step, running
+    return batch, step, running, carried
 
 
 def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = None
               ) -> tuple[dict, float]:
     """The figures at ``limit`` slots (``_running``), and the reach. With ``now`` (the
-    window's slots) the batch keeps the measured one's share of the model's there: vLLM
-    counts its running under its slots (4.8 of 8, 12.6 waiting), and that carries over."""
-    at_now = _running(op, fit, now)[0] if now else 0.0
-    scale = op.batch / at_now if at_now > 0 else 1.0
-    model_batch, step, running = _running(op, fit, limit, scale)
-    batch = model_batch * scale
+    window's slots) batch and prompt tokens keep the measured ones' shares of the model's
+    there (``now`` gives back the measured; vLLM counts 4.8 running of 8, 12.6 waiting)."""
+    b, _, _, c = _running(op, fit, now) if now else (0.0,) * 4  # (neither moves the step)
+    scale = (op.batch / b if b > 0 else 1.0, op.prefill_per_step / c if c > 0 else 1.0)
+    model_batch, step, running, _ = _running(op, fit, limit, scale)
+    batch = model_batch * scale[0]
     prefill = op.prefill * step / op.step
     service = prefill + max(op.output - 1.0, 0.0) * step
     out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}

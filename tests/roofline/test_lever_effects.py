@@ -192,10 +192,13 @@ def test_the_batch_keeps_the_share_of_the_slots_the_engine_counted_running(overl
     model's at each larger limit, and the rest of the figures about as before."""
     from dataclasses import replace
 
-    from phasewatch.roofline.lever_effects import _running, concurrency_limit
+    from phasewatch.roofline.lever_effects import _at_limit, _running, concurrency_limit
 
     point, fit = overload.outlook.point, overload.outlook.fit
     assert point.limit
+    same, _ = _at_limit(point, fit, round(point.limit), round(point.limit))
+    assert same["batch"] == pytest.approx(point.batch)  # today's limit gives today's
+    assert same["step_seconds"] == pytest.approx(point.step)
     at_now = _running(point, fit, round(point.limit))[0]
     as_model = {p.setting: p for p in concurrency_limit(replace(point, batch=at_now), fit)}
     under = {p.setting: p for p in concurrency_limit(replace(point, batch=0.6 * at_now), fit)}
