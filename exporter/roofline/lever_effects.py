@@ -84,7 +84,7 @@ class Prediction:
     @property
     def text(self) -> str:
         """In words: "--max-num-seqs 96: batch 63.3 -> 94.9, TPOT 16.6 -> 22.1 ms, output
-        3,859 -> 4,323 tokens/s, ... (predicted, 1.4x past the fitted range)"."""
+        3,859 -> 4,321 tokens/s, ... (predicted, 1.4x past the fitted range)"."""
         parts = []
         for key, what, unit, scale in FIGURE_WORDS:
             if key in self.predicted and key in self.now:
