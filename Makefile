@@ -60,14 +60,13 @@ demo-otlp: $(RUN_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# What the tests need, installed side by side (`make test` in CI installs three
-# virtualenvs, two of them with torch, and the Debian packages: one after another they
-# took ~6 of CI's minutes); each log kept whole (--output-sync).
-test-deps: $(STAMP) system-deps engines-venv
+# What the tests need, installed side by side, and the lint once .venv is in (`make
+# test` in CI installs three virtualenvs, two of them with torch, and the Debian
+# packages: one after another they took ~6 of CI's minutes); each log kept whole.
+test-deps: $(STAMP) system-deps engines-venv lint
 
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-deps
-	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)

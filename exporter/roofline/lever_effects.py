@@ -215,8 +215,8 @@ def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
         op.batch, op.prefill_per_step)
 
 
-def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple = (1.0, 1.0)
-             ) -> tuple[float, float, float, float]:
+def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple[float, float] = (
+        1.0, 1.0)) -> tuple[float, float, float, float]:
     """Batch, step, running requests and prompt tokens a step carries at ``limit`` slots:
     the running the clients' (closed loop) or the arrivals' over a service time (open),
     up to the limit; the batch their decoding share; the prompt tokens their rate's; the
