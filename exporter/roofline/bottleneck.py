@@ -201,7 +201,8 @@ class BottleneckMonitor:
                 mine = with_cached_share(mine, cached)
             own = steps.ls == i
             est = estimate(mine, dep, self.window_seconds, model, engine,
-                           steps.where(own) if own.any() else None)
+                           steps.where(own) if own.any() else None,
+                           rates.client_prefill_seconds(mine.ttft) if rates else None)
             if est is None:
                 continue
             est = self._with_engine(est, dep, mine, source, rates, cached)

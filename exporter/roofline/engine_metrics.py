@@ -51,6 +51,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, fields
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from phasewatch.selfstats import SelfStats
@@ -83,6 +84,11 @@ SERIES = {
     # llama.cpp's server (tools/server: to_metrics): busy slots, and requests waiting for
     # a slot; its prompt_tokens_total leaves the cached tokens out
     "requests_processing": "running", "requests_deferred": "waiting",
+    # vLLM's per-request histograms: seconds waiting for a slot, and from scheduled to the
+    # first token (its spans' queued and prefill intervals), summed and counted
+    "request_queue_time_seconds_sum": "queue_seconds", "request_queue_time_seconds_count":
+    "queued", "request_prefill_time_seconds_sum": "prefill_seconds",
+    "request_prefill_time_seconds_count": "prefilled",
 }
 # per engine prefix: its prompt_tokens_total counts only the prompt tokens computed
 PROMPT_LESS_CACHED = ("llamacpp:",)
@@ -110,6 +116,10 @@ class EngineSample:
     accepted_tokens: float | None = None
     kv_capacity_tokens: float | None = None
     max_running: float | None = None
+    queue_seconds: float | None = None
+    queued: float | None = None
+    prefill_seconds: float | None = None
+    prefilled: float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,13 +148,28 @@ class EngineRates:
     spec_acceptance: float | None = None  # accepted / draft tokens over the span
     kv_capacity_tokens: float | None = None
     configured_max_running: float | None = None
+    mean_queue_seconds: float | None = None  # per request finished its queue, over the span
+    mean_prefill_seconds: float | None = None  # per request finished its prefill
+
+    def client_prefill_seconds(self, ttft: np.ndarray) -> float | None:
+        """The engine's mean prefill, for a client's view that cannot split its times to
+        first token (``ttft``), where the prefill is the largest of their three parts: the
+        engine's queue and the time before it (the mean time to first token less both)
+        are no longer. There the engine's own clock times each request's prefill. Else
+        None: the time goes to waiting or the front end, the client's view's to show."""
+        p, q = self.mean_prefill_seconds, self.mean_queue_seconds or 0.0
+        known = ttft[~np.isnan(ttft)]
+        if not p or not known.size or q > p or float(known.mean()) - p - q > p:
+            return None
+        return p
 
     def state(self) -> dict:
         """The state part, for the JSON API and the verdict's evidence (None left out)."""
         keys = ("samples", "mean_running", "max_running", "running_at_max_share",
                 "configured_max_running", "mean_waiting", "max_waiting", "waiting_share",
                 "mean_kv_usage", "max_kv_usage", "kv_capacity_tokens", "preemptions",
-                "cached_prompt_share", "spec_acceptance")
+                "cached_prompt_share", "spec_acceptance", "mean_queue_seconds",
+                "mean_prefill_seconds")
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.waiting_by_reason:
             out["waiting_by_reason"] = dict(self.waiting_by_reason)
@@ -261,6 +286,10 @@ def summarize(recent: list[EngineSample]) -> EngineRates | None:
     running, waiting, kv = present("running"), present("waiting"), present("kv_usage")
     top = max(running) if running else None
     drafts, accepted = increase("draft_tokens"), increase("accepted_tokens")
+    means = {}
+    for total, count in (("queue_seconds", "queued"), ("prefill_seconds", "prefilled")):
+        t, n = increase(total), increase(count)
+        means[total] = t / n if t is not None and n else None
     reasons: dict[str, list[float]] = {}
     for s in recent:
         for reason, v in s.waiting_by_reason:
@@ -279,7 +308,9 @@ def summarize(recent: list[EngineSample]) -> EngineRates | None:
         preemptions=increase("preemptions"),
         spec_acceptance=accepted / drafts if drafts and accepted is not None else None,
         kv_capacity_tokens=recent[-1].kv_capacity_tokens,
-        configured_max_running=max(present("max_running"), default=None))
+        configured_max_running=max(present("max_running"), default=None),
+        mean_queue_seconds=means["queue_seconds"],
+        mean_prefill_seconds=means["prefill_seconds"])
 
 
 class EngineMetricsSource:

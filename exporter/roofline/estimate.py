@@ -18,7 +18,8 @@ How each figure is inferred (cost formulas in ``model_costs``):
 * **Busy time** of a phase = length of the union of its intervals
   (``[scheduled, first_token]`` for prefill, ``[first_token, last_token]`` for
   decode) clipped to the range: the time the engine had at least one request in
-  that phase.
+  that phase. A client's view has no scheduled time: its prefill runs from arrival, or
+  the engine's own mean prefill (its /metrics) before the first token.
 * **Work** of a phase: each request's work (FLOPs, KV bytes, steps) is spread
   evenly over its phase interval and only the part inside the range counts, so
   a long request straddling the range's start is neither counted whole nor lost.
@@ -48,19 +49,17 @@ How each figure is inferred (cost formulas in ``model_costs``):
   what that phase needs from the hardware. The time both phases ran together
   (``|P| + |D| - |P or D|``) gives ``shared_step_flops``: the other phase's
   FLOPs done inside a phase's steps, which the verdict needs.
-* MoE weight reads use the mean batch; with a batch that varies step to step this
-  overstates the distinct experts a little (the expected count is concave in the
-  batch), a few percent in the simulator's small-batch scenarios.
-* **Range fallback**: while the data is younger than the lag (just after start,
-  sparse traffic), a phase can be missing from the lagged range; the range then
-  runs to the newest request end (``inputs["range"] = "to_newest_request"``).
+* MoE weight reads use the mean batch; a batch varying step to step overstates the
+  distinct experts a little (concave in the batch): a few % in the simulator's.
+* **Range fallback**: while the data is younger than the lag (just after start, sparse
+  traffic), a phase missing from the lagged range runs it to the newest request end
+  (``inputs["range"] = "to_newest_request"``).
 * **Sampled traces** (``weight`` = 1/p per record, ``requests.sampling``): the records
   are a sample of the requests, so the work is weighted (each record's FLOPs, bytes,
   tokens, decode time and prefill chunks count w times: unbiased totals; unweighted, a
   10 % sample undercounts the work 10x). The union of the sample's intervals misses the
   time only unsampled requests ran, so busy time is estimated (``busy_time``) and the
   prefill steps seen (distinct first-token times) are scaled by busy over that union.
-  With every weight 1 nothing changes.
 
 Utilizations are against the datasheet's dense peaks x GPUs (the vendors' figures in
 ``catalog/hardware.json``); the measured ceilings (``phasewatch calibrate`` or the
@@ -82,6 +81,7 @@ from phasewatch.roofline.inputs import (
     CLIENT_CACHED,
     CLIENT_PREFILL,
     CLIENT_VIEW,
+    ENGINE_PREFILL,
     Inputs,
     InputSource,
     unavailable,
@@ -257,13 +257,14 @@ def _decode(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inp
                           weight_bytes=weights), batch, step
 
 
-def _prefill(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inputs):
+def _prefill(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inputs,
+             engine_prefill: float | None):
     m = dep.model
-    (sched, client), first = prefill_start(c), c.first_token_at
+    (sched, client), first = prefill_start(c, engine_prefill), c.first_token_at
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
     uncached_col = c.uncached
     if client:  # the prompt's own cache hits are unknown: every token computed
-        inputs["prefill_interval"] = CLIENT_PREFILL
+        inputs["prefill_interval"] = ENGINE_PREFILL if engine_prefill else CLIENT_PREFILL
         unknown = (uncached_col < 0) & (c.prompt >= 0)
         if (unknown & timed).any():
             inputs["cached_tokens"] = CLIENT_CACHED
@@ -322,20 +323,22 @@ def analysis_range(cols: WindowColumns, window_seconds: float
 
 
 def _overlap(c: WindowColumns, lo: float, hi: float, prefill: PhaseEstimate | None,
-             decode: PhaseEstimate | None) -> float:
+             decode: PhaseEstimate | None, engine_prefill: float | None) -> float:
     """Seconds in which both phases ran (steps carrying decode tokens and a prefill
     chunk, under chunked prefill): |P| + |D| - |P or D|."""
     if prefill is None or decode is None:
         return 0.0
     w = _weights(c, np.ones(len(c.end_at), dtype=bool))
-    both, _ = busy_time(np.concatenate([prefill_start(c)[0], c.first_token_at]),
+    both, _ = busy_time(np.concatenate([prefill_start(c, engine_prefill)[0],
+                                        c.first_token_at]),
                         np.concatenate([c.first_token_at, c.last_token_at]),
                         np.concatenate([w, w]), lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
 
 
 def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
-                 model: str, engine: str, steps: ReportedSteps | None = None) -> RooflineEstimate:
+                 model: str, engine: str, steps: ReportedSteps | None = None,
+                 engine_prefill: float | None = None) -> RooflineEstimate:
     end = cols.end_at
     inputs: Inputs = {}
     decode = batch = step = prefill = None
@@ -344,8 +347,8 @@ def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: flo
         inputs["roofline"] = InputSource("no deployment configured for this model")
     else:
         decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
-        prefill = _prefill(dep, cols, lo, hi, inputs)
-        overlap = _overlap(cols, lo, hi, prefill, decode)
+        prefill = _prefill(dep, cols, lo, hi, inputs, engine_prefill)
+        overlap = _overlap(cols, lo, hi, prefill, decode, engine_prefill)
         if overlap > 0:
             # the other phase's FLOPs done inside this phase's steps, its work taken
             # as spread evenly over its own busy time
@@ -390,29 +393,26 @@ def _step_roofline(dep: Deployment | None, decode: PhaseEstimate | None,
 
 
 def estimate(cols: WindowColumns, dep: Deployment | None, window_seconds: float,
-             model: str = "", engine: str = "", steps: ReportedSteps | None = None
-             ) -> RooflineEstimate | None:
+             model: str = "", engine: str = "", steps: ReportedSteps | None = None,
+             engine_prefill: float | None = None) -> RooflineEstimate | None:
     """Roofline figures for one label set's columns (see the module docstring).
 
-    ``cols`` are ``RollingWindow.columns()`` arrays restricted to one label set,
-    read ``LOOKBACK_SPANS`` ranges back; ``steps``, ``RollingWindow.steps()`` of the
-    same label set: decode steps the engine reported (TGI), whose sizes are the decode
-    batch when any fall in the range. Without a deployment only the range and
-    the phase time shares are filled in. Returns None when there is nothing to
-    estimate from (no request end times, or a range of zero length).
-
-    While the data is still younger than the lag (just after start, or with sparse
-    traffic), the lagged range can miss a phase entirely; the range then runs to
-    the newest request end instead, and ``inputs["range"]`` says so.
+    ``cols`` are ``RollingWindow.columns()`` arrays restricted to one label set, read
+    ``LOOKBACK_SPANS`` ranges back; ``steps``, ``RollingWindow.steps()`` of the same
+    label set: decode steps the engine reported (TGI), whose sizes are the decode batch
+    when any fall in the range; ``engine_prefill``, the engine's mean prefill seconds for
+    a client's view (``prefill_start``). Without a deployment only the range and the
+    phase time shares are filled in. None with nothing to estimate from (no request end
+    times, or a range of zero length).
     """
     bounds = analysis_range(cols, window_seconds)
     if bounds is None or bounds[1] <= bounds[0]:
         return None
-    est = _estimate_in(cols, dep, *bounds, model, engine, steps)
+    est = _estimate_in(cols, dep, *bounds, model, engine, steps, engine_prefill)
     newest = float(np.nanmax(cols.end_at))
     if dep is not None and (est.decode is None or est.prefill is None) and newest > bounds[1]:
         lo = max(newest - window_seconds, bounds[0])
-        wider = _estimate_in(cols, dep, lo, newest, model, engine, steps)
+        wider = _estimate_in(cols, dep, lo, newest, model, engine, steps, engine_prefill)
         if (wider.decode is not None) + (wider.prefill is not None) > (
                 est.decode is not None) + (est.prefill is not None):
             wider.inputs["range"] = InputSource("to_newest_request")

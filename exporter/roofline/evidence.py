@@ -97,6 +97,7 @@ class Evidence:
     unavailable: str | None = None  # why the hardware use cannot be estimated
     step: DecodeStep | None = None  # a decode's step against the roofline's
     view: str | None = None  # "client" for a verdict from a stream tap's records alone
+    engine_prefill: bool = False  # its prefill timed by the engine's mean (ENGINE_PREFILL)
     busy_share: float | None = None
     idle: bool = False  # told "Nothing to fix"
     model_mismatch: str | None = None  # ``ceiling.model_mismatch``, found by the monitor

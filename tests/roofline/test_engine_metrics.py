@@ -122,6 +122,14 @@ def test_rates_from_two_real_scrapes():
     assert r.mean_running == pytest.approx((line_value(first, "vllm:num_requests_running")
                                             + line_value(last, "vllm:num_requests_running")) / 2)
     assert r.preemptions == grew("vllm:num_preemptions_total") > 0
+    # vLLM's per-request histograms: the mean queue and prefill of the requests in between
+    for mean, name in ((r.mean_queue_seconds, "queue"), (r.mean_prefill_seconds, "prefill")):
+        assert mean == pytest.approx(grew(f"vllm:request_{name}_time_seconds_sum")
+                                     / grew(f"vllm:request_{name}_time_seconds_count"))
+    # a full cache's queue outlasts its prefill: no prefill stands for a client's
+    # time to first token (the time goes to waiting)
+    assert r.mean_queue_seconds > r.mean_prefill_seconds > 0
+    assert r.client_prefill_seconds(np.array([2.0])) is None
     assert stats.get("phasewatch_engine_scrapes_total", url=pages.url, result="ok") == 2
     assert stats.get("phasewatch_engine_scrapes_total", url=pages.url,
                      result="http_error") == 1
