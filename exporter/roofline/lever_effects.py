@@ -9,9 +9,8 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
   requests arrive as finish, and the number in the system stays put) keep that number
   in the system: the time in the system is that number over the new throughput (Little's
   law). Open arrivals keep their rate: Erlang C's wait for c = the new limit servers
-  each holding a request for its service time (an M/M/c stand-in for M/G/c); over
-  capacity, the queue still grows. The KV usage scales with the batch, which keeps the
-  share of its slots the engine's own count reads.
+  each holding a request for its service time (M/M/c for M/G/c; over capacity the queue
+  grows). The batch keeps the share of its slots the engine's count reads; KV follows.
 * ``kv_cache``: the KV tokens the requests in the system would hold if all ran, against
   the engine's capacity: the factor by which the capacity (blocks, the memory share, an
   FP8 KV cache's x2) must grow for the preemptions to go.
@@ -127,11 +126,13 @@ class OperatingPoint:
     # MAX_PROMPTS, evenly picked), and how many prefills the range ran a second
     prompts: tuple[float, ...] = ()
     prefills_per_second: float = 0.0
+    arrivals_per_finish: float = 1.0  # over one stretch whose requests have all but ended
 
     @property
     def closed_loop(self) -> bool:
+        """As many arrive as finish over one stretch, and the number in the system stays put."""
         return (self.in_system_cv < CLOSED_LOOP_CV and self.finish_rate > 0
-                and abs(self.arrival_rate - self.finish_rate) <= 0.15 * self.finish_rate)
+                and abs(self.arrivals_per_finish - 1.0) <= 0.15)
 
     @property
     def service(self) -> float:
@@ -146,8 +147,7 @@ class OperatingPoint:
 
 
 def _mean(x: np.ndarray) -> float:
-    x = x[~np.isnan(x)]
-    return float(x.mean()) if len(x) else 0.0
+    return float(np.nanmean(x)) if (~np.isnan(x)).any() else 0.0
 
 
 def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, step: float,
@@ -161,22 +161,24 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     if span <= 0 or not done.any():
         return None
     # the requests that finished in the range arrived at this rate (those that arrived in
-    # it and wait still have no record: under a growing queue, counting arrivals in the
-    # range would see none)
+    # it and wait have no record: under a growing queue, the range's arrivals are none)
     came = cols.arrival[done & ~np.isnan(cols.arrival)]
     arrival_rate = (len(came) - 1) / float(np.ptp(came)) if len(came) > 1 and np.ptp(came) \
         > 0 else float(done.sum()) / span
     a, e = cols.arrival, end
     known = ~np.isnan(a) & ~np.isnan(e)
-    t = np.linspace(lo, hi, 100)  # requests in the system at each: arrived less finished
+    # requests in the system at each t: arrived less finished. Those still running at hi
+    # have no record yet, so t stops where all but 5 % that were in by then had finished
+    stay = (e - a)[done & known]
+    settled = hi - float(np.quantile(stay, 0.95)) if stay.size else hi
+    t = np.linspace(lo, max(settled, lo + 0.5 * span), 100)
     count = (np.searchsorted(np.sort(a[known]), t, side="right")
              - np.searchsorted(np.sort(e[known]), t, side="right")).astype(float)
+    came, left = (int(((x >= lo) & (x <= t[-1])).sum()) for x in (a, e))  # in that stretch
     sched, first = cols.scheduled_at, cols.first_token_at
     computed = step_model.computed_prompt(cols)
     pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
     tokens = float(computed[pre & done].sum())
-    steps_per_second = 1.0 / step if step > 0 else 0.0
-    prefill_rate = tokens / span
     mean_count = float(count.mean())
     took = computed[pre & (first >= lo) & (first <= hi)]
     sample = (took if len(took) <= MAX_PROMPTS else
@@ -187,11 +189,11 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         _mean(np.where(cols.output[done] > 0, cols.output[done], np.nan).astype(float)),
         _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
         _mean(cols.e2e[done]),
-        prefill_rate / steps_per_second if steps_per_second else 0.0,
+        tokens / span * max(step, 0.0),
         float(computed[pre].max()) if pre.any() else 0.0,
         _mean(np.where(pre & done, computed, np.nan)), kv_usage,
         kv_capacity, limit, tuple(float(x) for x in sample),
-        float(len(took)) / span)
+        float(len(took)) / span, came / left if left else 0.0)
 
 
 def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None:
@@ -279,9 +281,10 @@ def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
         notes = () if "queue_seconds" in figures else (
             f"still over capacity at {new}: the arrivals outrun the engine and the queue "
             "grows",)
-        basis = (f"closed-loop clients: Little's law on {op.in_system:.3g} requests in the "
-                 "system" if op.closed_loop else
-                 f"open arrivals at {op.arrival_rate:.3g} requests/s: Erlang C")
+        loop = ("closed-loop clients: Little's law on" if op.closed_loop else
+                f"open arrivals at {op.arrival_rate:.3g} requests/s: Erlang C, with")
+        basis = (f"{loop} {op.in_system:.3g} requests in the system (varying "
+                 f"{op.in_system_cv:.0%}; {op.arrivals_per_finish:.2f} arriving per finish)")
         out.append(Prediction("concurrency_limit", f"--max-num-seqs {new}", op.figures(),
                               figures, reach, f"{basis}; the step from the fit at batch "
                                               f"{figures['batch']:.3g}", notes))
@@ -296,8 +299,7 @@ def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     factor = want / op.kv_capacity_tokens
     if factor <= 1.0:
         return []
-    # every request in the system runs once the cache holds them all (the running maximum
-    # seen was the cache's, not a slot limit's)
+    # all in the system run once the cache holds them (the running maximum was the cache's)
     figures, reach = _at_limit(op, fit, max(round(op.in_system), 1))
     figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
     if "kv_usage" in figures:  # of the larger cache
@@ -321,10 +323,8 @@ def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[
     def steps(at: int, scale: float = 1.0) -> ChunkSteps | None:
         return chunk_steps(op.prompts, op.prefills_per_second, op.batch, fit, at, scale)
 
-    raw = steps(budget)
-    if raw is None:
-        return []
-    now = steps(budget, op.step / raw.mean)  # anchored on the measured step
+    raw = steps(budget)  # then anchored on the measured step
+    now = steps(budget, op.step / raw.mean) if raw is not None else None
     if now is None:
         return []
     figures = {**op.figures(), "itl_p50_seconds": now.itl(50), "itl_p99_seconds": now.itl(99),
@@ -353,12 +353,12 @@ def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[
 
 
 def larger_batch(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
-    """Throughput at twice the batch, from the fit: the step's fixed cost shared."""
+    """Throughput at twice the batch, from the fit: the step's fixed cost shared (the
+    setting, a label on /metrics, holds no figure; the batch is a figure)."""
     if op.batch <= 0:
         return []
     new = 2.0 * op.batch
     step = _scaled_step(op, fit, new, op.prefill_per_step)
-    # (the setting is a label on /metrics: no figure in it; the batch is a figure)
     return [Prediction("batch", "twice the batch", op.figures(),
                        {"batch": new, "step_seconds": step, "tpot_seconds": step,
                         "output_tokens_per_second": new / step},
@@ -414,7 +414,7 @@ def outlook(est: RooflineEstimate, dep: Deployment | None, cols: WindowColumns,
         limit = rates.configured_max_running or rates.max_running
         kv, capacity = rates.mean_kv_usage, rates.kv_capacity_tokens
     limit = limit or seen.get("configured_max_running") or seen.get("max_running")
-    kv = kv if kv is not None else seen.get("mean_kv_usage")
-    point = operating_point(cols, lo, hi, batch, step, kv, capacity, limit)
+    point = operating_point(cols, lo, hi, batch, step, seen.get("mean_kv_usage") if kv is
+                            None else kv, capacity, limit)
     budget = dep.max_batched_tokens if dep is not None else 0
     return Outlook(fit, point, tuple(predict(cause, verdict.resource, point, fit, budget)))

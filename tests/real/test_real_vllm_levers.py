@@ -60,7 +60,7 @@ def pulled(tmp_path_factory) -> dict[str, tuple[WorkloadRun, WorkloadRun]]:
 def _table(cause: str, setting: str, predicted: dict, measured: dict, reach: float) -> dict:
     rows = {k: {"now": predicted["now"].get(k), "predicted": predicted["predicted"].get(k),
                 "measured": measured.get(k)} for k in FIGURES}
-    print(f"\n{cause}: {setting} (predicted {predicted['confidence']})")
+    print(f"\n{cause}: {setting} (predicted {predicted['confidence']}; {predicted['basis']})")
     print(f"{'figure':<26} {'now':>10} {'predicted':>10} {'measured':>10} {'error':>7}")
     for k, r in rows.items():
         p, m = r["predicted"], r["measured"]

@@ -216,6 +216,37 @@ def test_the_batch_keeps_the_share_of_the_slots_the_engine_counted_running(overl
         assert p.reach == pytest.approx(q.reach, rel=1e-6)
 
 
+def test_closed_loop_clients_are_told_by_arrivals_against_finishes_in_one_stretch(overload):
+    """CI, stop 46: the real vLLM's 24 closed-loop streams at 8 slots were taken for open
+    arrivals (Erlang C put the batch at 16 slots at 5.9 where 9.7 ran). The arrival rate
+    of the requests that finished in the range spans their arrivals, which reach back by
+    their time in the system: with times from 1 to 5 s the rate read 15-24 % under the
+    finishing one on a 10-20 s range. Arrivals and finishes counted over one stretch
+    whose requests have all but finished are the same in a closed loop at any range."""
+    from phasewatch.aggregation.columns import WindowColumns
+    from phasewatch.roofline.lever_effects import operating_point
+
+    rng = np.random.default_rng(3)
+    arrival, end = [], []
+    for _ in range(24):  # each stream sends its next request 50 ms after an answer
+        t = rng.uniform(0.0, 1.0)
+        while t < 80.0:
+            took = rng.uniform(1.0, 5.0)
+            arrival.append(t)
+            end.append(t + took)
+            t += took + 0.05
+    cols = WindowColumns.of({"arrival": np.array(arrival), "end_at": np.array(end)})
+    for lo in (30.0, 40.0, 50.0):
+        point = operating_point(cols, lo, 60.0, 8.0, 0.05, None, None, 8)
+        assert point.in_system == pytest.approx(24.0, abs=0.6)
+        assert point.arrivals_per_finish == pytest.approx(1.0, abs=0.05), lo
+        assert point.closed_loop, (lo, point)
+    assert point.arrival_rate < 0.8 * point.finish_rate  # the rate by itself misleads
+    # open arrivals over capacity: the stretch's arrivals have not finished
+    point = overload.outlook.point
+    assert point.arrivals_per_finish < 0.5 and not point.closed_loop
+
+
 def test_costs_the_window_cannot_tell_apart_are_held_at_the_roofline():
     """CI, this stop: on the real vLLM at 8 tokens a request (a host 8.5x slower than the
     reference shrank the workload), the free fit put a step's fixed cost at -393 ms: the
