@@ -451,7 +451,31 @@ WRONG_MODEL = "Llama-3.1-8B"
 def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
                      slowdown: float = 1.0) -> dict:
     """Workload ``name`` once more, vLLM's spans and /metrics read by a phasewatch told
-    the engine serves ``WRONG_MODEL``: its roofline entry and log."""
+    the engine serves ``WRONG_MODEL``: its roofline entry and log; up to ``ATTEMPTS``
+    runs where the host stalled or the verdict did not name the model (each earlier
+    run's reason and what the estimate rested on kept in ``earlier_attempts``)."""
+    earlier: list[dict] = []
+    for attempt in range(ATTEMPTS):
+        view = _wrong_model_workload(tmp, base, name, profile, cap,
+                                     serial + 100_000 * attempt, slowdown)
+        stalls = view["host_stalls"]
+        text = ((view["roofline"].get("verdict") or {}).get("text") or "")
+        why = (f"the host stalled {stalls[0][1]:.1f} s" if stalls and stalls[0][1] >= HOST_STALL
+               else "" if "looks wrong" in text else f"no model named: {text[:300]}")
+        view["earlier_attempts"] = earlier
+        if not why or attempt == ATTEMPTS - 1:
+            return view
+        print(f"\nwrong model: {why}; running it once more", flush=True)
+        inputs = (view["roofline"].get("estimate") or {}).get("inputs") or {}
+        earlier.append({"why": why, "host_stalls": stalls, "inputs": {
+            k: inputs.get(k) for k in ("flops", "bytes", "engine_state")},
+            "requests": (view["roofline"].get("estimate") or {}).get("requests"),
+            "engine_scrapes": view["engine_scrapes"]})
+    return view
+
+
+def _wrong_model_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
+                          slowdown: float) -> dict:
     from tests.real.test_real_vllm import phasewatch_dtype_flags
     from tests.support.serve import ServeProcess
 
@@ -461,15 +485,27 @@ def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial
         "--engine-metrics-url", base + "/metrics", "--window-seconds", str(seconds(name)),
         "--roofline-interval", "1").start()
     cap.retarget(f"127.0.0.1:{serve.otlp_grpc_port}")
+    clock = HostClock(tmp / f"{name}-wrong-{serial}.stalls").start()
     try:
         client = load(tmp, base, name, serial, slowdown)
         time.sleep(3.0)
-        roofline = json.loads(get(f"http://127.0.0.1:{serve.http_port}/api/v1/roofline"))
+        pw = f"http://127.0.0.1:{serve.http_port}"
+        roofline = json.loads(get(pw + "/api/v1/roofline"))
+        metrics = get(pw + "/metrics").decode()
     finally:
+        stalls = clock.stop()
         cap.retarget(None)
         serve.stop()
     entry = next((m for m in roofline["models"] if m["model"] == MODEL_NAME), {})
-    return {"roofline": entry, "client": client, "log": serve.log_path.read_text()}
+    return {"roofline": entry, "client": client, "log": serve.log_path.read_text(),
+            "host_stalls": stalls[:3], "engine_scrapes": engine_scrapes(metrics)}
+
+
+def engine_scrapes(metrics: str) -> dict[str, float]:
+    """phasewatch's scrapes of the engine's /metrics by result, from its own page."""
+    return {line.split('result="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("phasewatch_engine_scrapes_total{") and 'result="' in line}
 
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
@@ -519,10 +555,7 @@ def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,
     run.figures["export_answer_seconds"] = {
         "n": len(took), "p50": took[len(took) // 2] if took else None,
         "max": took[-1] if took else None}
-    run.figures["engine_scrapes"] = {
-        line.split('result="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("phasewatch_engine_scrapes_total{") and 'result="' in line}
+    run.figures["engine_scrapes"] = engine_scrapes(metrics)
     run.figures["warnings"] = [line[-300:] for line in run.log.splitlines()
                                if "WARNING" in line][:5]
     run.figures["loadavg"] = os.getloadavg()

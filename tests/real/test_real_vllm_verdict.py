@@ -304,7 +304,8 @@ def test_a_wrong_model_is_named_not_the_ceiling(runs):
     phasewatch calibrate"."""
     view = runs[WRONG_MODEL_RUN].wrong_model
     v = view["roofline"].get("verdict") or {}
-    print(f"\nwrong model ({WRONG_MODEL}): {v.get('text')}")
+    print(f"\nwrong model ({WRONG_MODEL}): {v.get('text')}\n  earlier: "
+          f"{view.get('earlier_attempts')}")
     assert v, view["roofline"]
     assert "The configured model looks wrong: the engine's own counters count" in \
         v["text"], v["text"]
