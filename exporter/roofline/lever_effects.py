@@ -175,7 +175,7 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     t = np.linspace(lo, max(settled, lo + 0.5 * span), 100)
     count = (np.searchsorted(np.sort(a[known]), t, side="right")
              - np.searchsorted(np.sort(e[known]), t, side="right")).astype(float)
-    came, left = (int(((x >= lo) & (x <= t[-1])).sum()) for x in (a, e))  # in that stretch
+    arrived, ended = (int(((x >= lo) & (x <= t[-1])).sum()) for x in (a, e))  # that stretch
     sched, first = cols.scheduled_at, cols.first_token_at
     computed = step_model.computed_prompt(cols)
     pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
@@ -194,7 +194,7 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         float(computed[pre].max()) if pre.any() else 0.0,
         _mean(np.where(pre & done, computed, np.nan)), kv_usage,
         kv_capacity, limit, tuple(float(x) for x in sample),
-        float(len(took)) / span, came / left if left else 0.0)
+        float(len(took)) / span, arrived / ended if ended else 0.0)
 
 
 def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
