@@ -28,7 +28,9 @@ CLIENT_CORE = 1  # load generators and this process
 class Row:
     """One line of the table. ``figure`` is compared with ``target`` by ``better``
     ("higher" or "lower"); ``reference`` is measured in the same run and ``ratio`` is
-    figure / reference, with its own target where the issue sets one."""
+    figure / reference, with its own target where the issue sets one. The ratio is
+    better the way the figure is (``ratio_better`` defaults to ``better``: a latency
+    over a reference latency is better lower) unless the row says otherwise."""
 
     key: str
     path: str
@@ -39,9 +41,12 @@ class Row:
     reference: float | None = None
     reference_name: str = ""
     ratio_target: float | None = None
-    ratio_better: str = "higher"
+    ratio_better: str = ""  # "" : as ``better``
     also_ok: bool = True  # a further condition of the row's target (see its extra)
     extra: dict | None = None
+
+    def __post_init__(self) -> None:
+        self.ratio_better = self.ratio_better or self.better
 
     @property
     def ratio(self) -> float | None:

@@ -18,7 +18,10 @@ Rows (module: what it measures):
   (phases alternating): TTFT p50/p99 and chunk latency p99 at 64 streams, chunks/s per
   tap CPU-second (beside a bare aiohttp relay), the tap's peak RSS.
 
-    python -m bench.run [--only KEY[,KEY...]]   # keys: the row keys in results.json
+Each row is then set against the last run committed with docs/benchmarks.md
+(``bench/last_run.py``): a ratio that fell by more than 15 % is flagged.
+
+    python -m bench.run [--only KEY[,KEY...]] [--record]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import platform
 import sys
 import time
 
+from bench import last_run
 from bench.common import CLIENT_CORE, ROOT, Row, pin
 
 
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated sections: "
                         + ", ".join(SECTIONS))
+    parser.add_argument("--record", action="store_true", help="commit this run as the "
+                        "one later runs compare with (bench/last_run.json)")
     args = parser.parse_args(argv)
     wanted = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(wanted) - set(SECTIONS)
@@ -111,15 +117,25 @@ def main(argv: list[str] | None = None) -> int:
         timings[name] = round(time.monotonic() - t, 1)
     print()
     print(table(rows))
+    last = last_run.load()
+    changes = last_run.compare(rows, last)
+    print()
+    print(last_run.report(changes, last))
     out = ROOT / "bench" / "results.json"
-    out.write_text(json.dumps({
+    results = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
                     "processor": platform.processor() or platform.machine()},
         "seconds": round(time.monotonic() - started, 1), "section_seconds": timings,
-        "rows": [r.as_json() for r in rows]}, indent=2))
+        "rows": [r.as_json() for r in rows],
+        "fell_since_committed_run": [c.key for c in changes if c.fell]}
+    out.write_text(json.dumps(results, indent=2))
+    if args.record:
+        last_run.record(results)
     print(f"\nwrote {out.relative_to(ROOT)} in {time.monotonic() - started:.0f} s; "
-          f"{sum(not r.meets() for r in rows)} row(s) short")
+          f"{sum(not r.meets() for r in rows)} row(s) short; "
+          f"{sum(c.fell for c in changes)} ratio(s) fell since the committed run"
+          + ("; recorded as the committed run" if args.record else ""))
     return 0
 
 

@@ -16,6 +16,7 @@ from phasewatch import catalog
 from phasewatch import tap as tapmod
 from phasewatch.aggregation.aggregate import Aggregator
 from phasewatch.aggregation.history import SummaryHistory
+from phasewatch.aggregation.running_clock import RunningClock
 from phasewatch.aggregation.tracejoin import TraceJoin
 from phasewatch.aggregation.window import RollingWindow
 from phasewatch.app_loops import Loops
@@ -103,7 +104,9 @@ class Exporter:
                             ("otlp", "OTLP join", self.otlp),
                             ("trace", "trace join", self.trace_join)),
                            [*self.monitor.engine_sources(),
-                            *([self.gpus] if self.gpus is not None else [])])
+                            *([self.gpus] if self.gpus is not None else [])],
+                           beat=self.running_clock, stall_dump=config.stall_dump,
+                           oldest_call=self.admission.oldest_call_seconds)
         self.grpc_port = self.http_port = self.otlp_grpc_port = self.otlp_http_port = 0
         self.tap_port = 0
 
@@ -151,9 +154,11 @@ class Exporter:
                                      objectives=config.objectives(names.labels),
                                      pod_label=config.pod_label, max_pods=config.max_pods,
                                      source_label=config.source_label)
-        # every receiver's batches pass the join of tap records with engine spans
+        # every receiver's batches pass the tap/engine join (its clock: ``running_clock``)
+        self.running_clock = RunningClock()
         self.trace_join = TraceJoin(self.aggregator, wait=config.trace_join_wait,
-                                    max_pending=config.trace_join_max_pending)
+                                    max_pending=config.trace_join_max_pending,
+                                    clock=self.running_clock)
         self.history = SummaryHistory(config.history_points)
         self.monitor = BottleneckMonitor(window, self.aggregator.labels, deployments, engines,
                                          window_seconds=config.window_seconds, clock=clock,
@@ -176,7 +181,8 @@ class Exporter:
             join_wait=config.otlp_join_wait)
         self.joiner = LifecycleJoiner(self.trace_join, ttl=config.lifecycle_ttl,
                                       grace=config.lifecycle_grace,
-                                      max_pending=config.lifecycle_max_pending)
+                                      max_pending=config.lifecycle_max_pending,
+                                      clock=self.running_clock)
         self.admission = Admission(self.stats, config.max_in_flight,
                                    int(config.max_in_flight_mib * (1 << 20)),
                                    config.memory_limit_bytes())
@@ -188,9 +194,8 @@ class Exporter:
             self.tap = tapmod.tap_of(self._tap_conf, self._tap_records)
 
     def _publishing(self) -> None:
-        """/metrics: the hot families rendered directly (HotText), then the guarded
-        registry's collectors; ``full_registry`` holds them all, for formats HotText does
-        not write. And the JSON API."""
+        """/metrics (the hot families rendered directly by HotText, then the guarded
+        registry's collectors; ``full_registry``: all, for other formats); the JSON API."""
         config = self.config
         self.registry = GuardedRegistry()  # each collector guarded (publish.guard)
         self.registry.register(SelfCollector(self.aggregator, gauges={

@@ -324,9 +324,16 @@ SERVE_OPTIONS = (
     Option("grpc_workers", int, 16, "gRPC worker threads per gRPC port (more than "
            "--max-in-flight, so a refusal never waits behind ingest)", 1, 256),
     Option("log_level", str, "info", "debug, info, warning or error"),
+    Option("stall_dump", float, 0.0, "seconds the roofline loop may go without coming "
+           "round, or an ingest call stay in flight, before every thread's stack is "
+           "written to stderr, once per stall (Python's faulthandler, whose watchdog runs "
+           "while a thread holds the interpreter): what held a frozen exporter; 0: never",
+           0, 3600),
     *MODEL_OPTIONS,
     Option("roofline_interval", float, 2.0, "seconds between roofline/verdict updates "
-           "and between scrapes of --engine-metrics-url and the GPU counters", 0.1, 600),
+           "and, on average, between scrapes of --engine-metrics-url and the GPU counters "
+           "(each gap drawn within +-50 %: fixed gaps alias with an engine in lock step)",
+           0.1, 600),
     # the GPU's own counters beside the estimate
     Option("gpu_metrics_url", str, "", "a dcgm-exporter's /metrics URL (e.g. "
            "http://dcgm-exporter.gpu-operator:9400/metrics): the GPUs' DRAM, tensor and SM "
@@ -380,7 +387,7 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "grpc_workers", "shutdown_grace")),
     ("objectives", "latency SLOs, per model and prompt-length class where set: requests "
      "met/missed per objective and goodput, in /metrics and the JSON API", ("slo",)),
-    ("output and logging", "", ("otlp_export_endpoint", "log_level")),
+    ("output and logging", "", ("otlp_export_endpoint", "log_level", "stall_dump")),
 )
 
 if sorted(n for _, _, names in SERVE_GROUPS for n in names) != sorted(

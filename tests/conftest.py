@@ -93,3 +93,40 @@ def component_text(component) -> str:
     if isinstance(component, (list, tuple)):
         return " ".join(component_text(c) for c in component)
     return component_text(getattr(component, "children", None) or "")
+
+
+# What the tracker shows of a CI log is the run's first lines after its progress (the
+# start of the failures' reports, cut after ~100 lines) and its last two: each failure's
+# own message goes first there, before the reports (their code listings filled those
+# lines in stop 48's CI, and this digest, then printed last, was cut), cut at DIGEST
+# characters from its start, where the tests put the figures that say what went wrong.
+# A message several failures share (a module fixture's error) is said once.
+DIGEST = 2500
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the terminal reporter's own
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _digest(terminalreporter)
+    return (yield)
+
+
+def _digest(terminalreporter) -> None:
+    """Each failure's message once, then the runs made once more and why."""
+    from tests.support.reruns import MADE_AGAIN  # (one list, however conftest was imported)
+
+    seen: dict[str, list[str]] = {}
+    for kind in ("failed", "error"):
+        for report in terminalreporter.stats.get(kind, ()):
+            crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+            message = (crash.message if crash is not None else str(report.longrepr))
+            seen.setdefault(message[:DIGEST], []).append(report.nodeid)
+    if seen:
+        terminalreporter.section("what each failure said (their reports follow)")
+    for message, nodeids in seen.items():
+        more = f" (and {len(nodeids) - 1} more with this message)" if len(nodeids) > 1 else ""
+        terminalreporter.write_line(f"{nodeids[0]}{more}:")
+        terminalreporter.write_line("  " + message.replace("\n", "\n  "))
+    if MADE_AGAIN:
+        terminalreporter.section("runs made once more, and why")
+        for why in MADE_AGAIN:
+            terminalreporter.write_line("  " + why.replace("\n", "\n  "))

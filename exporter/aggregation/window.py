@@ -53,6 +53,7 @@ from phasewatch.aggregation.window_rows import (
     SLICE_COLUMNS,
     BatchRows,
     batch_rows,
+    rows_of,
 )
 from phasewatch.requests.buckets import WINDOW_INDEX
 from phasewatch.requests.gaps import GapCounts
@@ -231,7 +232,7 @@ class RollingWindow:
         span = seconds or self.seconds
         with self._lock:
             sel = ~np.isnan(self._steps["t"]) & (self._steps["t"] >= now - span)
-            out = {k: v[sel] for k, v in self._steps.items()}
+            out = rows_of(self._steps, sel)
         out["ls"] = out["ls"].astype(np.int64)
         return ReportedSteps(**out)
 
@@ -338,7 +339,7 @@ class RollingWindow:
         span = seconds or self.seconds
         with self._lock:
             sel = ~np.isnan(self._ring["t"]) & (self._ring["t"] >= now - span)
-            return WindowColumns(**{k: v[sel] for k, v in self._ring.items()})
+            return WindowColumns(**rows_of(self._ring, sel))
 
     def recent(self, label_sets: list[tuple], limit: int = 200,
                model: str | None = None, names: tuple[str, ...] = DEFAULT_NAMES) -> list[dict]:

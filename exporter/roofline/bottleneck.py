@@ -20,7 +20,7 @@ import numpy as np
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.aggregation.labels import LabelSets
 from phasewatch.aggregation.window import RollingWindow
-from phasewatch.roofline import cause_text, ceiling, model_costs
+from phasewatch.roofline import cause_text, ceiling
 from phasewatch.roofline.cause import (
     BUSY,
     Cause,
@@ -29,18 +29,22 @@ from phasewatch.roofline.cause import (
 )
 from phasewatch.roofline.deployments import Deployments
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, EngineSample
+from phasewatch.roofline.engine_view import (
+    with_cached_share,
+    with_engine_counters,
+    with_recompute,
+)
 from phasewatch.roofline.estimate import (
     LOOKBACK_SPANS,
     Deployment,
     PhaseEstimate,
     RooflineEstimate,
     estimate,
-    phase_estimate,
 )
 from phasewatch.roofline.gpu_check import GpuCheck
 from phasewatch.roofline.gpu_verdict import for_verdict
 from phasewatch.roofline.gpu_watch import GpuWatch
-from phasewatch.roofline.inputs import ENGINE_COUNTERS, FLAT_COUNTER, InputSource, unavailable
+from phasewatch.roofline.inputs import InputSource, unavailable
 from phasewatch.roofline.intervals import decode_shared_with_prefill, decode_slowdown
 from phasewatch.roofline.lever_effects import Outlook, outlook
 from phasewatch.roofline.slo_verdict import Attainment, DecodeSharing, attainment
@@ -51,17 +55,6 @@ ANY_MODEL = "*"  # key of an engine scraped for every model (no --model given)
 IMBALANCE_QUEUE = (0.3, 0.05)  # a pod's queue share over the first, another's under the
 # second: the same model's requests queue on one replica while another has room
 TRAIL = 60  # operating points kept per label set, for the dashboard's roofline trail
-
-
-def with_cached_share(cols: WindowColumns, share: float) -> WindowColumns:
-    """``cols`` with the uncached prompt tokens of requests whose cached tokens are unknown
-    estimated from the engine's prefix-cache share of prompt tokens (vLLM's spans carry
-    no cached count; its counters do, in aggregate)."""
-    unknown = (cols.uncached < 0) & (cols.prompt >= 0)
-    if not unknown.any():
-        return cols
-    uncached = np.where(unknown, np.round(cols.prompt * (1.0 - share)), cols.uncached)
-    return replace(cols, uncached=uncached.astype(cols.uncached.dtype))
 
 
 @dataclass
@@ -77,82 +70,6 @@ class Result:
     engine_sample: EngineSample | None = None  # its newest scrape, if fresh
     gpu: GpuCheck | None = None  # the GPU's own counters over the range, where read
     outlook: Outlook | None = None  # the fitted step and the levers' predicted effects
-
-
-def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
-                   cols: WindowColumns                   ) -> RooflineEstimate:
-    """Add the work the engine redid for preempted requests, which no record shows.
-
-    A preempted request loses its KV cache and is prefilled again when it is scheduled
-    again: vLLM's scheduler preempts from the end of its running list, the requests
-    scheduled last, which have decoded little, so each preemption recomputes about one
-    prompt (the window's mean uncached prompt). The engine counts its preemptions (a
-    state series, not its FLOP counters); scaled to the estimate's range, their FLOPs and
-    KV writes go to decode, since they run inside the preempted requests' decode
-    intervals, and ``recompute_flops`` says how much of it there is.
-    """
-    if not rates.preemptions or est.decode is None or rates.seconds <= 0:
-        return est
-    prompts = cols.uncached[cols.uncached >= 0]
-    if not prompts.size:
-        return est
-    count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
-    tokens = count * float(prompts.mean())
-    flops = count * float(model_costs.prefill_flops(dep.model, float(prompts.mean())))
-    nbytes = tokens * model_costs.kv_bytes_per_token(dep.model)
-    d = est.decode
-    decode = phase_estimate(dep, d.busy_seconds, d.flops + flops, d.bytes + nbytes,
-                            d.requests, source=d.source, weight_bytes=d.weight_bytes)
-    inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes,
-                                           "weight_bytes": decode.weight_bytes}}
-    inputs = {**est.inputs, "recompute": InputSource("engine_preemptions x mean_prompt")}
-    return replace(est, decode=decode, inferred=inferred, recompute_flops=flops,
-                   inputs=inputs)
-
-
-def with_engine_counters(est: RooflineEstimate, dep: Deployment, rates: EngineRates
-                         ) -> RooflineEstimate:
-    """Replace inferred FLOPs/bytes by the engine's counters, split by inferred proportions.
-
-    The counters are per GPU and cover both phases: the replica moved
-    ``rate x tensor_parallel`` per second; over the range that is the total, shared
-    between prefill and decode as the inference shares it. The rate is the engine's
-    over the last window of wall time, standing for the (slightly lagged) range's.
-    """
-    phases = {"prefill": est.prefill, "decode": est.decode}
-    present = {k: v for k, v in phases.items() if v is not None}
-    if not present:
-        return est
-    length = est.range_end - est.range_start
-    inputs = dict(est.inputs)
-    for what in rates.flat:  # exposed at 0 and never moved: absent, not zero work
-        inputs[what] = FLAT_COUNTER
-    totals = {}  # what the replica moved over the range, by the engine's count
-    for what, rate in (("flops", rates.flops_per_gpu), ("bytes", rates.bytes_per_gpu)):
-        if rate is not None:
-            totals[what] = rate * dep.tensor_parallel * length
-            inputs[what] = ENGINE_COUNTERS
-    changes = {}
-    for name, p in present.items() if totals else ():
-        value = {"flops": p.flops, "bytes": p.bytes}
-        for what, total in totals.items():
-            inferred = sum(getattr(q, what) for q in present.values())
-            value[what] = total * (getattr(p, what) / inferred if inferred else 1 / len(present))
-        changes[name] = phase_estimate(dep, p.busy_seconds, value["flops"], value["bytes"],
-                                       p.requests, source="engine_counters")
-    batch = est.decode_batch_size
-    if rates.mean_running is not None and est.decode is not None and est.decode.busy_seconds:
-        batch = rates.mean_running * length / est.decode.busy_seconds
-        inputs["decode_batch"] = InputSource("engine_num_requests_running")
-    # the other phase's FLOPs inside a phase's steps, by the engine's count too: a
-    # decode step's prefill chunks at the configured model's cost beside the engine's
-    # own decode FLOPs made a ~100M model's decode "6.8x the achievable FLOP/s"
-    other = {"decode": "prefill", "prefill": "decode"}
-    shared = {k: v * (changes[other[k]].flops / present[other[k]].flops)
-              if other[k] in changes and present[other[k]].flops else v
-              for k, v in est.shared_step_flops.items()}
-    return replace(est, inputs=inputs, decode_batch_size=batch, shared_step_flops=shared,
-                   **changes)
 
 
 class BottleneckMonitor:

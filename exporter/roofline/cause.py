@@ -55,6 +55,7 @@ from phasewatch.roofline.engine_state import EngineState
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
 from phasewatch.roofline.intervals import (
     SlowdownFit,
+    UpTo,
     decode_slowdown,
     prefill_start,
     union_length,
@@ -145,18 +146,6 @@ def busy_share(cols: WindowColumns, lo: float, hi: float) -> float | None:
     return union_length(start[ok], end[ok], lo, hi) / (hi - lo)
 
 
-class _UpTo:
-    """Sums of per-request values over the requests whose time ``at`` is <= each moment
-    of ``t``: one sort of the times, then a cumulative sum per value."""
-
-    def __init__(self, at: np.ndarray, t: np.ndarray):
-        self.order = np.argsort(at)
-        self.index = np.searchsorted(at[self.order], t, side="right")
-
-    def sum(self, values: np.ndarray) -> np.ndarray:
-        return np.r_[0.0, np.cumsum(values[self.order])][self.index]
-
-
 def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
               points: int = 200, level: float | None = None) -> EngineState:
     """From the records alone, at ``points`` moments of [lo, hi]: requests in the engine
@@ -176,7 +165,7 @@ def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
     t = np.linspace(lo, hi, points)
     s, e = start[ok], last[ok]
     f = np.where(np.isnan(first), last, first)[ok]
-    started, ended = _UpTo(s, t), _UpTo(e, t)
+    started, ended = UpTo(s, t), UpTo(e, t)
     running = started.index - ended.index
     at_max = running >= running.max()
     out = {"max_running": int(running.max()),
@@ -197,7 +186,7 @@ def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,
     rate = np.where(e > f, np.maximum(cols.output[ok], 0) / np.maximum(e - f, 1e-12), 0.0)
     held = started.sum(prompt) - ended.sum(prompt)
     # decoded so far by those decoding at t: sum of rate x (t - first) over first <= t < last
-    decoding = _UpTo(f, t)
+    decoding = UpTo(f, t)
     decoded = (t * (decoding.sum(rate) - ended.sum(rate))
                - (decoding.sum(rate * f) - ended.sum(rate * f)))
     room = hw.memory_bytes * GPU_MEMORY_UTILIZATION - model_costs.weight_bytes(dep.model)
@@ -218,7 +207,7 @@ def _waiting(cols: WindowColumns, t: np.ndarray) -> np.ndarray | None:
     ok = ~np.isnan(sched) & ~np.isnan(queue) & (queue > 0)
     if not ok.any():
         return None
-    begun, ended = _UpTo(sched[ok] - queue[ok], t), _UpTo(sched[ok], t)
+    begun, ended = UpTo(sched[ok] - queue[ok], t), UpTo(sched[ok], t)
     return (begun.index - ended.index) > 0
 
 
@@ -381,7 +370,7 @@ def diagnose(phase: str, est: RooflineEstimate, dep: Deployment | None,
 
 def _with_recompute(cause: Cause, est: RooflineEstimate) -> Cause:
     """The share of the FLOPs done in the range that redid preempted requests' prompts
-    (``bottleneck.with_recompute``: the engine's preemptions x the mean prompt)."""
+    (``engine_view.with_recompute``: the engine's preemptions x the mean prompt)."""
     total = sum(p["flops"] for p in est.inferred.values())
     if est.recompute_flops > 0 and total > 0:
         share = est.recompute_flops / total

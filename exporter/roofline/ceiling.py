@@ -63,7 +63,7 @@ class CeilingBlame:
 def model_cost_ratio(est: RooflineEstimate, key: str = "flops") -> float | None:
     """The configured model's cost of the window's tokens over the engine's own count of
     the same work (``key``: flops or bytes), where the engine's counters replaced the
-    inference (``bottleneck.with_engine_counters`` keeps the inferred figures)."""
+    inference (``engine_view.with_engine_counters`` keeps the inferred figures)."""
     if est.inputs.get(key) != ENGINE_COUNTERS:
         return None
     engine = sum(getattr(p, key) for p in (est.prefill, est.decode) if p is not None)

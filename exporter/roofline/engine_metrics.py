@@ -134,7 +134,7 @@ class EngineRates:
     mean_running: float | None = None
     cached_prompt_share: float | None = None  # prompt tokens the prefix cache served
     cached_share_source: str = ""  # the counters it came from
-    flat: tuple[str, ...] = ()  # "flops", "bytes": present but never moved
+    flat: tuple[str, ...] = ()  # "flops", "bytes": at 0 all through, while the engine worked
     samples: int = 0
     max_running: float | None = None
     running_at_max_share: float | None = None  # share of scrapes with running at its max
@@ -275,7 +275,13 @@ def summarize(recent: list[EngineSample]) -> EngineRates | None:
 
     flops, read, write = rate("flops"), rate("read_bytes"), rate("write_bytes")
     bytes_rate = None if read is None else read + (write or 0.0)
-    flat = tuple(name for name, v in (("flops", flops), ("bytes", bytes_rate)) if v == 0)
+    # a counter exposed at 0 all through a span in which the engine worked (vLLM
+    # without --enable-mfu-metrics): absent, not zero work. One that counted before and
+    # did not move (an idle engine, or scrapes bunched after the exporter stalled) is
+    # neither: its rate is 0, and None below, so the roofline infers over that span
+    worked = bool(increase("prompt_tokens")) or any(r > 0 for r in present("running"))
+    flat = tuple(name for name, field in (("flops", "flops"), ("bytes", "read_bytes"))
+                 if worked and all(getattr(s, field) == 0 for s in recent))
     share, source = None, ""
     for part, whole, name in (("cached_tokens", "prompt_tokens", "prompt_tokens_cached"),
                               ("cache_hits", "cache_queries", "prefix_cache_hits")):

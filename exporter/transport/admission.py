@@ -95,6 +95,7 @@ class Admission:
         self._last_rss = 0
         self._relief_at = -1e18
         self._trim = _malloc_trim()
+        self._since: dict[int, float] = {}  # each admitted call's thread: when it came in
 
     # ---- gauges --------------------------------------------------------------
     def in_flight(self) -> int:
@@ -142,6 +143,7 @@ class Admission:
             else:
                 self._calls += 1
                 self._bytes += nbytes
+                self._since[threading.get_ident()] = self._clock()
                 return
         self._stats.inc("phasewatch_ingest_refused_total", protocol=protocol, reason=reason)
         raise Refused(reason, message)
@@ -150,6 +152,15 @@ class Admission:
         with self._lock:
             self._calls -= 1
             self._bytes -= nbytes
+            self._since.pop(threading.get_ident(), None)
+
+    def oldest_call_seconds(self) -> float:
+        """How long the call admitted longest ago has been in flight (0: none is): a
+        receiver that holds an export past its client's deadline shows here
+        (``app_loops.Loops``'s --stall-dump)."""
+        with self._lock:
+            oldest = min(self._since.values(), default=None)
+        return 0.0 if oldest is None else self._clock() - oldest
 
     def _relieve(self) -> None:
         """Over the soft limit: collect garbage and hand free heap back to the OS."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from phasewatch.aggregation.aggregate import Aggregator
@@ -121,3 +122,25 @@ def test_a_label_set_newer_than_the_window_is_left_out_not_an_error():
     later = [*agg.labels.pairs(), ("m2", "e")]  # not yet in the window
     (m,) = agg.window.summary(later)["models"]
     assert m["model"] == "m" and m["request_rate"] == pytest.approx(5.0, rel=0.05)
+
+
+def test_the_window_rows_by_slices_equal_the_masks():
+    """window_rows.rows_of: one run, a wrapped ring's two, none, all, and masks of more runs
+    (a clock that stepped back) give the mask's rows, in its order, as copies."""
+    from phasewatch.aggregation.window_rows import rows_of
+
+    rng = np.random.default_rng(7)
+    cols = {"f": rng.random(64), "i": rng.integers(0, 9, 64), "b": rng.random(64) > 0.5}
+    masks = [np.zeros(64, bool), np.ones(64, bool)]
+    for _ in range(300):
+        m = np.zeros(64, bool)
+        for _ in range(int(rng.integers(1, 4))):
+            a = int(rng.integers(0, 64))
+            m[a:a + int(rng.integers(1, 40))] = True
+        masks.append(m)
+    masks.append(np.r_[np.ones(5, bool), np.zeros(50, bool), np.ones(9, bool)])  # wrapped
+    for m in masks:
+        got = rows_of(cols, m)
+        for k, v in cols.items():
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], v[m]), (k, m)
+            assert not np.shares_memory(got[k], v)

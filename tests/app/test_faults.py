@@ -15,9 +15,11 @@ import numpy as np
 from phasewatch.client import PhasewatchClient
 from phasewatch.dashboard.exporter_source import ExporterSource
 from phasewatch.dashboard.prometheus_source import PrometheusSource
+from phasewatch.hostpressure import HostPressure
 from phasewatch.ingest import wire
-from phasewatch.requests.record import RequestBatch, RequestRecord
+from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from phasewatch.sim.otlp_shapes import OtlpSink
+from tests.aggregation.test_tapjoin import PRIMER, engine_record, tap_record
 from tests.conftest import scrape
 from tests.support.prom import PrometheusServer
 from tests.support.serve import ServeProcess
@@ -87,6 +89,13 @@ def test_a_stopped_process_says_how_late_it_ran_when_it_is_resumed(tmp_path):
                       sp.log_path.read_text())
     # stopped 3.5 s, a tick due every 0.5 s: 3.0-3.5 s late, and more on a loaded host
     assert any(2.5 <= float(x) <= 8.0 for x in late), sp.log_path.read_text()[-2000:]
+    # with what the host's counters say of the stretch, where it publishes any
+    # (which of them moved depends on what else ran on the host meanwhile)
+    counters = HostPressure().read()
+    if any(x is not None for x in (counters.throttled, counters.cpu_wait,
+                                   counters.memory_wait, counters.io_wait)):
+        assert re.search(r"s late \(a 0.5 s roofline tick\)[^\n]*; over it ",
+                         sp.log_path.read_text()), sp.log_path.read_text()[-2000:]
 
 
 def _restart(tmp_path, send, ports_of) -> tuple[int, int]:
@@ -228,3 +237,55 @@ def test_exporter_source_survives_an_exporter_restart(tmp_path):
     with ServeProcess(tmp_path, "--http-port", str(first.http_port)) as second:
         assert second.http_port == first.http_port
         assert source.fetch().error is None
+
+
+def test_a_tap_record_that_waited_through_a_stopped_process_joins_its_engine_spans(tmp_path):
+    """CI (stop 46): a phasewatch not scheduled for ~29 s, the engine's exports past their
+    deadline and retried; the sweep that ran first on resuming declared the tap's rows
+    alone. The joins wait on a clock that stands still while the process does not run:
+    stopped 6 s against a 3 s wait, the tap's row still joins the engine's row sent just
+    after it resumed."""
+    sp = ServeProcess(tmp_path, "--trace-join-wait", "3").start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{sp.grpc_port}")
+    export = channel.unary_unary(EXPORT)
+    try:
+        now = time.time()
+        shift = now - 1_800_000_000.0  # the records' times: now, not the helpers' T0
+
+        def moved(r: RequestRecord) -> RequestRecord:
+            for name in ("arrival", "queued", "scheduled", "first_token", "last_token",
+                         "finish"):
+                if getattr(r, name, None):
+                    setattr(r, name, getattr(r, name) + shift)
+            if r.token_times is not None:
+                r.token_times = [t + shift for t in r.token_times]
+            return r
+
+        def send(record: RequestRecord, **kw) -> int:
+            return wire.decode_export_response(export(wire.encode_export(
+                RequestBatch.from_records([moved(record)]), kw.pop("engine", "vllm"), **kw),
+                timeout=10)).accepted
+
+        # an engine that sends trace context, then the tap's row, which waits for its own
+        assert send(engine_record(key=PRIMER, request_id="primer")) == 1
+        assert send(tap_record(), engine="tap", source=SOURCE_TAP) == 1
+        sp.signal(signal.SIGSTOP)
+        time.sleep(6.0)
+        sp.signal(signal.SIGCONT)
+        late = send(engine_record())  # as the engine's exporter retries once it gets in
+        deadline = time.monotonic() + 10
+        outcomes: dict = {}
+        while time.monotonic() < deadline:
+            m = scrape(sp.http_port)
+            outcomes = {s.labels["outcome"]: s.value for s in m.samples
+                        if s.name == "phasewatch_trace_join_requests_total"}
+            if outcomes.get("joined") or outcomes.get("tap_only"):
+                break
+            time.sleep(0.1)
+    finally:
+        channel.close()
+        sp.stop()
+    # (on the plain clock: the row was swept alone on resuming, the engine's refused as
+    # its late partner, accepted 0)
+    assert late == 1 and outcomes.get("joined") == 1 and not outcomes.get("tap_only"), (
+        late, outcomes, sp.log_path.read_text()[-2000:])

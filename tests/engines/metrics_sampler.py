@@ -181,11 +181,32 @@ class Sampler:
         times = [t for t, _ in self.samples]
         return round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 3)
 
-    def at(self, name: str, t: float) -> float:
-        return value_at(self.samples, name, t)
+    def at(self, name: str, t: float, stamp: str = "mid") -> float:
+        """The series' value at ``t``, each sample stamped halfway through its read
+        (``mid``), or at the moment its request was sent or its answer received."""
+        return value_at(self.stamped(stamp), name, t)
+
+    def stamped(self, stamp: str) -> list[tuple[float, dict]]:
+        """The samples, each at its read's ``mid``, ``sent`` or ``received`` moment."""
+        if stamp == "mid":
+            return self.samples
+        which = {"sent": 0, "received": 1}[stamp]
+        return [(read[which], values)
+                for read, (_, values) in zip(self.reads, self.samples, strict=True)]
 
     def increase(self, name: str, lo: float, hi: float) -> float:
         return self.at(name, hi) - self.at(name, lo)
+
+    def increase_bounds(self, name: str, lo: float, hi: float) -> tuple[float, float]:
+        """The least and most a counter can have grown over [lo, hi] as ``increase`` reads
+        it (linearly between samples), when each page holds the counters at some moment
+        of its read, unknown within it (vLLM's server renders it when its event loop
+        gets to the request: seconds after it was sent, on a starved host). A counter
+        only grows, so its interpolated value at a moment is highest with every sample
+        at its read's start and lowest with every one at its end (the interpolation
+        through ordered points falls as any of them moves later)."""
+        return (self.at(name, hi, "received") - self.at(name, lo, "sent"),
+                self.at(name, hi, "sent") - self.at(name, lo, "received"))
 
     def during(self, name: str, lo: float, hi: float) -> list[float]:
         return [v.get(name, 0.0) for t, v in self.samples if lo <= t <= hi]

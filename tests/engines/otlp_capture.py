@@ -46,8 +46,11 @@ class OtlpCapture:
         self.raw: list[bytes] = []  # every request received, in order
         self.received_at: list[float] = []  # time.time() of each
         self.responses: list[bytes] = []  # the next hop's answer to each, in order
-        self.forward_errors: list[str] = []
+        self.delivered: list[bytes] = []  # the requests the next hop took (answered OK)
         self.forward_seconds: list[float] = []  # how long the next hop took to answer each
+        # each refused forward: (its error, seconds the engine's deadline had left when the
+        # relay took the export, seconds the next hop then took)
+        self.forward_failures: list[tuple[str, float, float]] = []
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
@@ -68,13 +71,21 @@ class OtlpCapture:
                                      compression=grpc.Compression.NoCompression)
         except grpc.RpcError as e:  # the next hop's refusal is the engine's answer
             with self._lock:
-                self.forward_seconds.append(time.monotonic() - began)
-                self.forward_errors.append(f"{e.code()}: {e.details()}")
+                took = time.monotonic() - began
+                self.forward_seconds.append(took)
+                self.forward_failures.append((f"{e.code()}: {e.details()}", left, took))
             context.abort(e.code(), e.details() or "")
         with self._lock:
             self.forward_seconds.append(time.monotonic() - began)
             self.responses.append(response)
+            self.delivered.append(request)
         return response
+
+    @property
+    def forward_errors(self) -> list[str]:
+        """Each refused forward's error, in order (``forward_failures``' first field)."""
+        with self._lock:
+            return [error for error, _, _ in self.forward_failures]
 
     def _connect(self) -> None:
         self._channel = grpc.insecure_channel(self.forward_to)
@@ -126,6 +137,13 @@ class OtlpCapture:
     def requests(self) -> list[trace_service_pb2.ExportTraceServiceRequest]:
         with self._lock:
             raw = list(self.raw)
+        return [trace_service_pb2.ExportTraceServiceRequest.FromString(b) for b in raw]
+
+    def delivered_requests(self) -> list[trace_service_pb2.ExportTraceServiceRequest]:
+        """The exports the next hop answered OK (a refused one is retried by the engine,
+        or lost: it is in ``requests()`` and ``forward_errors``, not here)."""
+        with self._lock:
+            raw = list(self.delivered)
         return [trace_service_pb2.ExportTraceServiceRequest.FromString(b) for b in raw]
 
     def partial_successes(self) -> list[trace_service_pb2.ExportTracePartialSuccess]:

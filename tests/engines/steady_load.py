@@ -17,7 +17,10 @@ sampling parameters), so each request decodes exactly ``--max-tokens`` tokens. W
 first (prefill chunks sharing decode steps).
 
 The output: per group, requests started, finished and failed (with the first errors),
-output tokens received, and the wall-clock start and end of the run.
+output tokens received, the gaps between a finished request's successive text chunks
+(``gaps``: [wall-clock time of the later chunk, seconds], the client's inter-token
+latency as ``vllm bench serve`` reads it: vLLM streams a token a chunk), and the
+wall-clock start and end of the run.
 """
 
 from __future__ import annotations
@@ -52,11 +55,18 @@ async def stream_loop(client, model: str, group: dict, deadline: float, counter:
                 max_tokens=group["max_tokens"], temperature=0.0, stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"min_tokens": group["max_tokens"], "ignore_eos": True})
+            gaps, last = [], None
             async for chunk in response:
+                if chunk.choices and chunk.choices[0].text:
+                    now = time.time()
+                    if last is not None:
+                        gaps.append((now, now - last))
+                    last = now
                 if chunk.usage is not None:
                     stats["output_tokens"] += chunk.usage.completion_tokens
                     stats["prompt_tokens"] += chunk.usage.prompt_tokens
             stats["finished"] += 1
+            stats["gaps"] += gaps  # a finished request's only
             failures = 0
         except Exception as e:  # the run goes on; the caller judges the failures
             failures += 1
@@ -82,7 +92,8 @@ async def run(args) -> dict:
     tasks, stats = [], {}
     for g in groups:
         s = stats[g["name"]] = {**g, "started": 0, "finished": 0, "failed": 0,
-                                "output_tokens": 0, "prompt_tokens": 0, "errors": []}
+                                "output_tokens": 0, "prompt_tokens": 0, "errors": [],
+                                "gaps": []}
         tasks += [stream_loop(client, args.model, g, deadline, counter, s)
                   for _ in range(g["streams"])]
     await asyncio.gather(*tasks)

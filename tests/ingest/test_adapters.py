@@ -409,3 +409,41 @@ def test_parallel_sampling_counts_the_prompt_once_across_exports():
     prompt, _, output = snap.counters["tokens"][0]
     assert (prompt, output) == (3 * 900, 5 * 151)  # the n=3 prompt once, outputs each
     assert snap.counters["requests"].sum() == 5  # every sequence is a request, as vLLM's
+
+
+def test_classifying_an_engines_span_leaves_its_attributes_undecoded():
+    """Issue 41: the tap's adapter, asked first, read its mark from every span, and a
+    vLLM ``llm_request`` span's attributes (decoded lazily: ``walk`` extracts the keys
+    its adapter reads) were all decoded for it: a third of the OTLP ingest's time. The
+    tap's spans are named "{operation} {model}": the name is read first. Its own spans
+    (and only they) are still the tap's."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    from phasewatch.ingest.adapters import ADAPTERS, tap
+    from phasewatch.ingest.otlp.spans import LazyAttributes, walk
+
+    def kv(key, value):
+        v = (AnyValue(string_value=value) if isinstance(value, str) else
+             AnyValue(int_value=value) if isinstance(value, int) else
+             AnyValue(double_value=value))
+        return KeyValue(key=key, value=v)
+
+    def pb(name, attrs):
+        return Span(trace_id=b"t" * 16, span_id=b"s" * 8, name=name, kind=2,
+                    start_time_unix_nano=T0, end_time_unix_nano=T0 + NS,
+                    attributes=[kv(k, v) for k, v in attrs.items()])
+
+    msg = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(
+        spans=[pb("llm_request", VLLM_V1),
+               pb("chat llama", {tap.MARK: "tap", "gen_ai.request.model": "llama"}),
+               pb("llm_request", {**VLLM_V1, tap.MARK: "tap"})])])])
+    engine, ours, marked = walk(msg, ADAPTERS.extract)
+    assert isinstance(engine.attributes, LazyAttributes)
+    assert classify(engine) is vllm
+    assert engine.attributes._decoded is None  # nothing decoded to classify it
+    assert classify(ours) is tap
+    assert classify(marked) is vllm  # the mark alone, on an engine's span, is not the tap's

@@ -1,4 +1,5 @@
-"""Issue 40: a lever's predicted effect, checked by pulling the lever on the real vLLM.
+"""Issue 40: a lever's predicted effect, checked by pulling the lever on the real vLLM
+(``LEVER_PULLS``): the slot limit and the KV cache's capacity.
 
 The slot-limit workload (24 closed-loop streams against ``--max-num-seqs 8``;
 ``tests/engines/verdict_runs.py``) makes phasewatch's verdict "Queue: Slot limit" and its
@@ -9,10 +10,15 @@ batch, the step (TPOT), the mean queue time, TTFT and request time, and the outp
 tokens per second; each within ``TOLERANCE`` where the fit was inside its range, within
 ``TOLERANCE`` times the reach (at most ``PAST_RANGE``) past it (the queue within that
 share of the time in the system: ``OF_E2E``), and each figure predicted to move by a
-tenth moved that way. Every figure is printed (``-s``) and written to
+tenth moved that way (but for ``UNJUDGED_WAY``'s). Every figure is printed (``-s``) and written to
 ``test-artifacts/real_vllm_levers.json``.
 
-The slot_limit start is the verdict tests' own (``verdict_runs.session_runs``: one
+The KV pull likewise: kv_pressure's 12 closed-loop streams against a cache that holds
+about nine of them, phasewatch's "KV capacity for every request in the system", then
+vLLM with more blocks than it asked. A pull that missed while the host's speed differed
+between its two runs is made once more (``HOST_DIFFERS``).
+
+The slot_limit and kv_pressure starts are the verdict tests' own (``verdict_runs.session_runs``: one
 start per session). In CI a missing ``.venv-vllm`` fails; elsewhere it skips.
 """
 
@@ -22,9 +28,16 @@ import json
 
 import pytest
 
-from tests.engines.verdict_runs import LEVER_PULLS, WorkloadRun, session_runs
+from tests.engines.verdict_runs import (
+    LEVER_PULLS,
+    PULLED,
+    WorkloadRun,
+    fresh_runs,
+    session_runs,
+)
 from tests.real.test_real_vllm import require_vllm
 from tests.support import ROOT
+from tests.support.reruns import made_again
 
 TOLERANCE = 0.25
 # Past the fitted range (the prediction's reach: 1.5-1.7x on every run here, the window's
@@ -40,6 +53,22 @@ FIGURES = ("batch", "tpot_seconds", "queue_seconds", "ttft_seconds", "e2e_second
 # error is the others' magnified by e2e / queue. It is held to TOLERANCE of the time in
 # the system (here 0.34 s off in 2.9 s, 59 % of a 0.58 s queue, on a host loaded 6x).
 OF_E2E = ("queue_seconds",)
+# Figures whose direction is not judged for a lever, each held to its bound all the same.
+# The KV pull's batch: before the pull the records count a preempted request as decoding
+# while it waits (docs/verdict.md, "Where it is wrong"), and the prediction's rise is the
+# preempted requests joining the batch: the move predicted is the size of the bias in
+# "now". A full make test read now 8.06, predicted 8.87 (+10 %, the rule's threshold),
+# measured 7.23: within 23 %, a direction no reading before the pull can tell.
+UNJUDGED_WAY = {"kv_cache": ("batch",)}
+# A pull that missed is made once more (both runs, fresh) only where the host ran at
+# another speed in one run than in the other: the median of a fixed piece of work beside
+# vLLM (verdict_runs.HostClock) differed by more than this. In one full make test the
+# KV pull's first run stepped 1.45x slower than three runs before it and than the run
+# after it, and missed by 40-47 %; a slower host is in no window. Without that evidence
+# a miss fails.
+HOST_DIFFERS = 0.10
+_REPORTS: dict = {}  # this session's pulls, by cause
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 def _run(runs: list[WorkloadRun], name: str) -> WorkloadRun:
@@ -57,6 +86,10 @@ def pulled(tmp_path_factory) -> dict[str, tuple[WorkloadRun, WorkloadRun]]:
     return out
 
 
+def _or_nan(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
 def _table(cause: str, setting: str, predicted: dict, measured: dict, reach: float) -> dict:
     rows = {k: {"now": predicted["now"].get(k), "predicted": predicted["predicted"].get(k),
                 "measured": measured.get(k)} for k in FIGURES}
@@ -65,35 +98,97 @@ def _table(cause: str, setting: str, predicted: dict, measured: dict, reach: flo
     for k, r in rows.items():
         p, m = r["predicted"], r["measured"]
         r["error"] = (p - m) / m if p is not None and m else None
-        print(f"{k:<26} {r['now'] or float('nan'):>10.4g} {p or float('nan'):>10.4g} "
-              f"{m or float('nan'):>10.4g} "
+        now = r["now"]
+        print(f"{k:<26} {_or_nan(now):>10.4g} {_or_nan(p):>10.4g} {_or_nan(m):>10.4g} "
               f"{'' if r['error'] is None else format(r['error'], '+.0%'):>7}")
     return {"setting": setting, "reach": reach, "figures": rows}
 
 
-def test_the_slot_limit_pulled_lands_where_phasewatch_predicted(pulled):
-    before, after = pulled["concurrency_limit"]
-    _, setting, _ = LEVER_PULLS["concurrency_limit"]
+def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, dict, str]:
+    """The prediction for ``cause``'s pull against what the pulled engine measured:
+    (the prediction, the report, what missed: a figure out of the bound of the module
+    docstring, or one that did not move the predicted way; "" where none)."""
+    _, setting, _ = LEVER_PULLS[cause]
     verdict = before.roofline.get("verdict") or {}
-    assert verdict.get("cause") == "concurrency_limit", verdict.get("text")
+    assert verdict.get("cause") == cause, verdict.get("text")
     predictions = {p["setting"]: p for p in before.roofline.get("predictions") or ()}
-    assert setting in predictions, (before.roofline.get("step_model"), list(predictions))
+    assert setting in predictions, (  # the operating point first: CI prints a part
+        before.roofline.get("operating_point"), list(predictions),
+        (before.roofline.get("engine_state") or {}).get("kv_capacity_tokens"),
+        before.roofline.get("step_model"))
     p = predictions[setting]
-    measured = after.roofline.get("operating_point") or {}
-    report = _table("concurrency_limit", setting, p, measured, p["reach"])
-    report["step_model"] = before.roofline.get("step_model")
-    (ROOT / "test-artifacts").mkdir(exist_ok=True)
-    (ROOT / "test-artifacts" / "real_vllm_levers.json").write_text(
-        json.dumps({"concurrency_limit": report}, indent=1, default=str))
     assert p["kind"] == "predicted" and p["text"].startswith(setting)
+    measured = after.roofline.get("operating_point") or {}
+    report = _table(cause, setting, p, measured, p["reach"])
+    report["step_model"] = before.roofline.get("step_model")
+    report["notes"] = p.get("notes")
+    report["host_work_seconds"] = _work(before, after)
     e2e = report["figures"]["e2e_seconds"]["measured"]
     within = TOLERANCE if p["reach"] <= 1.0 else min(TOLERANCE * p["reach"], PAST_RANGE)
-    off = {k: r for k, r in report["figures"].items() if r["error"] is None or (
-        abs(r["predicted"] - r["measured"]) > within * e2e if k in OF_E2E
-        else abs(r["error"]) > within)}
-    assert not off, (within, off, p["text"], report["step_model"])
+    # (a queue measured at 0 has no relative error; its difference still counts)
+    off = {k: r for k, r in report["figures"].items() if (
+        r["predicted"] is None or r["measured"] is None
+        or abs(r["predicted"] - r["measured"]) > within * e2e if k in OF_E2E
+        else r["error"] is None or abs(r["error"]) > within)}
     # and each figure the prediction moves by a tenth or more moved that way
     wrong_way = {k: r for k, r in report["figures"].items()
-                 if abs(r["predicted"] - r["now"]) > 0.1 * r["now"]
+                 if k not in UNJUDGED_WAY.get(cause, ())
+                 and abs(r["predicted"] - r["now"]) > 0.1 * r["now"]
                  and (r["predicted"] - r["now"]) * (r["measured"] - r["now"]) <= 0}
-    assert not wrong_way, wrong_way
+    missed = (f"out of {within:.0%}: {off}; {p['text']}; {report['step_model']}" if off else
+              f"moved the other way: {wrong_way}" if wrong_way else "")
+    return p, report, missed
+
+
+def _work(before: WorkloadRun, after: WorkloadRun) -> tuple[float | None, float | None]:
+    """The host's fixed work's median seconds in each run (``verdict_runs.HostClock``)."""
+    return before.figures.get("host_work_seconds"), after.figures.get("host_work_seconds")
+
+
+def _hosts_differed(work: tuple[float | None, float | None]) -> bool:
+    b, a = work
+    return bool(b and a and abs(b / a - 1.0) > HOST_DIFFERS)
+
+
+def _landed(pulled: dict, tmp_path_factory, cause: str) -> tuple[dict, WorkloadRun]:
+    """``_judge`` on the session's pair; where it missed while the host ran at another
+    speed in one run than in the other (``HOST_DIFFERS``), once more on a fresh pair,
+    which stands. Every report of this session's pulls is written to
+    test-artifacts/real_vllm_levers.json (no stale report of an earlier session)."""
+    before, after = pulled[cause]
+    p, report, missed = _judge(before, after, cause)
+    if missed and _hosts_differed(report["host_work_seconds"]):
+        made_again(f"{cause}: missed while the host's fixed work took "
+                   f"{report['host_work_seconds']} s in the two runs; the pair once more "
+                   f"({missed[:600]})")
+        config, _, pull = LEVER_PULLS[cause]
+        (workload,) = set(PULLED[pull][1])
+        before, after = (_run(fresh_runs(tmp_path_factory, c), workload) for c in (config, pull))
+        earlier = {"missed": missed, **report}
+        p, report, missed = _judge(before, after, cause)
+        report["earlier"] = earlier
+    _REPORTS[cause] = report
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "real_vllm_levers.json").write_text(json.dumps(_REPORTS, indent=1,
+                                                                default=str))
+    assert not missed, missed
+    return p, after
+
+
+def test_the_slot_limit_pulled_lands_where_phasewatch_predicted(pulled, tmp_path_factory):
+    _landed(pulled, tmp_path_factory, "concurrency_limit")
+
+
+def test_the_kv_capacity_pulled_lands_where_phasewatch_predicted(pulled, tmp_path_factory):
+    """kv_pressure's 12 closed-loop streams against a KV cache that holds about nine of
+    them (vLLM preempts and queues): phasewatch's prediction for a cache that holds every
+    request in the system, then vLLM started again with more blocks than it asked
+    (``PULLED``'s kv_pressure_all) under the same clients. The figures land as predicted
+    (the TTFT too: the streams, of fixed lengths, then prefill in groups as large as the
+    chunk budget allows), the cache held what the prediction asked, and nothing was
+    preempted."""
+    p, after = _landed(pulled, tmp_path_factory, "kv_cache")
+    state = after.roofline.get("engine_state") or {}
+    assert state.get("kv_capacity_tokens", 0) >= p["predicted"]["kv_capacity_tokens"], state
+    assert state.get("preemptions") == 0, state
+    assert any("prefill" in n and "at a time" in n for n in p["notes"]), p["notes"]

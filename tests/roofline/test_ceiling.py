@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from phasewatch.roofline import catalog, ceiling
-from phasewatch.roofline.bottleneck import with_engine_counters
 from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.engine_view import with_engine_counters
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from phasewatch.roofline.inputs import InputSource
 from phasewatch.roofline.verdict import decide

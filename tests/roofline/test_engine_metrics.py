@@ -13,8 +13,8 @@ import pytest
 
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import catalog
-from phasewatch.roofline.bottleneck import with_cached_share, with_engine_counters
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
+from phasewatch.roofline.engine_view import with_cached_share, with_engine_counters
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
 from phasewatch.roofline.inputs import InputSource
 from phasewatch.selfstats import SelfStats
@@ -197,6 +197,18 @@ def _rates(pages: list[str]) -> EngineRates:
     finally:
         server.close()
     return src.rates(60.0)
+
+
+def test_a_counter_that_counted_before_and_stood_still_is_not_said_to_stay_at_zero():
+    """CI: a phasewatch that stalled ~29 s read its scrapes after the load had ended (the
+    engine idle, its FLOP counter high and still) and logged "the flops counter stays at
+    0 ... start vLLM with --enable-mfu-metrics" of a vLLM started with it."""
+    idle = _rates([_vllm_page(9e14, 5000, 0), _vllm_page(9e14, 5000, 0)])
+    assert idle.flat == () and idle.flops_per_gpu is None  # no work over it: inferred
+    worked = _rates([_vllm_page(9e14, 1000, 0), _vllm_page(9e14, 5000, 0)])
+    assert worked.flat == ()  # flat but not at 0: the counter is there, it is no hint
+    quiet = _rates([_vllm_page(0, 5000, 0), _vllm_page(0, 5000, 0)])
+    assert quiet.flat == ()  # at 0 but nothing ran: nothing says it is off
 
 
 def test_counters_stuck_at_zero_while_requests_finish_are_absent_not_zero_work():

@@ -29,6 +29,29 @@ def test_union_length_equals_brute_force():
     assert union_length(np.array([5.0]), np.array([4.0]), 0, 10) == 0.0
 
 
+def test_the_phases_union_from_one_interval_a_request_equals_the_two():
+    """estimate._overlap: a request's prefill [start, first] and decode [first, last]
+    taken as one interval give the union and the sampled busy time of the two, with NaN
+    times, out-of-order ones (a start after the first token, a last token before it),
+    weights and ranges that cut them."""
+    from phasewatch.roofline.intervals import busy_time
+
+    rng = np.random.default_rng(1)
+    for trial in range(2000):
+        n = int(rng.integers(1, 40))
+        s = rng.uniform(0, 10, n)
+        f = s + rng.uniform(-1, 3, n)
+        last = f + rng.uniform(-1, 4, n)
+        for times in (s, f, last):
+            times[rng.random(n) < 0.15] = np.nan
+        w = np.ones(n) if trial % 2 else rng.integers(1, 5, n).astype(float)
+        lo, hi = sorted(rng.uniform(0, 14, 2))
+        two = busy_time(np.concatenate([s, f]), np.concatenate([f, last]),
+                        np.concatenate([w, w]), lo, hi)
+        one = busy_time(np.where(s <= f, s, f), np.fmax(f, last), w, lo, hi)
+        assert one == pytest.approx(two, abs=1e-9), (trial, one, two)
+
+
 def test_inside_fraction():
     f = inside_fraction(np.array([0.0, 5.0, 8.0, 3.0]), np.array([10.0, 6.0, 12.0, 3.0]), 4, 9)
     assert f.tolist() == pytest.approx([0.5, 1.0, 0.25, 0.0])

@@ -1,5 +1,7 @@
 """``phasewatch serve`` as a real process on free ports, for tests that need its memory,
-its signals or its restarts: the bound ports are read from its log."""
+its signals or its restarts: the bound ports are read from its log. It dumps its
+threads' stacks into that log when its roofline loop stalls (``--stall-dump``;
+``tests.support.stalls`` reads them)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from tests.conftest import terminate
 from tests.engines.serve_ports import FREE, PATTERNS
+from tests.support.stalls import STALL_DUMP
 
 
 class ServeProcess:
@@ -31,7 +34,8 @@ class ServeProcess:
     def start(self, timeout: float = 30.0) -> ServeProcess:
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "phasewatch.cli", "serve", *FREE, *self.args],
+            [*self.prefix, sys.executable, "-m", "phasewatch.cli", "serve", *FREE,
+             "--stall-dump", STALL_DUMP, *self.args],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

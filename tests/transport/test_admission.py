@@ -51,6 +51,34 @@ def test_in_flight_calls_and_bytes_are_capped_and_counted():
     assert _refused(stats, "in_flight") == 1 and _refused(stats, "in_flight_bytes") == 1
 
 
+def test_the_oldest_call_in_flight_is_timed_on_each_thread():
+    """``oldest_call_seconds`` (--stall-dump's watch on held ingest calls): each admitted
+    call timed from its admission on its own thread, until its release there."""
+    clock = [100.0]
+    gate = Admission(SelfStats(), clock=lambda: clock[0])
+    assert gate.oldest_call_seconds() == 0.0
+    admitted, release = threading.Event(), threading.Event()
+
+    def call():
+        gate.admit("p", 10)
+        admitted.set()
+        release.wait(10)
+        gate.release(10)
+
+    other = threading.Thread(target=call)
+    other.start()
+    assert admitted.wait(10)
+    clock[0] = 103.0
+    gate.admit("p", 5)  # this thread's call, admitted later
+    clock[0] = 110.0
+    assert gate.oldest_call_seconds() == 10.0
+    release.set()
+    other.join(10)
+    assert gate.oldest_call_seconds() == 7.0
+    gate.release(5)
+    assert gate.oldest_call_seconds() == 0.0
+
+
 def test_memory_over_the_soft_limit_refuses_until_it_drops():
     stats, rss = SelfStats(), [500 << 20]
     clock = [0.0]

@@ -1,0 +1,133 @@
+"""The real-vLLM verdict tests read vLLM's counters over phasewatch's range from their own
+samples of its /metrics; a page holds the counters at a moment unknown within its read.
+``Sampler.increase_bounds`` brackets a counter's increase accordingly, and the
+comparison (``verdict_runs.off_by``, ``spread``, ``harness_fault``) holds phasewatch's
+figure to the bracket, never to a midpoint a slow read made up."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from tests.engines.metrics_sampler import Sampler
+from tests.engines.verdict_runs import (
+    READ_SPREAD,
+    harness_fault,
+    off_by,
+    phasewatch_late,
+    ratio_missed,
+    spread,
+)
+
+RATE = 1e9  # the counter's growth per second
+
+
+def sampler(tmp_path, reads: list[tuple[float, float]], seed: int = 7) -> Sampler:
+    """Samples of a counter growing at RATE, each page rendered at a moment drawn within
+    its read (sent, received)."""
+    rng = random.Random(seed)
+    s = Sampler("http://127.0.0.1:9/metrics", tmp_path)
+    s.reads = reads
+    s.samples = [((a + b) / 2, {"c": RATE * rng.uniform(a, b)}) for a, b in reads]
+    return s
+
+
+def reads_every(start: float, end: float, took: dict[int, float]) -> list[tuple[float, float]]:
+    """A read every 0.5 s after the last one answered: 10 ms each, or ``took[i]``."""
+    out, t, i = [], start, 0
+    while t < end:
+        d = took.get(i, 0.01)
+        out.append((t, t + d))
+        t, i = t + d + 0.5, i + 1
+    return out
+
+
+def test_quick_reads_bracket_the_increase_tightly(tmp_path):
+    s = sampler(tmp_path, reads_every(0.0, 40.0, {}))
+    low, high = s.increase_bounds("c", 5.2, 32.7)
+    truth = RATE * 27.5
+    assert low <= truth <= high
+    assert (high - low) / truth < 0.01  # reads of 10 ms: under 1 %
+
+
+def test_slow_reads_at_the_ends_widen_the_bracket_and_it_still_holds_the_truth(tmp_path):
+    # the tracker's CI: reads of 5-8 s around the range's ends (a range of ~23 s)
+    midpoint_off = []
+    for seed in range(20):
+        reads = reads_every(0.0, 40.0, {8: 5.4, 9: 3.0, 38: 7.9})
+        s = sampler(tmp_path, reads, seed)
+        lo, hi = reads[8][0] + 2.0, reads[38][0] + 1.0
+        low, high = s.increase_bounds("c", lo, hi)
+        truth = RATE * (hi - lo)
+        assert low <= truth <= high, seed
+        assert (high - low) / truth > 0.15  # a bracket this wide says little
+        midpoint_off.append(abs(s.increase("c", lo, hi) / truth - 1))
+    # the midpoint's reading was off by as much as the comparison allows phasewatch
+    assert max(midpoint_off) > 0.09
+
+
+def figures(inferred: float, low: float, high: float, point: float) -> dict:
+    return {"inferred_flops": inferred, "vllm_flops": point, "flops_ratio": inferred / point,
+            "vllm_bounds": {"flops": [low, high], "decode_bytes": [low, high]},
+            "inferred_decode_bytes": inferred, "vllm_bytes": point, "vllm_prompt_bytes": 0.0,
+            "sampler": {"bracketed": True, "edge_gap_s": 0.5, "slowest_read_s": 0.04}}
+
+
+def test_a_figure_inside_the_bracket_is_not_off():
+    f = figures(1.04e12, 0.98e12, 1.05e12, 1.0e12)
+    assert off_by(f, "flops") == 0.0 and not ratio_missed(f, "flops")
+
+
+def test_a_figure_past_the_bracket_by_more_than_the_tolerance_misses():
+    f = figures(1.17e12, 0.99e12, 1.01e12, 1.0e12)
+    assert off_by(f, "flops") == pytest.approx(1.17 / 1.01 - 1)
+    assert "the flops ratio was 1.170 (+15.8% outside vLLM's bracket" in ratio_missed(
+        f, "flops")
+    low = figures(0.85e12, 0.99e12, 1.01e12, 1.0e12)
+    assert off_by(low, "decode_bytes") == pytest.approx(0.85 / 0.99 - 1)
+    assert ratio_missed(low, "decode_bytes").startswith("the decode bytes ratio was 0.850")
+
+
+def test_a_run_without_a_bracket_is_held_to_the_midpoint():
+    f = {"inferred_flops": 1.12e12, "vllm_flops": 1e12, "flops_ratio": 1.12}
+    assert off_by(f, "flops") == pytest.approx(0.12) and ratio_missed(f, "flops")
+    assert spread(f, "flops") is None
+
+
+def run(f: dict, log: str = "", name: str = "decode_heavy") -> SimpleNamespace:
+    return SimpleNamespace(name=name, figures=f, log=log, config="default")
+
+
+def test_a_wide_bracket_is_the_harness_fault_and_a_narrow_one_is_not():
+    narrow = figures(1.0e12, 0.99e12, 1.01e12, 1.0e12)
+    assert spread(narrow, "flops") == pytest.approx(0.02)
+    assert not harness_fault(run(narrow))
+    wide = figures(1.0e12, 0.95e12, 1.0e12 + READ_SPREAD * 1e12, 1.0e12)
+    assert "vLLM's flops over the range are known only within 10% of the figure" in (
+        harness_fault(run(wide)))
+
+
+def test_phasewatch_saying_it_was_not_scheduled_is_the_harness_fault():
+    log = ("2026-11-29 12:39:53,892 WARNING phasewatch: phasewatch ran 28.8 s late (a 1 s "
+           "roofline tick): this process was not scheduled, so the figures average over "
+           "that gap\n")
+    assert phasewatch_late(log) == 28.8 and phasewatch_late("") == 0.0
+    f = figures(1.0e12, 0.99e12, 1.01e12, 1.0e12)
+    assert "its process was not scheduled for 28.8 s" in harness_fault(run(f, log))
+    assert not harness_fault(run(f, log.replace("28.8", "1.2")))
+
+
+def test_an_export_the_engine_gave_up_on_is_the_harness_fault():
+    """Spans vLLM's exporter dropped past its deadline never reach phasewatch: the run
+    is made again (as the tap's and the request-level fixtures do), its reason carrying
+    phasewatch's own account of its stalls; a refusal phasewatch's answer gave (the
+    engine retries those) is not such a fault."""
+    f = figures(1.0e12, 0.99e12, 1.01e12, 1.0e12)
+    lost = {**f, "capture_forward_errors": ["StatusCode.DEADLINE_EXCEEDED: Deadline Exceeded"],
+            "phasewatch_stalls": "dump 1 an ingest call in flight 7.0 s: export (grpc.py:76)"}
+    why = harness_fault(run(lost))
+    assert why.startswith("vLLM's exporter gave up on 1 export(s)") and "grpc.py:76" in why
+    retried = {**f, "capture_forward_errors": ["StatusCode.UNAVAILABLE: retry later"]}
+    assert not harness_fault(run(retried))
