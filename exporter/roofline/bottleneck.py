@@ -32,6 +32,7 @@ from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates,
 from phasewatch.roofline.engine_view import (
     with_cached_share,
     with_engine_counters,
+    with_engine_steps,
     with_recompute,
 )
 from phasewatch.roofline.estimate import (
@@ -148,6 +149,10 @@ class BottleneckMonitor:
         """The estimate with what the engine's own /metrics add (recomputed prefills, its
         counters, its prefix cache) or the note that no fresh scrape is there."""
         if dep is not None and rates is not None:
+            if source is not None:
+                lo, hi = est.range_start, est.range_end
+                est = with_engine_steps(est, dep, source.increase("steps", lo, hi),
+                                        source.increase("preemptions", lo, hi))
             est = with_recompute(est, dep, rates, mine)
             est = with_engine_counters(est, dep, rates)
             if cached is not None:

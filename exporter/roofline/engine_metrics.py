@@ -23,7 +23,9 @@ against pages captured from a real vLLM in
   ``token_usage``; TGI the tokens its running batch holds, ``batch_current_max_tokens``,
   over its budget ``batch_max_total_tokens``), preemptions (vLLM
   ``num_preemptions_total``; SGLang retracts:
-  ``num_retracted_requests_total``), speculative decoding's drafts and accepted tokens,
+  ``num_retracted_requests_total``), the engine's steps (vLLM's tokens-per-step
+  histogram's count, ``iteration_tokens_total_count``), speculative decoding's drafts
+  and accepted tokens,
   and the configured limits the engine publishes (or shows: llama.cpp defers a request
   only with every slot busy, so its requests processing then are its slots): the KV
   cache's size in tokens
@@ -74,6 +76,8 @@ SERIES = {
     "kv_cache_usage_perc": "kv_usage", "token_usage": "kv_usage",
     "num_preemptions_total": "preemptions",
     "num_retracted_requests_total": "preemptions",  # SGLang's word for it
+    # vLLM's tokens-per-step histogram: one observation per engine step
+    "iteration_tokens_total_count": "steps",
     "spec_decode_num_draft_tokens_total": "draft_tokens",
     "spec_decode_num_accepted_tokens_total": "accepted_tokens",
     "max_total_num_tokens": "kv_capacity_tokens",  # SGLang
@@ -95,6 +99,8 @@ PROMPT_LESS_CACHED = ("llamacpp:",)
 MEAN_FIELDS = ("kv_usage",)  # a share: averaged over data-parallel engines, not added
 RANK_LABELS = ("tp_rank", "pp_rank")
 MAX_PAGE_BYTES = 16 << 20
+# a counter read between two scrapes at most this far apart is taken as linear there
+BRACKET_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class EngineSample:
     waiting_by_reason: tuple[tuple[str, float], ...] = ()
     kv_usage: float | None = None
     preemptions: float | None = None
+    steps: float | None = None
     draft_tokens: float | None = None
     accepted_tokens: float | None = None
     kv_capacity_tokens: float | None = None
@@ -363,6 +370,26 @@ class EngineMetricsSource:
         with self._lock:
             recent = [s for s in self._samples if s.at >= now - window_seconds]
         return summarize(recent)
+
+    def increase(self, field: str, lo: float, hi: float) -> float | None:
+        """A counter's increase over [lo, hi], linear between the samples around each end
+        (a reset restarting from 0); None where no sample reaches an end, where the two
+        around one lie more than BRACKET_SECONDS apart, or where the engine lacks it."""
+        with self._lock:
+            points = [(s.at, v) for s in self._samples
+                      if (v := getattr(s, field)) is not None]
+        if len(points) < 2 or not points[0][0] <= lo < hi <= points[-1][0]:
+            return None
+        t, v = (np.array(x, dtype=float) for x in zip(*points, strict=True))
+        if np.any(np.diff(t) <= 0):  # the clock stepped back: no line to read
+            return None
+        for end in (lo, hi):
+            k = int(np.searchsorted(t, end))
+            if t[k] != end and t[k] - t[k - 1] > BRACKET_SECONDS:
+                return None
+        step = np.diff(v)
+        total = np.concatenate([[0.0], np.cumsum(np.where(step >= 0, step, v[1:]))])
+        return float(np.interp(hi, t, total) - np.interp(lo, t, total))
 
     def latest(self, window_seconds: float) -> EngineSample | None:
         """The newest sample if it is younger than ``window_seconds``."""

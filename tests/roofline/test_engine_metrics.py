@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from phasewatch.aggregation.columns import WindowColumns
-from phasewatch.roofline import catalog
+from phasewatch.roofline import catalog, engine_metrics
 from phasewatch.roofline.engine_metrics import EngineMetricsSource, EngineRates, parse_page
 from phasewatch.roofline.engine_view import with_cached_share, with_engine_counters
 from phasewatch.roofline.estimate import Deployment, RooflineEstimate, phase_estimate
@@ -73,7 +73,8 @@ def test_vllm_page_parses():
                         ("running", "vllm:num_requests_running"),
                         ("waiting", "vllm:num_requests_waiting"),
                         ("kv_usage", "vllm:kv_cache_usage_perc"),
-                        ("preemptions", "vllm:num_preemptions_total")):
+                        ("preemptions", "vllm:num_preemptions_total"),
+                        ("steps", "vllm:iteration_tokens_total_count")):
         assert getattr(s, field) == line_value(text, name), field
     assert s.flops > 0 and s.kv_usage >= 0.95
     # the engine's only model under another name: the page is still that engine's
@@ -97,7 +98,7 @@ def test_sglang_ranks_are_averaged_not_added():
         assert (s.flops, s.read_bytes, s.running) == (1.25e15, 4.5e14, 7.0)
 
 
-def test_rates_from_two_real_scrapes():
+def test_rates_from_two_real_scrapes(monkeypatch):
     first, last = ((REAL / f"kv_pressure-{m}.txt").read_text() for m in ("first", "last"))
     pages = Pages([first, last])
     now = [1000.0]
@@ -122,6 +123,18 @@ def test_rates_from_two_real_scrapes():
     assert r.mean_running == pytest.approx((line_value(first, "vllm:num_requests_running")
                                             + line_value(last, "vllm:num_requests_running")) / 2)
     assert r.preemptions == grew("vllm:num_preemptions_total") > 0
+    # a counter over a range inside the scrapes: linear between the two around each end
+    steps = grew("vllm:iteration_tokens_total_count")
+    assert steps > 0
+    assert src.increase("steps", 1000.0, 1015.0) == pytest.approx(steps)
+    # inside: scrapes 15 s apart are too far to read a line between (BRACKET_SECONDS)
+    assert src.increase("steps", 1003.0, 1009.0) is None
+    monkeypatch.setattr(engine_metrics, "BRACKET_SECONDS", 15.0)
+    assert src.increase("steps", 1003.0, 1009.0) == pytest.approx(steps * 6 / 15)
+    assert src.increase("flops", 1003.0, 1009.0) == pytest.approx(
+        grew("vllm:estimated_flops_per_gpu_total") * 6 / 15)
+    assert src.increase("steps", 999.0, 1010.0) is None  # before the first scrape
+    assert src.increase("steps", 1005.0, 1016.0) is None  # after the last
     # vLLM's per-request histograms: the mean queue and prefill of the requests in between
     for mean, name in ((r.mean_queue_seconds, "queue"), (r.mean_prefill_seconds, "prefill")):
         assert mean == pytest.approx(grew(f"vllm:request_{name}_time_seconds_sum")
@@ -254,3 +267,20 @@ def test_tgi_and_llamacpp_pages_as_their_code_writes_them():
     assert (cpp.running, cpp.waiting, cpp.max_running) == (2, 1, 2)
     assert (cpp.prompt_tokens, cpp.cached_tokens) == (412 + 57, 57)
     assert cpp.kv_usage is None  # llama.cpp publishes none (removed upstream)
+
+
+def test_a_counter_over_a_range_restarts_from_zero_after_an_engine_restart():
+    pages = Pages([f'vllm:iteration_tokens_total_count{{model_name="m"}} {v}\n'
+                   for v in (100.0, 150.0, 20.0, 60.0)])
+    now = [0.0]
+    src = EngineMetricsSource(pages.url, "m", SelfStats(), clock=lambda: now[0])
+    try:
+        for _ in range(4):
+            assert src.poll() is not None
+            now[0] += 5.0
+    finally:
+        pages.close()
+    # 0-5: +50; 5-10: restarted, +20; 10-15: +40
+    assert src.increase("steps", 0.0, 15.0) == pytest.approx(110.0)
+    assert src.increase("steps", 2.5, 12.5) == pytest.approx(25.0 + 20.0 + 20.0)
+    assert src.increase("preemptions", 0.0, 15.0) is None  # not on the page
