@@ -59,11 +59,20 @@ SECONDS = 30.0  # each workload's load; phasewatch's window is as long
 # either end weighed twice as much (CI: a 5.9 s gap, the FLOP ratio 0.86). 50 s of load
 # give it a range as long as theirs.
 LONGER = {"kv_pressure": 50.0}
+# ... on a host decoding this much slower than the reference (CI's, where 50 s was set).
+# kv_pressure's requests stop shrinking at their floor (SHRUNK_AT_LEAST) from about 2x,
+# so on a slower host each takes longer: on an AMD EPYC host 7x slower, 25 s each in a
+# 25 s range, and no 8 decoding inside it for the step model to fit (no fit, no KV
+# prediction). Its load and window grow past LONGER_AT by the slowdown.
+LONGER_AT = 3.1
 
 
 def seconds(name: str) -> float:
-    """Workload ``name``'s load, and phasewatch's window for it, in seconds."""
-    return LONGER.get(name, SECONDS)
+    """Workload ``name``'s load, and phasewatch's window for it, in seconds (the host's
+    slowdown as measured so far, ``MEASURED``)."""
+    if name not in LONGER:
+        return SECONDS
+    return LONGER[name] * max(1.0, MEASURED.get("slowdown", 1.0) / LONGER_AT)
 
 # Engine configurations: extra vLLM flags, and the workloads run on each start.
 CONFIGS = {
