@@ -149,11 +149,12 @@ class BottleneckMonitor:
         """The estimate with what the engine's own /metrics add (recomputed prefills, its
         counters, its prefix cache) or the note that no fresh scrape is there."""
         if dep is not None and rates is not None:
+            preempted = None
             if source is not None:
                 lo, hi = est.range_start, est.range_end
-                est = with_engine_steps(est, dep, source.increase("steps", lo, hi),
-                                        source.increase("preemptions", lo, hi))
-            est = with_recompute(est, dep, rates, mine)
+                preempted = source.increase("preemptions", lo, hi)
+                est = with_engine_steps(est, dep, source.increase("steps", lo, hi), preempted)
+            est = with_recompute(est, dep, rates, mine, preempted)
             est = with_engine_counters(est, dep, rates)
             if cached is not None:
                 est.inputs["cached_tokens"] = InputSource(

@@ -44,7 +44,6 @@ says so.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -249,12 +248,17 @@ def parse_page(text: str, model: str | None = None, at: float = 0.0) -> EngineSa
                         **{k: v for k, v in sums.items() if k in names})
 
 
+def increments(values) -> np.ndarray:
+    """A counter's increase between consecutive samples: the difference, or after a
+    reset (a value under the one before) the new value, counted from 0."""
+    v = np.asarray(values, dtype=float)
+    step = np.diff(v)
+    return np.where(step >= 0, step, v[1:])
+
+
 def _increase(values: list[float]) -> float:
-    """Total increase of a counter across samples, restarting from 0 after a reset."""
-    total = 0.0
-    for a, b in itertools.pairwise(values):
-        total += b - a if b >= a else b
-    return total
+    """Total increase of a counter across samples (``increments``)."""
+    return float(increments(values).sum())
 
 
 def _mean(values: list[float]) -> float | None:
@@ -387,8 +391,7 @@ class EngineMetricsSource:
             k = int(np.searchsorted(t, end))
             if t[k] != end and t[k] - t[k - 1] > BRACKET_SECONDS:
                 return None
-        step = np.diff(v)
-        total = np.concatenate([[0.0], np.cumsum(np.where(step >= 0, step, v[1:]))])
+        total = np.concatenate([[0.0], np.cumsum(increments(v))])
         return float(np.interp(hi, t, total) - np.interp(lo, t, total))
 
     def latest(self, window_seconds: float) -> EngineSample | None:

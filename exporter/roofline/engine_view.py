@@ -73,23 +73,29 @@ def with_engine_steps(est: RooflineEstimate, dep: Deployment, steps: float | Non
 
 
 def with_recompute(est: RooflineEstimate, dep: Deployment, rates: EngineRates,
-                   cols: WindowColumns) -> RooflineEstimate:
+                   cols: WindowColumns, preemptions: float | None = None
+                   ) -> RooflineEstimate:
     """Add the work the engine redid for preempted requests, which no record shows.
 
     A preempted request loses its KV cache and is prefilled again when it is scheduled
     again: vLLM's scheduler preempts from the end of its running list, the requests
     scheduled last, which have decoded little, so each preemption recomputes about one
     prompt (the window's mean uncached prompt). The engine counts its preemptions (a
-    state series, not its FLOP counters); scaled to the estimate's range, their FLOPs and
-    KV writes go to decode, since they run inside the preempted requests' decode
+    state series, not its FLOP counters): ``preemptions``, its counter's increase over the
+    estimate's range itself (``EngineMetricsSource.increase``) where the scrapes bracket
+    it, else its rate over the last window of wall time scaled to the range. Their FLOPs
+    and KV writes go to decode, since they run inside the preempted requests' decode
     intervals, and ``recompute_flops`` says how much of it there is.
     """
-    if not rates.preemptions or est.decode is None or rates.seconds <= 0:
+    if preemptions is not None:
+        count = preemptions
+    elif rates.preemptions and rates.seconds > 0:
+        count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
+    else:
         return est
     prompts = cols.uncached[cols.uncached >= 0]
-    if not prompts.size:
+    if not count or est.decode is None or not prompts.size:
         return est
-    count = rates.preemptions * (est.range_end - est.range_start) / rates.seconds
     tokens = count * float(prompts.mean())
     flops = count * float(model_costs.prefill_flops(dep.model, float(prompts.mean())))
     nbytes = tokens * model_costs.kv_bytes_per_token(dep.model)

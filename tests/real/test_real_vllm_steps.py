@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from phasewatch.roofline import catalog, model_costs
-from phasewatch.roofline.engine_view import with_cached_share, with_engine_steps
+from phasewatch.roofline.engine_metrics import EngineRates
+from phasewatch.roofline.engine_view import with_cached_share, with_engine_steps, with_recompute
 from phasewatch.roofline.estimate import Deployment, _estimate_in
 from phasewatch.roofline.intervals import inside_fraction
 from tests.engines.verdict_runs import replay_columns
@@ -87,3 +88,24 @@ def test_where_the_engine_preempted_decode_reads_the_weights_at_its_step_count(n
     # no preemption, or no step count: the records' count
     for steps, preempted in ((theirs, 0.0), (None, 3.0), (theirs, None)):
         assert with_engine_steps(est, DEP, steps, preempted) is est
+
+
+def test_the_recomputed_prompts_are_the_preemptions_counted_over_the_range():
+    """Each preemption recomputes about one mean prompt in decode's steps. The count is
+    the engine counter's increase over the range where the scrapes bracket it; the rate
+    over the last window of wall time, scaled to the range, only where they do not."""
+    lo, hi = TRUTH["kv_pressure"]["range"]
+    cols = with_cached_share(columns("kv_pressure"), 0.0)
+    est = _estimate_in(cols, DEP, lo, hi, "tiny-llama", "vllm")
+    prompt = float(cols.uncached[cols.uncached >= 0].mean())
+    per = float(model_costs.prefill_flops(DEP.model, prompt))
+    # the window's rate says 10 over the range; the counter moved 4 in it
+    rates = EngineRates(seconds=hi - lo, samples=15, preemptions=10.0)
+    assert with_recompute(est, DEP, rates, cols, 4.0).recompute_flops == pytest.approx(4 * per)
+    assert with_recompute(est, DEP, rates, cols).recompute_flops == pytest.approx(10 * per)
+    # none in the range, though the window had some: nothing recomputed in it
+    assert with_recompute(est, DEP, rates, cols, 0.0) is est
+    out = with_recompute(est, DEP, rates, cols, 4.0)
+    assert out.decode.flops == pytest.approx(est.decode.flops + 4 * per)
+    assert out.decode.bytes - est.decode.bytes == pytest.approx(
+        4 * prompt * model_costs.kv_bytes_per_token(DEP.model))
