@@ -22,7 +22,13 @@ squares line through the rows gives the three costs.
 The roofline is the prior. A cost whose input barely varies in the window (every decode
 ran beside the same batch, no prefill ran beside any) cannot be fitted: it is held at
 the roofline's (the KV token at the achievable bandwidth, the prompt token's FLOPs at
-the achievable FLOP/s) and the others fitted around it. A fitted cost under the
+the achievable FLOP/s) and the others fitted around it. So is one of two inputs that
+moved together (``TOGETHER``): at a slot limit a request prefilling holds a slot no
+decode has, so the prefill tokens beside each decode fall as its batch rises (-0.99 on
+the real vLLM's slot-limit windows), and the free fit's split of their cost swung from
+run to run (a KV token at 0.7 us and at 440 us; at 16 slots, where both rise, the step
+predicted 44 % long). The input that varied the least (its 10th-90th percentile range
+over its mean) is held at the roofline's, the other fitted. A fitted cost under the
 roofline's is not believed either: held at the floor, and the fit says so. A base under
 the weights' read at the achievable bandwidth means the window cannot separate the
 fixed cost from the rest: the fit is rejected and says why; no lever is predicted from
@@ -42,6 +48,9 @@ from phasewatch.roofline.intervals import Overlaps, evenly_spaced
 
 MIN_REQUESTS = 8  # decoding requests the fit needs
 SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
+# The KV tokens and the prefill tokens beside the decodes correlated this closely (either
+# sign): the window tells their summed cost, not each one's (``_held_fit``)
+TOGETHER = 0.95
 FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
 
 
@@ -86,6 +95,13 @@ class StepRows:
             rate = computed[pre] / (first[pre] - sched[pre])
             prefill = Overlaps(sched[pre], first[pre]).integral(rate, a, b) / n
         return cls(span / n, prefill, kv, batch, n, float(np.average(ctx[dec])))
+
+    def correlation(self) -> float:
+        """The steps-weighted correlation of the KV and the prefill tokens (0 where either
+        is constant)."""
+        cov = np.cov(self.kv, self.prefill, aweights=self.steps)
+        den = float(np.sqrt(cov[0, 0] * cov[1, 1]))
+        return float(cov[0, 1]) / den if den > 0 else 0.0
 
     def spread(self, x: np.ndarray) -> float:
         """The 10th-90th percentile range of an input over its mean (0 when constant)."""
@@ -206,11 +222,18 @@ def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[
     """(costs, the costs held at the roofline's, why each was): an input that barely
     varied, then a cost fitted under the roofline's, held and the rest refitted."""
     fixed, held = {}, []
-    for name, x, what in (("per_kv_token", rows.kv, "the KV tokens read"),
-                          ("per_prefill_token", rows.prefill, "the prefill tokens")):
+    inputs = (("per_kv_token", rows.kv, "the KV tokens read"),
+              ("per_prefill_token", rows.prefill, "the prefill tokens"))
+    for name, x, what in inputs:
         if rows.spread(x) < SPREAD:
             fixed[name] = roof[name]
             held.append(f"{name}: {what} barely varied in the window")
+    if not fixed and abs(r := rows.correlation()) >= TOGETHER:
+        name, _, what = min(inputs, key=lambda i: rows.spread(i[1]))
+        fixed[name] = roof[name]
+        held.append(f"{name}: the KV tokens read and the prefill tokens beside the decodes "
+                    f"moved together (correlation {r:.2f}): the window tells their summed "
+                    f"cost, not each one's, so {what}, which varied the least, are held")
     coef = _solve(rows, [n for n in TERMS if n not in fixed], fixed)
     for _ in range(2):
         low = [n for n in SLOPES if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]

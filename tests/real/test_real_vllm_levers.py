@@ -10,7 +10,8 @@ batch, the step (TPOT), the mean queue time, TTFT and request time, and the outp
 tokens per second; each within ``TOLERANCE`` where the fit was inside its range, within
 ``TOLERANCE`` times the reach (at most ``PAST_RANGE``) past it (the queue within that
 share of the time in the system: ``OF_E2E``), and each figure predicted to move by a
-tenth moved that way (but for ``UNJUDGED_WAY``'s). Every figure is printed (``-s``) and written to
+tenth (the queue: a tenth of the time in the system) moved that way (but for
+``UNJUDGED_WAY``'s). Every figure is printed (``-s``) and written to
 ``test-artifacts/real_vllm_levers.json``.
 
 The KV pull likewise: kv_pressure's 12 closed-loop streams against a cache that holds
@@ -51,7 +52,11 @@ FIGURES = ("batch", "tpot_seconds", "queue_seconds", "ttft_seconds", "e2e_second
            "output_tokens_per_second")
 # The queue is the time in the system less the service: a difference, whose relative
 # error is the others' magnified by e2e / queue. It is held to TOLERANCE of the time in
-# the system (here 0.34 s off in 2.9 s, 59 % of a 0.58 s queue, on a host loaded 6x).
+# the system (here 0.34 s off in 2.9 s, 59 % of a 0.58 s queue, on a host loaded 6x), and
+# its direction judged where the move predicted is a tenth of the time in the system or
+# more: the KV pull predicts its 0.16-0.84 s queue (under 4 % of a 23-27 s request) gone,
+# and the pulls measured 0.12 and 0.30 s, the wait for the step in progress, which at
+# that scale is noise.
 OF_E2E = ("queue_seconds",)
 # Figures whose direction is not judged for a lever, each held to its bound all the same.
 # The KV pull's batch: before the pull the records count a preempted request as decoding
@@ -130,10 +135,12 @@ def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, d
         r["predicted"] is None or r["measured"] is None
         or abs(r["predicted"] - r["measured"]) > within * e2e if k in OF_E2E
         else r["error"] is None or abs(r["error"]) > within)}
-    # and each figure the prediction moves by a tenth or more moved that way
+    # and each figure the prediction moves by a tenth or more moved that way (the queue:
+    # by a tenth of the time in the system, the scale its bound is on)
     wrong_way = {k: r for k, r in report["figures"].items()
                  if k not in UNJUDGED_WAY.get(cause, ())
-                 and abs(r["predicted"] - r["now"]) > 0.1 * r["now"]
+                 and abs(r["predicted"] - r["now"]) > 0.1 * (
+                     r["now"] if k not in OF_E2E else report["figures"]["e2e_seconds"]["now"])
                  and (r["predicted"] - r["now"]) * (r["measured"] - r["now"]) <= 0}
     missed = (f"out of {within:.0%}: {off}; {p['text']}; {report['step_model']}" if off else
               f"moved the other way: {wrong_way}" if wrong_way else "")

