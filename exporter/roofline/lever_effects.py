@@ -208,11 +208,15 @@ class Outlook:
     fit: StepFit | None
     point: OperatingPoint | None
     predictions: tuple[Prediction, ...] = ()
+    unfitted: str | None = None  # why there is no fit (``step_model.unfitted``)
 
     def as_dict(self) -> dict:
-        return {"step_model": self.fit.as_dict() if self.fit is not None else None,
-                "operating_point": self.point.described() if self.point is not None else None,
-                "predictions": [p.as_dict() for p in self.predictions]}
+        out = {"step_model": self.fit.as_dict() if self.fit is not None else None,
+               "operating_point": self.point.described() if self.point is not None else None,
+               "predictions": [p.as_dict() for p in self.predictions]}
+        if self.unfitted:
+            out["step_model_unfitted"] = self.unfitted
+        return out
 
 
 def outlook(est: RooflineEstimate, dep: Deployment | None, cols: WindowColumns,
@@ -238,4 +242,5 @@ def outlook(est: RooflineEstimate, dep: Deployment | None, cols: WindowColumns,
     point = operating_point(cols, lo, hi, batch, step, seen.get("mean_kv_usage") if kv is
                             None else kv, capacity, limit, waiting, preempting)
     budget = dep.max_batched_tokens if dep is not None else 0
-    return Outlook(fit, point, tuple(predict(cause, verdict.resource, point, fit, budget)))
+    return Outlook(fit, point, tuple(predict(cause, verdict.resource, point, fit, budget)),
+                   step_model.unfitted(cols, lo, hi) if fit is None else None)

