@@ -64,7 +64,14 @@ OF_E2E = ("queue_seconds",)
 # preempted requests joining the batch: the move predicted is the size of the bias in
 # "now". A full make test read now 8.06, predicted 8.87 (+10 %, the rule's threshold),
 # measured 7.23: within 23 %, a direction no reading before the pull can tell.
-UNJUDGED_WAY = {"kv_cache": ("batch",)}
+# The KV pull's step (TPOT): the prediction takes the recomputed prompts out of the steps
+# (each preemption's prompt and half its output, at the fit's cost a prompt token), a
+# move of -9 to -15 %; the three pulls on a host 7.2x slow measured -4 %, -16 % and
+# +5 % (CI's stop 49: 0.207 -> 0.175 predicted, 0.217 ran, 19 % off, inside its 31 %).
+# What the recompute costs a step is not checked against the engine (vLLM's prefix
+# cache can serve part of a resumed request's blocks), and the step's spread between
+# runs on that host is as large as the move: held to its bound, its way not judged.
+UNJUDGED_WAY = {"kv_cache": ("batch", "tpot_seconds")}
 # A pull that missed is made once more (both runs, fresh) only where the host ran at
 # another speed in one run than in the other: the median of a fixed piece of work beside
 # vLLM (verdict_runs.HostClock) differed by more than this. In one full make test the
