@@ -23,7 +23,7 @@ from phasewatch.dashboard import figures, panels
 from phasewatch.dashboard.frames import Selection, Snapshot
 from phasewatch.dashboard.layout import empty_figure
 from phasewatch.dashboard.replica_panel import replica_tables, rule_text
-from phasewatch.dashboard.theme import CAPTIONS, PAGE_CSS
+from phasewatch.dashboard.theme import CAPTIONS, PAGE_CSS, PAGE_SCRIPT
 
 log = logging.getLogger("phasewatch.dashboard")
 
@@ -283,8 +283,8 @@ def create_app(source, refresh: float = 2.0, scenario: ScenarioControl | None = 
     app = dash.Dash("phasewatch", title="phasewatch", update_title=None,
                     serve_locally=True)
     guard(app.server, basic_auth)
-    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + PAGE_CSS +
-                                                "</style>")
+    app.index_string = app.index_string.replace(
+        "{%css%}", "{%css%}<style>" + PAGE_CSS + "</style><script>" + PAGE_SCRIPT + "</script>")
 
     def page() -> html.Div:
         """The layout, built on every page load: the scenario dropdown shows the live

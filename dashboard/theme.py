@@ -144,6 +144,8 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-main { padding: 12px 20px; }
 .pw-state { padding: 14px 18px; border-radius: 6px; margin-bottom: 12px;
             border-left: 8px solid #7F7F7F; background: #fff; }
+/* the verdict area holds its banners' margins (PAGE_SCRIPT sets its height) */
+#state { display: flow-root; }
 .pw-note { padding: 8px 14px; border-radius: 6px; margin-bottom: 10px; font-size: 14px;
            background: #fff; border-left: 8px solid #56B4E9; }
 .pw-state.error { border-left-color: #D55E00; background: #fdf1ea; }
@@ -208,3 +210,35 @@ body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-se
 .pw-caption { font-size: 12px; color: #555; margin: 2px 8px 4px; }
 .pw-footer { font-size: 12px; color: #666; padding: 6px 20px 16px; }
 """
+
+# The verdict area (#state) keeps the tallest height it has had while the same verdicts
+# show at the same width, within SLACK_PX of what it needs: its prose rewraps by a line
+# as its figures change on every refresh, and the whole grid under it jumped 19 px up
+# and down about once a second at 1280 px. A new verdict (another model, phase or
+# cause), another width, or a verdict that needs much less room (its predictions gone)
+# lets it fit again. The height is read with the hold let go and set again in one
+# script, so no frame shows it let go; it is set on the container, which Dash never
+# re-creates.
+SLACK_PX = 48  # two lines of the banner's prose
+PAGE_SCRIPT = """
+(function () {
+  function key(el) {
+    return window.innerWidth + '|' + Array.from(el.querySelectorAll('.verdict'))
+      .map(function (v) { return [v.dataset.model, v.dataset.phase, v.dataset.cause].join('/'); })
+      .join(',');
+  }
+  function hold() {
+    var el = document.getElementById('state');
+    if (!el) { return; }
+    var k = key(el), held = parseFloat(el.style.minHeight) || 0;
+    el.style.minHeight = '';
+    var needs = el.getBoundingClientRect().height;
+    if (el.dataset.pwHeld !== k || held - needs > SLACK) { held = 0; }
+    el.dataset.pwHeld = k;
+    el.style.minHeight = Math.max(held, needs) + 'px';
+  }
+  new MutationObserver(hold).observe(document.documentElement,
+    {childList: true, subtree: true, characterData: true});
+  window.addEventListener('resize', hold);
+})();
+""".replace("SLACK", str(SLACK_PX))

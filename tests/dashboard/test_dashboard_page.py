@@ -53,8 +53,8 @@ def _overlap(a: dict, b: dict) -> bool:
 def _check_grid(browser: Browser, width: int) -> list[list[dict]]:
     """Every row of the figure grid runs from the grid's left edge to its right edge,
     its panels side by side one gap apart: no hole anywhere."""
-    (grid,) = browser.boxes(".pw-grid")
-    panels = browser.boxes(".pw-panel")
+    seen = browser.layout(".pw-grid", ".pw-panel")
+    (grid,), panels = seen[".pw-grid"], seen[".pw-panel"]
     assert len(panels) == len(GRAPHS), panels
     rows = _rows(panels)
     for row in rows:
@@ -72,19 +72,42 @@ def _check_titles(browser: Browser, width: int) -> None:
     title and inside the figure, and the plot fills its panel (so all of it is laid out
     at this width, not at the one the page loaded with)."""
     for g in GRAPHS:
-        (panel,) = browser.boxes(f"#panel-{g}")
-        svg = browser.boxes(f"#{g} .main-svg")[0]  # the plot and its top layer: one size
+        # one read per figure: the demo's verdict above the grid rewraps as it changes,
+        # moving every figure down between two reads (CI: a legend "9 px under" its svg)
+        seen = browser.layout(f"#panel-{g}", f"#{g} .main-svg", f"#{g} .gtitle",
+                              f"#{g} .modebar", f"#{g} .legend", f"#{g} .xtitle")
+        (panel,) = seen[f"#panel-{g}"]
+        svg = seen[f"#{g} .main-svg"][0]  # the plot and its top layer: one size
         assert svg["width"] >= panel["width"] - 20, (g, width, svg, panel)
-        (title,) = browser.boxes(f"#{g} .gtitle")
-        (modebar,) = browser.boxes(f"#{g} .modebar")
+        (title,), (modebar,) = seen[f"#{g} .gtitle"], seen[f"#{g} .modebar"]
         assert title["width"] > 0 and modebar["width"] > 0, (g, title, modebar)
         assert not _overlap(title, modebar), (
             f"at {width} px the title of {g} runs under its mode bar: {title} {modebar}")
-        legends = browser.boxes(f"#{g} .legend")
-        for legend in legends:  # under the x-axis title, inside the figure
-            (axis,) = browser.boxes(f"#{g} .xtitle")
+        for legend in seen[f"#{g} .legend"]:  # under the x-axis title, inside the figure
+            (axis,) = seen[f"#{g} .xtitle"]
             assert legend["top"] >= axis["bottom"], (g, width, legend, axis)
             assert legend["bottom"] <= svg["bottom"] + 1, (g, width, legend, svg)
+
+
+def _check_the_grid_stays_put(browser: Browser, width: int, seconds: float = 24.0) -> None:
+    """While the same verdicts show, the grid under them never rides up: the verdict's
+    prose rewraps by a line as its figures change, and the grid jumped 19 px up and down
+    about once a second at 1280 px (``theme.PAGE_SCRIPT`` holds the area's height)."""
+    browser.viewport(width)
+    _footer_changes(browser, 2)
+    seen = []  # (the verdicts shown, the grid's top, the verdict area's text), each 0.5 s
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        shown = browser.js(
+            "return [Array.from(document.querySelectorAll('.verdict')).map(b => "
+            "[b.dataset.model, b.dataset.phase, b.dataset.cause].join('/')).join(','), "
+            "document.querySelector('.pw-grid').getBoundingClientRect().top, "
+            "document.getElementById('state').innerText]")
+        seen.append((shown[0], round(shown[1]), shown[2]))
+        time.sleep(0.5)
+    rose = [(a[1], b[1]) for a, b in itertools.pairwise(seen) if a[0] == b[0] and b[1] < a[1]]
+    assert not rose, (rose, [s[1] for s in seen])
+    assert len({s[2] for s in seen}) > 1, "the verdict's text never changed: nothing held"
 
 
 def test_the_grid_has_no_hole_and_no_title_runs_under_the_mode_bar(browser):
@@ -107,6 +130,7 @@ def test_the_grid_has_no_hole_and_no_title_runs_under_the_mode_bar(browser):
             _check_titles(browser, width)
             browser.full_page(f"grid-{width}px", width)
         assert columns == {900: 1, 1280: 2, 1920: 3, 2560: 3}, columns
+        _check_the_grid_stays_put(browser, 1280)
         assert browser.console_errors() == []
     finally:
         assert demo.stop() == 0, "".join(demo.lines[-80:])

@@ -99,10 +99,17 @@ class Browser:
     def boxes(self, css: str) -> list[dict]:
         """The bounding boxes (left, top, right, bottom, in CSS pixels) of every element
         ``css`` selects, with its id (or its closest ancestor's with one)."""
-        return self.js("return Array.from(document.querySelectorAll(arguments[0])).map(e => {"
+        return self.layout(css)[css]
+
+    def layout(self, *css: str) -> dict[str, list[dict]]:
+        """``boxes`` for each selector, all read in one script, so no reflow between two
+        reads (the demo's verdict text rewrapping above the grid) shifts one against the
+        other."""
+        return self.js("return Object.fromEntries(arguments[0].map(c => [c, "
+                       "Array.from(document.querySelectorAll(c)).map(e => {"
                        "const r = e.getBoundingClientRect(); const o = e.closest('[id]'); "
                        "return {id: o ? o.id : '', left: r.left, top: r.top, right: r.right, "
-                       "bottom: r.bottom, width: r.width, height: r.height}})", css)
+                       "bottom: r.bottom, width: r.width, height: r.height}})]))", list(css))
 
     # ---- the dashboard's pieces ---------------------------------------------------
     def banners(self) -> list[dict]:
