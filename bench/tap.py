@@ -81,8 +81,9 @@ LOCK_PHASE_S = 2.0
 RATE = 20_000  # content chunks/s offered to the tap (and to the relay)
 RATE_STREAMS = 128
 # the tap and the bare relay on the loop the tap runs on by default (uvloop) and on
-# asyncio's own, each beside the relay on the same loop
-RATE_PATHS = ("tap", "relay", "tap_asyncio", "relay_asyncio")
+# asyncio's own, each beside the relay on the same loop; and the tap's relay design with
+# no reading (raw, uvloop)
+RATE_PATHS = ("tap", "relay", "raw", "tap_asyncio", "relay_asyncio")
 RATE_PHASES = RATE_PATHS * 2
 PER_CHUNK_RATIO_TARGET = 1 / 1.1  # the tap's chunks per CPU-second over the relay's
 BURST_TARGET_S = 1.0  # a ~2 MB CRLF burst, or 100,000 small events, through the tap
@@ -330,17 +331,48 @@ def _relay_handler(upstream: str):
     return handle
 
 
+def _raw_relay_handler(upstream: str):
+    """The tap's own relay design (issue 41) with nothing else: the upstream's body
+    passed from its connection's ``data_received`` to the client's transport
+    (``phasewatch.tap.relay.Relay`` with no reader and no usage filter), the least the
+    tap's design pays; the new reference beside the bare aiohttp relay."""
+    from phasewatch.tap.relay import HOP, Relay, response_head
+    from phasewatch.tap.upstream import UpstreamPool
+
+    pool = UpstreamPool(upstream, True, 30.0)
+
+    async def handle(request):
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        conn = await pool.open(pool.request_bytes(request.method, request.path_qs, headers,
+                                                  body))
+        resp = response_head(conn.head)
+        writer = await resp.prepare(request)
+        writer.send_headers()
+        relay = Relay(conn, request.transport, writer.chunked, None, None, [0.0, None])
+        conn.attach(relay)
+        if await relay.run(writer.drain) == "":
+            await resp.write_eof()
+            pool.release(conn)
+        else:
+            conn.close()
+        return resp
+    return handle
+
+
 def _serve_main(argv: list[str]) -> None:
     from aiohttp import web
 
     parser = argparse.ArgumentParser(prog="python -m bench.tap")
-    parser.add_argument("role", choices=("upstream", "relay"))
+    parser.add_argument("role", choices=("upstream", "relay", "raw"))
     parser.add_argument("--upstream", default="")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args(argv)
     app = web.Application()
     if args.role == "upstream":
         app.router.add_post("/v1/chat/completions", _chat)
+    elif args.role == "raw":
+        app.router.add_route("*", "/{path:.*}", _raw_relay_handler(args.upstream.rstrip("/")))
     else:
         app.router.add_route("*", "/{path:.*}", _relay_handler(args.upstream.rstrip("/")))
 
@@ -805,19 +837,20 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
         procs.append(tap)
         return tap
 
-    def start_relay(loop: str) -> _Proc:
-        relay = _Proc([*taskset(SERVER_CORE), py, "-m", "bench.tap", "relay", "--upstream",
-                       up_url, "--loop", loop], r"relay on :(\d+)")
+    def start_relay(loop: str, role: str = "relay") -> _Proc:
+        relay = _Proc([*taskset(SERVER_CORE), py, "-m", "bench.tap", role, "--upstream",
+                       up_url, "--loop", loop], rf"{role} on :(\d+)")
         procs.append(relay)
         return relay
 
     tap, tap_asyncio = start_tap("auto"), start_tap("asyncio")  # auto: uvloop, installed
     relay, relay_asyncio = start_relay("uvloop"), start_relay("asyncio")
+    raw = start_relay("uvloop", "raw")
     time.sleep(0.5)
     tap_idle = tap.status("VmRSS")
     tap_url = f"http://127.0.0.1:{tap.port}"
     paths = {"direct": up_url, "tap": tap_url}
-    ours = [tap.pid, relay.pid, tap_asyncio.pid, relay_asyncio.pid]
+    ours = [tap.pid, relay.pid, tap_asyncio.pid, relay_asyncio.pid, raw.pid]
 
     def tap_cpu() -> float:
         return cpu_seconds(tap.pid)
@@ -827,7 +860,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
                                               _Others(SERVER_CORE, ours))
     locked = Load(paths, STREAMS, GAP_S, FIRST_S, lockstep=True)
     lock, _ = _latency(locked, LOCK_PHASES, LOCK_PHASE_S, tap_cpu, _Others(SERVER_CORE, ours))
-    rate_procs = {"tap": tap, "relay": relay, "tap_asyncio": tap_asyncio,
+    rate_procs = {"tap": tap, "relay": relay, "raw": raw, "tap_asyncio": tap_asyncio,
                   "relay_asyncio": relay_asyncio}
     rated = Load({k: f"http://127.0.0.1:{p.port}" for k, p in rate_procs.items()},
                  RATE_STREAMS, RATE_STREAMS / RATE, 0.0, lockstep=True, raw=True)
@@ -890,6 +923,12 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
             rate["relay"]["chunks_per_cpu_s"],
             "a bare aiohttp relay on uvloop (no parsing, no records), same load by turns",
             ratio_target=PER_CHUNK_RATIO_TARGET, also_ok=ok, extra={**rate, **check}),
+        Row("tap_chunks_per_core_raw", f"tap: chunks/s per tap CPU-second, {RATE:,}/s "
+            "offered, uvloop, beside its own relay design with no reading",
+            rate["tap"]["chunks_per_cpu_s"], "chunks/s", CHUNKS_PER_CORE_TARGET, "higher",
+            rate["raw"]["chunks_per_cpu_s"],
+            "the tap's relay on protocol callbacks, no reading, no records (issue 41's new "
+            "reference), same load by turns", also_ok=ok, extra={**rate, **check}),
         Row("tap_chunks_per_core_asyncio", f"tap: chunks/s per tap CPU-second, {RATE:,}/s "
             "offered, asyncio's own loop (--loop asyncio)",
             rate["tap_asyncio"]["chunks_per_cpu_s"], "chunks/s", CHUNKS_PER_CORE_TARGET,
@@ -940,7 +979,7 @@ def _tap_rows(tmp: Path, procs: list) -> list[Row]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in ("upstream", "relay"):
+    if len(sys.argv) > 1 and sys.argv[1] in ("upstream", "relay", "raw"):
         _serve_main(sys.argv[1:])
     elif sys.argv[1:] == ["light"]:
         _light_main()

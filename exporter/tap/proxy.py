@@ -33,17 +33,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from phasewatch.tap.observed import Observed
+from phasewatch.tap.relay import HOP, Relay, response_head
 from phasewatch.tap.sse import MAX_EVENT, EventReader, UsageFilter
 from phasewatch.tap.tracecontext import caller_span, trace_headers
+from phasewatch.tap.upstream import UpstreamPool
 
 log = logging.getLogger(__name__)
 
 TIMED_PATHS = ("/v1/chat/completions", "/v1/completions")
-# RFC 9110 hop-by-hop headers, and those the proxy recomputes (an Expect: 100-continue
-# was answered by the tap's own server, which then read the body)
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                  "te", "trailer", "transfer-encoding", "upgrade", "host",
-                  "content-length", "expect"})
 # headers aiohttp's client would add to a request that lacks them: the tap adds none
 _NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
@@ -87,10 +84,11 @@ class Tap:
         self.ask_usage = ask_usage
         self.counts: Counter = Counter()
         self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None  # a timed streamed answer's connections
         self._watchdog: asyncio.Task | None = None
         # open answers: key -> [when the tap last read from the server or finished
         # writing to the client (loop time; inf while a write waits on the client),
-        # the server's response]
+        # what ends the answer as stalled]
         self._open: dict[int, list] = {}
 
     def app(self) -> web.Application:
@@ -111,7 +109,7 @@ class Tap:
             # an answer's head bounded per request (_handle)
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, self.timeout_s)),
             auto_decompress=False)
-
+        self._pool = UpstreamPool(self.upstream, self._upstream_ssl, min(30.0, self.timeout_s))
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -125,16 +123,17 @@ class Tap:
             await asyncio.sleep(tick)
             now = loop.time()
             for entry in list(self._open.values()):
-                if now - entry[0] > self.timeout_s and not entry[1].content.is_eof():
-                    entry[1].content.set_exception(TimeoutError(
-                        f"the upstream sent nothing for {self.timeout_s:g}s"))
+                if now - entry[0] > self.timeout_s:
                     entry[0] = float("inf")  # ended once
+                    entry[1]()
 
     async def _stop(self, _app) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     async def _request_body(self, request: web.Request, timed: bool):
         """(what to send upstream, the body when the tap read all of it, else None).
@@ -159,7 +158,7 @@ class Tap:
         timed = request.method == "POST" and request.path in TIMED_PATHS
         # a multidict: a header the client sent twice goes on twice
         headers = CIMultiDict((k, v) for k, v in request.headers.items()
-                              if k.lower() not in _HOP)
+                              if k.lower() not in HOP)
         try:
             body, whole = await self._request_body(request, timed)
         except (aiohttp.ClientError, OSError):  # the client went away while sending it
@@ -174,6 +173,8 @@ class Tap:
         streamed = False
         if seen is not None:
             streamed, body = self._timed(request, headers, seen, whole, body)
+            if streamed:
+                return await self._stream(request, headers, seen, body)
         url = self.upstream + request.path_qs
         try:
             async with asyncio.timeout(self.timeout_s):  # until the answer's head
@@ -254,12 +255,12 @@ class Tap:
 
     async def _relay(self, request, upstream, seen: Observed | None, streamed: bool,
                      hide: UsageFilter | None = None) -> web.StreamResponse:
-        resp = _response_head(upstream)
+        resp = response_head(upstream)
         reader = self._reader(seen, upstream)
         whole = bytearray()
         aborted, side = "", "client"  # whose fault an exception is
         loop = asyncio.get_running_loop()
-        watched = [loop.time(), upstream]  # for _watch
+        watched = [loop.time(), lambda: self._stall(upstream)]  # for _watch
         self._open[id(watched)] = watched
         inf = float("inf")
         try:
@@ -308,6 +309,66 @@ class Tap:
                 self._settle(seen, upstream.status, aborted, reader, streamed, bytes(whole))
         return resp
 
+    def _stall(self, upstream) -> None:
+        """An aiohttp answer silent past the timeout: its reader raises."""
+        if not upstream.content.is_eof():
+            upstream.content.set_exception(TimeoutError(
+                f"the upstream sent nothing for {self.timeout_s:g}s"))
+
+    async def _stream(self, request: web.Request, headers: CIMultiDict, seen: Observed,
+                      body: bytes) -> web.StreamResponse:
+        """A timed streamed request: sent on a connection of the tap's own pool, its
+        answer relayed by ``relay.Relay`` from the connection's callbacks."""
+        url = self.upstream + request.path_qs
+        raw = self._pool.request_bytes(request.method, request.path_qs, headers, body)
+        try:
+            async with asyncio.timeout(self.timeout_s):  # until the answer's head
+                conn = await self._pool.open(raw)
+        except asyncio.CancelledError:
+            self._unanswered(True, "tap_stopped", None)
+            raise
+        except (TimeoutError, OSError) as e:
+            return self._no_answer(request, url, e, True, None)
+        head = conn.head
+        resp = response_head(head)
+        reader = self._reader(seen, head)
+        hide = UsageFilter() if seen.hide_usage and head.content_length is None else None
+        watched = [asyncio.get_running_loop().time(), conn.close]
+        self._open[id(watched)] = watched
+        aborted = ""
+        try:
+            writer = await resp.prepare(request)
+            send_headers = getattr(writer, "send_headers", None)
+            if send_headers is not None:  # aiohttp >= 3.12 holds the head back
+                send_headers()  # for the first write; the body goes past it
+            client = request.transport
+            if client is None or client.is_closing():
+                raise ConnectionResetError("the client went away")
+            relay = Relay(conn, client, bool(getattr(writer, "chunked", False)),
+                          reader if head.status == 200 else None, hide, watched)
+            watched[1] = relay.stalled
+            conn.attach(relay)
+            aborted = await relay.run(writer.drain)
+            if not aborted:
+                relay.rest()
+                await resp.write_eof()
+            elif aborted != "client_disconnected":
+                client.close()  # cut off where the server left it, no clean end
+        except (aiohttp.ClientError, OSError):  # the client hung up
+            aborted = "client_disconnected"
+        except asyncio.CancelledError:  # the tap is stopping with this stream open
+            aborted = "tap_stopped"
+            raise
+        finally:
+            del self._open[id(watched)]
+            if aborted:
+                self.counts[aborted] += 1
+                conn.close()
+            else:
+                self._pool.release(conn)
+            self._settle(seen, head.status, aborted, reader, True, b"")
+        return resp
+
     def _settle(self, seen: Observed, status: int, aborted: str, reader: EventReader | None,
                 streamed: bool, whole: bytes) -> None:
         """The answer is over (``aborted``: why it was cut short, "" if not): what
@@ -337,18 +398,6 @@ class Tap:
             except Exception:  # never let phasewatch's side fail the user's request
                 log.exception("recording a tapped request failed")
                 self.counts["record_failed"] += 1
-
-
-def _response_head(upstream) -> web.StreamResponse:
-    """The client's answer as the server began it: status, headers (not the hop-by-hop
-    ones) and its framing."""
-    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    for k, v in upstream.headers.items():
-        if k.lower() not in _HOP:
-            resp.headers.add(k, v)
-    if upstream.content_length is not None:  # framed as the server framed it
-        resp.content_length = upstream.content_length
-    return resp
 
 
 async def _relay_body(head: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
