@@ -336,7 +336,7 @@ def _raw_relay_handler(upstream: str):
     passed from its connection's ``data_received`` to the client's transport
     (``phasewatch.tap.relay.Relay`` with no reader and no usage filter), the least the
     tap's design pays; the new reference beside the bare aiohttp relay."""
-    from phasewatch.tap.relay import HOP, Relay, response_head
+    from phasewatch.tap.relay import HOP, relay_answer, response_head
     from phasewatch.tap.upstream import UpstreamPool
 
     pool = UpstreamPool(upstream, True, 30.0)
@@ -347,12 +347,7 @@ def _raw_relay_handler(upstream: str):
         conn = await pool.open(pool.request_bytes(request.method, request.path_qs, headers,
                                                   body))
         resp = response_head(conn.head)
-        writer = await resp.prepare(request)
-        writer.send_headers()
-        relay = Relay(conn, request.transport, writer.chunked, None, None, [0.0, None])
-        conn.attach(relay)
-        if await relay.run(writer.drain) == "":
-            await resp.write_eof()
+        if await relay_answer(request, resp, conn, None, None, [0.0, conn.close]) == "":
             pool.release(conn)
         else:
             conn.close()

@@ -33,7 +33,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from phasewatch.tap.observed import Observed
-from phasewatch.tap.relay import HOP, Relay, response_head
+from phasewatch.tap.relay import HOP, relay_answer, response_head
 from phasewatch.tap.sse import MAX_EVENT, EventReader, UsageFilter
 from phasewatch.tap.tracecontext import caller_span, trace_headers
 from phasewatch.tap.upstream import UpstreamPool
@@ -337,23 +337,8 @@ class Tap:
         self._open[id(watched)] = watched
         aborted = ""
         try:
-            writer = await resp.prepare(request)
-            send_headers = getattr(writer, "send_headers", None)
-            if send_headers is not None:  # aiohttp >= 3.12 holds the head back
-                send_headers()  # for the first write; the body goes past it
-            client = request.transport
-            if client is None or client.is_closing():
-                raise ConnectionResetError("the client went away")
-            relay = Relay(conn, client, bool(getattr(writer, "chunked", False)),
-                          reader if head.status == 200 else None, hide, watched)
-            watched[1] = relay.stalled
-            conn.attach(relay)
-            aborted = await relay.run(writer.drain)
-            if not aborted:
-                relay.rest()
-                await resp.write_eof()
-            elif aborted != "client_disconnected":
-                client.close()  # cut off where the server left it, no clean end
+            aborted = await relay_answer(request, resp, conn,
+                                         reader if head.status == 200 else None, hide, watched)
         except (aiohttp.ClientError, OSError):  # the client hung up
             aborted = "client_disconnected"
         except asyncio.CancelledError:  # the tap is stopping with this stream open

@@ -122,6 +122,32 @@ class Relay:
             self._waiter.set_result(None)
 
 
+async def relay_answer(request: web.Request, resp: web.StreamResponse, conn: Upstream,
+                       reader: EventReader | None, hide: UsageFilter | None,
+                       watched: list) -> str:
+    """``conn``'s answer to the client of ``request`` (``resp``: its head) through a
+    ``Relay``, which ``watched[1]`` then stalls; the outcome. A stream cut short by the
+    server is cut off at the client too (no clean end the server never sent). Raises
+    what aiohttp raises for a client gone before the head was written."""
+    writer = await resp.prepare(request)
+    send_headers = getattr(writer, "send_headers", None)
+    if send_headers is not None:  # aiohttp >= 3.12 holds the head back
+        send_headers()  # for the first write; the body goes past it
+    client = request.transport
+    if client is None or client.is_closing():
+        raise ConnectionResetError("the client went away")
+    relay = Relay(conn, client, bool(getattr(writer, "chunked", False)), reader, hide, watched)
+    watched[1] = relay.stalled
+    conn.attach(relay)
+    aborted = await relay.run(writer.drain)
+    if not aborted:
+        relay.rest()
+        await resp.write_eof()
+    elif aborted != "client_disconnected":
+        client.close()
+    return aborted
+
+
 def response_head(upstream) -> web.StreamResponse:
     """The client's answer as the server began it: status, headers (not the hop-by-hop
     ones) and its framing."""
