@@ -62,10 +62,12 @@ def _start_exporter(args: argparse.Namespace, demo: bool = False):
     gives others (``--slo ""``: none).
     """
     from phasewatch.app import Exporter
+    from phasewatch.heap import keep_freed_pages
 
     given: set[str] = set()
     config = load_serve_config(args, given=given)
     _setup_logging(config.log_level)
+    keep_freed_pages()  # each roofline tick's arrays reused by the next (heap.py)
     if demo and (config.tls_cert_file or config.tls_client_ca_file):
         raise ConfigError("the demo's own simulator and dashboard talk to its exporter in "
                           "plain TCP on this machine; run it without --tls-* (use serve, "

@@ -60,6 +60,26 @@ class WindowColumns:
         """The rows ``rows`` selects (a mask or indices)."""
         return WindowColumns(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
+    def memo(self, key: object, make):
+        """``make()``, made once for this columns object and kept with it: what the
+        roofline's passes over one update share (a sort, the decodes' intervals). The
+        columns are read, never written, once taken."""
+        kept = self.__dict__.setdefault("_memo", {})  # (frozen: no attribute is set)
+        if key not in kept:
+            kept[key] = make()
+        return kept[key]
+
+    def order(self, name: str) -> np.ndarray:
+        """The rows sorted by column ``name`` (NaN last), sorted once (``memo``)."""
+        return self.memo(("order", name), lambda: np.argsort(getattr(self, name)))
+
+    def order_within(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """``np.argsort(column[rows])`` for the mask ``rows``, from ``order``: a pass over
+        the column, not a sort (ties may fall in another order, as argsort's may)."""
+        by = self.order(name)
+        place = np.cumsum(rows) - 1  # each selected row's place among them
+        return place[by[rows[by]]]
+
     def phases(self) -> dict[str, np.ndarray]:
         """The phase columns, for ``window.phase_time_shares``."""
         return {k: getattr(self, k) for k in ("preprocess", "queue", "prefill",

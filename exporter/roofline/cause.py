@@ -58,6 +58,7 @@ from phasewatch.roofline.intervals import (
     UpTo,
     decode_slowdown,
     prefill_start,
+    sorted_near,
     union_length,
 )
 
@@ -138,12 +139,13 @@ def busy_share(cols: WindowColumns, lo: float, hi: float) -> float | None:
     client's view, with no scheduling time: from its arrival)."""
     if hi <= lo:
         return None
-    start = np.fmin(prefill_start(cols)[0], cols.first_token_at)
+    opened, client = prefill_start(cols)
+    start = np.fmin(opened, cols.first_token_at)
     end = np.fmax(cols.last_token_at, cols.first_token_at)
-    ok = ~np.isnan(start) & ~np.isnan(end)
-    if not ok.any():
-        return None
-    return union_length(start[ok], end[ok], lo, hi) / (hi - lo)
+    if not (~np.isnan(start) & ~np.isnan(end)).any():
+        return None  # (a NaN end or start is no interval: union_length leaves it out)
+    return union_length(start, end, lo, hi, sorted_near(
+        start, cols.order("arrival" if client else "scheduled_at"))) / (hi - lo)
 
 
 def in_engine(cols: WindowColumns, dep: Deployment | None, lo: float, hi: float,

@@ -88,17 +88,18 @@ from phasewatch.roofline.inputs import (
 )
 from phasewatch.roofline.intervals import (
     SAME_STEP_SECONDS,
+    analysis_range,
     busy_time,
-    decode_step_count,
+    decodes,
     inside_fraction,
     prefill_start,
-    prefill_steps,
     reported_steps,
+    sorted_near,
     step_by_batch,
 )
+from phasewatch.roofline.step_count import decode_step_count, prefill_steps
 
 LOOKBACK_SPANS = 3  # how far back (in ranges) the estimator reads requests
-RANGE_END_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ def _decode(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inp
         return none
     first, last, w = first[ok], last[ok], _weights(c, ok)
     n_tokens, prompt, out = c.steps[ok].astype(float), c.prompt[ok], c.output[ok]
-    busy, _ = busy_time(first, last, w, lo, hi)
+    by_first = c.order_within("first_token_at", ok)
+    busy, _ = busy_time(first, last, w, lo, hi, by_first)
     f = inside_fraction(first, last, lo, hi) * w  # the part inside, of the requests it is
     duration = (last - first) * f
     if busy <= 0 or duration.sum() <= 0:
@@ -242,7 +244,8 @@ def _decode(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: Inp
         batch = duration.sum() / busy
         # sampled: 1/c of a sample's count is biased (a sample of 1 in 10 decoding
         # reads c = 10 where 3 were); the busy time estimated from it is not
-        n_steps = (decode_step_count(first, last, n_tokens, *prefill_steps(c), lo, hi)
+        n_steps = (decode_step_count(first, last, n_tokens, *prefill_steps(c), lo, hi,
+                                     by_first, c.order_within("last_token_at", ok))
                    if np.all(w == 1.0) else 0.0)
         if n_steps <= 0:  # busy time over the mean TPOT
             n_steps = busy * (n_tokens * f).sum() / duration.sum()
@@ -279,7 +282,8 @@ def _prefill(dep: Deployment, c: WindowColumns, lo: float, hi: float, inputs: In
             "its prefix cache served; for vLLM give --engine-metrics-url for its hit rate)")
         return None
     sched, first, w = sched[ok], first[ok], _weights(c, ok)
-    busy, union = busy_time(sched, first, w, lo, hi)
+    busy, union = busy_time(sched, first, w, lo, hi,
+                            None if client else c.order_within("scheduled_at", ok))
     if busy <= 0:
         inputs["prefill"] = unavailable("prefill intervals have no length in the range")
         return None
@@ -308,30 +312,17 @@ def _shares(c: WindowColumns, sel: np.ndarray) -> dict[str, float] | None:
     return {k: v for k, v in shares.items() if v is not None}
 
 
-def analysis_range(cols: WindowColumns, window_seconds: float
-                   ) -> tuple[float, float] | None:
-    """[lo, hi] on the sender's clock (see the module docstring), or None without data."""
-    end = cols.end_at
-    if not (has_end := ~np.isnan(end)).any():
-        return None
-    newest, oldest = float(end[has_end].max()), float(end[has_end].min())
-    start = np.fmin(cols.scheduled_at, cols.first_token_at)[has_end]
-    in_engine = (end[has_end] - start)[~np.isnan(start)]
-    lag = float(np.quantile(in_engine, RANGE_END_QUANTILE)) if in_engine.size else 0.0
-    hi = max(newest - lag, oldest + 0.5 * min(window_seconds, newest - oldest))
-    return max(hi - window_seconds, oldest), hi
-
-
 def _overlap(c: WindowColumns, lo: float, hi: float, prefill: PhaseEstimate | None,
-             decode: PhaseEstimate | None, starts: np.ndarray) -> float:
+             decode: PhaseEstimate | None, start: tuple[np.ndarray, bool]) -> float:
     """Seconds both phases ran (chunked prefill): |P| + |D| - |P or D|, the union from one
     interval a request (its phases meet at its first token: the same union and busy)."""
     if prefill is None or decode is None:
         return 0.0
     w = _weights(c, np.ones(len(c.end_at), dtype=bool))
-    first = c.first_token_at
-    both, _ = busy_time(np.where(starts <= first, starts, first),
-                        np.fmax(first, c.last_token_at), w, lo, hi)
+    first, (starts, client) = c.first_token_at, start
+    opened = np.where(starts <= first, starts, first)
+    both, _ = busy_time(opened, np.fmax(first, c.last_token_at), w, lo, hi,
+                        sorted_near(opened, c.order("arrival" if client else "scheduled_at")))
     return max(prefill.busy_seconds + decode.busy_seconds - both, 0.0)
 
 
@@ -348,7 +339,7 @@ def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: flo
         decode, batch, step = _decode(dep, cols, lo, hi, inputs, steps)
         start = prefill_start(cols, engine_prefill)  # (the prompts' shares, once)
         prefill = _prefill(dep, cols, lo, hi, inputs, start, engine_prefill)
-        overlap = _overlap(cols, lo, hi, prefill, decode, start[0])
+        overlap = _overlap(cols, lo, hi, prefill, decode, start)
         if overlap > 0:
             # the other phase's FLOPs done inside this phase's steps, its work taken
             # as spread evenly over its own busy time
@@ -369,7 +360,8 @@ def _estimate_in(cols: WindowColumns, dep: Deployment | None, lo: float, hi: flo
         shared_step_flops=shared, inferred=inferred,
         decode_step_roofline_seconds=roof[0], decode_step_weights_seconds=roof[1],
         decode_step_by_batch=step_by_batch(cols.first_token_at, cols.last_token_at,
-                                           cols.steps.astype(float), lo, hi)
+                                           cols.steps.astype(float), lo, hi,
+                                           overlaps=decodes(cols)[1])
         if decode is not None else None)
 
 

@@ -1,13 +1,14 @@
 """Time arithmetic on request intervals, for the roofline estimator (``estimate``).
 
-The union of intervals clipped to a range (the busy time of a phase), that busy time
-estimated from sampled records, the share of each interval inside a range, and the
-engine steps counted from the requests: the steps the engine reported itself (TGI),
-the steps that completed a prefill (their ends are first-token times), and the steps
-with decode tokens in them (``decode_step_count``); where a prefill interval starts
-(``prefill_start``: its arrival in the client's view); how the decode step moves with
-the batch (``step_by_batch``); and decodes against others' prefills
-(``decode_shared_with_prefill``, ``decode_slowdown``).
+The range an estimate reads (``analysis_range``); the union of intervals clipped to a
+range (the busy time of a phase), that busy time estimated from sampled records, the
+share of each interval inside a range; the decode steps the engine reported itself
+(TGI; those counted from the requests are ``step_count``'s); where a prefill interval
+starts (``prefill_start``: its arrival in the client's view); how the decode step moves
+with the batch (``step_by_batch``, over the window's decodes as ``decodes`` holds them
+once a tick); and decodes against others' prefills (``decode_shared_with_prefill``,
+``decode_slowdown``). A sort a caller has (``WindowColumns.order``) is taken where
+given, not made again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from phasewatch.aggregation.window import ReportedSteps
 # Requests whose first tokens are this close together completed prefill in the same
 # engine step (real engines stamp a whole step's outputs with one time).
 SAME_STEP_SECONDS = 1e-4
-COUNT_MASK = (1 << 21) - 1  # one of the running counts packed in ``decode_step_count``
+RANGE_END_QUANTILE = 0.9  # (``analysis_range``)
 FIT_ROWS = 4096  # requests a line is fitted through at most (``evenly_spaced``)
 
 
@@ -34,29 +35,40 @@ def evenly_spaced(rows: np.ndarray, at_most: int = FIT_ROWS) -> np.ndarray:
     return rows[np.linspace(0, len(rows) - 1, at_most).astype(np.intp)]
 
 
-def union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
-    """Length of the union of intervals [starts, ends] clipped to [lo, hi]."""
+def sorted_near(x: np.ndarray, hint: np.ndarray) -> np.ndarray:
+    """``np.argsort(x)`` where ``hint`` (a permutation: the order of another column)
+    puts ``x`` nearly in order already: a stable sort of ``x`` taken in that order,
+    which merges its few runs instead of sorting it whole."""
+    return hint[np.argsort(x[hint], kind="stable")]
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float,
+                 order: np.ndarray | None = None) -> float:
+    """Length of the union of intervals [starts, ends] clipped to [lo, hi]; ``order``,
+    the intervals by start where the caller has it (``WindowColumns.order_within``)."""
     s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
     keep = e > s
     if not keep.any():
         return 0.0
-    order = np.argsort(s[keep])  # any order of equal starts gives the same union
-    s, e = s[keep][order], e[keep][order]
+    # (clipping keeps the order; any order of equal starts gives the same union)
+    order = np.flatnonzero(keep)[np.argsort(s[keep])] if order is None else order[keep[order]]
+    s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
     before = np.concatenate(([s[0]], reach[:-1]))  # furthest end of earlier intervals
     return float(np.maximum(reach - np.maximum(before, s), 0.0).sum())
 
 
 def busy_time(starts: np.ndarray, ends: np.ndarray, w: np.ndarray, lo: float,
-              hi: float) -> tuple[float, float]:
+              hi: float, order: np.ndarray | None = None) -> tuple[float, float]:
     """(busy seconds, the intervals' union) inside [lo, hi]. With every weight 1 (all
     requests seen) busy is the union. With sampled records the union only bounds it from
     below, and busy is estimated as D^2 / Q: D = sum(w d) the phase time summed over the
     requests and Q = integral of c^2 dt (c: requests in the phase at t), both estimated
     without bias from the sample (Q as the integral of the weighted count squared, less its
     sampling variance sum(w (w - 1) d)). By Cauchy-Schwarz D^2 / Q <= busy, equal where c
-    is constant while busy (a steady load); kept between the union and the range."""
-    union = union_length(starts, ends, lo, hi)
+    is constant while busy (a steady load); kept between the union and the range.
+    ``order``: as ``union_length``'s."""
+    union = union_length(starts, ends, lo, hi, order)
     if not len(w) or np.all(w == 1.0):
         return union, union
     s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
@@ -69,6 +81,21 @@ def busy_time(starts: np.ndarray, ends: np.ndarray, w: np.ndarray, lo: float,
     q = float((level ** 2 * np.diff(t[order])).sum() - (w * (w - 1.0) * d).sum())
     busy = float((w * d).sum()) ** 2 / q if q > 0 else union
     return min(max(busy, union), hi - lo), union
+
+
+def analysis_range(cols: WindowColumns, window_seconds: float
+                   ) -> tuple[float, float] | None:
+    """[lo, hi] on the sender's clock (``estimate``'s module docstring), or None
+    without data."""
+    end = cols.end_at
+    if not (has_end := ~np.isnan(end)).any():
+        return None
+    newest, oldest = float(end[has_end].max()), float(end[has_end].min())
+    start = np.fmin(cols.scheduled_at, cols.first_token_at)[has_end]
+    in_engine = (end[has_end] - start)[~np.isnan(start)]
+    lag = float(np.quantile(in_engine, RANGE_END_QUANTILE)) if in_engine.size else 0.0
+    hi = max(newest - lag, oldest + 0.5 * min(window_seconds, newest - oldest))
+    return max(hi - window_seconds, oldest), hi
 
 
 def inside_fraction(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -153,131 +180,16 @@ def prefill_start(c: WindowColumns, engine_prefill: float | None = None
     return np.maximum(arrival, c.first_token_at - engine_prefill * share), True
 
 
-def prefill_steps(c: WindowColumns) -> tuple[np.ndarray, np.ndarray]:
-    """The engine steps that completed a prefill: their ends (the distinct first-token
-    times, sorted; requests whose first tokens are within ``SAME_STEP_SECONDS`` completed
-    in one step) and how long each took at most (the shortest [scheduled, first token]
-    of the requests completed in it)."""
-    sched, first = c.scheduled_at, c.first_token_at
-    seen = ~np.isnan(sched) & ~np.isnan(first) & (first >= sched)
-    key = np.round(first[seen] / SAME_STEP_SECONDS)
-    order = np.argsort(key)
-    key, took = key[order], (first[seen] - sched[seen])[order]
-    if not len(key):
-        return key, took
-    new = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1])  # each step's first
-    return key[new] * SAME_STEP_SECONDS, np.minimum.reduceat(took, new)
-
-
-def decode_step_count(first: np.ndarray, last: np.ndarray, n_tokens: np.ndarray,
-                       ends: np.ndarray, took: np.ndarray, lo: float, hi: float) -> float:
-    """Engine steps with decode tokens in them over [lo, hi], from the requests' tokens.
-
-    Every request decoding when a step runs gets one token from it, so a step is 1/c of
-    each of the c requests decoding in it: steps = sum over requests of their tokens'
-    1/c. A request's n tokens are taken as spread evenly over its decode time and c is
-    read at each moment from the decode intervals (all requests seen: with sampled
-    records ``estimate._decode`` counts busy time over the mean TPOT instead). A
-    step that also completes a prefill (it ends at a first-token time, and lasted at
-    most the shortest [scheduled, first token] of the requests it completed) counts once
-    on its own, and the requests decoding through it spread their other tokens over the
-    rest of their decode time.
-
-    Decode busy time over the mean TPOT counted a long step with few requests decoding
-    beside it as several: the step that prefills a finished batch's replacements beside
-    the one request left of it (vLLM under --max-num-seqs: 1.09-1.23x the steps vLLM
-    ran), many prompts' prefill beside a few decodes. The count from tokens and
-    concurrency holds however long a step lasts where every request in it spreads its
-    tokens alike (a stall of the host). Known limit, under KV pressure: a preempted
-    request's decode interval holds the time it waited to be scheduled again, and c
-    counts it as decoding then; the steps that recompute preempted prompts have no
-    first-token time to mark them. On the real vLLM the steps came out 0.85-0.97x
-    vLLM's there (within 1 % in the other workloads); where the engine counts its steps,
-    ``engine_view.with_engine_steps`` reads decode's weights at its count."""
-    n, k = len(first), len(ends)
-    if max(n, k) >= COUNT_MASK:  # (beyond any window's capacity) the caller's fallback
-        return 0.0
-    tl = _Timeline.of(first, last, ends, took, lo, hi)
-    b, e = tl.where[:n], tl.where[n:2 * n]  # each request's first and last token
-    # the steps with decode tokens in them: decodes went on through their end
-    shared = tl.decoding[tl.where[2 * n + k:2 * n + 2 * k]] > 0
-    steps = float((shared & (ends >= lo) & (ends <= hi)).sum())
-    own = np.minimum(tl.done[e] - tl.done[b], n_tokens)  # of a request's tokens, from them
-    return steps + _decode_only_steps(tl, b, e, n_tokens - own, n_tokens, lo, hi)
-
-
-@dataclass(frozen=True)
-class _Timeline:
-    """Every moment the decodes and the steps that completed a prefill change, in time
-    order (``decode_step_count``), with the running counts after each."""
-
-    t: np.ndarray
-    decoding: np.ndarray  # requests decoding
-    prefilling: np.ndarray  # steps that completed a prefill, running
-    done: np.ndarray  # those steps ended so far
-    where: np.ndarray  # each event's place in time order, by the order given
-
-    @classmethod
-    def of(cls, first: np.ndarray, last: np.ndarray, ends: np.ndarray, took: np.ndarray,
-           lo: float, hi: float) -> _Timeline:
-        """A decode begins (+1 decoding) or ends (-1); a step that completed a prefill
-        begins (+1 prefilling) or ends (-1; at its end less SAME_STEP_SECONDS / 2, so
-        that the step that completed a request's own prefill, whose end is its
-        first-token time rounded, falls before its decode); then ``lo`` and ``hi``."""
-        n, k = len(first), len(ends)
-        # (no count goes below 0 even for a moment: a decode ends after it begins, a step
-        # that prefilled lasted at least SAME_STEP_SECONDS)
-        t = np.concatenate([first, np.maximum(last, first),
-                            ends - np.maximum(took, SAME_STEP_SECONDS),
-                            ends - SAME_STEP_SECONDS / 2, [lo, hi]])
-        # the three running counts in one integer, 21 bits each: decoding, prefilling, and
-        # the prefill steps ended so far (one cumulative sum instead of three)
-        delta = np.zeros(len(t), dtype=np.int64)
-        delta[:n], delta[n:2 * n] = 1, -1
-        delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
-        at = np.argsort(t)
-        counts = np.cumsum(delta[at])
-        where = np.empty(len(t), dtype=np.intp)
-        where[at] = np.arange(len(t))
-        return cls(t[at], counts & COUNT_MASK, (counts >> 21) & COUNT_MASK, counts >> 42,
-                   where)
-
-
-def _decode_only_steps(tl: _Timeline, b: np.ndarray, e: np.ndarray, spread: np.ndarray,
-                       n_tokens: np.ndarray, lo: float, hi: float) -> float:
-    """The steps the requests' ``spread`` tokens (those not in a step that completed a
-    prefill) make over [lo, hi], each spread evenly over its request's decode time
-    outside those steps: a step is 1/c of each of the c requests decoding in it. A
-    request that decoded only through prefill steps spreads all ``n_tokens`` over its
-    whole decode."""
-    t = tl.t
-    dt = np.diff(t)
-    step_share = dt / np.maximum(tl.decoding[:-1], 1)  # a step is 1/c of each decode in it
-    step_share[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
-    decode_only = tl.prefilling[:-1] == 0  # outside the steps that completed a prefill
-
-    def across(x: np.ndarray) -> np.ndarray:
-        """``x`` summed over each request's decode interval"""
-        total = np.zeros(len(t))
-        np.cumsum(x, out=total[1:])
-        return total[e] - total[b]
-
-    alone = across(dt * decode_only)
-    tokens = spread * across(step_share * decode_only) / np.maximum(alone, 1e-12)
-    through = alone <= 1e-9  # decoded only through prefill steps: over its whole time
-    if through.any():
-        tokens[through] = (n_tokens * across(step_share) / np.maximum(t[e] - t[b], 1e-12)
-                           )[through]
-    return float(tokens.sum())
-
-
 class Overlaps:
     """Intervals [starts, ends), sorted once: ``integral`` gives, for each [a, b], the
     integral over it of the weights of the intervals open at each moment, from the
     sorted ends and cumulative sums (no interval x interval matrix)."""
 
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        self._os, self._oe = np.argsort(starts), np.argsort(ends)
+    def __init__(self, starts: np.ndarray, ends: np.ndarray, by_start: np.ndarray | None
+                 = None, by_end: np.ndarray | None = None):
+        """``by_start``, ``by_end``: the intervals' orders where the caller has them."""
+        self._os = np.argsort(starts) if by_start is None else by_start
+        self._oe = np.argsort(ends) if by_end is None else by_end
         self._fs, self._ls = starts[self._os], ends[self._oe]
 
     def integral(self, weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -294,16 +206,31 @@ class Overlaps:
         return upto[len(a):] - upto[:len(a)]
 
 
-def decoding_beside(first: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.ndarray
-                    ) -> np.ndarray:
+def decodes(cols: WindowColumns) -> tuple[np.ndarray, Overlaps]:
+    """(the requests that decoded: first and last token known, the last after the first;
+    their decode intervals as ``Overlaps``), made once for the columns (``memo``): the
+    batch each decode saw, read by ``step_by_batch`` and the step model alike."""
+    def make() -> tuple[np.ndarray, Overlaps]:
+        first, last = cols.first_token_at, cols.last_token_at
+        both = ~np.isnan(first) & ~np.isnan(last) & (last > first)
+        return both, Overlaps(first[both], last[both], cols.order_within("first_token_at", both),
+                              cols.order_within("last_token_at", both))
+    return cols.memo("decodes", make)
+
+
+def decoding_beside(first: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.ndarray,
+                    overlaps: Overlaps | None = None) -> np.ndarray:
     """For each [a, b]: the mean number of the intervals [first, last] open over it (the
     requests decoding then, one whose interval it is included): the integral of the open
-    count over [a, b] / (b - a) (``Overlaps``)."""
-    return Overlaps(first, last).integral(np.ones(len(first)), a, b) / (b - a)
+    count over [a, b] / (b - a) (``Overlaps``; ``overlaps``: those intervals' where the
+    caller has them)."""
+    overlaps = Overlaps(first, last) if overlaps is None else overlaps
+    return overlaps.integral(np.ones(len(first)), a, b) / (b - a)
 
 
 def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: float,
-                  hi: float, min_requests: int = 8) -> dict | None:
+                  hi: float, min_requests: int = 8, overlaps: Overlaps | None = None
+                  ) -> dict | None:
     """How the decode step moves with the batch in [lo, hi], from the records: per request
     decoding inside it, its mean step (decode time / steps) against the mean number of
     requests decoding beside it (``decoding_beside``); a least-squares line through them,
@@ -311,8 +238,9 @@ def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: fl
     batch grows is a per-step cost the batch does not change (the server's own work per
     step); one that rises with it is traffic that grows with the batch (the KV cache).
     The line goes through at most ``FIT_ROWS`` of those requests (``evenly_spaced``),
-    each one's batch read against every decode. None with fewer than ``min_requests``
-    requests or a batch that barely varies."""
+    each one's batch read against every decode (``overlaps``: theirs, ``decodes``, where
+    the caller has them). None with fewer than ``min_requests`` requests or a batch that
+    barely varies."""
     both = ~np.isnan(first) & ~np.isnan(last) & (last > first)
     ok = both & (steps > 0) & (first >= lo) & (last <= hi)
     requests = int(ok.sum())
@@ -320,7 +248,7 @@ def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: fl
         return None
     rows = evenly_spaced(np.flatnonzero(ok))
     a, b = first[rows], last[rows]
-    batch = decoding_beside(first[both], last[both], a, b)  # beside every decode
+    batch = decoding_beside(first[both], last[both], a, b, overlaps)  # beside every decode
     step = (b - a) / steps[rows]
     low, high = np.quantile(batch, [0.1, 0.9])
     if high < 1.5 * low or high - low < 1.0:
@@ -342,7 +270,7 @@ def _prefill_cover(cols: WindowColumns):
     if pre.sum() < 2:
         return None
     s, e = sched[pre], first[pre]
-    order = np.argsort(s)
+    order = cols.order_within("scheduled_at", pre)
     s, e = s[order], np.maximum.accumulate(e[order])
     starts = np.r_[True, s[1:] > e[:-1]]  # merge into disjoint intervals
     ms, me = s[starts], np.r_[e[np.flatnonzero(starts)[1:] - 1], e[-1]]

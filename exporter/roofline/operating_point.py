@@ -162,18 +162,19 @@ def _cv(x: np.ndarray) -> float:
     return float(x.std() / x.mean()) if x.size and x.mean() > 0 else 1.0
 
 
-def prefill_groups(first: np.ndarray, prefill: np.ndarray, tokens: np.ndarray, step: float
-                   ) -> tuple[float, float] | None:
+def prefill_groups(first: np.ndarray, prefill: np.ndarray, tokens: np.ndarray, step: float,
+                   order: np.ndarray | None = None) -> tuple[float, float] | None:
     """A prefill step carries the prompts of every request whose first token it gives,
     and lasts the longer the more tokens they hold. Requests whose first tokens came
     less than half a step apart are one group; a least-squares line through
     (the group's prompt tokens, each request's prefill), over at most
     ``intervals.FIT_ROWS`` requests evenly spaced in time, gives the fixed seconds and the
     seconds a token. None where the groups' tokens barely vary (step_model.SPREAD) or
-    the line does not rise."""
+    the line does not rise. ``order``: the requests by first token, where the caller
+    has it."""
     if first.size < 4 or step <= 0:
         return None
-    order = np.argsort(first)
+    order = np.argsort(first) if order is None else order
     group = np.cumsum(np.r_[True, np.diff(first[order]) > 0.5 * step])
     held = np.bincount(group, weights=tokens[order])[group]  # each request's group's tokens
     rows = evenly_spaced(np.arange(len(held)))
@@ -233,7 +234,8 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         kv_capacity, limit, tuple(float(x) for x in sample),
         float(len(took)) / span, arrived / ended if ended else 0.0, waiting,
         preemptions_per_second,
-        prefill_groups(first[ok], cols.prefill[ok], computed[ok], step),
+        prefill_groups(first[ok], cols.prefill[ok], computed[ok], step,
+                       cols.order_within("first_token_at", ok)),
         max(_cv(outputs), _cv(computed[pre & done])), arrival_lag(a, e, lo, t[-1]))
 
 

@@ -44,7 +44,7 @@ import numpy as np
 from phasewatch.aggregation.columns import WindowColumns
 from phasewatch.roofline import model_costs
 from phasewatch.roofline.estimate import Deployment
-from phasewatch.roofline.intervals import Overlaps, evenly_spaced
+from phasewatch.roofline.intervals import Overlaps, decodes, evenly_spaced
 
 MIN_REQUESTS = 8  # decoding requests the fit needs
 SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
@@ -91,16 +91,20 @@ class StepRows:
         row = evenly_spaced(np.flatnonzero(row))  # (every decode still counts in each)
         a, b, n = first[row], last[row], steps[row]
         span = b - a
-        decoding = Overlaps(first[dec], last[dec])
-        batch = decoding.integral(np.ones(dec.sum()), a, b) / span
-        kv = decoding.integral(ctx[dec], a, b) / span
+        both, decoding = decodes(cols)  # (dec, with the prompts unknown weighed 0)
+        counted = dec[both].astype(float)
+        batch = decoding.integral(counted, a, b) / span
+        kv = decoding.integral(ctx[both] * counted, a, b) / span
         sched = cols.scheduled_at
         computed = computed_prompt(cols)
         pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
         prefill = np.zeros(len(a))
         if pre.any():
             rate = computed[pre] / (first[pre] - sched[pre])
-            prefill = Overlaps(sched[pre], first[pre]).integral(rate, a, b) / n
+            prefill = Overlaps(sched[pre], first[pre],
+                               cols.order_within("scheduled_at", pre),
+                               cols.order_within("first_token_at", pre)
+                               ).integral(rate, a, b) / n
         return cls(span / n, prefill, kv, batch, n, float(np.average(ctx[dec])))
 
     def correlation(self) -> float:

@@ -1,0 +1,108 @@
+"""The window's sorts made once a tick and shared (issue 41: the roofline update's time):
+each pass given an order reads what it read when it sorted for itself."""
+
+import numpy as np
+import pytest
+
+from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.roofline.intervals import (
+    Overlaps,
+    busy_time,
+    decodes,
+    sorted_near,
+    step_by_batch,
+    union_length,
+)
+from phasewatch.roofline.step_count import decode_step_count, prefill_steps
+
+
+def _columns(seed: int, n: int = 3000) -> WindowColumns:
+    """Requests over 30 s with gaps in every time (NaN), some prompts unknown."""
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.uniform(0.0, 30.0, n))
+    sched = arrival + rng.exponential(0.2, n)
+    first = sched + rng.exponential(0.05, n)
+    last = first + rng.exponential(2.0, n)
+    for x, share in ((sched, 0.05), (first, 0.03), (last, 0.03)):
+        x[rng.random(n) < share] = np.nan
+    prompt = rng.integers(10, 2000, n)
+    prompt[rng.random(n) < 0.05] = -1
+    steps = rng.integers(1, 200, n)
+    return WindowColumns.of({
+        "arrival": arrival, "scheduled_at": sched, "first_token_at": first,
+        "last_token_at": last, "end_at": np.fmax(last, first), "prompt": prompt,
+        "output": steps + 1, "steps": steps})
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_order_within_rows_sorts_them_as_their_own_sort_would(seed):
+    c = _columns(seed)
+    rng = np.random.default_rng(seed)
+    for name in ("first_token_at", "last_token_at", "scheduled_at", "arrival"):
+        rows = rng.random(len(c)) < 0.7
+        x = getattr(c, name)[rows]
+        got = c.order_within(name, rows)
+        assert sorted(got.tolist()) == list(range(rows.sum()))  # a permutation of them
+        np.testing.assert_array_equal(x[got], np.sort(x))  # (NaN last, as argsort's)
+    assert c.order("first_token_at") is c.order("first_token_at")  # sorted once
+    assert "_memo" not in c.where(np.arange(10)).__dict__  # a copy sorts its own
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sorted_near_is_a_sort(seed):
+    c = _columns(seed)
+    opened = np.fmin(c.scheduled_at, c.first_token_at)
+    got = sorted_near(opened, c.order("scheduled_at"))
+    np.testing.assert_array_equal(opened[got], np.sort(opened))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_union_and_busy_time_read_the_same_with_an_order_given(seed):
+    c = _columns(seed)
+    first, last = c.first_token_at, c.last_token_at
+    ok = ~np.isnan(first) & ~np.isnan(last) & (last > first) & (c.prompt >= 0)
+    order = c.order_within("first_token_at", ok)
+    for lo, hi in ((0.0, 30.0), (5.0, 12.0), (29.0, 40.0)):
+        alone = union_length(first[ok], last[ok], lo, hi)
+        assert alone > 0
+        assert union_length(first[ok], last[ok], lo, hi, order) == pytest.approx(alone,
+                                                                                  rel=1e-12)
+        w = np.ones(ok.sum())
+        assert busy_time(first[ok], last[ok], w, lo, hi, order) == pytest.approx(
+            busy_time(first[ok], last[ok], w, lo, hi), rel=1e-12)
+        w = np.random.default_rng(seed).choice([1.0, 10.0], ok.sum())  # sampled
+        assert busy_time(first[ok], last[ok], w, lo, hi, order) == pytest.approx(
+            busy_time(first[ok], last[ok], w, lo, hi), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_decodes_held_once_give_each_reader_its_own_figures(seed):
+    c = _columns(seed)
+    first, last = c.first_token_at, c.last_token_at
+    both, shared = decodes(c)
+    assert decodes(c)[1] is shared  # made once for the columns
+    alone = Overlaps(first[both], last[both])
+    a, b = first[both][:500], last[both][:500]
+    weights = np.random.default_rng(seed).uniform(0.0, 5.0, both.sum())
+    np.testing.assert_allclose(shared.integral(weights, a, b), alone.integral(weights, a, b),
+                               rtol=1e-9, atol=1e-9)
+    steps = c.steps.astype(float)
+    assert step_by_batch(first, last, steps, 0.0, 30.0, overlaps=shared) == pytest.approx(
+        step_by_batch(first, last, steps, 0.0, 30.0))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_decode_steps_count_the_same_from_merged_runs(seed):
+    c = _columns(seed)
+    first, last = c.first_token_at, c.last_token_at
+    ok = ~np.isnan(first) & ~np.isnan(last) & (c.steps > 0)
+    n_tokens = c.steps[ok].astype(float)
+    ends, took = prefill_steps(c)
+    assert len(ends) > 100
+    for lo, hi in ((0.0, 30.0), (3.0, 20.0)):
+        alone = decode_step_count(first[ok], last[ok], n_tokens, ends, took, lo, hi)
+        assert alone > 0
+        merged = decode_step_count(first[ok], last[ok], n_tokens, ends, took, lo, hi,
+                                   c.order_within("first_token_at", ok),
+                                   c.order_within("last_token_at", ok))
+        assert merged == pytest.approx(alone, rel=1e-9)
