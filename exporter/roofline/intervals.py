@@ -193,17 +193,33 @@ class Overlaps:
         self._fs, self._ls = starts[self._os], ends[self._oe]
 
     def integral(self, weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        ws, we = weights[self._os], weights[self._oe]
-        cws, cwe = np.r_[0.0, np.cumsum(ws)], np.r_[0.0, np.cumsum(we)]
-        cfs, cle = np.r_[0.0, np.cumsum(ws * self._fs)], np.r_[0.0, np.cumsum(we * self._ls)]
+        return self.integrals([weights], a, b)[0]
+
+    def integrals(self, weights: list[np.ndarray], a: np.ndarray, b: np.ndarray
+                  ) -> list[np.ndarray]:
+        """``integral`` for each of ``weights`` over the same [a, b]: the queries placed
+        among the sorted starts and ends once."""
         both = np.concatenate([a, b])
         order = np.argsort(both)  # sorted queries: searchsorted's fast path
         i = np.empty(len(both), dtype=np.intp)
         j = np.empty(len(both), dtype=np.intp)
         i[order] = np.searchsorted(self._fs, both[order], side="right")
         j[order] = np.searchsorted(self._ls, both[order], side="right")
-        upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
-        return upto[len(a):] - upto[:len(a)]
+        out = []
+        for w in weights:
+            ws, we = w[self._os], w[self._oe]
+            cws, cwe, cfs, cle = (_prefix(x) for x in (ws, we, ws * self._fs, we * self._ls))
+            upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
+            out.append(upto[len(a):] - upto[:len(a)])
+        return out
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    """0 then the cumulative sums of ``x``."""
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
+    return out
 
 
 def decodes(cols: WindowColumns) -> tuple[np.ndarray, Overlaps]:

@@ -231,7 +231,7 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         tokens / span * max(step, 0.0),
         float(computed[pre].max()) if pre.any() else 0.0,
         _mean(np.where(pre & done, computed, np.nan)), kv_usage,
-        kv_capacity, limit, tuple(float(x) for x in sample),
+        kv_capacity, limit, tuple(sample.tolist()),
         float(len(took)) / span, arrived / ended if ended else 0.0, waiting,
         preemptions_per_second,
         prefill_groups(first[ok], cols.prefill[ok], computed[ok], step,

@@ -93,8 +93,7 @@ class StepRows:
         span = b - a
         both, decoding = decodes(cols)  # (dec, with the prompts unknown weighed 0)
         counted = dec[both].astype(float)
-        batch = decoding.integral(counted, a, b) / span
-        kv = decoding.integral(ctx[both] * counted, a, b) / span
+        batch, kv = (x / span for x in decoding.integrals([counted, ctx[both] * counted], a, b))
         sched = cols.scheduled_at
         computed = computed_prompt(cols)
         pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
