@@ -92,10 +92,10 @@ class _Timeline:
         begins (+1 prefilling) or ends (-1; at its end less SAME_STEP_SECONDS / 2, so
         that the step that completed a request's own prefill, whose end is its
         first-token time rounded, falls before its decode); then ``lo`` and ``hi``.
-        With the requests' orders, the events are taken as four runs in about time
-        order (first tokens, last tokens, the prefill steps by their sorted ends) and
-        merged (``sorted_near``); equal times then keep that order, a decode's start
-        before its end."""
+        With the requests' orders, the events are taken as four runs in time order
+        (first tokens and last tokens by those orders, the prefill steps' starts sorted
+        on their own, their ends as given, sorted) and merged (``sorted_near``); equal
+        times then keep that order, a decode's start before its end."""
         n, k = len(first), len(ends)
         # (no count goes below 0 even for a moment: a decode ends after it begins, a step
         # that prefilled lasted at least SAME_STEP_SECONDS)
@@ -108,7 +108,8 @@ class _Timeline:
         delta[:n], delta[n:2 * n] = 1, -1
         delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
         at = np.argsort(t) if by_first is None or by_last is None else sorted_near(
-            t, np.concatenate([by_first, n + by_last, np.arange(2 * n, len(t))]))
+            t, np.concatenate([by_first, n + by_last, 2 * n + np.argsort(t[2 * n:2 * n + k]),
+                               np.arange(2 * n + k, len(t))]))
         counts = np.cumsum(delta[at])
         where = np.empty(len(t), dtype=np.intp)
         where[at] = np.arange(len(t))
@@ -129,16 +130,16 @@ def _decode_only_steps(tl: _Timeline, b: np.ndarray, e: np.ndarray, spread: np.n
     step_share[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
     decode_only = tl.prefilling[:-1] == 0  # outside the steps that completed a prefill
 
-    def across(x: np.ndarray) -> np.ndarray:
-        """``x`` summed over each request's decode interval"""
+    def across(x: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """``x`` summed over the decode interval of each request (of ``rows``)"""
         total = np.zeros(len(t))
         np.cumsum(x, out=total[1:])
-        return total[e] - total[b]
+        return total[e[rows]] - total[b[rows]]
 
     alone = across(dt * decode_only)
     tokens = spread * across(step_share * decode_only) / np.maximum(alone, 1e-12)
     through = alone <= 1e-9  # decoded only through prefill steps: over its whole time
     if through.any():
-        tokens[through] = (n_tokens * across(step_share) / np.maximum(t[e] - t[b], 1e-12)
-                           )[through]
+        tokens[through] = n_tokens[through] * across(step_share, through) / np.maximum(
+            t[e[through]] - t[b[through]], 1e-12)
     return float(tokens.sum())
