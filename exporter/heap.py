@@ -8,7 +8,9 @@ fresh pages: every 4 KiB faulted in and zeroed by the kernel, a third of the tic
 2-core development host (docs/benchmarks.md). ``keep_freed_pages`` raises both
 thresholds (``mallopt``), so that what one tick frees the next reuses. The process's
 resident set then stays near its peak between ticks instead of falling back from it; the
-peak itself does not move (the same arrays are live at once either way).
+peak itself does not move (the same arrays are live at once either way). Over the
+memory soft limit the ingest gate still hands free heap back (``Admission._relieve``:
+``malloc_trim``), so kept pages cannot hold the process over its limit.
 
 Left alone where it cannot apply or was chosen otherwise: a C library without
 ``mallopt`` (musl, macOS), or glibc's malloc tuned from the environment
