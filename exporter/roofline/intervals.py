@@ -191,14 +191,17 @@ class Overlaps:
         self._os = np.argsort(starts) if by_start is None else by_start
         self._oe = np.argsort(ends) if by_end is None else by_end
         self._fs, self._ls = starts[self._os], ends[self._oe]
+        self._unit: tuple[np.ndarray, ...] | None = None  # the prefix sums at weight 1
 
-    def integral(self, weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def integral(self, weights: np.ndarray | None, a: np.ndarray, b: np.ndarray
+                 ) -> np.ndarray:
         return self.integrals([weights], a, b)[0]
 
-    def integrals(self, weights: list[np.ndarray], a: np.ndarray, b: np.ndarray
+    def integrals(self, weights: list[np.ndarray | None], a: np.ndarray, b: np.ndarray
                   ) -> list[np.ndarray]:
         """``integral`` for each of ``weights`` over the same [a, b]: the queries placed
-        among the sorted starts and ends once."""
+        among the sorted starts and ends once. A weight of None is 1 for every interval
+        (the count open), whose sums are kept for the next reader."""
         both = np.concatenate([a, b])
         order = np.argsort(both)  # sorted queries: searchsorted's fast path
         i = np.empty(len(both), dtype=np.intp)
@@ -207,11 +210,19 @@ class Overlaps:
         j[order] = np.searchsorted(self._ls, both[order], side="right")
         out = []
         for w in weights:
-            ws, we = w[self._os], w[self._oe]
-            cws, cwe, cfs, cle = (_prefix(x) for x in (ws, we, ws * self._fs, we * self._ls))
+            cws, cwe, cfs, cle = self._sums(w)
             upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
             out.append(upto[len(a):] - upto[:len(a)])
         return out
+
+
+    def _sums(self, w: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        if w is None:
+            if self._unit is None:
+                self._unit = self._sums(np.ones(len(self._os)))
+            return self._unit
+        ws, we = w[self._os], w[self._oe]
+        return tuple(_prefix(x) for x in (ws, we, ws * self._fs, we * self._ls))
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -241,7 +252,7 @@ def decoding_beside(first: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.nd
     count over [a, b] / (b - a) (``Overlaps``; ``overlaps``: those intervals' where the
     caller has them)."""
     overlaps = Overlaps(first, last) if overlaps is None else overlaps
-    return overlaps.integral(np.ones(len(first)), a, b) / (b - a)
+    return overlaps.integral(None, a, b) / (b - a)
 
 
 def step_by_batch(first: np.ndarray, last: np.ndarray, steps: np.ndarray, lo: float,

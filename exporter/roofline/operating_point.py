@@ -211,9 +211,8 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     t = np.linspace(lo, max(settled, lo + 0.5 * span), 100)
     count = (UpTo(a[known], t).index - UpTo(e[known], t).index).astype(float)
     arrived, ended = (int(((x >= lo) & (x <= t[-1])).sum()) for x in (a, e))  # that stretch
-    sched, first = cols.scheduled_at, cols.first_token_at
-    computed = step_model.computed_prompt(cols)
-    pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
+    first = cols.first_token_at
+    computed, pre = step_model.prefilled(cols)
     tokens = float(computed[pre & done].sum())
     mean_count = float(count.mean())
     inside = pre & (first >= lo) & (first <= hi)

@@ -57,7 +57,17 @@ FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
 def computed_prompt(cols: WindowColumns) -> np.ndarray:
     """The prompt tokens each request's prefill computed: the uncached ones, the whole
     prompt where the prefix cache is not known."""
-    return np.where(cols.uncached >= 0, cols.uncached, cols.prompt).astype(float)
+    return cols.memo("computed_prompt", lambda: np.where(
+        cols.uncached >= 0, cols.uncached, cols.prompt).astype(float))
+
+
+def prefilled(cols: WindowColumns) -> tuple[np.ndarray, np.ndarray]:
+    """(``computed_prompt``, the requests whose prefill is timed and computed tokens:
+    scheduled before their first token), made once for the columns."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        sched, first, computed = cols.scheduled_at, cols.first_token_at, computed_prompt(cols)
+        return computed, ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
+    return cols.memo("prefilled", make)
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,10 @@ class StepRows:
         span = b - a
         both, decoding = decodes(cols)  # (dec, with the prompts unknown weighed 0)
         counted = dec[both].astype(float)
-        batch, kv = (x / span for x in decoding.integrals([counted, ctx[both] * counted], a, b))
+        batch, kv = (x / span for x in decoding.integrals(
+            [None if counted.all() else counted, ctx[both] * counted], a, b))
         sched = cols.scheduled_at
-        computed = computed_prompt(cols)
-        pre = ~np.isnan(sched) & ~np.isnan(first) & (first > sched) & (computed > 0)
+        computed, pre = prefilled(cols)
         prefill = np.zeros(len(a))
         if pre.any():
             rate = computed[pre] / (first[pre] - sched[pre])
