@@ -64,6 +64,13 @@ def parse_head(raw: bytes) -> ResponseHead:
         if len(values) != 1 or not next(iter(values)).isdigit():
             raise BadAnswer(f"the upstream sent Content-Length {sorted(values)}")
         length = int(values.pop())
+    # a transfer coding but chunked (gzip, say) is one the tap's request did not offer
+    # (no TE header): passed on dechunked, the client would read it as the body
+    codings = [c.strip().lower() for v in headers.getall("Transfer-Encoding", ())
+               for c in v.split(",") if c.strip()]
+    if codings and codings != ["chunked"]:
+        raise BadAnswer(f"the upstream sent Transfer-Encoding {', '.join(codings)!r}; the "
+                        "tap relays chunked only, the one coding it accepts")
     connection = headers.get("Connection", "").lower()
     keep = parts[0] == b"HTTP/1.1" and "close" not in connection
     return ResponseHead(int(parts[1]), (parts[2] if len(parts) > 2 else b"").decode(
@@ -244,10 +251,8 @@ class Upstream(asyncio.Protocol):
                 continue  # informational: the answer follows
             break
         self.head, self._head_buf = head, b""
-        te = head.headers.get("Transfer-Encoding", "").lower()
-        if te:
-            self._body = Dechunker() if te.rsplit(",", 1)[-1].strip() == "chunked" \
-                else UntilClose()
+        if "Transfer-Encoding" in head.headers:  # (chunked: parse_head refuses others)
+            self._body = Dechunker()
             head.content_length = None
         elif head.content_length is not None or head.status in (204, 304):
             self._body = Counted(head.content_length or 0)

@@ -64,9 +64,12 @@ def test_heads_the_tap_refuses():
     assert parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 3").content_length == 3
     assert not parse_head(b"HTTP/1.0 200 OK").keep_alive
     assert not parse_head(b"HTTP/1.1 200 OK\r\nConnection: close").keep_alive
+    assert parse_head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked").status == 200
     for bad in (b"SSH-2.0-OpenSSH", b"HTTP/1.1 2000 OK", b"HTTP/1.1 200 OK\r\n folded",
                 b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4",
-                b"HTTP/1.1 200 OK\r\nno colon"):
+                b"HTTP/1.1 200 OK\r\nno colon",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked"):
         with pytest.raises(BadAnswer):
             parse_head(bad)
 
@@ -234,7 +237,10 @@ def test_informational_answers_are_skipped(through):
 
 
 @pytest.mark.parametrize("garbage", [b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
-                                     b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * 70_000])
+                                     b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * 70_000,
+                                     # a coding the tap did not offer: not passed as data
+                                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked"
+                                     b"\r\n\r\n5\r\n\x1f\x8b\x08\x00\x00\r\n"])
 def test_a_server_answering_garbage_is_a_502_and_counted(through, garbage):
     t = through(lambda n: [(garbage, 0.0)],
                                          close_after=lambda n: True)
