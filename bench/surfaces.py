@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import resource
 import statistics
 import tempfile
 import threading
@@ -179,18 +180,20 @@ def _estimator_figures(keep_pages: bool, requests: int, repeats: int) -> dict:
         window = ex.aggregator.window
         in_window = len(window.columns().t)
         ex.monitor.update()  # warm up
-        times, copies, fits = [], [], []
+        times, copies, fits, faults = [], [], [], []
         for _ in range(repeats):
             spent.clear()
+            f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = time.perf_counter()
             results = ex.monitor.update()
             times.append((time.perf_counter() - t) * 1000)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
             fits.append(sum(spent))
             t = time.perf_counter()
             window.columns(LOOKBACK_SPANS * 30.0)
             copies.append((time.perf_counter() - t) * 1000)
     return {"times": times, "copies": copies, "fits": fits, "in_window": in_window,
-            "labels": len(results), "kept": kept}
+            "labels": len(results), "kept": kept, "faults": statistics.median(faults)}
 
 
 def _in_child(function, *args):
@@ -220,6 +223,7 @@ def estimator_rows(requests: int = 100_000, repeats: int = 10) -> list[Row]:
                 extra={"p50_ms": update_p50, "requests_in_window": n,
                        "label_sets_estimated": kept["labels"],
                        "heap_thresholds_set": kept["kept"],
+                       "page_faults_per_tick": kept["faults"],
                        "copy_ms_pages_kept": statistics.median(kept["copies"])}),
             # issue 40: the fit's cost per roofline tick, against the whole tick's
             # (its share of the update is the target: the update's own is the row above)
@@ -232,7 +236,8 @@ def estimator_rows(requests: int = 100_000, repeats: int = 10) -> list[Row]:
             Row("estimator_default_heap", f"roofline estimator, {n:,} requests, glibc's "
                 "default heap (serve keeps freed pages), p95", p95(plain["times"]), "ms",
                 100.0, "lower", p95(times), "the same update as serve runs it",
-                extra={"p50_ms": statistics.median(plain["times"])})]
+                extra={"p50_ms": statistics.median(plain["times"]),
+                       "page_faults_per_tick": plain["faults"]})]
 
 
 def memory_row(seconds: float = 180.0, rate: int = 10_000) -> Row:
