@@ -222,10 +222,10 @@ class Overlaps:
                 self._unit = self._sums(np.ones(len(self._os)))
             return self._unit
         ws, we = w[self._os], w[self._oe]
-        return tuple(_prefix(x) for x in (ws, we, ws * self._fs, we * self._ls))
+        return tuple(prefix_sums(x) for x in (ws, we, ws * self._fs, we * self._ls))
 
 
-def _prefix(x: np.ndarray) -> np.ndarray:
+def prefix_sums(x: np.ndarray) -> np.ndarray:
     """0 then the cumulative sums of ``x``."""
     out = np.empty(len(x) + 1)
     out[0] = 0.0
@@ -301,7 +301,7 @@ def _prefill_cover(cols: WindowColumns):
     s, e = s[order], np.maximum.accumulate(e[order])
     starts = np.r_[True, s[1:] > e[:-1]]  # merge into disjoint intervals
     ms, me = s[starts], np.r_[e[np.flatnonzero(starts)[1:] - 1], e[-1]]
-    cum = np.r_[0.0, np.cumsum(me - ms)]
+    cum = prefix_sums(me - ms)
 
     def covered(t):
         i = np.searchsorted(ms, t, side="right")

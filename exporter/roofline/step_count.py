@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phasewatch.aggregation.columns import WindowColumns
-from phasewatch.roofline.intervals import SAME_STEP_SECONDS, sorted_near
+from phasewatch.roofline.intervals import SAME_STEP_SECONDS, prefix_sums, sorted_near
 
 COUNT_MASK = (1 << 21) - 1  # one of the running counts packed in ``decode_step_count``
 
@@ -132,8 +132,7 @@ def _decode_only_steps(tl: _Timeline, b: np.ndarray, e: np.ndarray, spread: np.n
 
     def across(x: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         """``x`` summed over the decode interval of each request (of ``rows``)"""
-        total = np.zeros(len(t))
-        np.cumsum(x, out=total[1:])
+        total = prefix_sums(x)
         return total[e[rows]] - total[b[rows]]
 
     alone = across(dt * decode_only)
