@@ -23,12 +23,16 @@ The roofline is the prior. A cost whose input barely varies in the window (every
 ran beside the same batch, no prefill ran beside any) cannot be fitted: it is held at
 the roofline's (the KV token at the achievable bandwidth, the prompt token's FLOPs at
 the achievable FLOP/s) and the others fitted around it. So is one of two inputs that
-moved together (``TOGETHER``): at a slot limit a request prefilling holds a slot no
-decode has, so the prefill tokens beside each decode fall as its batch rises (-0.99 on
-the real vLLM's slot-limit windows), and the free fit's split of their cost swung from
-run to run (a KV token at 0.7 us and at 440 us; at 16 slots, where both rise, the step
-predicted 44 % long). The input that varied the least (its 10th-90th percentile range
-over its mean) is held at the roofline's, the other fitted. A fitted cost under the
+moved together: at a slot limit a request prefilling holds a slot no decode has, so the
+prefill tokens beside each decode fall as its batch rises (-0.96 to -0.99 on the real
+vLLM's slot-limit windows), and the free fit's split of their cost swung from run to
+run (a KV token at 0.7 us, at 440 us and at 540 us; at 16 slots, where both rise, the
+step predicted 44 % and 53 % long). What tells a slope is its input's variation apart
+from the other's: its spread times sqrt(1 - r^2), r their correlation (the least-squares
+slope's standard error grows as that shrinks). The input whose variation apart is under
+``APART`` of its mean, or under ``NOISE`` times the free fit's median error (a scatter
+about the line that large hides a slope over so little variation), is held at the
+roofline's, the other fitted. A fitted cost under the
 roofline's is not believed either: held at the floor, and the fit says so. A base under
 the weights' read at the achievable bandwidth means the window cannot separate the
 fixed cost from the rest: the fit is rejected and says why; no lever is predicted from
@@ -48,9 +52,13 @@ from phasewatch.roofline.intervals import Overlaps, decodes, evenly_spaced
 
 MIN_REQUESTS = 8  # decoding requests the fit needs
 SPREAD = 0.15  # an input's 10th-90th percentile range under this x its mean: not fitted
-# The KV tokens and the prefill tokens beside the decodes correlated this closely (either
-# sign): the window tells their summed cost, not each one's (``_held_fit``)
-TOGETHER = 0.95
+# An input whose variation apart from the other's (its spread x sqrt(1 - r^2)) is under
+# the larger of these (APART of its mean, NOISE x the free fit's median error) is held:
+# the window tells the inputs' summed cost, not each one's (``_held_fit``). The real
+# vLLM's slot-limit windows read 0.03-0.08 apart where the free fit's KV token swung
+# (0.7 to 1,230 us); its full-size window, 0.13 with a 2.2 % error, fitted both.
+APART = 0.10
+NOISE = 2.0
 FLOOR_SLACK = 0.9  # a fitted cost this far under the roofline's is held at it
 
 
@@ -256,12 +264,19 @@ def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[
         if rows.spread(x) < SPREAD:
             fixed[name] = roof[name]
             held.append(f"{name}: {what} barely varied in the window")
-    if not fixed and abs(r := rows.correlation()) >= TOGETHER:
-        name, _, what = min(inputs, key=lambda i: rows.spread(i[1]))
-        fixed[name] = roof[name]
-        held.append(f"{name}: the KV tokens read and the prefill tokens beside the decodes "
-                    f"moved together (correlation {r:.2f}): the window tells their summed "
-                    f"cost, not each one's, so {what}, which varied the least, are held")
+    if not fixed:
+        r = rows.correlation()
+        name, x, what = min(inputs, key=lambda i: rows.spread(i[1]))
+        apart = rows.spread(x) * float(np.sqrt(max(1.0 - r * r, 0.0)))
+        scatter = _weighted_quantile(_error(rows, _solve(rows, list(TERMS), {})),
+                                     rows.steps, 0.5)
+        if apart < max(APART, NOISE * scatter):
+            fixed[name] = roof[name]
+            other = "the prefill tokens" if name == "per_kv_token" else "the KV tokens read"
+            held.append(f"{name}: {what} varied {apart:.1%} of their mean apart from "
+                        f"{other} (correlation {r:.2f}; the free fit's median error "
+                        f"{scatter:.1%}): the window tells their summed cost, not each "
+                        "one's, so these, which varied the least, are held")
     coef = _solve(rows, [n for n in TERMS if n not in fixed], fixed)
     for _ in range(2):
         low = [n for n in SLOPES if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]

