@@ -115,6 +115,12 @@ class Sampler:
 
     def start(self) -> Sampler:
         self.out.mkdir(parents=True, exist_ok=True)
+        # a directory used before (``verdict_runs.main`` runs slot_limit and slot_limit_16
+        # in one: the same workload and serial) keeps no samples of an earlier run, whose
+        # end-to-start gap read as a 76-145 s stall and ran every run again
+        for old in [self.out / "samples.jsonl", self.out / "errors.txt",
+                    *self.out.glob("page-*.txt")]:
+            old.unlink(missing_ok=True)
         root = Path(__file__).resolve().parents[2]
         with open(self.out / "stderr.txt", "w") as stderr:  # the child keeps its own copy
             self._proc = subprocess.Popen(

@@ -131,3 +131,46 @@ def test_an_export_the_engine_gave_up_on_is_the_harness_fault():
     assert why.startswith("vLLM's exporter gave up on 1 export(s)") and "grpc.py:76" in why
     retried = {**f, "capture_forward_errors": ["StatusCode.UNAVAILABLE: retry later"]}
     assert not harness_fault(run(retried))
+
+
+def test_a_sampler_started_again_in_its_directory_keeps_only_its_own_samples(tmp_path):
+    """``verdict_runs.main`` runs slot_limit then slot_limit_16 in one directory: the same
+    workload and serial, so the same sampler directory. The child appends to its file, and
+    the second run's samples once began with the first's: the gap between the two runs
+    (76-145 s) read as a stall (``harness_fault``) and every later run was made again."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"vllm:num_requests_running 1.0\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        runs = []
+        for _ in range(2):
+            s = Sampler(url, tmp_path / "slot_limit-1000000.sampler", interval=0.05).start()
+            deadline = time.time() + 20
+            while time.time() < deadline and not (s.out / "samples.jsonl").exists():
+                time.sleep(0.05)
+            time.sleep(0.5)
+            began = time.time()
+            s.stop()
+            runs.append((began, s))
+            time.sleep(1.5)  # the time between two runs
+        first, second = runs[0][1], runs[1][1]
+        assert first.samples and second.samples
+        assert second.samples[0][0] > runs[0][0], "the first run's samples were kept"
+        assert second.widest_gap() < 1.0
+    finally:
+        server.shutdown()
