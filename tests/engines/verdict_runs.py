@@ -840,20 +840,46 @@ def missed(run: WorkloadRun) -> str:
 
 def rerun_reason(run: WorkloadRun) -> str:
     """Why the workload is run once more (the module docstring), or "". A lever pulled
-    (``PULLED``) changes the state the workload was made for: only the harness's faults."""
-    return harness_fault(run) or ("" if run.config in PULLED else missed(run))
+    (``PULLED``) changes the state the workload was made for, and its run is judged on
+    phasewatch's own operating point alone (tests/real/test_real_vllm_levers.py), never
+    on vLLM's counters: only the faults that touch phasewatch's figures (``stalled``).
+    In CI at stop 49, four of the lever test's six runs made again were for the test's
+    samples of vLLM's /metrics, which no pull reads."""
+    if run.config in PULLED:
+        return stalled(run)
+    return harness_fault(run) or missed(run)
 
 
-def harness_fault(run: WorkloadRun) -> str:
-    """Why the run's comparison says nothing of phasewatch, or "": the host stalled
-    (HOST_STALL), or the test's own samples of vLLM's /metrics left a gap (SAMPLE_GAP)
-    or did not bracket the estimate's range, or vLLM's exporter dropped a batch of spans
-    phasewatch answered past its deadline (what phasewatch's log says of its stalls is
-    in the reason)."""
+def stalled(run: WorkloadRun) -> str:
+    """Why phasewatch's own figures say nothing of the engine, or "": the host stalled
+    (HOST_STALL), vLLM's exporter dropped a batch of spans phasewatch answered past its
+    deadline (what phasewatch's log says of its stalls is in the reason), or
+    phasewatch's log says its process was not scheduled."""
     stalls = run.figures.get("host_stalls") or {}
     if stalls.get("max_s", 0.0) >= HOST_STALL:
         at, late = stalls["longest"][0]
         return f"the host stalled {late:.1f} s at {at:.1f} (every process on it waited)"
+    lost = [e for e in run.figures.get("capture_forward_errors") or ()
+            if "DEADLINE_EXCEEDED" in e]
+    if lost:  # (as tests/real/test_real_vllm.ExportLost)
+        return (f"vLLM's exporter gave up on {len(lost)} export(s) phasewatch answered past "
+                f"its deadline (DEADLINE_EXCEEDED): those spans never came; phasewatch's log "
+                f"on its stalls: {run.figures.get('phasewatch_stalls') or 'none'}")
+    late = phasewatch_late(run.log)
+    if late >= HOST_STALL:
+        return (f"phasewatch's own log says its process was not scheduled for {late:.1f} s "
+                f"(its figures average over that gap, and exports waited through it)")
+    return ""
+
+
+def harness_fault(run: WorkloadRun) -> str:
+    """Why the run's comparison says nothing of phasewatch, or "": ``stalled``, or the
+    test's own samples of vLLM's /metrics left a gap (SAMPLE_GAP) or did not bracket the
+    estimate's range, or read its counters too slowly to hold phasewatch's figures to
+    them, or stopped (SAMPLER_STALL)."""
+    why = stalled(run)
+    if why:
+        return why
     cover = run.figures.get("sampler")
     if cover and (not cover["bracketed"] or (cover["edge_gap_s"] or 0.0) > SAMPLE_GAP):
         return (f"the test's samples of vLLM's /metrics did not cover the range's ends "
@@ -867,16 +893,6 @@ def harness_fault(run: WorkloadRun) -> str:
                     f"{wide:.0%} of the figure (its /metrics answered the test's reads in "
                     f"up to {(cover or {}).get('slowest_read_s')} s: each page's moment is "
                     f"unknown within its read)")
-    lost = [e for e in run.figures.get("capture_forward_errors") or ()
-            if "DEADLINE_EXCEEDED" in e]
-    if lost:  # (as tests/real/test_real_vllm.ExportLost)
-        return (f"vLLM's exporter gave up on {len(lost)} export(s) phasewatch answered past "
-                f"its deadline (DEADLINE_EXCEEDED): those spans never came; phasewatch's log "
-                f"on its stalls: {run.figures.get('phasewatch_stalls') or 'none'}")
-    late = phasewatch_late(run.log)
-    if late >= HOST_STALL:
-        return (f"phasewatch's own log says its process was not scheduled for {late:.1f} s "
-                f"(its figures average over that gap, and exports waited through it)")
     # outside the range too: this process (the OTLP relay's) or vLLM's server stalled
     widest = run.figures.get("sampler_widest_gap_s", 0.0)
     if widest > SAMPLER_STALL:

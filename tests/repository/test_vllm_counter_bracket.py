@@ -18,6 +18,7 @@ from tests.engines.verdict_runs import (
     off_by,
     phasewatch_late,
     ratio_missed,
+    rerun_reason,
     spread,
 )
 
@@ -174,3 +175,23 @@ def test_a_sampler_started_again_in_its_directory_keeps_only_its_own_samples(tmp
         assert second.widest_gap() < 1.0
     finally:
         server.shutdown()
+
+
+def test_a_pulled_lever_is_run_again_for_phasewatchs_faults_not_for_the_samplers():
+    """A lever's pull is judged on phasewatch's own operating point, never on vLLM's
+    counters: a gap in the test's samples of /metrics makes a verdict run again (its
+    counters are compared) but not a pull (CI at stop 49 ran four pulls again for such
+    gaps, 5.8-8.0 s at an end); a host stall or phasewatch not scheduled makes both."""
+    f = figures(1.0e12, 0.99e12, 1.01e12, 1.0e12)
+    gap = {**f, "sampler": {"bracketed": True, "edge_gap_s": 6.7, "first_errors": []},
+           "sampler_widest_gap_s": 80.0}
+    verdict_run = run(gap, name="kv_pressure")
+    pull = SimpleNamespace(**{**vars(verdict_run), "config": "kv_pressure_all"})
+    assert "did not cover the range's ends" in rerun_reason(verdict_run)
+    assert rerun_reason(pull) == ""
+    stall = {**gap, "host_stalls": {"max_s": 3.2, "longest": [(1796061841.9, 3.2)]}}
+    def pulled(**change) -> SimpleNamespace:
+        return SimpleNamespace(**{**vars(pull), **change})
+    assert "the host stalled 3.2 s" in rerun_reason(pulled(figures=stall))
+    log = "phasewatch ran 6.9 s late (a 1 s roofline tick)\n"
+    assert "not scheduled for 6.9 s" in rerun_reason(pulled(log=log))
