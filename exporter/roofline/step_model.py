@@ -296,14 +296,14 @@ def _held_fit(rows: StepRows, roof: dict[str, float]) -> tuple[dict, dict, list[
     return coef, fixed, held
 
 
-def line(coef: dict, prefill_tokens, kv_tokens):
+def _line(coef: dict, prefill_tokens, kv_tokens):
     """The step ``coef`` (``_solve``'s costs by term) gives at those inputs."""
     return (coef["base"] + coef["per_prefill_token"] * prefill_tokens
             + coef["per_kv_token"] * kv_tokens)
 
 
 def _error(rows: StepRows, coef: dict) -> np.ndarray:
-    return np.abs(line(coef, rows.prefill, rows.kv) - rows.step) / rows.step
+    return np.abs(_line(coef, rows.prefill, rows.kv) - rows.step) / rows.step
 
 
 def _separated(rows: StepRows, roof: dict[str, float], floor: float, fixed: dict,

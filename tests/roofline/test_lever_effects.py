@@ -609,7 +609,7 @@ def test_the_real_slot_limit_pull_is_predicted_from_the_window_before_it(pull):
     predicted = step * fit.step(prefill16, kv16) / fit.step(prefill, kv)
     assert predicted == pytest.approx(measured, rel=0.25), (predicted, measured)
     free = step_model._solve(before, list(step_model.TERMS), {})
-    at = step_model.line
+    at = step_model._line
     assert abs(step * at(free, prefill16, kv16) / at(free, prefill, kv) / measured - 1) > 0.8
 
 
