@@ -68,6 +68,8 @@ async def stream_loop(client, model: str, group: dict, deadline: float, counter:
             stats["finished"] += 1
             stats["gaps"] += gaps  # a finished request's only
             failures = 0
+            if group.get("think"):  # a client's own time between an answer and its next
+                await asyncio.sleep(group["think"])
         except Exception as e:  # the run goes on; the caller judges the failures
             failures += 1
             stats["failed"] += 1
@@ -81,7 +83,7 @@ async def run(args) -> dict:
     client = AsyncOpenAI(base_url=args.base_url, api_key="unused", timeout=args.timeout,
                          max_retries=0)
     groups = [{"name": "main", "streams": args.streams, "prompt_words": args.prompt_words,
-               "max_tokens": args.max_tokens}]
+               "max_tokens": args.max_tokens, "think": args.think}]
     if args.mix_streams:
         groups.append({"name": "mix", "streams": args.mix_streams,
                        "prompt_words": args.mix_prompt_words,
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--mix-prompt-words", type=int, default=500)
     p.add_argument("--mix-max-tokens", type=int, default=2)
     p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--think", type=float, default=0.0,
+                   help="seconds each main stream waits after an answer before it sends again")
     p.add_argument("--serial-base", type=int, default=0,
                    help="first prompt serial (distinct runs: distinct prompts)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
