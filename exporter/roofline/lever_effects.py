@@ -61,9 +61,9 @@ def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
 
 def _slots_held(op: OperatingPoint, limit: int, rate: float) -> float:
     """Closed loop: the slots the requests in the system hold at ``limit``, on average.
-    Those not yet at the engine or past it (``other`` seconds each, at ``rate``) hold
-    none; the rest hold min(their number, the limit), their number taken as normal with
-    the window's mean and variation: cohorts of equal requests, ending together, leave
+    Those not yet at the engine (``_other`` seconds each, at ``rate``) hold none; the
+    rest hold min(their number, the limit), their number taken as normal with the
+    window's mean and variation: cohorts of equal requests, ending together, leave
     slots empty at one moment and a queue at the next."""
     mean = max(op.in_system - rate * _other(op), 0.0)
     sd = op.in_system_cv * op.in_system
@@ -73,6 +73,17 @@ def _slots_held(op: OperatingPoint, limit: int, rate: float) -> float:
     over = sd * math.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi) + (mean - limit) * 0.5 * (
         1.0 + math.erf(d / math.sqrt(2.0)))  # E[max(N - limit, 0)]
     return max(mean - over, 0.0)
+
+
+def _closed_running(op: OperatingPoint, limit: int, service: float) -> float:
+    """The slots held where the throughput they give (running / ``service``) sets how
+    many requests are before the engine (``_slots_held``): that falls as the running
+    rise, so the one root in [0, limit] is found by halving."""
+    lo, hi = 0.0, float(limit)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _slots_held(op, limit, mid / service) > mid else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def _other(op: OperatingPoint) -> float:
@@ -98,17 +109,16 @@ def _running(op: OperatingPoint, fit: StepFit, limit: int, scale: tuple[float, f
     tokens their rate's; the step the measured one times the fit's ratio at ``scale`` of
     the batch and tokens."""
     step, batch, running, carried = op.step, op.batch, float(limit), op.prefill_per_step
-    for _ in range(100):  # the batch sets the step, the step the service time, and back
+    for _ in range(50):  # the batch sets the step, the step the service time, and back
         prefill, decode = _holding(op, step)
         service = prefill + decode
-        was = running
-        running = (_slots_held(op, limit, running / service if service > 0 else 0.0)
-                   if op.closed_loop else min(limit, op.arrival_rate * service))
+        running = (_closed_running(op, limit, service) if op.closed_loop and service > 0
+                   else min(limit, op.arrival_rate * service))
         batch = running * decode / service if service > 0 else running
         # each request admitted brings its prompt: prefill tokens per step follow the rate
         carried = running / service * op.prompt * step if service > 0 else 0.0
         new = _scaled_step(op, fit, batch * scale[0], carried * scale[1])
-        if abs(new - step) <= 1e-9 + 1e-6 * step and abs(running - was) <= 1e-6 * limit:
+        if abs(new - step) <= 1e-9 + 1e-6 * step:
             break
         step = new
     return batch, step, running, carried
@@ -127,7 +137,8 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = No
     out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}
     if op.closed_loop:  # Little's law: the requests in the system over the throughput
         rate = running / service
-        queue = max(op.in_system / rate - _other(op) - service, 0.0)
+        queue = (max(op.in_system / rate - _other(op) - service, 0.0) if rate > 0 else
+                 None)
     else:
         queue = erlang_c_wait(limit, op.arrival_rate, service)
         rate = op.arrival_rate if queue is not None else limit / service

@@ -103,3 +103,18 @@ def test_a_swinging_number_in_the_system_leaves_slots_empty_and_a_queue():
     q_swing, q_steady = (lever_effects._at_limit(o, fit, 16, 8)[0]["queue_seconds"]
                          for o in (swinging, steady))
     assert q_swing > 2 * q_steady
+
+
+def test_a_preprocess_longer_than_the_slot_time_still_gives_a_prediction():
+    """Requests before the engine hold no slot, and how many there are grows with the
+    throughput the slots give: where a request's preprocess outlasts its slot time many
+    times over, the slots held still settle on one figure (a root found by halving, not
+    an iteration that swings), a positive throughput, no division by zero."""
+    op, fit, _ = _window(1, 8)
+    slow = dataclasses.replace(op, ttft=op.ttft + 20.0, e2e=op.e2e + 20.0, in_system=60.0)
+    held = lever_effects._closed_running(slow, 16, 1.0)
+    assert 0 < held < 16
+    assert lever_effects._slots_held(slow, 16, held) == pytest.approx(held, abs=1e-6)
+    for p in lever_effects.concurrency_limit(slow, fit):
+        assert p.predicted["output_tokens_per_second"] > 0
+        assert p.predicted.get("queue_seconds", 0.0) >= 0.0
