@@ -60,6 +60,7 @@ from tests.engines.verdict_runs import (
     WRONG_MODEL_RUN,
     WorkloadRun,
     bytes_ratio,
+    compared,
     engine_state_missed,
     ratio_missed,
     session_runs,
@@ -187,9 +188,9 @@ def test_inferred_flops_and_decode_bytes_within_10_percent_of_vllms_counters(run
     # vLLM's side is known within a bracket: each page holds its counters at a moment
     # unknown within the test's read of it (verdict_runs.vllm_counts); phasewatch's
     # figure must lie within TOLERANCE of it, and the bracket must be narrow enough for
-    # that to say something (READ_SPREAD_MAX; a wider one was run again: harness_fault)
-    compared = ("flops",) if name == "prefill_heavy" else ("flops", "decode_bytes")
-    for what in compared:  # prefill_heavy: decode moves a sliver of the bytes there
+    # that to say something (READ_SPREAD_MAX; a wider one was run again, longer:
+    # harness_fault, next_length)
+    for what in compared(name):  # prefill_heavy: decode moves a sliver of the bytes there
         assert (spread(f, what) or 0.0) <= READ_SPREAD_MAX, (
             f"vLLM's {what} are known only within {spread(f, what):.1%} of the figure: "
             + brief(f))
@@ -203,13 +204,14 @@ def brief(f: dict) -> str:
             "inferred_prefill_weight_bytes", "prefill_weight_bytes_shared_with_decode",
             "decode_steps", "vllm_steps",
             "requests", "vllm_prompt_tokens",
-            "host_slowdown", "sampler", "sampler_widest_gap_s", "host_stalls", "earlier_attempts",
+            "host_slowdown", "load_seconds", "sampler", "sampler_widest_gap_s", "host_stalls",
+            "earlier_attempts",
             "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
             "warnings", "loadavg", "range", "inputs", "client")
     out = {k: bytes_ratio(f) if k == "bytes_ratio" else f.get(k) for k in keys}
     # the earlier runs' reasons and readings, not their verdicts' texts (CI prints a part)
-    out["earlier_attempts"] = [{k: e.get(k) for k in ("why", "flops_ratio", "vllm_bounds",
-                                                      "sampler", "warnings")}
+    out["earlier_attempts"] = [{k: e.get(k) for k in ("why", "load_seconds", "flops_ratio",
+                                                      "vllm_bounds", "sampler", "warnings")}
                                for e in f.get("earlier_attempts") or ()]
     return json.dumps(out, default=str)
 
