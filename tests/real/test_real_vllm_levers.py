@@ -55,7 +55,7 @@ FIGURES = ("batch", "tpot_seconds", "queue_seconds", "ttft_seconds", "e2e_second
 # the system (here 0.34 s off in 2.9 s, 59 % of a 0.58 s queue, on a host loaded 6x), and
 # its direction judged where the move predicted is WAY_JUDGED of the time in the system
 # or more: the KV pull predicts its 0.16-0.84 s queue (under 4 % of a 23-27 s request) gone,
-# and the pulls measured 0.11-0.30 s (a request still waits for the step in progress):
+# and the pulls measured 0.11-0.30 s (a wait at vLLM's scheduler with room for all):
 # at that scale, noise.
 OF_E2E = ("queue_seconds",)
 # Figures whose direction is not judged for a lever, each held to its bound all the same.
