@@ -87,7 +87,7 @@ async def run(args) -> dict:
     if args.mix_streams:
         groups.append({"name": "mix", "streams": args.mix_streams,
                        "prompt_words": args.mix_prompt_words,
-                       "max_tokens": args.mix_max_tokens})
+                       "max_tokens": args.mix_max_tokens, "think": args.mix_think})
     start = time.time()
     deadline = start + args.seconds
     counter = [args.serial_base]
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--think", type=float, default=0.0,
                    help="seconds each main stream waits after an answer before it sends again")
+    p.add_argument("--mix-think", type=float, default=0.0,
+                   help="seconds each mix stream waits after an answer before it sends again")
     p.add_argument("--serial-base", type=int, default=0,
                    help="first prompt serial (distinct runs: distinct prompts)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
