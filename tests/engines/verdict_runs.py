@@ -805,7 +805,7 @@ READ_SPREAD_MAX = 0.10
 # window (``next_length``): the bracket is the counters' growth over the uncertain moments
 # of the pages at the range's two ends, a share of the growth over the whole range that
 # falls as the range grows. The next range is sized for READ_SPREAD_AIM, at most
-# LENGTH_MAX times the workload's length. The tracker's CI at stop 52 (a host 7.3x slower
+# LENGTH_MAX times the workload's length. The tracker's CI on cf7a3e0 (a host 7.3x slower
 # than the reference, reads of 6-11 s) ran decode_heavy three times at 30 s: brackets of
 # 20 %, then a gap, then 16.8 % over a 27 s range, and failed on the last.
 READ_SPREAD_AIM = 0.04
