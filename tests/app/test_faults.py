@@ -20,7 +20,7 @@ from phasewatch.ingest import wire
 from phasewatch.requests.record import SOURCE_TAP, RequestBatch, RequestRecord
 from phasewatch.sim.otlp_shapes import OtlpSink
 from tests.aggregation.test_tapjoin import PRIMER, engine_record, tap_record
-from tests.conftest import scrape
+from tests.conftest import scrape, wait_for
 from tests.support.prom import PrometheusServer
 from tests.support.serve import ServeProcess
 
@@ -74,7 +74,11 @@ def test_a_stopped_process_says_how_late_it_ran_when_it_is_resumed(tmp_path):
     rate and the verdict averaging over the gap: the log says so, with the gap."""
     sp = ServeProcess(tmp_path, "--roofline-interval", "0.5").start()
     try:
-        time.sleep(1.0)
+        # the roofline loop ticking before the stop: a stop that came before its first
+        # tick was due (a loaded host: its thread not yet started 1 s after the ports
+        # answered) left nothing late to say (seen with the tests on two processes)
+        assert wait_for(lambda: scrape(sp.http_port).total(
+            "phasewatch_roofline_updates_total") >= 2, 30), sp.log_path.read_text()[-2000:]
         sp.signal(signal.SIGSTOP)
         time.sleep(3.5)
         sp.signal(signal.SIGCONT)
