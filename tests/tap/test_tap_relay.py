@@ -20,6 +20,7 @@ import pytest
 
 from phasewatch import tap as tapmod
 from phasewatch.tap.upstream import BadAnswer, Counted, Dechunker, parse_head
+from tests.conftest import wait_for
 
 MODEL = "tiny-llama"
 
@@ -176,10 +177,7 @@ def counted(t, key: str, n: int, timeout: float = 10.0) -> bool:
     an answer (and hands its record on) once its handler wakes after the last byte went
     to the client, so a client that has read it all can be a moment ahead (seen with two
     test processes on two cores: 0 where 1 was to come)."""
-    deadline = time.monotonic() + timeout
-    while t.tap.counts[key] != n and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return t.tap.counts[key] == n
+    return bool(wait_for(lambda: t.tap.counts[key] == n, timeout, 0.02))
 
 
 SSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
