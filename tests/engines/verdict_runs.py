@@ -17,10 +17,13 @@ workload; or the test's samples of vLLM's ``/metrics`` left a gap), or a figure,
 verdict or the engine's own state was off (``missed``). Two cores shared by vLLM's
 engine, its API server, the load, phasewatch and pytest stall now and then for seconds
 in ways no one process shows (the tracker's CI saw an export answered after 10 s and a
-13 s gap in vLLM's own answers); the last run stands, and each earlier one's figures
-and reason go with it (``earlier_attempts``), printed by the tests, so a run that
-missed is never hidden. A run made again because vLLM's /metrics answered too slowly
-around the range's ends to pin its counters there is made longer (``next_length``).
+13 s gap in vLLM's own answers). The run that stands is the one whose reason leaves the
+most of the tests' comparisons standing (``standing``: a run with none, else a figure
+missed on a clean run, else one the harness faulted that the tests can still judge,
+else one they cannot), and every other one's figures and reason go with it
+(``set_aside``), printed by the tests, so a run that missed is never hidden. A run
+made again because vLLM's /metrics answered too slowly around the range's ends to pin
+its counters there is made longer (``next_length``).
 
 What a run returns per workload (``WorkloadRun``): the client's counts, vLLM's samples,
 phasewatch's ``/api/v1/roofline`` entry and ``/metrics`` page at the end of the load,
@@ -319,7 +322,7 @@ class WorkloadRun:
     summary: dict = field(default_factory=dict)  # its /api/v1/summary entry for the model
     exports: list = field(default_factory=list)  # the engine's OTLP exports, as sent
     # the same workload through a tap alone (TAP_VIEW): its roofline entry, /metrics,
-    # client counts and log, and why each earlier run of it was set aside
+    # client counts and log, and why each other run of it was set aside
     tap_view: dict = field(default_factory=dict)
     # the same workload read by a phasewatch told the wrong model (WRONG_MODEL_RUN)
     wrong_model: dict = field(default_factory=dict)
@@ -415,28 +418,23 @@ def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
               f"vLLM {' '.join(flags)}", flush=True)
         for i, name in enumerate(workloads):
             args = (*serve_args, *objectives(name, runs))
-            earlier: list[dict] = []
+            made: list[tuple[WorkloadRun, str]] = []
             length = seconds(name)
-            for attempt in range(ATTEMPTS):  # the last one stands, and the tests say
-                # what each one before it missed
+            for attempt in range(ATTEMPTS):
                 run = _workload(tmp, base, config, name, profile, cap, args,
                                 serial=1_000_000 * (i + 1) + 100_000 * attempt,
                                 slowdown=slowdown, length=length)
-                run.figures["earlier_attempts"] = earlier
                 why = rerun_reason(run)
+                made.append((run, why))
                 if not why or attempt == ATTEMPTS - 1:
                     break
                 longer = next_length(run, length)
                 if longer > length:
                     why += f"; for {longer:.0f} s of load, not {length:.0f} s"
+                    made[-1] = (run, why)
                     length = longer
                 made_again(f"{name}: {why}; running it once more")
-                earlier.append({"why": why, **{k: run.figures.get(k) for k in (
-                    "flops_ratio", "vllm_bounds", "verdict", "sampler", "load_seconds",
-                    "sampler_widest_gap_s", "host_stalls", "export_answer_seconds",
-                    "capture_forward_errors", "engine_scrapes", "warnings",
-                    "phasewatch_stalls", "loadavg")}})
-            runs.append(run)
+            runs.append(standing(made))
         # after every joined run of this start: the tap's own requests' spans never
         # reach a workload's exporter
         for i, run in enumerate(runs):
@@ -499,20 +497,19 @@ def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadR
              serial: int, slowdown: float = 1.0) -> dict:
     """Workload ``name`` once more, through ``phasewatch serve --tap-upstream`` alone
     (``TAP_VIEW``), up to ``ATTEMPTS`` runs where it disagrees with ``run``'s verdict or
-    the host stalled (every earlier run's reason kept in ``earlier_attempts``)."""
-    earlier: list[dict] = []
+    the host stalled (``standing_view``: the others' reasons in ``set_aside``)."""
+    made: list[tuple[dict, str, int]] = []
     for attempt in range(ATTEMPTS):
         view = _tap_workload(tmp, base, name, profile, cap, serial + 100_000 * attempt,
                              slowdown)
         stalls = view["host_stalls"]
-        why = (f"the host stalled {stalls[0][1]:.1f} s" if stalls and stalls[0][1] >= HOST_STALL
-               else tap_view_missed(run, view))
-        view["earlier_attempts"] = earlier
+        stall = stalls and stalls[0][1] >= HOST_STALL
+        why = f"the host stalled {stalls[0][1]:.1f} s" if stall else tap_view_missed(run, view)
+        made.append((view, why, 2 if stall else 1 if why else 0))
         if not why or attempt == ATTEMPTS - 1:
-            return view
+            break
         made_again(f"{name} through the tap: {why}; running it once more")
-        earlier.append({"why": why})
-    return view
+    return standing_view(made, lambda v: {})
 
 
 def _tap_workload(tmp: Path, base: str, name: str, profile: Path, cap, serial: int,
@@ -555,24 +552,39 @@ def wrong_model_view(tmp: Path, base: str, name: str, profile: Path, cap, serial
     """Workload ``name`` once more, vLLM's spans and /metrics read by a phasewatch told
     the engine serves ``WRONG_MODEL``: its roofline entry and log; up to ``ATTEMPTS``
     runs where the host stalled or the verdict did not name the model (each earlier
-    run's reason and what the estimate rested on kept in ``earlier_attempts``)."""
-    earlier: list[dict] = []
+    run's reason and what the estimate rested on in ``set_aside``: ``standing_view``)."""
+    made: list[tuple[dict, str, int]] = []
     for attempt in range(ATTEMPTS):
         view = _wrong_model_workload(tmp, base, name, profile, cap,
                                      serial + 100_000 * attempt, slowdown)
         stalls = view["host_stalls"]
+        stall = stalls and stalls[0][1] >= HOST_STALL
         text = ((view["roofline"].get("verdict") or {}).get("text") or "")
-        why = (f"the host stalled {stalls[0][1]:.1f} s" if stalls and stalls[0][1] >= HOST_STALL
+        why = (f"the host stalled {stalls[0][1]:.1f} s" if stall
                else "" if "looks wrong" in text else f"no model named: {text[:300]}")
-        view["earlier_attempts"] = earlier
+        made.append((view, why, 2 if stall else 1 if why else 0))
         if not why or attempt == ATTEMPTS - 1:
-            return view
+            break
         made_again(f"wrong model: {why}; running it once more")
+
+    def told(view: dict) -> dict:  # what the estimate rested on
         inputs = (view["roofline"].get("estimate") or {}).get("inputs") or {}
-        earlier.append({"why": why, "host_stalls": stalls, "inputs": {
+        return {"host_stalls": view["host_stalls"], "inputs": {
             k: inputs.get(k) for k in ("flops", "bytes", "engine_state")},
             "requests": (view["roofline"].get("estimate") or {}).get("requests"),
-            "engine_scrapes": view["engine_scrapes"]})
+            "engine_scrapes": view["engine_scrapes"]}
+    return standing_view(made, told)
+
+
+def standing_view(made: list[tuple[dict, str, int]], told) -> dict:
+    """As ``standing``, for the views of ``tap_view`` and ``wrong_model_view`` (each
+    with its reason to be made again and its rank: 0 none, 1 missed, 2 the host
+    stalled): the first by rank, the latest of equals; the others' reasons (and
+    ``told(view)``) in its ``set_aside``."""
+    best = min(range(len(made)), key=lambda i: (made[i][2], -i))
+    view = made[best][0]
+    view["set_aside"] = [{"run": i + 1, "of": len(made), "why": why, **told(other)}
+                         for i, (other, why, _) in enumerate(made) if i != best]
     return view
 
 
@@ -899,6 +911,41 @@ def rerun_reason(run: WorkloadRun) -> str:
     return harness_fault(run) or missed(run)
 
 
+# The runs of one workload (each with its reason to be made again, ``rerun_reason``),
+# by what their reasons leave of the tests' comparisons: a run with no reason; one that
+# missed a figure on a clean run (the product's miss: it stands and fails); one the
+# harness faulted that the tests can still judge (the host or phasewatch stalled: the
+# figures average over the stall, but vLLM's counters still bound them; a bracket
+# within READ_SPREAD_MAX); one they cannot (``uncomparable``). The tracker's CI on
+# e0227e4 (a host 6x slow) ran mixed three times: phasewatch not scheduled for 20.1 s,
+# then 16.1 s (FLOP ratios 1.05 and 1.04, its samples of vLLM whole), then a read of
+# vLLM's /metrics took 29.6 s and left a 15.6 s gap at the range's end; the last stood
+# and failed on the gap.
+def standing(made: list[tuple[WorkloadRun, str]]) -> WorkloadRun:
+    """The run of ``made`` (each run with its reason, in the order made) that stands:
+    the first in the order above, the latest of equals; the others' figures and reasons
+    go with it (``figures["set_aside"]``)."""
+    def rank(i: int) -> tuple:
+        run, why = made[i]
+        if not why:
+            return (0, -i)
+        if run.config in PULLED:  # judged on phasewatch's figures alone: stalled only
+            return (2, -i)
+        return (3 if uncomparable(run) else 2 if harness_fault(run) else 1, -i)
+
+    best = min(range(len(made)), key=rank)
+    run = made[best][0]
+    run.figures["set_aside"] = [
+        {"run": i + 1, "of": len(made), "why": why, **{k: other.figures.get(k) for k in (
+            "flops_ratio", "vllm_bounds", "verdict", "sampler", "load_seconds",
+            "sampler_widest_gap_s", "host_stalls", "export_answer_seconds",
+            "capture_forward_errors", "engine_scrapes", "warnings",
+            "phasewatch_stalls", "loadavg")}}
+        for i, (other, why) in enumerate(made) if i != best]
+    run.figures["stood"] = {"run": best + 1, "of": len(made), "why": made[best][1]}
+    return run
+
+
 def stalled(run: WorkloadRun) -> str:
     """Why phasewatch's own figures say nothing of the engine, or "": the host stalled
     (HOST_STALL), vLLM's exporter dropped a batch of spans phasewatch answered past its
@@ -922,13 +969,15 @@ def stalled(run: WorkloadRun) -> str:
 
 
 def harness_fault(run: WorkloadRun) -> str:
-    """Why the run's comparison says nothing of phasewatch, or "": ``stalled``, or the
-    test's own samples of vLLM's /metrics left a gap (SAMPLE_GAP) or did not bracket the
-    estimate's range, or read its counters too slowly to hold phasewatch's figures to
-    them, or stopped (SAMPLER_STALL)."""
-    why = stalled(run)
-    if why:
-        return why
+    """Why the run's comparison says nothing of phasewatch, or "": ``stalled``, or
+    ``unread``."""
+    return stalled(run) or unread(run)
+
+
+def unread(run: WorkloadRun) -> str:
+    """Why the test's own samples of vLLM's /metrics cannot hold phasewatch's figures to
+    vLLM's counters, or "": they left a gap (SAMPLE_GAP) or did not bracket the
+    estimate's range, or read its counters too slowly, or stopped (SAMPLER_STALL)."""
     cover = run.figures.get("sampler")
     if cover and (not cover["bracketed"] or (cover["edge_gap_s"] or 0.0) > SAMPLE_GAP):
         return (f"the test's samples of vLLM's /metrics did not cover the range's ends "
@@ -947,6 +996,17 @@ def harness_fault(run: WorkloadRun) -> str:
         return (f"the test's samples of vLLM's /metrics stopped for {widest} s (the test's "
                 f"process, the OTLP relay's, or vLLM's server stalled)")
     return ""
+
+
+def uncomparable(run: WorkloadRun) -> str:
+    """Why the tests cannot hold this run's figures to vLLM's counters at all, or "":
+    its samples of vLLM's /metrics left a gap at the range's ends or did not bracket it,
+    or bracket a figure wider than READ_SPREAD_MAX (what the tests assert first)."""
+    cover = run.figures.get("sampler")
+    if cover and (not cover["bracketed"] or (cover["edge_gap_s"] or 0.0) > SAMPLE_GAP):
+        return unread(run)
+    wide = max((spread(run.figures, what) or 0.0 for what in compared(run.name)), default=0.0)
+    return unread(run) if wide > READ_SPREAD_MAX else ""
 
 
 def phasewatch_late(log: str) -> float:

@@ -105,10 +105,12 @@ def report(runs: dict[str, WorkloadRun]) -> None:
               f"{f.get('max_kv_usage') or 0:>6.0%}  {f.get('max_waiting') or 0:>7.0f}  "
               f"{v.get('phase')}/{v.get('resource')}/{v.get('cause')}")
         print(f"{'':<14} {v.get('text', '')}")
-        for n, e in enumerate(f.get("earlier_attempts") or (), 1):  # rerun_reason
-            print(f"{'':<14} (run {n} of {len(f['earlier_attempts']) + 1} set aside: "
+        for e in f.get("set_aside") or ():  # verdict_runs.standing
+            print(f"{'':<14} (run {e['run']} of {e['of']} set aside: "
                   f"{e['why']}; FLOP ratio {e.get('flops_ratio')}, verdict "
                   f"{(e.get('verdict') or {}).get('cause')})")
+        if f.get("set_aside"):
+            print(f"{'':<14} (run {f['stood']['run']} stood: {f['stood']['why'] or 'clean'})")
 
 
 def steps(f: dict) -> str:
@@ -205,14 +207,14 @@ def brief(f: dict) -> str:
             "decode_steps", "vllm_steps",
             "requests", "vllm_prompt_tokens",
             "host_slowdown", "load_seconds", "sampler", "sampler_widest_gap_s", "host_stalls",
-            "earlier_attempts",
+            "stood", "set_aside",
             "dropped", "capture_forward_errors", "export_answer_seconds", "engine_scrapes",
             "warnings", "loadavg", "range", "inputs", "client")
     out = {k: bytes_ratio(f) if k == "bytes_ratio" else f.get(k) for k in keys}
-    # the earlier runs' reasons and readings, not their verdicts' texts (CI prints a part)
-    out["earlier_attempts"] = [{k: e.get(k) for k in ("why", "load_seconds", "flops_ratio",
-                                                      "vllm_bounds", "sampler", "warnings")}
-                               for e in f.get("earlier_attempts") or ()]
+    # the other runs' reasons and readings, not their verdicts' texts (CI prints a part)
+    out["set_aside"] = [{k: e.get(k) for k in ("run", "why", "load_seconds", "flops_ratio",
+                                               "vllm_bounds", "sampler", "warnings")}
+                        for e in f.get("set_aside") or ()]
     return json.dumps(out, default=str)
 
 
@@ -298,8 +300,8 @@ def test_the_tap_alone_gives_the_joined_views_verdict(runs, name):
     v = entry.get("verdict") or {}
     print(f"\n{name} through the tap alone: {finished} requests; verdict {v.get('phase')}/"
           f"{v.get('resource')} (joined: {run.roofline['verdict']['phase']}/"
-          f"{run.roofline['verdict']['resource']}): {v.get('text')}\n  earlier: "
-          f"{view.get('earlier_attempts')}")
+          f"{run.roofline['verdict']['resource']}): {v.get('text')}\n  set aside: "
+          f"{view.get('set_aside')}")
     assert finished and m.value("phasewatch_tap_requests_total", outcome="completed") \
         == m.value("phasewatch_ingest_accepted_total", protocol="tap") == finished
     assert not m.total("phasewatch_ingest_rejected_total")
@@ -319,8 +321,8 @@ def test_a_wrong_model_is_named_not_the_ceiling(runs):
     phasewatch calibrate"."""
     view = runs[WRONG_MODEL_RUN].wrong_model
     v = view["roofline"].get("verdict") or {}
-    print(f"\nwrong model ({WRONG_MODEL}): {v.get('text')}\n  earlier: "
-          f"{view.get('earlier_attempts')}")
+    print(f"\nwrong model ({WRONG_MODEL}): {v.get('text')}\n  set aside: "
+          f"{view.get('set_aside')}")
     assert v, view["roofline"]
     assert "The configured model looks wrong: the engine's own counters count" in \
         v["text"], v["text"]

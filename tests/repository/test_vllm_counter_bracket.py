@@ -23,6 +23,7 @@ from tests.engines.verdict_runs import (
     rerun_reason,
     seconds,
     spread,
+    standing,
 )
 
 RATE = 1e9  # the counter's growth per second
@@ -248,3 +249,46 @@ def test_only_a_wide_bracket_makes_the_next_run_longer_and_never_past_its_cap():
     pull = SimpleNamespace(**{**vars(run(hopeless, name="slot_limit")),
                               "config": "slot_limit_16"})
     assert next_length(pull, 30.0) == 30.0
+
+
+def test_the_run_that_stands_is_the_one_the_tests_can_judge_best():
+    """The tracker's CI on e0227e4: mixed ran three times on a host 6x slow; phasewatch
+    was not scheduled for 20.1 s, then 16.1 s (its samples of vLLM whole, FLOP ratios
+    1.05 and 1.04), then a read of vLLM's /metrics took 29.6 s and left a 15.6 s gap at
+    the range's end. The last stood and failed on the gap: now the later of the two
+    stalled runs stands, and the others go with it, reasons and figures."""
+    log = "phasewatch ran 20.1 s late (a 1 s roofline tick)\n"
+    clean = figures(1.05e12, 0.99e12, 1.01e12, 1.0e12)
+    first, second = (run(clean, log, "mixed"), run(clean, log.replace("20.1", "16.1"), "mixed"))
+    gap = run({**clean, "sampler": {"bracketed": True, "edge_gap_s": 15.6,
+                                    "first_errors": []}}, "", "mixed")
+    made = [(r, rerun_reason(r)) for r in (first, second, gap)]
+    assert all(why for _, why in made)
+    assert standing(made) is second
+    assert second.figures["stood"] == {"run": 2, "of": 3, "why": made[1][1]}
+    aside = second.figures["set_aside"]
+    assert [(e["run"], e["why"]) for e in aside] == [(1, made[0][1]), (3, made[2][1])]
+    assert aside[1]["sampler"]["edge_gap_s"] == 15.6
+
+
+def test_a_clean_miss_stands_before_a_stalled_run_and_a_clean_pass_before_all():
+    """A figure missed on a run nothing faulted is the product's miss: it stands (and
+    fails) before a run a stall may have helped past; a run with no reason stands before
+    any; among equals the latest. A bracket between READ_SPREAD and READ_SPREAD_MAX is a
+    fault the tests can still judge; a wider one is not."""
+    stall_log = "phasewatch ran 6.0 s late (a 1 s roofline tick)\n"
+    missed = run(figures(1.2e12, 0.99e12, 1.01e12, 1.0e12))
+    stalled_pass = run(figures(1.0e12, 0.99e12, 1.01e12, 1.0e12), stall_log)
+    clean = run(figures(1.0e12, 0.99e12, 1.01e12, 1.0e12))
+    made = [(r, rerun_reason(r)) for r in (missed, stalled_pass)]
+    assert "the flops ratio was 1.200" in made[0][1] and standing(made) is missed
+    assert standing([*made, (clean, "")]) is clean
+    slow = run(figures(1.0e12, 0.96e12, 1.03e12, 1.0e12))  # a 7 % bracket
+    wide = run(figures(1.0e12, 0.94e12, 1.08e12, 1.0e12))  # 14 %
+    for r in (slow, wide):
+        assert "known only within" in rerun_reason(r)
+    assert standing([(wide, rerun_reason(wide)), (slow, rerun_reason(slow))]) is slow
+    assert standing([(slow, rerun_reason(slow)), (wide, rerun_reason(wide))]) is slow
+    second_miss = run(figures(1.3e12, 0.99e12, 1.01e12, 1.0e12))
+    assert standing([(missed, rerun_reason(missed)),
+                     (second_miss, rerun_reason(second_miss))]) is second_miss
