@@ -24,6 +24,7 @@ from tests.engines.verdict_runs import (
     seconds,
     spread,
     standing,
+    standing_view,
 )
 
 RATE = 1e9  # the counter's growth per second
@@ -292,3 +293,18 @@ def test_a_clean_miss_stands_before_a_stalled_run_and_a_clean_pass_before_all():
     second_miss = run(figures(1.3e12, 0.99e12, 1.01e12, 1.0e12))
     assert standing([(missed, rerun_reason(missed)),
                      (second_miss, rerun_reason(second_miss))]) is second_miss
+
+
+def test_the_tap_and_wrong_model_views_stand_the_same_way():
+    """A view that missed on a quiet host stands before one made on a stalled host, a
+    view with no reason before both; the others' reasons (and what ``told`` keeps) go
+    with it."""
+    def view(n: int) -> dict:
+        return {"n": n, "host_stalls": [(0.0, 3.0)] if n != 2 else []}
+    made = [(view(1), "the host stalled 3.0 s", 2), (view(2), "no model named: ...", 1),
+            (view(3), "the host stalled 2.5 s", 2)]
+    stood = standing_view(made, lambda v: {"host_stalls": v["host_stalls"]})
+    assert stood["n"] == 2
+    assert [(e["run"], e["why"], e["host_stalls"]) for e in stood["set_aside"]] == [
+        (1, "the host stalled 3.0 s", [(0.0, 3.0)]), (3, "the host stalled 2.5 s", [(0.0, 3.0)])]
+    assert standing_view([*made, (view(4), "", 0)], lambda v: {})["n"] == 4
