@@ -31,6 +31,8 @@ class ChunkSteps:
     durations: np.ndarray
     per_second: np.ndarray
     prefill_seconds: float
+    # each prompt's chunk steps' seconds, in the order given (NaN for an empty prompt)
+    per_prompt: np.ndarray | None = None
 
     def itl(self, q: float) -> float:
         """The q-th percentile (0..100) of the steps' durations: an ITL is a step."""
@@ -51,8 +53,8 @@ def chunk_steps(prompts, prefills_per_second: float, batch: float, fit: StepFit,
     tokens of (a sample of) the window's prefills, which ran ``prefills_per_second``;
     durations times ``scale``. None without prompts, or where the chunk steps alone would
     fill the time."""
-    p = np.asarray(prompts, dtype=float)
-    p = p[p > 0]
+    given = np.asarray(prompts, dtype=float)
+    p = given[given > 0]
     if not len(p) or budget < 1 or prefills_per_second <= 0:
         return None
     k = np.ceil(p / budget)
@@ -62,6 +64,8 @@ def chunk_steps(prompts, prefills_per_second: float, batch: float, fit: StepFit,
     busy = each * float((k * chunk).sum())  # seconds of chunk steps a second
     if busy >= 1.0 or solo <= 0 or np.any(chunk <= 0):
         return None
+    per_prompt = np.full(len(given), np.nan)
+    per_prompt[given > 0] = k * chunk
     return ChunkSteps(np.concatenate([[solo], chunk]),
                       np.concatenate([[(1.0 - busy) / solo], k * each]),
-                      float((k * chunk).mean()))
+                      float((k * chunk).mean()), per_prompt)

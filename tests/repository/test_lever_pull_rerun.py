@@ -31,8 +31,9 @@ def pulls(monkeypatch, tmp_path):
         return ({"pair": (before.tag, after.tag)},
                 {"host_work_seconds": work, "pair": [before.tag, after.tag]}, missed)
 
-    def fresh(factory, config):
+    def fresh(factory, config, only=None):
         starts.append(config)
+        assert only == ("kv_pressure",)  # the pull's workload alone, not its start's all
         return [run("kv_pressure", f"fresh-{config}")]
 
     monkeypatch.setattr(levers, "_judge", judge)

@@ -308,3 +308,28 @@ def test_the_tap_and_wrong_model_views_stand_the_same_way():
     assert [(e["run"], e["why"], e["host_stalls"]) for e in stood["set_aside"]] == [
         (1, "the host stalled 3.0 s", [(0.0, 3.0)]), (3, "the host stalled 2.5 s", [(0.0, 3.0)])]
     assert standing_view([*made, (view(4), "", 0)], lambda v: {})["n"] == 4
+
+
+def test_the_chunk_pulls_workload_holds_its_long_prompts_and_is_judged_on_its_verdict():
+    """long_prompts is run for the chunk budget's pull alone (``LEVER_ONLY``): its
+    ~940-token prompts and 60 s stay whatever the host's speed (a prompt shrunk under the
+    budget pulled has nothing to cut), its think time grows with the slowdown as its
+    prefills do, no test holds it to vLLM's counters (a gap in the
+    samples of them is no reason to run it again), and a verdict that does not name
+    prefill interference is."""
+    from tests.engines.verdict_runs import LEVER_ONLY, VERDICT_WORKLOADS, sized
+
+    assert "long_prompts" in LEVER_ONLY and "long_prompts" not in VERDICT_WORKLOADS
+    held = sized("long_prompts", 6.1)
+    assert (held["mix_prompt_words"], held["mix_max_tokens"], held["mix_think"]) == (500, 4, 5.5)
+    assert sized("long_prompts", 1.0)["mix_think"] == 0.9
+    assert held["max_tokens"] == 21 and seconds("long_prompts") == 60.0
+    gap = {**figures(1.3e12, 0.99e12, 1.01e12, 1.0e12),
+           "sampler": {"bracketed": True, "edge_gap_s": 9.0, "first_errors": []}}
+    named = SimpleNamespace(**{**vars(run(gap, name="long_prompts")), "roofline": {
+        "verdict": {"phase": "decode", "resource": "overhead", "cause": "prefill_interference"}}})
+    assert rerun_reason(named) == ""
+    other = SimpleNamespace(**{**vars(named), "roofline": {"verdict": {
+        "phase": "decode", "resource": "overhead", "cause": "compute_saturated", "text": "x"}}})
+    assert rerun_reason(other).startswith("the verdict was decode/overhead/compute_saturated")
+    assert standing([(other, rerun_reason(other)), (named, "")]) is named

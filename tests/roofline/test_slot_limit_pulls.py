@@ -136,3 +136,40 @@ def test_the_time_before_the_engine_stays_in_the_ttft_a_smaller_chunk_budget_pre
     for a, b in zip(fast_p, slow_p, strict=True):
         assert b.predicted["ttft_seconds"] - a.predicted["ttft_seconds"] == pytest.approx(2.0)
         assert b.predicted["ttft_seconds"] >= b.now["ttft_seconds"]  # chunks only add
+
+
+def test_a_short_prompt_that_rode_a_long_prompts_step_rides_a_chunk_step_at_a_smaller_budget():
+    """The chunk budget's prefill, request by request (``lever_effects.prefill_at``): a
+    ~940-token prompt takes its own chunk steps at 256, and a short prompt scheduled
+    beside it at 2048 (its prefill the long one's ~3 s step) takes at 256 what the other
+    short prompts took (their median). On the real vLLM a run whose short requests rode
+    the long step often read a mean TTFT of 0.98 s at 2048 and 0.53 s at 256, where the
+    mean prefill scaled by the prompts' chunk steps predicted 1.01 s."""
+    op, fit, _ = _window(1, 8)
+    prompts, rode = (940.0,) * 5 + (16.0,) * 20, (3.3,) * 5 + (3.3,) * 5 + (0.1,) * 15
+    def window(prefills: tuple) -> OperatingPoint:  # 0.2 s before the engine
+        prefill = sum(prefills) / len(prefills)
+        return dataclasses.replace(op, prompts=prompts, prompt_max=940.0, prefills=prefills,
+                                   prefills_per_second=0.1, prefill=prefill,
+                                   ttft=op.queue + 0.2 + prefill)
+    long, alone = window(rode), window((3.3,) * 5 + (0.1,) * 20)
+    for o in (long, alone):
+        by = {p.setting: p for p in lever_effects.prefill_interference(o, fit, 2048)}
+        at = by["--max-num-batched-tokens 256"]
+        now, got = (lever_effects.chunk_steps(o.prompts, o.prefills_per_second, o.batch, fit, b,
+                                              o.step / lever_effects.chunk_steps(
+                                                  o.prompts, o.prefills_per_second, o.batch,
+                                                  fit, 2048).mean) for b in (2048, 256))
+        longest = float(got.durations.max())
+        assert longest < 3.3
+        own = 3.3 * got.per_prompt[0] / now.per_prompt[0]  # the long prompts' own chunks
+        short = [0.1 if f > longest else f for f in o.prefills[5:]]  # the others' median
+        want = o.prefill * (5 * own + sum(short)) / sum(o.prefills)
+        assert at.predicted["ttft_seconds"] == pytest.approx(0.2 + o.queue + want)
+    # riding the long step today, the short prompts' TTFT falls at 256; alone, it holds
+    rode_p = {p.setting: p for p in lever_effects.prefill_interference(long, fit, 2048)}
+    alone_p = {p.setting: p for p in lever_effects.prefill_interference(alone, fit, 2048)}
+    fall = rode_p["--max-num-batched-tokens 256"]
+    assert fall.predicted["ttft_seconds"] < fall.now["ttft_seconds"]
+    hold = alone_p["--max-num-batched-tokens 256"]
+    assert hold.predicted["ttft_seconds"] >= hold.now["ttft_seconds"]
