@@ -71,7 +71,7 @@ class WindowColumns:
 
     def order(self, name: str) -> np.ndarray:
         """The rows sorted by column ``name`` (NaN last), sorted once (``memo``)."""
-        return self.memo(("order", name), lambda: np.argsort(getattr(self, name)))
+        return self.memo(("order", name), lambda: argsort_nan_last(getattr(self, name)))
 
     def order_within(self, name: str, rows: np.ndarray) -> np.ndarray:
         """``np.argsort(column[rows])`` for the mask ``rows``, from ``order``: a pass over
@@ -84,6 +84,20 @@ class WindowColumns:
         """The phase columns, for ``window.phase_time_shares``."""
         return {k: getattr(self, k) for k in ("preprocess", "queue", "prefill",
                                                "kv_transfer", "ttft", "decode")}
+
+
+def argsort_nan_last(x: np.ndarray) -> np.ndarray:
+    """``np.argsort(x)`` (NaN last; ties in either order), with the NaNs set aside
+    first: numpy sorts floats with SIMD (x86-simd-sort) only where none is NaN, and a
+    window's column of 100,000 times with 1 % unknown sorted 3-4x slower whole than its
+    known values alone (bench/PROFILE.md, the roofline update)."""
+    if x.dtype.kind != "f":
+        return np.argsort(x)
+    bad = np.isnan(x)
+    if not bad.any():
+        return np.argsort(x)
+    good = np.flatnonzero(~bad)
+    return np.concatenate([good[np.argsort(x[good])], np.flatnonzero(bad)])
 
 
 def _unknown(name: str, n: int) -> np.ndarray:

@@ -106,3 +106,25 @@ def test_the_decode_steps_count_the_same_from_merged_runs(seed):
                                    c.order_within("first_token_at", ok),
                                    c.order_within("last_token_at", ok))
         assert merged == pytest.approx(alone, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_columns_order_puts_the_unknown_last_as_argsort_does(seed):
+    """``WindowColumns.order`` sorts a column's known values apart from its NaNs
+    (``argsort_nan_last``: numpy's SIMD sort skips a float array holding any NaN): the
+    same values in the same order as ``np.argsort``, the NaNs last, every row once; an
+    integer column and one with no NaN as argsort gives them."""
+    from phasewatch.aggregation.columns import argsort_nan_last
+
+    c = _columns(seed)
+    for name in ("scheduled_at", "first_token_at", "last_token_at", "prompt", "arrival"):
+        x = getattr(c, name)
+        got, want = c.order(name), np.argsort(x)
+        assert np.array_equal(x[got], x[want], equal_nan=True), name
+        assert np.array_equal(np.sort(got), np.arange(len(x))), name
+    rng = np.random.default_rng(seed)
+    ties = rng.integers(0, 4, 500).astype(float)
+    ties[rng.random(500) < 0.3] = np.nan
+    assert np.array_equal(ties[argsort_nan_last(ties)], np.sort(ties), equal_nan=True)
+    assert argsort_nan_last(np.array([])).size == 0
+    assert list(argsort_nan_last(np.array([np.nan, np.nan]))) == [0, 1]
