@@ -676,11 +676,18 @@ def client_itl(run: WorkloadRun, lo: float, hi: float) -> dict:
     in [lo, hi] (``steady_load``): how many, their p50 and p99 in seconds."""
     out = {}
     for g, v in run.client.get("groups", {}).items():
-        gaps = sorted(d for t, d in v.get("gaps", ()) if lo <= t <= hi)
+        gaps = client_gaps([v], lo, hi)
         if gaps:
             out[g] = {"n": len(gaps), "p50": gaps[len(gaps) // 2],
                       "p99": gaps[min(int(0.99 * len(gaps)), len(gaps) - 1)]}
     return out
+
+
+def client_gaps(groups, lo: float, hi: float) -> list[float]:
+    """The gaps (seconds, sorted) between successive streamed chunks, each [time of the
+    later chunk, seconds] in ``steady_load``'s ``gaps``, of ``groups`` (its per-group
+    counts) that came in [lo, hi]."""
+    return sorted(d for g in groups for t, d in g.get("gaps", ()) if lo <= t <= hi)
 
 
 def _workload(tmp: Path, base: str, config: str, name: str, profile: Path, cap,

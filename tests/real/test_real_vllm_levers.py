@@ -40,6 +40,7 @@ from tests.engines.verdict_runs import (
     LEVER_PULLS,
     PULLED,
     WorkloadRun,
+    client_gaps,
     fresh_runs,
     session_runs,
 )
@@ -147,8 +148,7 @@ def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, d
     assert p["kind"] == "predicted" and p["text"].startswith(setting)
     measured = {**(after.roofline.get("operating_point") or {}), **_client_itl(after)}
     report = _table(cause, setting, p, measured, p["reach"])
-    shown = {k: report["figures"].pop(k) for k in SHOWN_OF.get(cause, ())}
-    report["shown"] = shown
+    report["shown"] = {k: report["figures"].pop(k) for k in SHOWN_OF.get(cause, ())}
     report["step_model"] = before.roofline.get("step_model")
     report["notes"] = p.get("notes")
     report["host_work_seconds"] = _work(before, after)
@@ -180,8 +180,7 @@ def _client_itl(run: WorkloadRun) -> dict[str, float]:
     lo, hi = est.get("range_start"), est.get("range_end")
     if lo is None:
         return {}
-    gaps = sorted(d for g in run.client.get("groups", {}).values()
-                  for t, d in g.get("gaps", ()) if lo <= t <= hi)
+    gaps = client_gaps(run.client.get("groups", {}).values(), lo, hi)
     if not gaps:
         return {}
     def at(q: float) -> float:
