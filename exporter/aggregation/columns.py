@@ -5,6 +5,7 @@ figures). The fields are the ring's (``window_rows.RING_*``), named in one place
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -95,9 +96,43 @@ def argsort_nan_last(x: np.ndarray) -> np.ndarray:
         return np.argsort(x)
     bad = np.isnan(x)
     if not bad.any():
-        return np.argsort(x)
+        return _argsort(x)
     good = np.flatnonzero(~bad)
-    return np.concatenate([good[np.argsort(x[good])], np.flatnonzero(bad)])
+    return np.concatenate([good[_argsort(x[good])], np.flatnonzero(bad)])
+
+
+def _argsort(x: np.ndarray) -> np.ndarray:
+    order = time_order(x)
+    return np.argsort(x) if order is None else order
+
+
+def time_order(x: np.ndarray) -> np.ndarray | None:
+    """``np.argsort(x, kind="stable")`` for positive floats that share one binary
+    exponent (Unix times in seconds: every one since 2004 is in [2**30, 2**31)), as one
+    sort of 64-bit integers; None for any other ``x``. Such floats are all whole
+    multiples of one spacing, so each one's offset from the least, in those spacings, is
+    an exact integer kept in order; shifted up, it holds the value's index in its low
+    bits (ties then fall in index order, as a stable sort's). numpy sorts 64-bit integers
+    with SIMD on AVX2, where an argsort of floats is a slower one: ~0.6x the time of
+    ``np.argsort`` at 100,000 times, 0.5x of a stable one at 364,000."""
+    n = len(x)
+    if n < 2 or x.dtype != np.float64:
+        return None if n >= 2 else np.arange(n)
+    lo, hi = float(x.min()), float(x.max())  # (NaN in x: NaN, and no order here)
+    if not (lo > 0.0 and hi < math.inf) or math.frexp(lo)[1] != math.frexp(hi)[1]:
+        return None
+    bits = (n - 1).bit_length()
+    spacing = math.ulp(lo)  # (one binade: the spacing of every value in it)
+    if (hi - lo) / spacing >= 2.0 ** (64 - bits):
+        return None
+    key = np.subtract(x, lo)  # (exact: both multiples of the spacing, and the difference
+    key *= 1.0 / spacing  # under 2**53 of them; the scaling a power of two)
+    packed = key.astype(np.uint64)
+    packed <<= np.uint64(bits)
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    packed &= np.uint64((1 << bits) - 1)
+    return packed.view(np.int64)
 
 
 def _unknown(name: str, n: int) -> np.ndarray:

@@ -102,7 +102,7 @@ class BottleneckMonitor:
         results = []
         ls = cols.ls
         fresh = cols.t >= self._clock() - self.window_seconds  # ingested inside the window
-        for i in np.unique(ls).tolist():
+        for i in np.flatnonzero(np.bincount(ls)).tolist():  # (the label sets present)
             key = pairs[i]
             model, engine = key[:2]
             sel = ls == i

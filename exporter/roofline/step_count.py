@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phasewatch.aggregation.columns import WindowColumns
+from phasewatch.aggregation.columns import WindowColumns, time_order
 from phasewatch.roofline.intervals import SAME_STEP_SECONDS, prefix_sums, sorted_near
 
 COUNT_MASK = (1 << 21) - 1  # one of the running counts packed in ``decode_step_count``
@@ -92,10 +92,12 @@ class _Timeline:
         begins (+1 prefilling) or ends (-1; at its end less SAME_STEP_SECONDS / 2, so
         that the step that completed a request's own prefill, whose end is its
         first-token time rounded, falls before its decode); then ``lo`` and ``hi``.
-        With the requests' orders, the events are taken as four runs in time order
-        (first tokens and last tokens by those orders, the prefill steps' starts sorted
-        on their own, their ends as given, sorted) and merged (``sorted_near``); equal
-        times then keep that order, a decode's start before its end."""
+        Times of one binary exponent (Unix seconds) are sorted as integers in one pass
+        (``columns.time_order``), equal times in the order above; others, with the
+        requests' orders, are taken as four runs in time order (first tokens and last
+        tokens by those orders, the prefill steps' starts sorted on their own, their ends
+        as given, sorted) and merged (``sorted_near``), equal times in that order too. A
+        decode's start then comes before its end."""
         n, k = len(first), len(ends)
         # (no count goes below 0 even for a moment: a decode ends after it begins, a step
         # that prefilled lasted at least SAME_STEP_SECONDS)
@@ -107,9 +109,11 @@ class _Timeline:
         delta = np.zeros(len(t), dtype=np.int64)
         delta[:n], delta[n:2 * n] = 1, -1
         delta[2 * n:2 * n + k], delta[2 * n + k:2 * n + 2 * k] = 1 << 21, (1 << 42) - (1 << 21)
-        at = np.argsort(t) if by_first is None or by_last is None else sorted_near(
-            t, np.concatenate([by_first, n + by_last, 2 * n + np.argsort(t[2 * n:2 * n + k]),
-                               np.arange(2 * n + k, len(t))]))
+        at = time_order(t)  # (Unix times: one sort, ties in the events' order)
+        if at is None:
+            at = np.argsort(t) if by_first is None or by_last is None else sorted_near(
+                t, np.concatenate([by_first, n + by_last, 2 * n + np.argsort(t[2 * n:2 * n + k]),
+                                   np.arange(2 * n + k, len(t))]))
         counts = np.cumsum(delta[at])
         where = np.empty(len(t), dtype=np.intp)
         where[at] = np.arange(len(t))
@@ -127,7 +131,9 @@ def _decode_only_steps(tl: _Timeline, b: np.ndarray, e: np.ndarray, spread: np.n
     t = tl.t
     dt = np.diff(t)
     step_share = dt / np.maximum(tl.decoding[:-1], 1)  # a step is 1/c of each decode in it
-    step_share[(t[:-1] < lo) | (t[1:] > hi)] = 0.0  # in the range only
+    # in the range only (t is sorted: the moments before lo, and those whose next is past hi)
+    step_share[:np.searchsorted(t, lo)] = 0.0
+    step_share[max(int(np.searchsorted(t, hi, side="right")) - 1, 0):] = 0.0
     decode_only = tl.prefilling[:-1] == 0  # outside the steps that completed a prefill
 
     def across(x: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:

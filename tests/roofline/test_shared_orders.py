@@ -128,3 +128,58 @@ def test_a_columns_order_puts_the_unknown_last_as_argsort_does(seed):
     assert np.array_equal(ties[argsort_nan_last(ties)], np.sort(ties), equal_nan=True)
     assert argsort_nan_last(np.array([])).size == 0
     assert list(argsort_nan_last(np.array([np.nan, np.nan]))) == [0, 1]
+
+
+UNIX = 1.79e9  # (a Unix time of 2026: its seconds share one binary exponent till 2038)
+
+
+def test_time_order_is_a_stable_argsort_of_unix_times():
+    """``columns.time_order`` sorts Unix times as 64-bit integers (the offsets from the
+    least, in the spacing of their binade, with the index in the low bits): the order of
+    ``np.argsort(kind="stable")`` exactly, ties in index order; None for floats that are
+    not all of one binary exponent, NaN among them, or too wide a range to hold beside
+    the indices."""
+    from phasewatch.aggregation.columns import time_order
+
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 1000, 364_000):
+        x = UNIX + np.round(rng.uniform(0.0, 90.0, n), 3)  # (ms: ties, many at 364,000)
+        got = time_order(x)
+        assert got is not None and got.dtype.kind == "i"
+        np.testing.assert_array_equal(got, np.argsort(x, kind="stable"))
+    assert list(time_order(np.array([UNIX + 1.0]))) == [0]
+    assert list(time_order(np.array([2.0 ** 31 - 1.0, 2.0 ** 30, 2.0 ** 30]))) == [1, 2, 0]
+    x = UNIX + rng.uniform(0.0, 30.0, 500)
+    for other in (np.r_[x, np.nan], np.r_[x, 1.0], np.r_[x, -x[:3]], np.r_[x, 0.0],
+                  x.astype(np.float32), 1.0 + rng.uniform(0.0, 0.999, 9000)):  # (the last:
+        assert time_order(other) is None  # 2**52 spacings of [1, 2), past 64 - 14 bits)
+
+
+def test_the_decode_steps_count_the_same_sorted_as_times_or_merged(monkeypatch):
+    """The decode-step count's timeline sorted by ``time_order`` (Unix times) counts what
+    it counted merged from the requests' orders, and what it counted from an argsort:
+    equal times keep the events' order (a decode's start before its end)."""
+    from phasewatch.roofline import step_count
+
+    c = _columns(4)
+    cols = {k: getattr(c, k) for k in ("arrival", "scheduled_at", "first_token_at",
+                                       "last_token_at", "end_at", "prompt", "output", "steps")}
+    for k in ("arrival", "scheduled_at", "first_token_at", "last_token_at", "end_at"):
+        cols[k] = cols[k] + UNIX
+    cols["last_token_at"][::50] = cols["first_token_at"][::50]  # (decodes of no length)
+    c = WindowColumns.of(cols)
+    first, last = c.first_token_at, c.last_token_at
+    ok = ~np.isnan(first) & ~np.isnan(last) & (c.steps > 0)
+    n_tokens = c.steps[ok].astype(float)
+    ends, took = prefill_steps(c)
+    orders = (c.order_within("first_token_at", ok), c.order_within("last_token_at", ok))
+    for lo, hi in ((UNIX, UNIX + 30.0), (UNIX + 3.0, UNIX + 20.0)):
+        args = (first[ok], last[ok], n_tokens, ends, took, lo, hi)
+        as_times = decode_step_count(*args, *orders)
+        assert as_times > 0
+        with monkeypatch.context() as m:
+            m.setattr(step_count, "time_order", lambda x: None)
+            merged = decode_step_count(*args, *orders)
+            alone = decode_step_count(*args)
+        assert as_times == pytest.approx(merged, rel=1e-12)
+        assert as_times == pytest.approx(alone, rel=1e-12)
