@@ -113,8 +113,10 @@ def time_order(x: np.ndarray) -> np.ndarray | None:
     multiples of one spacing, so each one's offset from the least, in those spacings, is
     an exact integer kept in order; shifted up, it holds the value's index in its low
     bits (ties then fall in index order, as a stable sort's). numpy sorts 64-bit integers
-    with SIMD on AVX2, where an argsort of floats is a slower one: ~0.6x the time of
-    ``np.argsort`` at 100,000 times, 0.5x of a stable one at 364,000."""
+    with SIMD on AVX2 where it argsorts floats without: on the 2-core AMD host about half
+    the time of ``np.argsort`` at 100,000 times (2.4 against 4.5 ms), and 6.1 ms at the
+    decode-step timeline's 364,000 events against 9.1 for merging them from the requests'
+    orders (``intervals.sorted_near``)."""
     n = len(x)
     if n < 2 or x.dtype != np.float64:
         return None if n >= 2 else np.arange(n)
