@@ -945,8 +945,27 @@ def missed(run: WorkloadRun) -> str:
         "" if name == "prefill_heavy" else ratio_missed(f, "decode_bytes"))
     if why:
         return why
-    return (verdict_missed(name, run.roofline.get("verdict") or {})
+    verdict = run.roofline.get("verdict") or {}
+    return (verdict_missed(name, verdict) or contrast_missed(name, verdict)
             or engine_state_missed(name, f))
+
+
+def contrast_missed(name: str, verdict: dict) -> str:
+    """Where the workload has a TPOT objective over the decode alone
+    (``SLO_TPOT_OVER_ALONE``), how its window missed the contrast the objectives weigh
+    TPOT misses by, or "": decodes that shared fewer of their steps with prefills beside
+    decodes that shared more (``slo_verdict._without_prefill``, the line TPOT = a + b x
+    share). In one full make test (a host 3.3x slow) mixed's two closed-loop prompt
+    streams covered 90 % of decode time, every decode alike: no line, and nothing said of
+    the misses' cause beside the verdict's (prefill interference, from the FLOPs)."""
+    if name not in SLO_TPOT_OVER_ALONE:
+        return ""
+    slo = (verdict.get("evidence") or {}).get("slo") or {}
+    tpot = (slo.get("objectives") or {}).get("tpot")
+    if not tpot or not tpot.get("missed") or "without_prefill" in tpot:
+        return ""
+    return (f"its decodes shared their steps with prefills alike ({tpot['missed']} TPOT "
+            "misses and no line of TPOT against that share to weigh them by)")
 
 
 def rerun_reason(run: WorkloadRun) -> str:

@@ -333,3 +333,58 @@ def test_the_chunk_pulls_workload_holds_its_long_prompts_and_is_judged_on_its_ve
         "phase": "decode", "resource": "overhead", "cause": "compute_saturated", "text": "x"}}})
     assert rerun_reason(other).startswith("the verdict was decode/overhead/compute_saturated")
     assert standing([(other, rerun_reason(other)), (named, "")]) is named
+
+
+def test_a_window_without_the_contrast_its_tpot_objective_weighs_is_made_again():
+    """mixed's TPOT objective weighs its misses by the line of TPOT against the share of
+    each decode's steps shared with prefills (``contrast_missed``): a window whose decodes
+    all shared alike (no line, so no ``without_prefill``) is made again, one with the
+    line is not, and a workload without that objective never is for it."""
+    from tests.engines.verdict_runs import contrast_missed
+
+    def verdict(tpot: dict) -> dict:
+        return {"evidence": {"slo": {"objectives": {"tpot": tpot}}}}
+
+    alike = verdict({"missed": 10, "met": 46})
+    assert "shared their steps with prefills alike (10 TPOT misses" in contrast_missed(
+        "mixed", alike)
+    assert contrast_missed("mixed", verdict({"missed": 10, "without_prefill": {}})) == ""
+    assert contrast_missed("mixed", verdict({"missed": 0})) == ""
+    assert contrast_missed("mixed", {}) == ""
+    assert contrast_missed("decode_heavy", alike) == ""
+
+
+def test_a_pulls_mean_is_held_to_the_windows_own_noise_where_it_is_wider():
+    """The lever test holds a figure that is a mean over the window's requests (TTFT, the
+    time in the system) to its bound or to NOISE_Z standard errors of the two windows'
+    means, whichever is wider (``_noise``: vLLM's spans of the requests that ended in
+    each run's range, only those)."""
+    import math
+    import statistics
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from tests.real.test_real_vllm_levers import _noise
+
+    def exported(ttfts: list[float], ends: list[float]) -> bytes:
+        req = ExportTraceServiceRequest()
+        spans = req.resource_spans.add().scope_spans.add()
+        for i, (x, end) in enumerate(zip(ttfts, ends, strict=True)):
+            sp = spans.spans.add(name="llm_request", trace_id=bytes([i + 1]) * 16,
+                                 span_id=bytes([i + 1]) * 8, end_time_unix_nano=int(end * 1e9))
+            kv = sp.attributes.add(key="gen_ai.latency.time_to_first_token")
+            kv.value.double_value = x
+        return req.SerializeToString()
+
+    inside, outside = [0.2, 0.3, 3.5, 0.25, 0.2], [9.0]
+    before = SimpleNamespace(roofline={"estimate": {"range_start": 10.0, "range_end": 20.0}},
+                             exports=[exported(inside + outside, [11, 12, 13, 14, 15, 25])])
+    after = SimpleNamespace(roofline=before.roofline,
+                            exports=[exported([0.2, 0.4, 0.3], [11, 12, 13])])
+    want = math.hypot(statistics.stdev(inside) / math.sqrt(5),
+                      statistics.stdev([0.2, 0.4, 0.3]) / math.sqrt(3))
+    assert _noise(before, after, "gen_ai.latency.time_to_first_token") == pytest.approx(want)
+    none = SimpleNamespace(roofline={}, exports=[])
+    assert _noise(before, none, "gen_ai.latency.time_to_first_token") == 0.0
