@@ -9,7 +9,9 @@ phasewatch measures the operating point there. Predicted beside measured: the de
 batch, the step (TPOT), the mean queue time, TTFT and request time, and the output
 tokens per second; each within ``TOLERANCE`` where the fit was inside its range, within
 ``TOLERANCE`` times the reach (at most ``PAST_RANGE``) past it (the queue within that
-share of the time in the system: ``OF_E2E``), and each figure predicted to move by a
+share of the time in the system: ``OF_E2E``; a mean over the window's requests, TTFT
+and the time in the system, within that or two standard errors of the two windows'
+means, whichever is wider: ``MEAN_OF``), and each figure predicted to move by a
 fifth (``WAY_JUDGED``; the queue: a fifth of the time in the system) moved that way (but
 for ``UNJUDGED_WAY``'s). Every figure is printed (``-s``) and written to
 ``test-artifacts/real_vllm_levers.json``.
