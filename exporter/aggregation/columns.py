@@ -118,8 +118,10 @@ def time_order(x: np.ndarray) -> np.ndarray | None:
     decode-step timeline's 364,000 events against 9.1 for merging them from the requests'
     orders (``intervals.sorted_near``)."""
     n = len(x)
-    if n < 2 or x.dtype != np.float64:
-        return None if n >= 2 else np.arange(n)
+    if n < 2:
+        return np.arange(n)
+    if x.dtype != np.float64:
+        return None
     lo, hi = float(x.min()), float(x.max())  # (NaN in x: NaN, and no order here)
     if not (lo > 0.0 and hi < math.inf) or math.frexp(lo)[1] != math.frexp(hi)[1]:
         return None

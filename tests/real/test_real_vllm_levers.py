@@ -171,9 +171,10 @@ def _judge(before: WorkloadRun, after: WorkloadRun, cause: str) -> tuple[dict, d
     report["host_work_seconds"] = _work(before, after)
     e2e = (report["figures"].get("e2e_seconds") or {}).get("measured")  # (OF_E2E's scale)
     within = TOLERANCE if p["reach"] <= 1.0 else min(TOLERANCE * p["reach"], PAST_RANGE)
+    errors = [_stderrs(run) for run in (before, after)]  # (each run's spans read once)
     for k, r in report["figures"].items():
         if k in MEAN_OF:
-            r["noise"] = _noise(before, after, MEAN_OF[k])
+            r["noise"] = _noise(*(e.get(MEAN_OF[k]) for e in errors))
             print(f"{k}: the two windows' means differ by noise alone with a standard error "
                   f"of {r['noise']:.3g} s; held to {NOISE_Z:g} of it where wider than "
                   f"{within:.0%}")
@@ -213,22 +214,28 @@ def _client_itl(run: WorkloadRun) -> dict[str, float]:
             "itl_max_seconds": gaps[-1], "itl_gaps": float(len(gaps))}
 
 
-def _noise(before: WorkloadRun, after: WorkloadRun, attribute: str) -> float:
-    """The standard error of the difference of two windows' means of ``attribute`` (a
-    vLLM request span's), each over the requests that ended in that run's range: the
-    two windows' standard errors combined (``MEAN_OF``); 0 where a window has under two."""
-    def stderr(run: WorkloadRun) -> float | None:
-        est = run.roofline.get("estimate") or {}
-        lo, hi = est.get("range_start"), est.get("range_end")
-        if lo is None or not run.exports:
-            return None
-        x = [float(sp["attributes"][attribute])
-             for sp in spans_of([ExportTraceServiceRequest.FromString(b) for b in run.exports])
-             if attribute in sp["attributes"] and lo <= sp["end_ns"] / 1e9 <= hi]
-        return statistics.stdev(x) / math.sqrt(len(x)) if len(x) > 1 else None
+def _stderrs(run: WorkloadRun) -> dict[str, float]:
+    """The standard error of the mean of each ``MEAN_OF`` attribute of vLLM's request
+    spans, over the requests that ended in the run's range (those with two or more)."""
+    est = run.roofline.get("estimate") or {}
+    lo, hi = est.get("range_start"), est.get("range_end")
+    if lo is None or not run.exports:
+        return {}
+    spans = [sp["attributes"] for sp in spans_of(
+        [ExportTraceServiceRequest.FromString(b) for b in run.exports])
+        if lo <= sp["end_ns"] / 1e9 <= hi]
+    out = {}
+    for attribute in MEAN_OF.values():
+        x = [float(a[attribute]) for a in spans if attribute in a]
+        if len(x) > 1:
+            out[attribute] = statistics.stdev(x) / math.sqrt(len(x))
+    return out
 
-    b, a = stderr(before), stderr(after)
-    return math.hypot(b, a) if b is not None and a is not None else 0.0
+
+def _noise(before: float | None, after: float | None) -> float:
+    """The standard error of the difference of two windows' means (``_stderrs``): the
+    two combined; 0 where either window has none."""
+    return math.hypot(before, after) if before is not None and after is not None else 0.0
 
 
 def _work(before: WorkloadRun, after: WorkloadRun) -> tuple[float | None, float | None]:

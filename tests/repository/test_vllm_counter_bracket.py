@@ -366,7 +366,7 @@ def test_a_pulls_mean_is_held_to_the_windows_own_noise_where_it_is_wider():
         ExportTraceServiceRequest,
     )
 
-    from tests.real.test_real_vllm_levers import _noise
+    from tests.real.test_real_vllm_levers import _noise, _stderrs
 
     def exported(ttfts: list[float], ends: list[float]) -> bytes:
         req = ExportTraceServiceRequest()
@@ -385,6 +385,8 @@ def test_a_pulls_mean_is_held_to_the_windows_own_noise_where_it_is_wider():
                             exports=[exported([0.2, 0.4, 0.3], [11, 12, 13])])
     want = math.hypot(statistics.stdev(inside) / math.sqrt(5),
                       statistics.stdev([0.2, 0.4, 0.3]) / math.sqrt(3))
-    assert _noise(before, after, "gen_ai.latency.time_to_first_token") == pytest.approx(want)
+    key = "gen_ai.latency.time_to_first_token"
+    got = [_stderrs(run).get(key) for run in (before, after)]
+    assert _noise(*got) == pytest.approx(want)
     none = SimpleNamespace(roofline={}, exports=[])
-    assert _noise(before, none, "gen_ai.latency.time_to_first_token") == 0.0
+    assert _stderrs(none) == {} and _noise(got[0], _stderrs(none).get(key)) == 0.0
