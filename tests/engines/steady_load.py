@@ -14,7 +14,9 @@ words after the first few (prompts are otherwise the same text): prefill really 
 Output length is fixed with ``min_tokens`` = ``max_tokens`` and ``ignore_eos`` (vLLM's
 sampling parameters), so each request decodes exactly ``--max-tokens`` tokens. With
 ``--mix`` a second group of streams sends long prompts with short outputs beside the
-first (prefill chunks sharing decode steps).
+first (prefill chunks sharing decode steps); with ``--mix-on`` / ``--mix-off`` that group
+sends only in the first ``--mix-on`` seconds of every ``--mix-on`` + ``--mix-off`` from the
+start (bursts of prefills, and stretches without any).
 
 The output: per group, requests started, finished and failed (with the first errors),
 output tokens received, the gaps between a finished request's successive text chunks
@@ -47,6 +49,11 @@ async def stream_loop(client, model: str, group: dict, deadline: float, counter:
                       stats: dict) -> None:
     failures = 0
     while time.time() < deadline and failures < 3:  # a refusing server ends the stream
+        if group.get("off"):  # bursts: wait out the stretch without
+            into = (time.time() - stats["begun"]) % (group["on"] + group["off"])
+            if into >= group["on"]:
+                await asyncio.sleep(group["on"] + group["off"] - into)
+                continue
         counter[0] += 1
         stats["started"] += 1
         try:
@@ -87,13 +94,14 @@ async def run(args) -> dict:
     if args.mix_streams:
         groups.append({"name": "mix", "streams": args.mix_streams,
                        "prompt_words": args.mix_prompt_words,
-                       "max_tokens": args.mix_max_tokens, "think": args.mix_think})
+                       "max_tokens": args.mix_max_tokens, "think": args.mix_think,
+                       "on": args.mix_on, "off": args.mix_off})
     start = time.time()
     deadline = start + args.seconds
     counter = [args.serial_base]
     tasks, stats = [], {}
     for g in groups:
-        s = stats[g["name"]] = {**g, "started": 0, "finished": 0, "failed": 0,
+        s = stats[g["name"]] = {**g, "begun": start, "started": 0, "finished": 0, "failed": 0,
                                 "output_tokens": 0, "prompt_tokens": 0, "errors": [],
                                 "gaps": []}
         tasks += [stream_loop(client, args.model, g, deadline, counter, s)
@@ -119,6 +127,10 @@ def main(argv=None) -> int:
                    help="seconds each main stream waits after an answer before it sends again")
     p.add_argument("--mix-think", type=float, default=0.0,
                    help="seconds each mix stream waits after an answer before it sends again")
+    p.add_argument("--mix-on", type=float, default=0.0,
+                   help="with --mix-off: seconds the mix streams send, from the start")
+    p.add_argument("--mix-off", type=float, default=0.0,
+                   help="seconds the mix streams then wait, in turn with --mix-on")
     p.add_argument("--serial-base", type=int, default=0,
                    help="first prompt serial (distinct runs: distinct prompts)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")

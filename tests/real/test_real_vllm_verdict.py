@@ -7,15 +7,15 @@ holds it to a hardware profile ``phasewatch calibrate`` measured here with torch
 steady workloads of 30 s (kv_pressure 50 s: ``verdict_runs.LONGER``;
 ``tests/engines/verdict_runs.py``), one vLLM start per engine configuration:
 
-=============  ===================================  =====================================
+=============  ===================================  =========================================
 workload       vLLM                                 what the engine itself shows
-=============  ===================================  =====================================
+=============  ===================================  =========================================
 decode_heavy   defaults                             no waiting, no preemption, KV room
 prefill_heavy  defaults                             long prompts, one or two tokens out
-mixed          defaults                             long prompts beside short decodes
+mixed          defaults                             long prompts in 6 s bursts, short decodes
 slot_limit     ``--max-num-seqs 8``, 24 streams     16 waiting at ~1 % KV usage
 kv_pressure    ``--num-gpu-blocks-override 48``     preemptions at 100 % KV usage
-=============  ===================================  =====================================
+=============  ===================================  =========================================
 
 Asserted: the engine really was in that state (its own samples); phasewatch's FLOPs
 inferred from the records (vLLM's FLOP counters replace them in the published figures,

@@ -103,7 +103,7 @@ def test_a_run_without_a_bracket_is_held_to_the_midpoint():
 
 
 def run(f: dict, log: str = "", name: str = "decode_heavy") -> SimpleNamespace:
-    return SimpleNamespace(name=name, figures=f, log=log, config="default")
+    return SimpleNamespace(name=name, figures=f, log=log, config="default", roofline={})
 
 
 def test_a_wide_bracket_is_the_harness_fault_and_a_narrow_one_is_not():
@@ -250,6 +250,38 @@ def test_only_a_wide_bracket_makes_the_next_run_longer_and_never_past_its_cap():
     pull = SimpleNamespace(**{**vars(run(hopeless, name="slot_limit")),
                               "config": "slot_limit_16"})
     assert next_length(pull, 30.0) == 30.0
+
+
+def test_a_window_too_short_for_the_step_model_is_made_longer_where_a_pull_starts():
+    """The full make test of b2fa346 (a host 3.3x slow): kv_pressure's requests took
+    ~27 s (7 s to the first token), its 53 s of load left a 13 s range, no 8 decodes
+    wholly inside it, no step model, and no KV prediction for the pull to land on. Such a
+    run is made again with a range as long as a decode and a whole request more
+    (``fit_missed``, ``next_length``); a fitted run, a workload no pull starts from and a
+    pulled start are not."""
+    from tests.engines.verdict_runs import PREDICTED_FROM, fit_missed, missed
+
+    assert {"slot_limit", "kv_pressure", "long_prompts"} == PREDICTED_FROM
+    why = ("3 of the 40 requests that decoded in the window did so wholly inside the 13 s "
+           "range; the step model needs 8 (requests this long need a longer "
+           "--window-seconds)")
+    f = {**figures(1.0e12, 0.99e12, 1.01e12, 1.0e12), "range": [27.0, 40.0],
+         "preemptions": 12, "max_kv_usage": 1.0}
+    kv = SimpleNamespace(name="kv_pressure", config="kv_pressure", figures=f, log="",
+                         roofline={"step_model": None, "step_model_unfitted": why,
+                                   "operating_point": {"ttft_seconds": 7.0,
+                                                       "e2e_seconds": 27.0},
+                                   "verdict": {"phase": "decode", "resource": "capacity",
+                                               "cause": "kv_cache"}})
+    assert fit_missed(kv) == f"no step model to predict its lever's pull from: {why}"
+    assert missed(kv) == fit_missed(kv)  # (nothing else of the run missed)
+    assert next_length(kv, 53.0) == 53.0 + (27.0 - 7.0) + 27.0 - 13.0
+    assert next_length(kv, 190.0) == LENGTH_MAX * seconds("kv_pressure")  # the cap
+    fitted = SimpleNamespace(**{**vars(kv), "roofline": {"step_model": {"base": 0.1}}})
+    assert fit_missed(fitted) == "" and next_length(fitted, 53.0) == 53.0
+    assert fit_missed(SimpleNamespace(**{**vars(kv), "name": "decode_heavy"})) == ""
+    pulled = SimpleNamespace(**{**vars(kv), "config": "kv_pressure_all"})
+    assert fit_missed(pulled) == "" and next_length(pulled, 53.0) == 53.0
 
 
 def test_the_run_that_stands_is_the_one_the_tests_can_judge_best():
