@@ -505,7 +505,9 @@ def tap_view_missed(run: WorkloadRun, view: dict) -> str:
     and resource, from the client's view. A resource against overhead is no
     disagreement when both views put the phase's use of the ceilings within the
     verdict's own hysteresis of its bound (``on_the_bound``): two runs of a workload
-    that sits on the 0.6 line fall either side of it by chance."""
+    that sits on the 0.6 line fall either side of it by chance; nor is a compute-bound
+    prefill from the client's view where its figure is as far above the joined view's
+    overhead as its way of timing prefills reads (``within_the_clients_reading``)."""
     joined = run.roofline.get("verdict") or {}
     v = (view.get("roofline") or {}).get("verdict") or {}
     phase = {"prefill": "ttft", "queue": "ttft", "preprocess": "ttft"}.get(
@@ -513,7 +515,8 @@ def tap_view_missed(run: WorkloadRun, view: dict) -> str:
     said = (v.get("phase"), v.get("resource"), v.get("view"))
     if said == (phase, joined.get("resource"), "client"):
         return ""
-    if said[0] == phase and said[2] == "client" and on_the_bound(joined, v):
+    if said[0] == phase and said[2] == "client" and (
+            on_the_bound(joined, v) or within_the_clients_reading(joined, view)):
         return ""
     return (f"the tap's view said {v.get('phase')}/{v.get('resource')} "
             f"(view {v.get('view')}, {used(v)} of the ceilings), the joined view "
@@ -538,6 +541,35 @@ def on_the_bound(a: dict, b: dict) -> bool:
     return ("overhead" in resources and len(resources) == 2 and
             all(f is not None and abs(f - RULES.bound) <= RULES.hysteresis
                 for f in (used(a), used(b))))
+
+
+# The client's view times each prompt's prefill by the engine's mean prefill before its
+# first token (docs/verdict.md, "The client's view"). On vLLM's own records that read
+# prefill's share of the ceilings 6-19 % above the joined view's (the placed intervals
+# leave gaps where the real ones tile the busy engine); through the tap, a run of its
+# own, prefill_heavy read 1.10-1.24x the joined view's figure in three make tests
+# (0.58-0.66 against 0.52-0.54: compute against overhead, the 0.6 bound between them).
+CLIENT_PREFILL_READS = (0.95, 1.3)
+
+
+def within_the_clients_reading(joined: dict, view: dict) -> bool:
+    """A ceiling from the client's view against the joined view's overhead for a
+    prefill, where the client's view timed the prefills by the engine's mean
+    (``inputs.prefill_interval``), its figure lies within ``CLIENT_PREFILL_READS`` of
+    the joined view's and that band reaches the bound: the client's view read as that
+    way of timing reads, not a verdict apart."""
+    from phasewatch.roofline.cause_limits import RULES
+
+    v = (view.get("roofline") or {}).get("verdict") or {}
+    inputs = ((view.get("roofline") or {}).get("estimate") or {}).get("inputs") or {}
+    ours, theirs = used(joined), used(v)
+    if (joined.get("phase"), joined.get("resource"), v.get("resource")) != (
+            "prefill", "overhead", "compute") or ours is None or theirs is None:
+        return False
+    if str(inputs.get("prefill_interval", "")).split(":")[0] != "engine_mean_prefill":
+        return False
+    low, high = (ours * k for k in CLIENT_PREFILL_READS)
+    return low <= theirs <= high and low < RULES.bound <= high
 
 
 def tap_view(tmp: Path, base: str, name: str, profile: Path, cap, run: WorkloadRun,
