@@ -112,21 +112,23 @@ def moment_places(at: np.ndarray, t: np.ndarray) -> np.ndarray:
     or after each time; NaN: past them all), by arithmetic where ``t`` is evenly spaced
     (``np.linspace``): each time's place guessed from the spacing and set right by one
     comparison either side, a few passes over ``at`` instead of a binary search for each
-    (5x faster at 100,000 times among 200 moments). Moments not evenly spaced, or a
-    guess off by more than one, fall back to the search."""
+    (5x faster at 100,000 times among 200 moments). Every moment within a quarter of the
+    spacing of its place on the even grid keeps each guess within one of the true place,
+    so the two comparisons make it exact; moments further off fall back to the search."""
     n = len(t)
     if n < 2 or not t[-1] > t[0]:
         return np.searchsorted(t, at, side="left")
+    spacing = (t[-1] - t[0]) / (n - 1)
+    if not np.abs(t - (t[0] + spacing * np.arange(n))).max() <= 0.25 * spacing:
+        return np.searchsorted(t, at, side="left")  # (or NaN among the moments)
     with np.errstate(invalid="ignore"):
-        guess = np.ceil((at - t[0]) / ((t[-1] - t[0]) / (n - 1)))
-    np.clip(guess, 0, n, out=guess)
+        guess = np.ceil((at - t[0]) / spacing)
+    np.clip(guess, 1, n, out=guess)  # (0 is reached by the first comparison: -inf too)
     guess[np.isnan(guess)] = n
     place = guess.astype(np.intp)
     after, before = np.r_[t, np.inf], np.r_[-np.inf, t]  # t[place], t[place - 1]
     place -= at <= before[place]
     place += at > after[place]
-    if np.any(at <= before[place]) or np.any(at > after[place]):
-        return np.searchsorted(t, at, side="left")
     return place
 
 
@@ -183,15 +185,20 @@ def prefill_start(c: WindowColumns, engine_prefill: float | None = None
 class Overlaps:
     """Intervals [starts, ends), sorted once: ``integral`` gives, for each [a, b], the
     integral over it of the weights of the intervals open at each moment, from the
-    sorted ends and cumulative sums (no interval x interval matrix)."""
+    sorted ends and the sums of the weights before each query (no interval x interval
+    matrix)."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, by_start: np.ndarray | None
                  = None, by_end: np.ndarray | None = None):
-        """``by_start``, ``by_end``: the intervals' orders where the caller has them."""
+        """``by_start``, ``by_end``: the intervals' orders where the caller has them.
+        Times are kept from the earliest start (``_t0``): the sums of weights x times
+        cancel, and from a Unix epoch they would keep ~1e-16 of 1.8e9 s x the weights."""
         self._os = np.argsort(starts) if by_start is None else by_start
         self._oe = np.argsort(ends) if by_end is None else by_end
         self._fs, self._ls = starts[self._os], ends[self._oe]
-        self._unit: tuple[np.ndarray, ...] | None = None  # the prefix sums at weight 1
+        self._t0 = float(self._fs[0]) if len(self._fs) and np.isfinite(self._fs[0]) else 0.0
+        if self._t0:
+            self._fs, self._ls = self._fs - self._t0, self._ls - self._t0
 
     def integral(self, weights: np.ndarray | None, a: np.ndarray, b: np.ndarray
                  ) -> np.ndarray:
@@ -199,30 +206,29 @@ class Overlaps:
 
     def integrals(self, weights: list[np.ndarray | None], a: np.ndarray, b: np.ndarray
                   ) -> list[np.ndarray]:
-        """``integral`` for each of ``weights`` over the same [a, b]: the queries placed
-        among the sorted starts and ends once. A weight of None is 1 for every interval
-        (the count open), whose sums are kept for the next reader."""
+        """``integral`` for each of ``weights`` over the same [a, b] (None: 1 for every
+        interval, the count open). The queries are sorted once and placed among the
+        sorted starts and ends; each weight is summed only up to those places
+        (``sums_before``: a few thousand queries, not a cumulative sum of every
+        interval)."""
         both = np.concatenate([a, b])
         order = np.argsort(both)  # sorted queries: searchsorted's fast path
-        i = np.empty(len(both), dtype=np.intp)
-        j = np.empty(len(both), dtype=np.intp)
-        i[order] = np.searchsorted(self._fs, both[order], side="right")
-        j[order] = np.searchsorted(self._ls, both[order], side="right")
+        q = both[order] - self._t0
+        i = np.searchsorted(self._fs, q, side="right")  # (non-decreasing, as q)
+        j = np.searchsorted(self._ls, q, side="right")
         out = []
         for w in weights:
-            cws, cwe, cfs, cle = self._sums(w)
-            upto = (cws[i] * both - cfs[i]) - (cwe[j] * both - cle[j])  # from -inf to each
+            if w is None:  # the count of starts and of ends before each query
+                cws, cwe = i.astype(float), j.astype(float)
+                cfs, cle = sums_before(self._fs, i), sums_before(self._ls, j)
+            else:
+                ws, we = w[self._os], w[self._oe]
+                cws, cwe = sums_before(ws, i), sums_before(we, j)
+                cfs, cle = sums_before(ws * self._fs, i), sums_before(we * self._ls, j)
+            upto = np.empty(len(q))  # from -inf to each query
+            upto[order] = (cws * q - cfs) - (cwe * q - cle)
             out.append(upto[len(a):] - upto[:len(a)])
         return out
-
-
-    def _sums(self, w: np.ndarray | None) -> tuple[np.ndarray, ...]:
-        if w is None:
-            if self._unit is None:
-                self._unit = self._sums(np.ones(len(self._os)))
-            return self._unit
-        ws, we = w[self._os], w[self._oe]
-        return tuple(prefix_sums(x) for x in (ws, we, ws * self._fs, we * self._ls))
 
 
 def prefix_sums(x: np.ndarray) -> np.ndarray:
@@ -231,6 +237,27 @@ def prefix_sums(x: np.ndarray) -> np.ndarray:
     out[0] = 0.0
     np.cumsum(x, out=out[1:])
     return out
+
+
+def sums_before(x: np.ndarray, places: np.ndarray) -> np.ndarray:
+    """``prefix_sums(x)[places]`` for non-decreasing ``places`` (each 0..len(x)), from
+    the sums of ``x`` between successive distinct places (``np.add.reduceat``, one pass
+    over ``x``) accumulated over those few: where the places are far fewer than ``x``
+    (the step model's 8,192 queries among a window's 100,000 intervals), a quarter of
+    the time of a cumulative sum of all of it."""
+    n = len(x)
+    if not len(places):
+        return np.zeros(0)
+    new = np.empty(len(places), dtype=bool)  # each distinct place's first
+    new[0] = True
+    np.not_equal(places[1:], places[:-1], out=new[1:])
+    distinct = places[new]
+    inner = distinct[(distinct > 0) & (distinct < n)]
+    totals = np.zeros(len(inner) + 2)  # the sums before 0, each inner place, and n
+    if n:
+        np.cumsum(np.add.reduceat(x, np.r_[0, inner]), out=totals[1:])
+    at = np.searchsorted(inner, distinct) + (distinct > 0)  # (n: past every inner place)
+    return totals[at][np.cumsum(new) - 1]
 
 
 def decodes(cols: WindowColumns) -> tuple[np.ndarray, Overlaps]:

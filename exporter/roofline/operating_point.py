@@ -169,7 +169,10 @@ class OperatingPoint:
 
 
 def _mean(x: np.ndarray) -> float:
-    return float(np.nanmean(x)) if (~np.isnan(x)).any() else 0.0
+    """``np.nanmean`` (the same sum, so the same figure), 0 where every value is NaN."""
+    known = ~np.isnan(x)
+    n = np.count_nonzero(known)
+    return float(np.where(known, x, 0.0).sum() / n) if n else 0.0
 
 
 def _cv(x: np.ndarray) -> float:
@@ -232,14 +235,15 @@ def operating_point(cols: WindowColumns, lo: float, hi: float, batch: float, ste
     inside = pre & (first >= lo) & (first <= hi)
     took = computed[inside]
     ok = inside & ~np.isnan(cols.prefill)
-    outputs = cols.output[done & (cols.output > 0)].astype(float)
+    outputs = cols.output[done]
+    outputs = outputs[outputs > 0].astype(float)
     picked = (slice(None) if len(took) <= MAX_PROMPTS else
               np.linspace(0, len(took) - 1, MAX_PROMPTS).astype(int))
     sample, prefills = took[picked], cols.prefill[inside][picked]
     return OperatingPoint(
         span, arrival_rate, float(done.sum()) / span, mean_count,
         float(count.std() / mean_count) if mean_count else 0.0, batch, step,
-        _mean(np.where(cols.output[done] > 0, cols.output[done], np.nan).astype(float)),
+        float(outputs.mean()) if outputs.size else 0.0,
         _mean(cols.prefill[done]), _mean(cols.queue[done]), _mean(cols.ttft[done]),
         _mean(cols.e2e[done]),
         tokens / span * max(step, 0.0),

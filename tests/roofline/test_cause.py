@@ -422,15 +422,24 @@ def test_sums_up_to_each_moment_equal_the_brute_force():
 def test_moment_places_equal_the_binary_search():
     """intervals.moment_places: the arithmetic places among evenly spaced moments equal
     np.searchsorted's, on the moments themselves and a float's step either side of
-    them, out of range, NaN and infinite times, and moments not evenly spaced."""
+    them, out of range, NaN and infinite times, Unix times a few seconds apart, moments
+    off the even grid by up to a quarter of its spacing (the arithmetic still) and by
+    more, and a NaN among the moments (the search)."""
     from phasewatch.roofline.intervals import moment_places
 
     rng = np.random.default_rng(4)
-    for trial in range(300):
-        lo, hi = sorted(rng.uniform(-1e9, 1e9, 2)) if trial % 2 else sorted(rng.uniform(0, 30, 2))
+    for trial in range(600):
+        lo, hi = (sorted(rng.uniform(-1e9, 1e9, 2)) if trial % 3 == 1 else
+                  sorted(rng.uniform(0, 30, 2)) if trial % 3 == 2 else
+                  sorted(1.8e9 + rng.uniform(0, 30, 2)))
         t = np.linspace(lo, hi, int(rng.integers(1, 300)))
         if trial % 5 == 0:
             t = np.sort(rng.uniform(lo, hi, len(t)))  # not evenly spaced
+        elif trial % 5 == 1 and len(t) > 2:  # off the grid, within a quarter of a spacing
+            t = np.sort(t + rng.uniform(-0.25, 0.25, len(t)) * (hi - lo) / (len(t) - 1))
+        elif trial % 5 == 2 and len(t) > 2:
+            t = t.copy()
+            t[len(t) // 2] = np.nan
         at = np.concatenate([rng.uniform(lo - 1, hi + 1, 200), t, np.nextafter(t, -np.inf),
                              np.nextafter(t, np.inf), [np.nan, np.inf, -np.inf]])
         assert np.array_equal(moment_places(at, t), np.searchsorted(t, at, side="left")), trial
