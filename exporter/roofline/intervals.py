@@ -242,9 +242,10 @@ def prefix_sums(x: np.ndarray) -> np.ndarray:
 def sums_before(x: np.ndarray, places: np.ndarray) -> np.ndarray:
     """``prefix_sums(x)[places]`` for non-decreasing ``places`` (each 0..len(x)), from
     the sums of ``x`` between successive distinct places (``np.add.reduceat``, one pass
-    over ``x``) accumulated over those few: where the places are far fewer than ``x``
-    (the step model's 8,192 queries among a window's 100,000 intervals), a quarter of
-    the time of a cumulative sum of all of it."""
+    over ``x``) accumulated over those few. At 1,000 places among 100,000 values 0.15 ms
+    against the cumulative sum's 0.39; at the step model's 8,192 about even alone, and
+    9.4 against 10.3 ms for ``Overlaps.integrals`` of a count and a weight then a weight
+    (on the AMD 2-core host)."""
     n = len(x)
     if not len(places):
         return np.zeros(0)
