@@ -84,6 +84,12 @@ async def stream_loop(client, model: str, group: dict, deadline: float, counter:
                 stats["errors"].append(f"{type(e).__name__}: {e}"[:300])
 
 
+def group_stats(group: dict, begun: float) -> dict:
+    """A group's counts as its streams fill them (``stream_loop``), from ``begun``."""
+    return {**group, "begun": begun, "started": 0, "finished": 0, "failed": 0,
+            "output_tokens": 0, "prompt_tokens": 0, "errors": [], "gaps": []}
+
+
 async def run(args) -> dict:
     from openai import AsyncOpenAI
 
@@ -101,9 +107,7 @@ async def run(args) -> dict:
     counter = [args.serial_base]
     tasks, stats = [], {}
     for g in groups:
-        s = stats[g["name"]] = {**g, "begun": start, "started": 0, "finished": 0, "failed": 0,
-                                "output_tokens": 0, "prompt_tokens": 0, "errors": [],
-                                "gaps": []}
+        s = stats[g["name"]] = group_stats(g, start)
         tasks += [stream_loop(client, args.model, g, deadline, counter, s)
                   for _ in range(g["streams"])]
     await asyncio.gather(*tasks)

@@ -931,7 +931,7 @@ def next_length(run: WorkloadRun, length: float) -> float:
         point = run.roofline.get("operating_point") or {}
         e2e, ttft = point.get("e2e_seconds") or 0.0, point.get("ttft_seconds") or 0.0
         grown = max(grown, length + (e2e - ttft) + e2e - (hi - lo))
-    return round(min(max(grown, length), LENGTH_MAX * seconds(run.name)), 1)
+    return round(min(grown, LENGTH_MAX * seconds(run.name)), 1)
 
 
 def compared(name: str) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from tests.engines.steady_load import stream_loop
+from tests.engines.steady_load import group_stats, stream_loop
 
 
 class _Stream:
@@ -41,21 +41,16 @@ class _Client:
         return _Stream()
 
 
-def _stats(group: dict, begun: float) -> dict:
-    return {**group, "begun": begun, "started": 0, "finished": 0, "failed": 0,
-            "output_tokens": 0, "prompt_tokens": 0, "errors": [], "gaps": []}
-
-
-def _run(group: dict, seconds: float) -> tuple[list[float], float, dict]:
+def _run(group: dict, seconds: float) -> tuple[list[float], dict]:
     client, begun = _Client(), time.time()
-    stats = _stats(group, begun)
+    stats = group_stats(group, begun)
     asyncio.run(stream_loop(client, "m", group, begun + seconds, [0], stats))
-    return [t - begun for t in client.sent], begun, stats
+    return [t - begun for t in client.sent], stats
 
 
 def test_a_mix_stream_sends_in_bursts_and_waits_between_them():
     group = {"prompt_words": 4, "max_tokens": 1, "think": 0.0, "on": 0.3, "off": 0.3}
-    sent, _, stats = _run(group, 1.5)
+    sent, stats = _run(group, 1.5)
     assert stats["failed"] == 0 and stats["finished"] == len(sent)
     into = [t % 0.6 for t in sent]
     assert all(x < 0.3 + 0.02 for x in into), into  # (a request sent at the burst's end)
@@ -66,5 +61,5 @@ def test_a_mix_stream_sends_in_bursts_and_waits_between_them():
 
 def test_a_group_without_bursts_sends_throughout():
     group = {"prompt_words": 4, "max_tokens": 1, "think": 0.0}
-    sent, _, _ = _run(group, 0.9)
+    sent, _ = _run(group, 0.9)
     assert any(0.35 < t % 0.6 < 0.55 for t in sent), sent
